@@ -1,0 +1,82 @@
+//! What a backend can and cannot promise, declared so tests and reports can read it.
+
+use std::time::Duration;
+
+use crate::fence::FenceSafety;
+use crate::ttl::TtlRange;
+
+/// How a backend waits for a held lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WaitStrategy {
+    /// The authority notifies waiters (etcd and ZooKeeper watches, Redis pub/sub, PostgreSQL
+    /// LISTEN/NOTIFY), with a timer at the holder's expiry as a fallback.
+    Notification,
+    /// Waiters retry with jittered backoff.
+    Polling,
+}
+
+/// A backend's declared behaviour.
+///
+/// The conformance suite reads it to decide which scenarios apply and what they may expect, and
+/// the conformance report prints it, so a backend's weaknesses are stated, not discovered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// The backend's name (`"etcd"`, `"redis"`, ...).
+    pub backend: &'static str,
+    /// Whether fences can repeat after a failover.
+    pub fence_safety: FenceSafety,
+    /// Whether fences keep growing across a restart of the server (false for Redis without
+    /// persistence).
+    pub durable_fences: bool,
+    /// How `acquire` waits.
+    pub wait: WaitStrategy,
+    /// The TTLs the backend grants exactly.
+    pub ttl: TtlRange,
+    /// Whether `renew` may ask for a different TTL than the grant had. False where the TTL is a
+    /// property of a shared session (ZooKeeper, etcd sessions).
+    pub renew_with_other_ttl: bool,
+    /// How late after a TTL ends the authority may notice it (its expiry sweep or session
+    /// tick). Zero where expiry is checked on every access.
+    pub expiry_slack: Duration,
+}
+
+impl Capabilities {
+    /// Declares a backend: notification-based waiting, renewal with any valid TTL and no expiry
+    /// slack unless changed with the `with_*` methods.
+    pub fn new(
+        backend: &'static str,
+        fence_safety: FenceSafety,
+        durable_fences: bool,
+        ttl: TtlRange,
+    ) -> Self {
+        Capabilities {
+            backend,
+            fence_safety,
+            durable_fences,
+            wait: WaitStrategy::Notification,
+            ttl,
+            renew_with_other_ttl: true,
+            expiry_slack: Duration::ZERO,
+        }
+    }
+
+    /// Sets how `acquire` waits.
+    pub fn with_wait(mut self, wait: WaitStrategy) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Sets whether `renew` accepts another TTL.
+    pub fn with_renew_with_other_ttl(mut self, yes: bool) -> Self {
+        self.renew_with_other_ttl = yes;
+        self
+    }
+
+    /// Sets how late the authority may notice an expiry.
+    pub fn with_expiry_slack(mut self, slack: Duration) -> Self {
+        self.expiry_slack = slack;
+        self
+    }
+}

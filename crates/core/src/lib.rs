@@ -1,0 +1,66 @@
+//! # leasehold-core
+//!
+//! The vocabulary of leasehold, shared by every backend.
+//!
+//! Separate processes ask an **authority** (etcd, ZooKeeper, PostgreSQL, Redis) for a
+//! time-limited **lease** on a key. A lease cannot stop a holder that paused (a GC pause, a
+//! stopped VM, a slow disk) from acting after its lease ran out. So every **grant** carries a
+//! **fencing token**, a number that only grows, and the protected resource refuses writes
+//! carrying an older one than it has seen. The lease decides who may *try*; the resource decides
+//! which writes *count*.
+//!
+//! The pieces:
+//! * [`Authority`]: try-acquire, acquire with a bounded wait, conditional renew,
+//!   compare-and-release. Each method documents its `# Contract`.
+//! * [`Grant`]: key, [`OwnerToken`] (128 random bits), [`Fence`], and a local deadline on the
+//!   monotonic clock.
+//! * [`Lease`]: a grant that renews itself in the background and tells you the moment it is
+//!   lost ([`Lease::lost`], [`Lease::ensure_valid`]).
+//! * [`FencingToken`] and [`Fence`]: ordered tokens with a declared [`FenceSafety`] and a
+//!   deployment [`Epoch`].
+//! * [`FencedResource`] and [`FencedRegister`]: the resource side, which refuses stale writes.
+//! * [`Capabilities`]: what a backend promises, read by the conformance suite.
+//! * [`Error`]: one `#[non_exhaustive]` enum that separates bad input, contention and outages.
+//!
+//! Applications normally depend on the `leasehold` facade crate, which re-exports all of this and
+//! adds `connect(url)`.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod authority;
+mod backoff;
+mod capabilities;
+mod error;
+mod fence;
+mod grant;
+mod instrument;
+mod key;
+mod lease;
+mod lost;
+mod margin;
+mod options;
+mod owner;
+mod redact;
+mod resource;
+mod ttl;
+
+pub use authority::{Authority, Released};
+pub use backoff::{poll_acquire, Backoff};
+pub use capabilities::{Capabilities, WaitStrategy};
+pub use error::{BoxError, Error, Result, SharedError};
+pub use fence::{Epoch, Fence, FenceSafety, FencingToken};
+pub use grant::Grant;
+pub use instrument::Instrumented;
+pub use key::{LockKey, MAX_KEY_LEN};
+pub use lease::{Lease, LeaseOptions};
+pub use lost::LostReason;
+pub use margin::SafetyMargin;
+pub use options::{ClientOptions, UrlParams};
+pub use owner::OwnerToken;
+pub use redact::{redact_url, Secret};
+pub use resource::{FencedRegister, FencedResource, Guarded};
+pub use ttl::TtlRange;
+
+/// Re-exported so backends and tests use the same monotonic clock type (tokio's, which
+/// `tokio::time::pause()` controls in tests).
+pub use tokio::time::Instant;

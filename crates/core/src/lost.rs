@@ -1,0 +1,43 @@
+//! Why a lease stopped being ours.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::Error;
+
+/// Why a lease is no longer valid. Delivered by [`crate::Lease::lost`] and carried by
+/// [`Error::LeaseLost`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The authority said we are not the owner any more: the lease expired there (and may
+    /// already belong to someone else), or it was deleted by an operator.
+    Refused,
+    /// A renewal failed without an answer (the authority was unreachable or erred). Ownership
+    /// is unknown, so it is treated as lost at once: no new protected side effect may start.
+    RenewalFailed(Arc<Error>),
+    /// The local deadline (monotonic clock, started before the request, minus the safety
+    /// margin) passed without a successful renewal.
+    DeadlinePassed,
+    /// The backend's session ended (a ZooKeeper session expired, an etcd session lease was
+    /// revoked or expired), taking every lease on it along.
+    SessionEnded,
+    /// The holder released the lease.
+    Released,
+    /// Renewal stopped on purpose because the lease reached its configured maximum hold time
+    /// ([`crate::LeaseOptions::max_hold`]), and the last renewal's validity ran out.
+    MaxHoldReached,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LostReason::Refused => f.write_str("the authority refused the renewal: not the owner"),
+            LostReason::RenewalFailed(e) => write!(f, "renewal failed: {e}"),
+            LostReason::DeadlinePassed => f.write_str("the local deadline passed"),
+            LostReason::SessionEnded => f.write_str("the backend session ended"),
+            LostReason::Released => f.write_str("released by the holder"),
+            LostReason::MaxHoldReached => f.write_str("the maximum hold time was reached"),
+        }
+    }
+}

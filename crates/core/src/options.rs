@@ -1,0 +1,164 @@
+//! Settings every backend shares, and how they are read from a connection URL.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::fence::Epoch;
+use crate::margin::SafetyMargin;
+use crate::redact::redact_url;
+
+/// Client-side settings common to every authority.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// The deployment epoch in the top bits of every fence (default 0).
+    pub epoch: Epoch,
+    /// What each grant's local deadline gives up to clock drift.
+    pub safety_margin: SafetyMargin,
+    /// How long one request may take before it is [`Error::Unavailable`] (default 5 s).
+    pub request_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            epoch: Epoch::ZERO,
+            safety_margin: SafetyMargin::default(),
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The query parameters of a connection URL, consumed one by one so that a parameter nobody
+/// understood is an error instead of being silently ignored.
+#[derive(Debug)]
+pub struct UrlParams {
+    redacted_url: String,
+    params: BTreeMap<String, String>,
+}
+
+impl UrlParams {
+    /// Splits the query part of `url` (after `?`) into parameters.
+    pub fn parse(url: &str) -> Result<Self> {
+        let redacted_url = redact_url(url);
+        let mut params = BTreeMap::new();
+        if let Some((_, query)) = url.split_once('?') {
+            let query = query.split('#').next().unwrap_or("");
+            for pair in query.split('&').filter(|p| !p.is_empty()) {
+                let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+                if params.insert(k.to_string(), v.to_string()).is_some() {
+                    return Err(Error::InvalidUrl {
+                        url: redacted_url,
+                        reason: format!("parameter `{k}` is given twice"),
+                    });
+                }
+            }
+        }
+        Ok(UrlParams {
+            redacted_url,
+            params,
+        })
+    }
+
+    /// The URL with any password masked, for error messages.
+    pub fn redacted_url(&self) -> &str {
+        &self.redacted_url
+    }
+
+    /// Removes and returns parameter `name`.
+    pub fn take(&mut self, name: &str) -> Option<String> {
+        self.params.remove(name)
+    }
+
+    /// Removes parameter `name` and parses it as a `T`.
+    pub fn take_parsed<T: std::str::FromStr>(&mut self, name: &str) -> Result<Option<T>> {
+        match self.params.remove(name) {
+            None => Ok(None),
+            Some(v) => v.parse().map(Some).map_err(|_| Error::InvalidUrl {
+                url: self.redacted_url.clone(),
+                reason: format!("parameter `{name}` has an invalid value `{v}`"),
+            }),
+        }
+    }
+
+    /// Reads the [`ClientOptions`] parameters: `epoch`, `safety_margin_ms`,
+    /// `clock_drift_per_mille` and `timeout_ms`.
+    pub fn take_client_options(&mut self) -> Result<ClientOptions> {
+        let mut options = ClientOptions::default();
+        if let Some(epoch) = self.take_parsed::<u16>("epoch")? {
+            options.epoch = Epoch::new(epoch)?;
+        }
+        let fixed = self.take_parsed::<u64>("safety_margin_ms")?;
+        let drift = self.take_parsed::<u32>("clock_drift_per_mille")?;
+        if fixed.is_some() || drift.is_some() {
+            options.safety_margin = SafetyMargin::new(
+                fixed.map_or(Duration::from_millis(5), Duration::from_millis),
+                drift.unwrap_or(10),
+            )?;
+        }
+        if let Some(ms) = self.take_parsed::<u64>("timeout_ms")? {
+            if ms == 0 {
+                return Err(Error::InvalidUrl {
+                    url: self.redacted_url.clone(),
+                    reason: "timeout_ms must be greater than zero".into(),
+                });
+            }
+            options.request_timeout = Duration::from_millis(ms);
+        }
+        Ok(options)
+    }
+
+    /// Fails if any parameter was not consumed: a typo must not silently fall back to a default.
+    pub fn finish(self) -> Result<()> {
+        match self.params.keys().next() {
+            None => Ok(()),
+            Some(k) => Err(Error::InvalidUrl {
+                url: self.redacted_url,
+                reason: format!("unknown parameter `{k}`"),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_common_options_and_rejects_unknown() {
+        let mut p =
+            UrlParams::parse("memory://x?epoch=3&timeout_ms=250&safety_margin_ms=1").unwrap();
+        let o = p.take_client_options().unwrap();
+        assert_eq!(o.epoch.get(), 3);
+        assert_eq!(o.request_timeout, Duration::from_millis(250));
+        assert_eq!(
+            o.safety_margin.for_ttl(Duration::from_secs(1)),
+            Duration::from_millis(11)
+        );
+        p.finish().unwrap();
+
+        let mut p = UrlParams::parse("memory://x?epoc=3").unwrap();
+        p.take_client_options().unwrap();
+        assert!(matches!(p.finish(), Err(Error::InvalidUrl { .. })));
+
+        for bad in [
+            "m://?epoch=99999",
+            "m://?epoch=x",
+            "m://?timeout_ms=0",
+            "m://?a=1&a=2",
+        ] {
+            let r = UrlParams::parse(bad).and_then(|mut p| p.take_client_options());
+            assert!(r.is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn errors_never_show_the_password() {
+        let mut p = UrlParams::parse("redis://:hunter2@h/?bogus=1").unwrap();
+        let err = p
+            .take_client_options()
+            .and_then(|_| p.finish())
+            .unwrap_err();
+        assert!(!format!("{err} {err:?}").contains("hunter2"));
+    }
+}

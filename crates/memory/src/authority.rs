@@ -1,0 +1,217 @@
+//! A client of a [`MemoryServer`].
+
+use std::fmt;
+use std::pin::pin;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_core::{
+    Authority, Capabilities, ClientOptions, Error, Fence, FenceSafety, Grant, Instant, LockKey,
+    LostReason, OwnerToken, Released, Result, TtlRange,
+};
+
+use crate::server::{MemoryServer, BACKEND};
+
+/// The TTLs the reference authority grants: 1 ms to 24 h, in whole milliseconds.
+const TTL: TtlRange = TtlRange::new(
+    Duration::from_millis(1),
+    Duration::from_secs(24 * 3600),
+    Duration::from_millis(1),
+);
+
+/// A client of a [`MemoryServer`]: the reference [`Authority`].
+#[derive(Clone)]
+pub struct MemoryAuthority {
+    server: MemoryServer,
+    options: ClientOptions,
+    capabilities: Capabilities,
+}
+
+impl fmt::Debug for MemoryAuthority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryAuthority")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryAuthority {
+    /// A client of `server`.
+    pub fn new(server: MemoryServer, options: ClientOptions) -> Self {
+        MemoryAuthority {
+            server,
+            options,
+            capabilities: Capabilities::new(BACKEND, FenceSafety::Linearizable, true, TTL),
+        }
+    }
+
+    /// A client of a fresh, private server.
+    pub fn standalone() -> Self {
+        MemoryServer::new().authority(ClientOptions::default())
+    }
+
+    /// The server this client talks to (for fault injection in tests).
+    pub fn server(&self) -> &MemoryServer {
+        &self.server
+    }
+
+    /// The client options (epoch, safety margin, request timeout).
+    pub fn options(&self) -> &ClientOptions {
+        &self.options
+    }
+
+    fn fence(&self, raw: u64) -> Result<Fence> {
+        Fence::compose(BACKEND, self.options.epoch, raw, FenceSafety::Linearizable)
+    }
+
+    fn owns(grant: &Grant, owner: OwnerToken, fence: u64) -> bool {
+        grant.owner() == owner && grant.fence().raw() == fence
+    }
+}
+
+#[async_trait]
+impl Authority for MemoryAuthority {
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Grant>> {
+        TTL.check(ttl)?;
+        let owner = OwnerToken::generate()?;
+        let sent = Instant::now();
+        let raw = self
+            .server
+            .request(&self.options, "acquire", |state, now| {
+                if state.live(key, now).is_some() {
+                    None
+                } else {
+                    Some(state.grant(key, owner, ttl, now))
+                }
+            })
+            .await?;
+        let Some(raw) = raw else { return Ok(None) };
+        let deadline = self.options.safety_margin.deadline(sent, ttl);
+        Ok(Some(Grant::new(
+            key.clone(),
+            owner,
+            self.fence(raw)?,
+            ttl,
+            deadline,
+        )))
+    }
+
+    async fn acquire(&self, key: &LockKey, ttl: Duration, max_wait: Duration) -> Result<Grant> {
+        TTL.check(ttl)?;
+        let start = Instant::now();
+        let give_up = start + max_wait;
+        let notify = self.server.waiter(key);
+        loop {
+            // Register for the release notification before trying, so a release between the
+            // attempt and the wait is not missed.
+            let mut released = pin!(notify.notified());
+            released.as_mut().enable();
+            if let Some(grant) = self.try_acquire(key, ttl).await? {
+                return Ok(grant);
+            }
+            let now = Instant::now();
+            if now >= give_up {
+                return Err(Error::Timeout {
+                    key: key.to_string(),
+                    waited: now - start,
+                });
+            }
+            // Fallback: the holder may vanish without releasing; its lease ends at expiry.
+            let expiry = self
+                .server
+                .lock()
+                .live(key, now)
+                .map_or(now, |e| e.expires_at);
+            tokio::select! {
+                _ = released => {}
+                _ = tokio::time::sleep_until(expiry.min(give_up)) => {}
+            }
+        }
+    }
+
+    async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Instant> {
+        TTL.check(ttl)?;
+        let sent = Instant::now();
+        let renewed = self
+            .server
+            .request(&self.options, "renew", |state, now| {
+                match state.leases.get_mut(grant.key()) {
+                    Some(e) if Self::owns(grant, e.owner, e.fence) && e.expires_at > now => {
+                        e.expires_at = now + ttl;
+                        true
+                    }
+                    _ => false,
+                }
+            })
+            .await?;
+        if !renewed {
+            return Err(Error::lease_lost(grant.key().as_str(), LostReason::Refused));
+        }
+        Ok(self.options.safety_margin.deadline(sent, ttl))
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<Released> {
+        self.server
+            .request(&self.options, "release", |state, now| {
+                match state.leases.get(grant.key()).copied() {
+                    Some(e) if Self::owns(grant, e.owner, e.fence) => {
+                        state.remove(grant.key());
+                        if e.expires_at > now {
+                            Released::Released
+                        } else {
+                            Released::AlreadyGone
+                        }
+                    }
+                    _ => Released::AlreadyGone,
+                }
+            })
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(s: &str) -> LockKey {
+        LockKey::new(s).unwrap()
+    }
+
+    const TTL_1S: Duration = Duration::from_secs(1);
+
+    #[tokio::test(start_paused = true)]
+    async fn pause_times_out_and_kill_is_unavailable() {
+        let a = MemoryAuthority::standalone();
+        a.server().pause();
+        let err = a.try_acquire(&key("k"), TTL_1S).await.unwrap_err();
+        assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+        a.server().kill();
+        let err = a.try_acquire(&key("k"), TTL_1S).await.unwrap_err();
+        assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+        a.server().resume();
+        assert!(a.try_acquire(&key("k"), TTL_1S).await.unwrap().is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn restart_keeps_the_counter_and_drops_leases() {
+        let a = MemoryAuthority::standalone();
+        let g1 = a.try_acquire(&key("k"), TTL_1S).await.unwrap().unwrap();
+        a.server().restart();
+        let g2 = a.try_acquire(&key("k"), TTL_1S).await.unwrap().unwrap();
+        assert!(g2.fence() > g1.fence());
+    }
+
+    #[tokio::test]
+    async fn named_servers_are_shared() {
+        let a = MemoryServer::named("shared-test").authority(ClientOptions::default());
+        let b = MemoryServer::named("shared-test").authority(ClientOptions::default());
+        let c = MemoryServer::named("other-test").authority(ClientOptions::default());
+        let _g = a.try_acquire(&key("k"), TTL_1S).await.unwrap().unwrap();
+        assert!(b.try_acquire(&key("k"), TTL_1S).await.unwrap().is_none());
+        assert!(c.try_acquire(&key("k"), TTL_1S).await.unwrap().is_some());
+    }
+}
