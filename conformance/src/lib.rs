@@ -1,1 +1,33 @@
-//! placeholder
+//! # leasehold-conformance
+//!
+//! One suite of scenarios that every leasehold authority must pass against a real server, faults
+//! included, in the manner of arrow's `object_store` integration tests:
+//!
+//! * [`scenarios`]: public async functions over a [`Context`] (clients made by a [`Connector`],
+//!   a [`Faults`] injector, a protected resource), selected by the backend's declared
+//!   [`leasehold_core::Capabilities`]. [`scenarios::run_all`] runs them all and returns a
+//!   [`Report`] that also shows the backend's declared weaknesses.
+//! * [`mutants`]: deliberately broken authorities. The suite is only worth something if each of
+//!   them fails at least one scenario, and a test checks that it does.
+//! * [`servers`]: a harness that starts etcd, ZooKeeper, Redis and PostgreSQL from Debian's
+//!   packages as plain processes on free loopback ports, and faults them.
+//! * [`resource`]: a recording fenced resource and the history checker.
+//!
+//! A backend's test calls the whole suite in one line:
+//! ```ignore
+//! let ctx = Context::new(Arc::new(MyConnector::new(url))).await?.with_faults(faults);
+//! leasehold_conformance::scenarios::run_all("mybackend", &ctx).await.assert_passed();
+//! ```
+#![deny(missing_docs)]
+
+mod context;
+mod faults;
+pub mod memory;
+pub mod mutants;
+pub mod resource;
+pub mod scenarios;
+mod verdict;
+
+pub use context::{poll_until, Connector, Context, InMemoryResources, ResourceFactory};
+pub use faults::{Faults, NoFaults};
+pub use verdict::{Failure, Line, OrFail, Outcome, Report, Verdict};

@@ -48,7 +48,7 @@ impl TtlRange {
             ));
         }
         let step = self.granularity.as_nanos();
-        if step > 1 && ttl.as_nanos() % step != 0 {
+        if step > 1 && !ttl.as_nanos().is_multiple_of(step) {
             return invalid(format!(
                 "not a whole multiple of this backend's granularity of {:?}",
                 self.granularity

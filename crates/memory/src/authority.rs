@@ -45,6 +45,14 @@ impl MemoryAuthority {
         }
     }
 
+    /// Declares (and stamps on its fences) another fence safety. The reference server itself is
+    /// linearizable; this lets tests model a backend whose standby replicates asynchronously
+    /// (see the conformance suite's failover scenario).
+    pub fn declaring(mut self, safety: FenceSafety) -> Self {
+        self.capabilities.fence_safety = safety;
+        self
+    }
+
     /// A client of a fresh, private server.
     pub fn standalone() -> Self {
         MemoryServer::new().authority(ClientOptions::default())
@@ -61,7 +69,12 @@ impl MemoryAuthority {
     }
 
     fn fence(&self, raw: u64) -> Result<Fence> {
-        Fence::compose(BACKEND, self.options.epoch, raw, FenceSafety::Linearizable)
+        Fence::compose(
+            BACKEND,
+            self.options.epoch,
+            raw,
+            self.capabilities.fence_safety,
+        )
     }
 
     fn owns(grant: &Grant, owner: OwnerToken, fence: u64) -> bool {

@@ -21,4 +21,4 @@ mod authority;
 mod server;
 
 pub use authority::MemoryAuthority;
-pub use server::{MemoryServer, Unchecked};
+pub use server::{MemoryServer, Snapshot, Unchecked};

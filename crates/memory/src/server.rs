@@ -213,6 +213,13 @@ impl MemoryServer {
     }
 }
 
+/// A copy of a [`MemoryServer`]'s state, as an asynchronous replica would hold it.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    leases: HashMap<LockKey, Entry>,
+    last_fence: u64,
+}
+
 /// Guarantee-breaking operations on a [`MemoryServer`], for mutants only.
 #[derive(Debug, Clone)]
 pub struct Unchecked {
@@ -228,6 +235,29 @@ impl Unchecked {
     /// Grants `key` to `owner` even if someone holds it; returns the raw fence.
     pub fn grant(&self, key: &LockKey, owner: OwnerToken, ttl: Duration) -> u64 {
         self.server.lock().grant(key, owner, ttl, Instant::now())
+    }
+
+    /// The state now, as a replica that stops replicating now would keep it.
+    pub fn snapshot(&self) -> Snapshot {
+        let state = self.server.lock();
+        Snapshot {
+            leases: state.leases.clone(),
+            last_fence: state.last_fence,
+        }
+    }
+
+    /// Replaces the state with `snapshot`: a failover to that replica, losing every write made
+    /// since, the fence counter's included.
+    pub fn restore(&self, snapshot: Snapshot) {
+        let mut state = self.server.lock();
+        let keys: Vec<LockKey> = state.leases.keys().cloned().collect();
+        state.leases = snapshot.leases;
+        state.last_fence = snapshot.last_fence;
+        for key in keys {
+            if let Some(n) = state.waiters.get(&key) {
+                n.notify_waiters();
+            }
+        }
     }
 
     /// Extends whatever lease `key` has (or resurrects the expired one) without comparing the

@@ -1,0 +1,58 @@
+//! Fault injection a backend's test harness offers to the scenarios.
+
+use async_trait::async_trait;
+use leasehold_core::{Error, LockKey, Result};
+
+fn unsupported(operation: &str) -> Error {
+    Error::Unsupported {
+        backend: "fault harness",
+        operation: operation.to_string(),
+    }
+}
+
+/// What a backend's test can do to its server(s) behind the clients' backs.
+///
+/// Every method defaults to [`Error::Unsupported`]; a scenario that needs an unsupported fault
+/// reports "not applicable" with the reason, so the report shows which faults were exercised.
+#[async_trait]
+pub trait Faults: Send + Sync {
+    /// Crash the server (SIGKILL) and start it again on the same data; returns once it serves.
+    async fn restart(&self) -> Result<()> {
+        Err(unsupported("restart"))
+    }
+
+    /// Make the server unresponsive (SIGSTOP): requests hang, as in a partition seen from the
+    /// client.
+    async fn pause(&self) -> Result<()> {
+        Err(unsupported("pause"))
+    }
+
+    /// Undo [`Faults::pause`] (SIGCONT).
+    async fn resume(&self) -> Result<()> {
+        Err(unsupported("resume"))
+    }
+
+    /// Delete the lease on `key` at the server, as an operator or a session expiry would, so
+    /// that the holder's next renewal is refused.
+    async fn revoke(&self, key: &LockKey) -> Result<()> {
+        let _ = key;
+        Err(unsupported("revoke"))
+    }
+
+    /// Start a failover: the standby is promoted (a replica, or a new leader after the old one
+    /// is killed) while the old primary may still answer clients that talk to it.
+    async fn begin_failover(&self) -> Result<()> {
+        Err(unsupported("failover"))
+    }
+
+    /// Finish the failover: clients now reach the promoted server.
+    async fn complete_failover(&self) -> Result<()> {
+        Err(unsupported("failover"))
+    }
+}
+
+/// A backend without fault injection (for example servers someone else started).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoFaults;
+
+impl Faults for NoFaults {}

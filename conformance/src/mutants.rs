@@ -1,0 +1,238 @@
+//! Deliberately broken authorities: the suite must catch every one.
+//!
+//! Each mutant wraps the reference [`MemoryAuthority`] and breaks exactly one rule that a real
+//! backend could plausibly get wrong. A suite that passes a mutant has no teeth for that rule.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_core::{
+    Authority, Capabilities, ClientOptions, Fence, FenceSafety, Grant, Instant, LockKey,
+    OwnerToken, Released, Result,
+};
+use leasehold_memory::{MemoryAuthority, MemoryServer};
+
+use crate::context::{Connector, Context};
+use crate::memory::{MemoryFaults, Replication};
+
+/// The ways an authority can be broken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mutant {
+    /// Release deletes the key whoever holds it (a plain `DEL`).
+    UnconditionalRelease,
+    /// Acquire takes the key even when someone holds it.
+    AcquireIgnoresHolder,
+    /// The fence counter restarts when a key is released (a counter kept with the lease).
+    FenceRestartsAfterRelease,
+    /// Renew extends whatever lease the key has, without checking the owner (a plain `PEXPIRE`).
+    RenewWithoutOwnerCheck,
+    /// The local deadline is counted from the response instead of from before the request.
+    DeadlineAfterResponse,
+    /// A waiter is told it holds the key after its lease already expired (a grant delivered late
+    /// with a fresh deadline).
+    ExpiredWaiterTold,
+    /// Declares linearizable fences while its standby replicates asynchronously.
+    LiesAboutFailoverSafety,
+}
+
+impl Mutant {
+    /// Every mutant.
+    pub const ALL: [Mutant; 7] = [
+        Mutant::UnconditionalRelease,
+        Mutant::AcquireIgnoresHolder,
+        Mutant::FenceRestartsAfterRelease,
+        Mutant::RenewWithoutOwnerCheck,
+        Mutant::DeadlineAfterResponse,
+        Mutant::ExpiredWaiterTold,
+        Mutant::LiesAboutFailoverSafety,
+    ];
+}
+
+impl fmt::Display for Mutant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// A client of a mutated authority.
+pub struct Mutated {
+    mutant: Mutant,
+    inner: MemoryAuthority,
+    /// Per-key counters for [`Mutant::FenceRestartsAfterRelease`], shared by all clients.
+    counters: Arc<Mutex<HashMap<LockKey, u64>>>,
+    capabilities: Capabilities,
+}
+
+impl fmt::Debug for Mutated {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mutated")
+            .field("mutant", &self.mutant)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The grant the reference authority issued, wrapped inside a mutated one.
+fn original(grant: &Grant) -> &Grant {
+    grant.backend_state::<Grant>().unwrap_or(grant)
+}
+
+impl Mutated {
+    fn options(&self) -> &ClientOptions {
+        self.inner.options()
+    }
+
+    fn counters(&self) -> std::sync::MutexGuard<'_, HashMap<LockKey, u64>> {
+        self.counters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn rewrap(&self, grant: &Grant, fence: Fence, deadline: Instant) -> Grant {
+        Grant::new(
+            grant.key().clone(),
+            grant.owner(),
+            fence,
+            grant.ttl(),
+            deadline,
+        )
+        .with_backend_state(grant.clone())
+    }
+
+    /// Applies the mutation to a grant the reference authority just issued.
+    async fn mutate(&self, grant: Grant, waited: bool) -> Result<Grant> {
+        let ttl = grant.ttl();
+        match self.mutant {
+            Mutant::FenceRestartsAfterRelease => {
+                let n = {
+                    let mut counters = self.counters();
+                    let n = counters.entry(grant.key().clone()).or_insert(0);
+                    *n += 1;
+                    *n
+                };
+                let fence =
+                    Fence::compose("mutant", self.options().epoch, n, FenceSafety::Linearizable)?;
+                Ok(self.rewrap(&grant, fence, grant.deadline()))
+            }
+            Mutant::DeadlineAfterResponse if !waited => {
+                // Simulated network latency, then the deadline counted from the response.
+                tokio::time::sleep(ttl / 2).await;
+                let deadline = self.options().safety_margin.deadline(Instant::now(), ttl);
+                Ok(self.rewrap(&grant, grant.fence(), deadline))
+            }
+            Mutant::ExpiredWaiterTold if waited => {
+                // The grant reaches the waiter after the lease is over, dressed as fresh.
+                tokio::time::sleep(ttl + ttl / 2).await;
+                let deadline = self.options().safety_margin.deadline(Instant::now(), ttl);
+                Ok(self.rewrap(&grant, grant.fence(), deadline))
+            }
+            _ => Ok(grant),
+        }
+    }
+}
+
+#[async_trait]
+impl Authority for Mutated {
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Grant>> {
+        if self.mutant == Mutant::AcquireIgnoresHolder {
+            self.capabilities.ttl.check(ttl)?;
+            let owner = OwnerToken::generate()?;
+            let sent = Instant::now();
+            let raw = self.inner.server().unchecked().grant(key, owner, ttl);
+            let fence = Fence::compose(
+                "mutant",
+                self.options().epoch,
+                raw,
+                FenceSafety::Linearizable,
+            )?;
+            let deadline = self.options().safety_margin.deadline(sent, ttl);
+            return Ok(Some(Grant::new(key.clone(), owner, fence, ttl, deadline)));
+        }
+        match self.inner.try_acquire(key, ttl).await? {
+            Some(g) => Ok(Some(self.mutate(g, false).await?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn acquire(&self, key: &LockKey, ttl: Duration, max_wait: Duration) -> Result<Grant> {
+        let grant = self.inner.acquire(key, ttl, max_wait).await?;
+        self.mutate(grant, true).await
+    }
+
+    async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Instant> {
+        if self.mutant == Mutant::RenewWithoutOwnerCheck {
+            self.capabilities.ttl.check(ttl)?;
+            let sent = Instant::now();
+            self.inner.server().unchecked().extend(grant.key(), ttl);
+            return Ok(self.options().safety_margin.deadline(sent, ttl));
+        }
+        self.inner.renew(original(grant), ttl).await
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<Released> {
+        match self.mutant {
+            Mutant::UnconditionalRelease => {
+                self.inner.server().unchecked().remove(grant.key());
+                Ok(Released::Released)
+            }
+            Mutant::FenceRestartsAfterRelease => {
+                let released = self.inner.release(original(grant)).await?;
+                self.counters().remove(grant.key());
+                Ok(released)
+            }
+            _ => self.inner.release(original(grant)).await,
+        }
+    }
+}
+
+/// Makes clients of one mutated server.
+#[derive(Debug, Clone)]
+pub struct MutantConnector {
+    mutant: Mutant,
+    server: MemoryServer,
+    counters: Arc<Mutex<HashMap<LockKey, u64>>>,
+}
+
+impl MutantConnector {
+    /// Clients of a fresh server, mutated as `mutant` says.
+    pub fn new(mutant: Mutant, server: MemoryServer) -> Self {
+        MutantConnector {
+            mutant,
+            server,
+            counters: Arc::default(),
+        }
+    }
+}
+
+#[async_trait]
+impl Connector for MutantConnector {
+    async fn connect(&self) -> Result<Arc<dyn Authority>> {
+        let inner = self.server.authority(ClientOptions::default());
+        let capabilities = inner.capabilities().clone();
+        Ok(Arc::new(Mutated {
+            mutant: self.mutant,
+            inner,
+            counters: self.counters.clone(),
+            capabilities,
+        }))
+    }
+}
+
+/// The suite's context for `mutant`: a fresh memory server with fault injection. The
+/// failover-lying mutant gets an asynchronous standby while declaring linearizable fences.
+pub async fn context(mutant: Mutant) -> Result<Context> {
+    let server = MemoryServer::new();
+    let replication = if mutant == Mutant::LiesAboutFailoverSafety {
+        Replication::Asynchronous
+    } else {
+        Replication::Synchronous
+    };
+    let connector = Arc::new(MutantConnector::new(mutant, server.clone()));
+    Ok(Context::new(connector)
+        .await?
+        .with_faults(Arc::new(MemoryFaults::new(server, replication))))
+}

@@ -1,0 +1,46 @@
+//! Small steps several scenarios share.
+
+use std::time::Duration;
+
+use leasehold_core::{Authority, Grant, Instant, LockKey};
+
+use crate::context::{poll_until, Context};
+use crate::verdict::{Failure, OrFail};
+
+/// Polls `client.try_acquire(key)` until it succeeds, for at most `within` from `start`.
+/// Returns the grant and when it was obtained.
+pub async fn acquire_within(
+    ctx: &Context,
+    client: &dyn Authority,
+    key: &LockKey,
+    ttl: Duration,
+    start: Instant,
+    within: Duration,
+) -> Result<Option<(Grant, Instant)>, Failure> {
+    let every = (ctx.ttl() / 20).max(Duration::from_millis(5));
+    poll_until(start, within, every, || async {
+        let got = client.try_acquire(key, ttl).await.or_fail("try_acquire")?;
+        Ok(got.map(|g| (g, Instant::now())))
+    })
+    .await
+}
+
+/// Takes `key`, which must be free, or fails with `what`.
+pub async fn take(
+    client: &dyn Authority,
+    key: &LockKey,
+    ttl: Duration,
+    what: &str,
+) -> Result<Grant, Failure> {
+    client
+        .try_acquire(key, ttl)
+        .await
+        .or_fail(what)?
+        .ok_or_else(|| Failure::new(format!("{what}: the key was not free")))
+}
+
+/// Waits until `grant`'s lease has certainly expired at the authority: its TTL from now plus the
+/// tolerance (the grant was obtained before now, so this is conservative).
+pub async fn outlive(ctx: &Context, grant: &Grant) {
+    tokio::time::sleep(grant.ttl() + ctx.tolerance()).await;
+}

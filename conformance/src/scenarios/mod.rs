@@ -1,0 +1,150 @@
+//! The scenarios, and running them as a suite.
+//!
+//! Each scenario is a public async function over a [`Context`], so a backend's test can run one
+//! alone; [`run_all`] runs them in order and returns a [`Report`].
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use leasehold_core::Instant;
+
+use crate::context::Context;
+use crate::verdict::{Failure, Line, Outcome, Report};
+
+mod bad_input;
+mod clock;
+mod exclusion;
+mod expiry;
+mod fences;
+mod helpers;
+mod outage;
+mod release;
+mod renew;
+mod stale_write;
+mod waiting;
+
+pub use bad_input::bad_input_is_refused_without_side_effects;
+pub use clock::deadline_counts_from_the_request;
+pub use exclusion::{contention, exclusion, CONTENDERS, ROUNDS};
+pub use expiry::vanished_holder_frees_within_ttl;
+pub use fences::{fences_increase, fences_survive_failover, fences_survive_restart};
+pub use outage::unresponsive_authority;
+pub use release::{
+    dropped_lease_releases, release_after_expiry_keeps_new_holder, release_frees_at_once,
+};
+pub use renew::{
+    lease_renews_past_ttl, lost_fires_at_deadline, lost_fires_on_refused_renewal,
+    renew_after_expiry_is_refused,
+};
+pub use stale_write::{
+    stale_write_first_is_accepted_without_claim, stale_write_refused_after_claim,
+};
+pub use waiting::{acquire_times_out, acquire_waits_for_release, cancelled_waiter_leaves_no_trace};
+
+type ScenarioFuture<'a> = Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
+
+/// A named scenario.
+#[derive(Clone, Copy)]
+pub struct Scenario {
+    /// Its name in reports.
+    pub name: &'static str,
+    run: for<'a> fn(&'a Context) -> ScenarioFuture<'a>,
+}
+
+impl std::fmt::Debug for Scenario {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+impl Scenario {
+    /// Runs it.
+    pub fn run<'a>(&self, ctx: &'a Context) -> ScenarioFuture<'a> {
+        (self.run)(ctx)
+    }
+}
+
+macro_rules! scenarios {
+    ($($name:ident),* $(,)?) => {
+        /// Every scenario, in the order [`run_all`] runs them.
+        pub fn all() -> Vec<Scenario> {
+            vec![$(Scenario { name: stringify!($name), run: |ctx| Box::pin($name(ctx)) }),*]
+        }
+    };
+}
+
+scenarios![
+    bad_input_is_refused_without_side_effects,
+    exclusion,
+    release_frees_at_once,
+    release_after_expiry_keeps_new_holder,
+    dropped_lease_releases,
+    renew_after_expiry_is_refused,
+    deadline_counts_from_the_request,
+    lease_renews_past_ttl,
+    lost_fires_at_deadline,
+    lost_fires_on_refused_renewal,
+    vanished_holder_frees_within_ttl,
+    fences_increase,
+    acquire_waits_for_release,
+    acquire_times_out,
+    cancelled_waiter_leaves_no_trace,
+    stale_write_refused_after_claim,
+    stale_write_first_is_accepted_without_claim,
+    contention,
+    unresponsive_authority,
+    fences_survive_restart,
+    fences_survive_failover,
+];
+
+/// The longest a scenario may run before it counts as hung: generous, in TTLs.
+pub fn scenario_timeout(ctx: &Context) -> Duration {
+    (ctx.ttl() + ctx.tolerance()) * 60 + Duration::from_secs(30)
+}
+
+/// Runs one scenario in its own task, so a panic or a hang is a failure of that scenario and not
+/// of the whole run.
+pub async fn run_one(ctx: &Context, scenario: Scenario) -> Line {
+    let start = Instant::now();
+    let limit = scenario_timeout(ctx);
+    let task = {
+        let ctx = ctx.clone();
+        tokio::spawn(async move { scenario.run(&ctx).await })
+    };
+    let outcome = match tokio::time::timeout(limit, task).await {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(join)) if join.is_panic() => Err(Failure::new("the scenario panicked")),
+        Ok(Err(join)) => Err(Failure::new(format!("the scenario task failed: {join}"))),
+        Err(_) => Err(Failure::new(format!("the scenario hung for {limit:?}"))),
+    };
+    Line {
+        scenario: scenario.name,
+        outcome,
+        took: start.elapsed(),
+    }
+}
+
+/// Runs every scenario against the authority behind `ctx`, one after another.
+pub async fn run_all(subject: &str, ctx: &Context) -> Report {
+    run_selected(subject, ctx, &all()).await
+}
+
+/// Runs the given scenarios.
+pub async fn run_selected(subject: &str, ctx: &Context, scenarios: &[Scenario]) -> Report {
+    let mut lines = Vec::new();
+    for scenario in scenarios {
+        let line = run_one(ctx, *scenario).await;
+        tracing::info!(
+            scenario = line.scenario,
+            ok = line.outcome.is_ok(),
+            "scenario done"
+        );
+        lines.push(line);
+    }
+    Report {
+        subject: subject.to_string(),
+        capabilities: ctx.capabilities().clone(),
+        lines,
+    }
+}

@@ -1,0 +1,87 @@
+//! Release: frees at once, and only ever frees our own lease.
+
+use leasehold_core::{Instant, Lease, LeaseOptions, Released};
+
+use super::helpers::{acquire_within, outlive, take};
+use crate::context::Context;
+use crate::ensure;
+use crate::verdict::{Failure, OrFail, Outcome, Verdict};
+
+/// Release frees the key at once for another client; releasing again finds it already gone.
+pub async fn release_frees_at_once(ctx: &Context) -> Outcome {
+    let (a, b) = (ctx.connect().await?, ctx.connect().await?);
+    let key = ctx.key("release-frees");
+    let grant = take(&*a, &key, ctx.ttl(), "A acquires").await?;
+    let first = a.release(&grant).await.or_fail("A releases")?;
+    ensure!(
+        first == Released::Released,
+        "release of a held lease said {first:?}"
+    );
+    let next = b
+        .try_acquire(&key, ctx.ttl())
+        .await
+        .or_fail("B acquires right after")?;
+    ensure!(next.is_some(), "the key was not free right after release");
+    let again = a.release(&grant).await.or_fail("A releases twice")?;
+    ensure!(
+        again == Released::AlreadyGone,
+        "a second release said {again:?}"
+    );
+    if let Some(g) = next {
+        let _ = b.release(&g).await.or_fail("B releases")?;
+    }
+    Ok(Verdict::Passed)
+}
+
+/// A's lease expires and B takes the key; A's late release must leave B holding it
+/// (compare-and-release, never an unconditional delete).
+pub async fn release_after_expiry_keeps_new_holder(ctx: &Context) -> Outcome {
+    let (a, b, c) = (
+        ctx.connect().await?,
+        ctx.connect().await?,
+        ctx.connect().await?,
+    );
+    let key = ctx.key("late-release");
+    let ttl = ctx.ttl();
+    let stale = take(&*a, &key, ttl, "A acquires").await?;
+    outlive(ctx, &stale).await;
+    let (fresh, _) = acquire_within(ctx, &*b, &key, ttl, Instant::now(), ctx.tolerance())
+        .await?
+        .ok_or_else(|| Failure::new("B could not take the key after A's lease expired"))?;
+    let late = a.release(&stale).await.or_fail("A's late release")?;
+    ensure!(
+        late == Released::AlreadyGone,
+        "A's release after expiry said {late:?} although B holds the key now"
+    );
+    let by_c = c.try_acquire(&key, ttl).await.or_fail("C tries")?;
+    ensure!(
+        by_c.is_none(),
+        "A's late release freed B's lease: C acquired the key"
+    );
+    let own = b.release(&fresh).await.or_fail("B releases")?;
+    ensure!(own == Released::Released, "B's own release said {own:?}");
+    Ok(Verdict::Passed)
+}
+
+/// Dropping a `Lease` without releasing it releases it in the background, long before the TTL.
+pub async fn dropped_lease_releases(ctx: &Context) -> Outcome {
+    let (a, b) = (ctx.connect().await?, ctx.connect().await?);
+    let key = ctx.key("dropped-lease");
+    let ttl = ctx.ttl();
+    let lease = Lease::try_acquire(a, &key, ttl, LeaseOptions::default())
+        .await
+        .or_fail("A acquires")?
+        .ok_or_else(|| Failure::new("A could not acquire a free key"))?;
+    let dropped = Instant::now();
+    drop(lease);
+    let got = acquire_within(ctx, &*b, &key, ttl, dropped, ttl / 2).await?;
+    ensure!(
+        got.is_some(),
+        "the key stayed held for {:?} after the lease was dropped; drop must release in the background",
+        dropped.elapsed()
+    );
+    if let Some((g, _)) = got {
+        let _ = b.release(&g).await.or_fail("B releases")?;
+    }
+    Ok(Verdict::Passed)
+}
