@@ -63,9 +63,11 @@ pub async fn unresponsive_authority(ctx: &Context) -> Outcome {
             Err(e @ Error::Unavailable { .. }) => {
                 ensure!(e.is_retryable(), "Unavailable must be retryable");
             }
-            other => return Err(Failure::new(format!(
+            other => {
+                return Err(Failure::new(format!(
                 "try_acquire against an unresponsive server gave {other:?}, expected Unavailable"
-            ))),
+            )))
+            }
         }
         Ok(())
     }

@@ -1,1 +1,51 @@
-//! placeholder
+//! # leasehold
+//!
+//! Distributed locks that are safe to build on: time-limited leases from an authority (etcd,
+//! ZooKeeper, PostgreSQL or Redis), each carrying a **fencing token** the protected resource
+//! checks, behind one API.
+//!
+//! ## Why fencing
+//! A lease cannot stop a holder that paused (GC, a stopped VM, a slow disk) from acting after
+//! its lease ran out and someone else got it. So every grant carries a fence, a number that only
+//! grows, and the resource refuses writes with a fence older than one it has already accepted.
+//! **The lease decides who may try; the resource decides which writes count.**
+//!
+//! Before reaching for a lock, prefer, in this order: a constraint or conditional write at the
+//! resource itself (a unique key, `UPDATE ... WHERE state = 'open'`); an idempotency key; and only
+//! then a lease, always with a fence checked by the resource.
+//!
+//! ## Use
+//! ```
+//! use std::time::Duration;
+//! use leasehold::{connect, FencedRegister, FencedResource, Lease, LeaseOptions, LockKey};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> leasehold::Result<()> {
+//! let authority = connect("memory://doc").await?;        // or postgres://, redis://, etcd://, zk://
+//! let invoices = FencedRegister::new();                  // your resource, checking fences
+//! let key = LockKey::new("invoice:inv_72")?;
+//!
+//! let lease = Lease::acquire(authority, &key, Duration::from_secs(10), Duration::from_secs(5),
+//!                            LeaseOptions::default()).await?;
+//! invoices.claim(lease.fence()).await?;                  // newer holders shut older ones out
+//! lease.ensure_valid()?;                                 // right before the side effect
+//! let outcome = invoices.write(lease.fence(), "charged").await?;
+//! assert!(outcome.is_accepted());
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## Crates
+//! This facade re-exports [`leasehold_core`] (the [`Authority`] trait, [`Lease`], fences,
+//! errors) and enables one backend per cargo feature; [`connect`] picks it by URL scheme.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod connect;
+
+pub use connect::connect;
+pub use leasehold_core::*;
+
+/// The in-memory reference authority, for tests and single-process use.
+#[cfg(feature = "memory")]
+pub use leasehold_memory as memory;

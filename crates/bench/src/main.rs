@@ -1,0 +1,155 @@
+//! `leasehold-bench <backend> [--iterations N]`: measures, in one run on the same server,
+//! leasehold's uncontended acquire+release and its hand-off (release -> the next waiter holds),
+//! next to the raw protocol pair done with the same client library, and prints p50, p99 and the
+//! p50 ratio. Run it in release mode:
+//!
+//! ```text
+//! cargo run --release -p leasehold-bench -- memory
+//! ```
+//!
+//! Targets: acquire+release <= 1.10x the raw pair; hand-off <= 1.5x one raw pair.
+//! The numbers are printed, never asserted: timing belongs in benchmarks, not in tests.
+
+mod memory;
+mod stats;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold::{Authority, Instant, LockKey};
+use stats::Samples;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The backend's raw protocol: the cheapest take-and-free pair its client library can do, with
+/// none of leasehold's checks (no owner token, no fence, no deadline).
+#[async_trait]
+pub trait RawPair: Send + Sync + std::fmt::Debug {
+    /// What the pair is, for the printed line.
+    fn name(&self) -> &'static str;
+    /// One take + free on `key`.
+    async fn pair(&self, key: &str) -> Result<(), BoxError>;
+}
+
+/// A backend under measurement.
+#[derive(Debug)]
+pub struct Subject {
+    pub authority: Arc<dyn Authority>,
+    pub raw: Vec<Box<dyn RawPair>>,
+    /// Whether the ratio targets apply (they do for every network backend).
+    pub targets: bool,
+}
+
+const TTL: Duration = Duration::from_secs(10);
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), BoxError> {
+    let mut args = std::env::args().skip(1);
+    let backend = args.next().unwrap_or_else(|| "memory".into());
+    let mut iterations = 2000usize;
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--iterations" => {
+                iterations = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .ok_or("--iterations needs a number")?
+            }
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    let subject = match backend.as_str() {
+        "memory" => memory::subject().await?,
+        other => return Err(format!("unknown backend {other}; known: memory").into()),
+    };
+    println!(
+        "leasehold-bench: backend {backend}, {iterations} iterations per measurement{}",
+        if cfg!(debug_assertions) {
+            " (DEBUG BUILD: use --release for real figures)"
+        } else {
+            ""
+        }
+    );
+    run(&subject, iterations).await
+}
+
+async fn run(subject: &Subject, iterations: usize) -> Result<(), BoxError> {
+    let key = LockKey::new(format!("bench/{}", std::process::id()))?;
+    let warmup = iterations / 10 + 1;
+    let mut ours = Samples::default();
+    let mut raws: Vec<Samples> = subject.raw.iter().map(|_| Samples::default()).collect();
+    // Interleave the measurements so drift on a noisy machine hits them alike.
+    for i in 0..warmup + iterations {
+        let t = Instant::now();
+        let grant = subject
+            .authority
+            .try_acquire(&key, TTL)
+            .await?
+            .ok_or("the bench key is held by someone else")?;
+        let _ = subject.authority.release(&grant).await?;
+        let took = t.elapsed();
+        for (raw, samples) in subject.raw.iter().zip(raws.iter_mut()) {
+            let t = Instant::now();
+            raw.pair(&format!("{key}-raw")).await?;
+            if i >= warmup {
+                samples.push(t.elapsed());
+            }
+        }
+        if i >= warmup {
+            ours.push(took);
+        }
+    }
+    let first_raw = raws.first().cloned().unwrap_or_default();
+    for (raw, samples) in subject.raw.iter().zip(&raws) {
+        let target = subject.targets.then_some(1.10);
+        stats::report(
+            "uncontended acquire+release",
+            &ours,
+            raw.name(),
+            samples,
+            target,
+        );
+    }
+    let handoff = handoff(subject, &key, iterations / 4 + 1).await?;
+    if let Some(raw) = subject.raw.first() {
+        let target = subject.targets.then_some(1.5);
+        stats::report(
+            "hand-off (release -> waiter holds)",
+            &handoff,
+            raw.name(),
+            &first_raw,
+            target,
+        );
+    }
+    Ok(())
+}
+
+/// A waiter blocks in `acquire`; the holder releases; measured from the release call until the
+/// waiter's `acquire` returns.
+async fn handoff(subject: &Subject, key: &LockKey, rounds: usize) -> Result<Samples, BoxError> {
+    let mut samples = Samples::default();
+    let mut held = subject
+        .authority
+        .try_acquire(key, TTL)
+        .await?
+        .ok_or("the bench key is held by someone else")?;
+    for _ in 0..rounds {
+        let waiter = {
+            let (authority, key) = (subject.authority.clone(), key.clone());
+            tokio::spawn(async move {
+                let g = authority.acquire(&key, TTL, Duration::from_secs(30)).await;
+                (g, Instant::now())
+            })
+        };
+        // Let the waiter reach its wait.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let released_at = Instant::now();
+        let _ = subject.authority.release(&held).await?;
+        let (grant, got_at) = waiter.await?;
+        held = grant?;
+        samples.push(got_at - released_at);
+    }
+    let _ = subject.authority.release(&held).await?;
+    Ok(samples)
+}
