@@ -1,0 +1,283 @@
+//! The resource side in PostgreSQL: writes that refuse stale fences.
+//!
+//! An application table that a lease protects gets one more column, `last_fence bigint NOT NULL
+//! DEFAULT 0`: the greatest fence that has written to the row. Every write under a lease goes
+//! through [`FencedTable`], which adds `last_fence <= $fence` to the write's condition and raises
+//! `last_fence` in the same statement, so a former holder that paused past its lease cannot
+//! overwrite the work of the holder after it.
+//!
+//! Two patterns, both inside the caller's own transaction:
+//! * **Claim first** ([`FencedTable::claim`]): right after acquiring, raise `last_fence` and read
+//!   the row's state in one statement. From then on every older fence is refused, even for
+//!   writes that were already on their way. Zero rows: a newer holder got there first; abandon.
+//! * **Guarded update** ([`FencedTable::update`]): the caller's `SET` and precondition run only if
+//!   the fence is not stale; the outcome tells "you are stale" from "your precondition did not
+//!   hold" from "no such row".
+//!
+//! SQL fragments are `&'static str`: they are the developer's literals, never user input. Values
+//! go in as bind parameters.
+//!
+//! ```no_run
+//! # use leasehold_postgres::guarded::{FencedTable, Guarded};
+//! # async fn demo(tx: &mut sqlx::PgConnection, fence: leasehold_core::Fence) -> leasehold_core::Result<()> {
+//! let invoices = FencedTable::new("invoices", "id")?;
+//! let outcome = invoices
+//!     .update(tx, "inv_72", fence, "state = 'paid', paid_amount = $3", "state = 'open'", |q| q.bind(4200_i64))
+//!     .await?;
+//! match outcome {
+//!     Guarded::Applied => { /* charged, once */ }
+//!     Guarded::Stale { newest } => { /* a newer holder exists (fence {newest}): abandon */ }
+//!     Guarded::PreconditionFailed => { /* already paid: nothing to do */ }
+//!     Guarded::Missing => { /* no such invoice */ }
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use leasehold_core::{Error, Fence, FencedResource, Result};
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::{AssertSqlSafe, FromRow, PgConnection, PgPool, Postgres, SqlSafeStr};
+
+use crate::errors;
+use crate::table::TableName;
+
+/// What a guarded statement did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Guarded {
+    /// The fence was current and the statement changed the row.
+    Applied,
+    /// The row has already seen a greater fence: the caller's lease is stale.
+    Stale {
+        /// The row's `last_fence`.
+        newest: u64,
+    },
+    /// The fence was current, but the caller's precondition did not hold.
+    PreconditionFailed,
+    /// No row has that key.
+    Missing,
+}
+
+/// What a claim found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claimed<T> {
+    /// `last_fence` is now the caller's fence; here is the row's state.
+    Claimed(T),
+    /// A newer fence already claimed the row.
+    Stale {
+        /// The row's `last_fence`.
+        newest: u64,
+    },
+    /// No row has that key.
+    Missing,
+}
+
+/// An application table whose rows carry a fence column.
+#[derive(Clone, Debug)]
+pub struct FencedTable {
+    table: TableName,
+    key_column: TableName,
+    fence_column: TableName,
+}
+
+impl FencedTable {
+    /// `table` (optionally `schema.table`) keyed by `key_column`, with the fence in `last_fence`.
+    pub fn new(table: &str, key_column: &str) -> Result<Self> {
+        Ok(FencedTable {
+            table: TableName::new(table)?,
+            key_column: column(key_column)?,
+            fence_column: column("last_fence")?,
+        })
+    }
+
+    /// Uses another fence column than `last_fence`.
+    pub fn with_fence_column(mut self, name: &str) -> Result<Self> {
+        self.fence_column = column(name)?;
+        Ok(self)
+    }
+
+    /// Claim first: raises the row's fence to `fence` unless it is already greater, and returns
+    /// the `returning` columns of the row, in one statement.
+    pub async fn claim<T>(
+        &self,
+        conn: &mut PgConnection,
+        key: &str,
+        fence: Fence,
+        returning: &'static str,
+    ) -> Result<Claimed<T>>
+    where
+        T: for<'r> FromRow<'r, PgRow> + Send + Unpin,
+    {
+        let (t, k, f) = (&self.table, &self.key_column, &self.fence_column);
+        let sql =
+            format!("UPDATE {t} SET {f} = $2 WHERE {k} = $1 AND {f} <= $2 RETURNING {returning}");
+        let row: Option<T> = sqlx::query_as(AssertSqlSafe(sql).into_sql_str())
+            .bind(key)
+            .bind(fence.as_i64())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| errors::map(e, "claim", t))?;
+        Ok(match row {
+            Some(state) => Claimed::Claimed(state),
+            None => match self.newest(conn, key).await? {
+                Some(newest) => Claimed::Stale { newest },
+                None => Claimed::Missing,
+            },
+        })
+    }
+
+    /// Guarded update: `UPDATE table SET <set>, last_fence = $2 WHERE key = $1 AND last_fence
+    /// <= $2 AND (<precondition>)`. `$1` is the key and `$2` the fence; `bind` adds the caller's
+    /// parameters from `$3` on.
+    pub async fn update<'q, B>(
+        &self,
+        conn: &mut PgConnection,
+        key: &'q str,
+        fence: Fence,
+        set: &'static str,
+        precondition: &'static str,
+        bind: B,
+    ) -> Result<Guarded>
+    where
+        B: FnOnce(Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments>,
+    {
+        let (t, k, f) = (&self.table, &self.key_column, &self.fence_column);
+        let sql = format!(
+            "UPDATE {t} SET {set}, {f} = $2 WHERE {k} = $1 AND {f} <= $2 AND ({precondition})"
+        );
+        let query = sqlx::query(AssertSqlSafe(sql).into_sql_str())
+            .bind(key)
+            .bind(fence.as_i64());
+        let done = bind(query)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| errors::map(e, "guarded update", t))?;
+        if done.rows_affected() > 0 {
+            return Ok(Guarded::Applied);
+        }
+        // Nothing changed: find out why, from the latest committed state of the row.
+        Ok(match self.newest(conn, key).await? {
+            None => Guarded::Missing,
+            Some(newest) if newest > fence.value() => Guarded::Stale { newest },
+            Some(_) => Guarded::PreconditionFailed,
+        })
+    }
+
+    async fn newest(&self, conn: &mut PgConnection, key: &str) -> Result<Option<u64>> {
+        let (t, k, f) = (&self.table, &self.key_column, &self.fence_column);
+        let sql = format!("SELECT {f} FROM {t} WHERE {k} = $1");
+        let newest: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql).into_sql_str())
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| errors::map(e, "read last_fence", t))?;
+        Ok(newest.map(|n| n.max(0) as u64))
+    }
+}
+
+/// A column name, validated and quoted like a table name without a schema.
+fn column(name: &str) -> Result<TableName> {
+    if name.contains('.') {
+        return Err(Error::InvalidConfig {
+            reason: format!("`{name}` is not a column name"),
+        });
+    }
+    TableName::new(name)
+}
+
+/// A fenced register in a PostgreSQL table (`id text PRIMARY KEY, last_fence bigint, value
+/// text`): a real-database [`FencedResource`], used to run the conformance suite's stale-write
+/// scenarios with PostgreSQL as the resource.
+#[derive(Clone, Debug)]
+pub struct PgFencedRegister {
+    pool: PgPool,
+    table: Arc<FencedTable>,
+    id: String,
+}
+
+impl PgFencedRegister {
+    /// Creates `table` if needed and a fresh row `id` that has accepted no fence.
+    pub async fn create(pool: &PgPool, table: &str, id: &str) -> Result<Self> {
+        let name = TableName::new(table)?;
+        let create = format!(
+            "CREATE TABLE IF NOT EXISTS {name} (id text PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0, value text)"
+        );
+        let mut tx = pool
+            .begin()
+            .await
+            .map_err(|e| errors::map(e, "begin", &name))?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('leasehold register ' || $1))")
+            .bind(name.plain())
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| errors::map(e, "lock", &name))?;
+        sqlx::query(AssertSqlSafe(create).into_sql_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| errors::map(e, "create register table", &name))?;
+        let insert = format!("INSERT INTO {name} (id) VALUES ($1) ON CONFLICT (id) DO UPDATE SET last_fence = 0, value = NULL");
+        sqlx::query(AssertSqlSafe(insert).into_sql_str())
+            .bind(id)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| errors::map(e, "create register row", &name))?;
+        tx.commit()
+            .await
+            .map_err(|e| errors::map(e, "commit", &name))?;
+        Ok(PgFencedRegister {
+            pool: pool.clone(),
+            table: Arc::new(FencedTable::new(table, "id")?),
+            id: id.to_string(),
+        })
+    }
+
+    async fn conn(&self) -> Result<sqlx::pool::PoolConnection<Postgres>> {
+        self.pool
+            .acquire()
+            .await
+            .map_err(|e| errors::map(e, "connect", &self.table.table))
+    }
+
+    fn outcome(&self, g: Guarded) -> Result<leasehold_core::Guarded> {
+        match g {
+            Guarded::Applied => Ok(leasehold_core::Guarded::Accepted),
+            Guarded::Stale { newest } => Ok(leasehold_core::Guarded::Stale { newest }),
+            Guarded::PreconditionFailed | Guarded::Missing => Err(Error::Backend {
+                backend: errors::BACKEND,
+                message: format!("register row {} is missing", self.id),
+                retryable: false,
+                source: None,
+            }),
+        }
+    }
+}
+
+#[async_trait]
+impl FencedResource for PgFencedRegister {
+    async fn claim(&self, fence: Fence) -> Result<leasehold_core::Guarded> {
+        let mut conn = self.conn().await?;
+        let claimed: Claimed<(i64,)> = self
+            .table
+            .claim(&mut conn, &self.id, fence, "last_fence")
+            .await?;
+        self.outcome(match claimed {
+            Claimed::Claimed(_) => Guarded::Applied,
+            Claimed::Stale { newest } => Guarded::Stale { newest },
+            Claimed::Missing => Guarded::Missing,
+        })
+    }
+
+    async fn write(&self, fence: Fence, value: &str) -> Result<leasehold_core::Guarded> {
+        let mut conn = self.conn().await?;
+        let value = value.to_string();
+        let g = self
+            .table
+            .update(&mut conn, &self.id, fence, "value = $3", "true", |q| {
+                q.bind(value)
+            })
+            .await?;
+        self.outcome(g)
+    }
+}

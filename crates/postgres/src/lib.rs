@@ -1,0 +1,30 @@
+//! # leasehold-postgres
+//!
+//! A PostgreSQL lease table as a leasehold [`Authority`](leasehold_core::Authority), and the
+//! resource side for tables that carry a `last_fence` column.
+//!
+//! ```no_run
+//! # async fn demo() -> leasehold_core::Result<()> {
+//! use leasehold_postgres::PostgresAuthority;
+//! let authority = PostgresAuthority::connect("postgres://app@db/app?table=locks.leases").await?;
+//! authority.migrate().await?; // once; or apply schema_sql() yourself
+//! # Ok(()) }
+//! ```
+//!
+//! See [`PostgresAuthority`] for how leases map to rows, and [`guarded`] for writes that refuse
+//! stale fences.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod authority;
+mod config;
+mod errors;
+pub mod guarded;
+mod notify;
+mod table;
+mod token;
+
+pub use authority::{schema_sql, PostgresAuthority};
+pub use config::PostgresConfig;
+pub use table::{TableName, DEFAULT_TABLE};
+pub use token::PgFence;
