@@ -11,6 +11,7 @@
 //! The numbers are printed, never asserted: timing belongs in benchmarks, not in tests.
 
 mod memory;
+mod postgres;
 mod stats;
 
 use std::sync::Arc;
@@ -48,8 +49,10 @@ async fn main() -> Result<(), BoxError> {
     let mut args = std::env::args().skip(1);
     let backend = args.next().unwrap_or_else(|| "memory".into());
     let mut iterations = 2000usize;
+    let mut url = None;
     while let Some(a) = args.next() {
         match a.as_str() {
+            "--url" => url = Some(args.next().ok_or("--url needs a URL")?),
             "--iterations" => {
                 iterations = args
                     .next()
@@ -61,7 +64,8 @@ async fn main() -> Result<(), BoxError> {
     }
     let subject = match backend.as_str() {
         "memory" => memory::subject().await?,
-        other => return Err(format!("unknown backend {other}; known: memory").into()),
+        "postgres" => postgres::subject(url.as_deref().ok_or("postgres needs --url")?).await?,
+        other => return Err(format!("unknown backend {other}; known: memory, postgres").into()),
     };
     println!(
         "leasehold-bench: backend {backend}, {iterations} iterations per measurement{}",

@@ -48,6 +48,10 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Authority>> {
     let inner: Arc<dyn Authority> = match scheme.as_str() {
         #[cfg(feature = "memory")]
         "memory" => Arc::new(memory(url)?),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => {
+            Arc::new(leasehold_postgres::PostgresAuthority::connect(url).await?)
+        }
         other => {
             return Err(match SCHEMES.iter().find(|(s, _)| *s == other) {
                 Some((_, feature)) => invalid(format!(

@@ -49,3 +49,7 @@ pub use leasehold_core::*;
 /// The in-memory reference authority, for tests and single-process use.
 #[cfg(feature = "memory")]
 pub use leasehold_memory as memory;
+
+/// The PostgreSQL authority and guarded writes for tables with a `last_fence` column.
+#[cfg(feature = "postgres")]
+pub use leasehold_postgres as postgres;
