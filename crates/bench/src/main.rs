@@ -10,9 +10,12 @@
 //! Targets: acquire+release <= 1.10x the raw pair; hand-off <= 1.5x one raw pair.
 //! The numbers are printed, never asserted: timing belongs in benchmarks, not in tests.
 
+mod etcd;
 mod memory;
 mod postgres;
+mod redis;
 mod stats;
+mod zookeeper;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,8 +67,23 @@ async fn main() -> Result<(), BoxError> {
     }
     let subject = match backend.as_str() {
         "memory" => memory::subject().await?,
-        "postgres" => postgres::subject(url.as_deref().ok_or("postgres needs --url")?).await?,
-        other => return Err(format!("unknown backend {other}; known: memory, postgres").into()),
+        "postgres" | "redis" | "etcd" | "zookeeper" => {
+            let url = url
+                .as_deref()
+                .ok_or_else(|| format!("{backend} needs --url"))?;
+            match backend.as_str() {
+                "postgres" => postgres::subject(url).await?,
+                "redis" => redis::subject(url).await?,
+                "etcd" => etcd::subject(url).await?,
+                _ => zookeeper::subject(url).await?,
+            }
+        }
+        other => {
+            return Err(format!(
+                "unknown backend {other}; known: memory, postgres, redis, etcd, zookeeper"
+            )
+            .into())
+        }
     };
     println!(
         "leasehold-bench: backend {backend}, {iterations} iterations per measurement{}",

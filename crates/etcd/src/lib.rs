@@ -1,0 +1,1 @@
+//! leasehold-etcd: being written (see the issue for this backend).

@@ -1,0 +1,1 @@
+//! leasehold-redis: being written (see the issue for this backend).

@@ -1,0 +1,1 @@
+//! leasehold-zookeeper: being written (see the issue for this backend).
