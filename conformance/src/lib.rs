@@ -26,6 +26,7 @@ pub mod memory;
 pub mod mutants;
 pub mod resource;
 pub mod scenarios;
+pub mod servers;
 mod verdict;
 
 pub use context::{poll_until, Connector, Context, InMemoryResources, ResourceFactory};

@@ -1,0 +1,43 @@
+//! A harness that runs real etcd, ZooKeeper, Redis and PostgreSQL servers for tests, from
+//! Debian's packages (`etcd-server etcd-client zookeeper redis-server postgresql`), as plain
+//! processes on free loopback ports with their data in temp dirs, and faults them.
+//!
+//! * Start: [`EtcdServer::start`], [`EtcdCluster::start`], [`ZkServer::start`],
+//!   [`ZkEnsemble::start`], [`RedisServer::start`], [`RedisServer::start_replica_of`],
+//!   [`PostgresServer::start`] (and `start_with_password` variants). Each returns once the
+//!   server really serves (bounded by [`READY_TIMEOUT`]), or an error with the tail of the
+//!   server's log. A server that cannot start is an error, never a skip.
+//! * Fault: every server has `kill` (SIGKILL), `pause` (SIGSTOP), `resume` (SIGCONT), `stop`
+//!   (polite, then SIGKILL) and `restart` (same command line, data dir and ports; waits until it
+//!   serves). Clusters tell their `leader()`.
+//! * Clean up: dropping a server kills it and deletes its temp dir (printing its log tail if the
+//!   thread is panicking). Children get `PR_SET_PDEATHSIG`, so none outlives the test process,
+//!   also not a server held in a `static` for all tests of a binary:
+//!
+//! ```ignore
+//! static ETCD: OnceLock<EtcdServer> = OnceLock::new();
+//! let etcd = ETCD.get_or_init(|| EtcdServer::start().expect("etcd"));
+//! ```
+//!
+//! The API is blocking (callers are tests). From an async test, a start or restart blocks one
+//! runtime worker for its duration; use a multi-threaded runtime or `spawn_blocking` when a
+//! client must make progress meanwhile.
+//!
+//! [`external`] reads endpoints of servers started by someone else (e.g. docker compose).
+
+pub mod error;
+pub mod etcd;
+pub mod external;
+pub mod ports;
+pub mod postgres;
+pub mod process;
+pub mod redis;
+pub mod zookeeper;
+
+pub use error::{HarnessError, Result};
+pub use etcd::{etcdctl_command, etcdctl_path, EtcdCluster, EtcdServer};
+pub use ports::{free_port, free_ports};
+pub use postgres::PostgresServer;
+pub use process::{CommandSpec, ManagedProcess, READY_TIMEOUT, STOP_GRACE};
+pub use redis::RedisServer;
+pub use zookeeper::{ZkEnsemble, ZkServer};
