@@ -1,0 +1,74 @@
+//! The examples are the main job: run them as a user would and check what they print.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// `target/<profile>/examples/<name>`, built by `cargo test` next to this test binary.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    let path = profile_dir.join("examples").join(name);
+    assert!(
+        path.is_file(),
+        "example {name} not built at {}",
+        path.display()
+    );
+    path
+}
+
+fn run(name: &str, args: &[&str]) -> String {
+    let out = Command::new(example(name)).args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{name} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn billing_charges_once_and_refuses_the_paused_worker() {
+    let out = run("billing", &[]);
+    assert!(out.contains("charge REFUSED"), "{out}");
+    assert!(out.contains("charged exactly once."), "{out}");
+    assert_eq!(out.matches("won the lock").count(), 1, "{out}");
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn invoice_is_paid_once_in_a_real_postgres() {
+    let server = leasehold_conformance::servers::PostgresServer::start().unwrap();
+    let out = run("invoice", &[&server.url()]);
+    assert!(out.contains("charge REFUSED"), "{out}");
+    assert!(out.contains("charged exactly once."), "{out}");
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_picks_postgres_by_scheme_and_hides_the_password() {
+    let server = tokio::task::spawn_blocking(|| {
+        leasehold_conformance::servers::PostgresServer::start_with_password("pw-s3cret")
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    for scheme_url in [
+        server.url_with_password("pw-s3cret"),
+        server
+            .url_with_password("pw-s3cret")
+            .replacen("postgres://", "postgresql://", 1),
+    ] {
+        let authority = leasehold::connect(&scheme_url).await.unwrap();
+        assert_eq!(authority.capabilities().backend, "postgres");
+        assert!(!format!("{authority:?}").contains("pw-s3cret"));
+    }
+    let err = leasehold::connect(&server.url_with_password("hunter2"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, leasehold::Error::Unauthorized { .. }),
+        "{err:?}"
+    );
+    assert!(!format!("{err} {err:?}").contains("hunter2"));
+}
