@@ -5,12 +5,15 @@
 //!
 //! ```text
 //! cargo run --release -p leasehold-bench -- memory
+//! cargo run --release -p leasehold-bench -- postgres              # starts its own server
+//! cargo run --release -p leasehold-bench -- postgres --url postgres://...
 //! ```
 //!
 //! Targets: acquire+release <= 1.10x the raw pair; hand-off <= 1.5x one raw pair.
 //! The numbers are printed, never asserted: timing belongs in benchmarks, not in tests.
 
 mod etcd;
+mod harness;
 mod memory;
 mod postgres;
 mod redis;
@@ -65,6 +68,8 @@ async fn main() -> Result<(), BoxError> {
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
+    // Keeps a server the bench started alive until the end of the run.
+    let mut _server = None;
     let subject = match backend.as_str() {
         "memory" => memory::subject().await?,
         "postgres" | "redis" | "etcd" | "zookeeper" => {
