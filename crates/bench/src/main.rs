@@ -69,7 +69,7 @@ async fn main() -> Result<(), BoxError> {
         }
     }
     // Keeps a server the bench started alive until the end of the run.
-    let mut _server = None;
+    let mut _server: Option<Box<dyn std::any::Any>> = None;
     let subject = match backend.as_str() {
         "memory" => memory::subject().await?,
         "postgres" | "redis" | "etcd" | "zookeeper" => {
