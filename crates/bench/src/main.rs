@@ -73,14 +73,20 @@ async fn main() -> Result<(), BoxError> {
     let subject = match backend.as_str() {
         "memory" => memory::subject().await?,
         "postgres" | "redis" | "etcd" | "zookeeper" => {
-            let url = url
-                .as_deref()
-                .ok_or_else(|| format!("{backend} needs --url"))?;
+            let url = match url {
+                Some(url) => url,
+                None => {
+                    let (server, url) = harness::start(&backend)?;
+                    println!("started a {backend} server for this run: {url}");
+                    _server = Some(server);
+                    url
+                }
+            };
             match backend.as_str() {
-                "postgres" => postgres::subject(url).await?,
-                "redis" => redis::subject(url).await?,
-                "etcd" => etcd::subject(url).await?,
-                _ => zookeeper::subject(url).await?,
+                "postgres" => postgres::subject(&url).await?,
+                "redis" => redis::subject(&url).await?,
+                "etcd" => etcd::subject(&url).await?,
+                _ => zookeeper::subject(&url).await?,
             }
         }
         other => {
