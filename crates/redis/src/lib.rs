@@ -1,1 +1,34 @@
-//! leasehold-redis: being written (see the issue for this backend).
+//! # leasehold-redis
+//!
+//! One Redis server as a leasehold [`Authority`](leasehold_core::Authority): `SET NX PX` with an
+//! `INCR` fence in one script, compare-and-delete release, compare-and-`PEXPIRE` renewal, and
+//! pub/sub hand-off to waiters.
+//!
+//! ```no_run
+//! # async fn demo() -> leasehold_core::Result<()> {
+//! use leasehold_redis::RedisAuthority;
+//! let authority = RedisAuthority::connect("redis://:secret@cache:6379/0?prefix=billing:").await?;
+//! # Ok(()) }
+//! ```
+//!
+//! **Fences from Redis are failover-unsafe**, and not durable across a restart without
+//! persistence: a replica promoted before it saw the last `INCR` hands the same fence out again.
+//! The authority declares this in its capabilities. Use Redis for efficiency locks (a duplicate
+//! is wasted work, not damage), or raise the deployment epoch after every failover and restart;
+//! see docs/redis.md and docs/guarantees.md.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod authority;
+mod config;
+mod errors;
+mod keys;
+mod link;
+mod scripts;
+mod subscription;
+mod token;
+
+pub use authority::RedisAuthority;
+pub use config::{RedisConfig, WaitReplicas};
+pub use keys::{KeyLayout, DEFAULT_CHANNEL, DEFAULT_PREFIX};
+pub use token::RedisFence;

@@ -1,0 +1,427 @@
+//! The Redis authority: `SET NX PX` with an `INCR` fence, compare-and-delete, pub/sub hand-off.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_core::{
+    Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant, Instant, LockKey,
+    LostReason, OwnerToken, Released, Result, TtlRange,
+};
+use redis::{AsyncConnectionConfig, Client, ProtocolVersion, RedisResult, TlsCertificates};
+
+use crate::config::RedisConfig;
+use crate::errors::{self, breaks_connection, BACKEND};
+use crate::link::{Conn, Link};
+use crate::scripts::{LuaScript, Scripts};
+use crate::subscription::Subscription;
+use crate::token::RedisFence;
+
+/// TTLs in whole milliseconds (`PX`), from 1 ms to 30 days: a lease longer than a month is a
+/// configuration mistake, not a lock.
+const TTL: TtlRange = TtlRange::new(
+    Duration::from_millis(1),
+    Duration::from_secs(30 * 24 * 3600),
+    Duration::from_millis(1),
+);
+
+struct Inner {
+    config: RedisConfig,
+    link: Link,
+    scripts: Scripts,
+    subscription: Subscription,
+    capabilities: Capabilities,
+}
+
+/// A Redis server as an [`Authority`].
+///
+/// * Acquire is one script, one round trip: if the lock key is free, `INCR` its fence counter
+///   and `SET <lock key> <owner token> NX PX <ttl>`; the counter's new value is the fence. When
+///   the key is held, the same script returns the holder's remaining TTL.
+/// * Renew (`PEXPIRE`) and release (`DEL` + `PUBLISH`) are scripts that first compare the lock
+///   key's value with the owner token.
+/// * Scripts are called by SHA (`EVALSHA`), and sent in full once when the server does not know
+///   them (after a restart or a failover).
+/// * Waiting: one subscription connection per authority (started by the first waiter) wakes
+///   the waiters of a key when its release is announced; a timer at the holder's remaining TTL
+///   (with jitter) covers holders that vanish or release without announcing.
+/// * Optional `WAIT` for replicas after each acquisition (`?wait_replicas=N`).
+///
+/// Fences are [`FenceSafety::FailoverUnsafe`] and not durable across a restart without
+/// persistence; see [`RedisFence`] and docs/redis.md. The key layout is in
+/// [`crate::KeyLayout`].
+///
+/// Clones share the connection and the subscription.
+#[derive(Clone)]
+pub struct RedisAuthority {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for RedisAuthority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisAuthority")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+fn client(config: &RedisConfig, protocol: ProtocolVersion) -> Result<Client> {
+    let settings = config.info.redis_settings().clone().set_protocol(protocol);
+    let info = config.info.clone().set_redis_settings(settings);
+    let built = match &config.tls_ca_file {
+        Some(path) => {
+            let pem = std::fs::read(path).map_err(|e| Error::InvalidConfig {
+                reason: format!("cannot read tls_ca_file {}: {e}", path.display()),
+            })?;
+            Client::build_with_tls(
+                info,
+                TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem),
+                },
+            )
+        }
+        None => Client::open(info),
+    };
+    built.map_err(|e| errors::map(e, "configure the client"))
+}
+
+impl RedisAuthority {
+    /// Connects with a `redis://` or `rediss://` URL (see [`RedisConfig::from_url`]). Fails with
+    /// `Unauthorized` on bad credentials and `Unavailable` when the server cannot be reached
+    /// within the request timeout.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::with_config(RedisConfig::from_url(url)?).await
+    }
+
+    /// Connects with a parsed configuration.
+    pub async fn with_config(config: RedisConfig) -> Result<Self> {
+        let timeout = config.client.request_timeout;
+        let link = Link::new(
+            client(&config, ProtocolVersion::RESP2)?,
+            AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(timeout))
+                .set_response_timeout(None),
+        );
+        let subscription = Subscription::new(
+            client(&config, ProtocolVersion::RESP3)?,
+            config.channel.clone(),
+            timeout,
+        );
+        let capabilities = Capabilities::new(BACKEND, FenceSafety::FailoverUnsafe, false, TTL);
+        let authority = RedisAuthority {
+            inner: Arc::new(Inner {
+                config,
+                link,
+                scripts: Scripts::default(),
+                subscription,
+                capabilities,
+            }),
+        };
+        // Fail now, with the right error, on a wrong password or an unreachable server.
+        let _: String = authority
+            .request("connect", |mut con| async move {
+                redis::cmd("PING").query_async(&mut con).await
+            })
+            .await?;
+        Ok(authority)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RedisConfig {
+        &self.inner.config
+    }
+
+    fn timeout(&self) -> Duration {
+        self.inner.config.client.request_timeout
+    }
+
+    /// The shared connection, opened if needed, by `give_up`.
+    async fn connection(&self, what: &str, give_up: Instant) -> Result<Conn> {
+        match tokio::time::timeout_at(give_up, self.inner.link.get()).await {
+            Err(_) => Err(errors::timed_out(what, self.timeout())),
+            Ok(Err(e)) => Err(errors::map(e, what)),
+            Ok(Ok(conn)) => Ok(conn),
+        }
+    }
+
+    /// Sends one request, bounded by the request timeout. A connection that times out or breaks
+    /// is replaced for the next request.
+    async fn request<T, F, Fut>(&self, what: &str, send: F) -> Result<T>
+    where
+        F: FnOnce(redis::aio::MultiplexedConnection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let give_up = Instant::now() + self.timeout();
+        let conn = self.connection(what, give_up).await?;
+        match tokio::time::timeout_at(give_up, send(conn.con.clone())).await {
+            Err(_) => {
+                self.inner.link.discard(conn.id);
+                Err(errors::timed_out(what, self.timeout()))
+            }
+            Ok(Err(e)) => {
+                if breaks_connection(&e) {
+                    self.inner.link.discard(conn.id);
+                }
+                Err(errors::map(e, what))
+            }
+            Ok(Ok(v)) => Ok(v),
+        }
+    }
+
+    async fn script<T: redis::FromRedisValue>(
+        &self,
+        what: &str,
+        script: &LuaScript,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<T> {
+        self.request(what, |mut con| async move {
+            script.run(&mut con, keys, args).await
+        })
+        .await
+    }
+
+    /// One acquisition attempt: the acquire script, then `WAIT` for replicas if configured.
+    async fn attempt(&self, key: &LockKey, ttl: Duration) -> Result<Attempt> {
+        let layout = &self.inner.config.layout;
+        let (lock_key, fence_key) = (layout.lock_key(key), layout.fence_key(key));
+        let owner = OwnerToken::generate()?;
+        let token = owner.to_hex();
+        let ttl_ms = ttl.as_millis().to_string();
+        let sent = Instant::now();
+        let give_up = sent + self.timeout();
+        let conn = self.connection("acquire", give_up).await?;
+        // From here until the outcome is known, a timeout or a cancellation may leave a lease
+        // at the server that nobody was told about: the guard then releases it.
+        let mut pending = Pending {
+            inner: self.inner.clone(),
+            conn: conn.clone(),
+            lock_key: lock_key.clone(),
+            token: token.clone(),
+            ttl,
+            armed: true,
+        };
+        let mut con = conn.con.clone();
+        let (keys, args) = ([lock_key.as_str(), &fence_key], [token.as_str(), &ttl_ms]);
+        let run = self
+            .inner
+            .scripts
+            .acquire
+            .run::<(i64, i64)>(&mut con, &keys, &args);
+        let (won, value) = match tokio::time::timeout_at(give_up, run).await {
+            Err(_) => {
+                self.inner.link.discard(conn.id);
+                return Err(errors::timed_out("acquire", self.timeout()));
+            }
+            Ok(Err(e)) => {
+                if breaks_connection(&e) {
+                    self.inner.link.discard(conn.id);
+                } else {
+                    // The server answered with an error: the script stopped before its SET.
+                    pending.armed = false;
+                }
+                return Err(errors::map(e, "acquire"));
+            }
+            Ok(Ok(reply)) => reply,
+        };
+        if won != 1 {
+            pending.armed = false;
+            return Ok(Attempt::Held {
+                pttl: u64::try_from(value).ok().map(Duration::from_millis),
+            });
+        }
+        let fence =
+            RedisFence::from_reply(value)?.to_fence(BACKEND, self.inner.config.client.epoch)?;
+        if let Some(wait) = self.inner.config.wait {
+            let mut cmd = redis::cmd("WAIT");
+            cmd.arg(wait.replicas)
+                .arg(u64::try_from(wait.timeout.as_millis()).unwrap_or(u64::MAX));
+            let ask = cmd.query_async::<i64>(&mut con);
+            let acked = match tokio::time::timeout_at(give_up, ask).await {
+                Err(_) => {
+                    self.inner.link.discard(conn.id);
+                    return Err(errors::timed_out("acquire (WAIT)", self.timeout()));
+                }
+                Ok(Err(e)) => return Err(errors::map(e, "acquire (WAIT)")),
+                Ok(Ok(n)) => n,
+            };
+            if acked < i64::from(wait.replicas) {
+                // Dropping the armed guard releases the lease.
+                return Err(Error::Backend {
+                    backend: BACKEND,
+                    message: format!(
+                        "only {acked} of {} replicas acknowledged the acquisition within {:?}; \
+                         it was released",
+                        wait.replicas, wait.timeout
+                    ),
+                    retryable: true,
+                    source: None,
+                });
+            }
+        }
+        pending.armed = false;
+        let deadline = self.inner.config.client.safety_margin.deadline(sent, ttl);
+        Ok(Attempt::Won(Grant::new(
+            key.clone(),
+            owner,
+            fence,
+            ttl,
+            deadline,
+        )))
+    }
+}
+
+/// What one acquisition attempt found.
+enum Attempt {
+    Won(Grant),
+    /// Held by someone else for `pttl` more (`None`: a key without expiry, set by another
+    /// client).
+    Held {
+        pttl: Option<Duration>,
+    },
+}
+
+/// An acquisition whose outcome is not known yet. Dropped while armed (the request timed out,
+/// or the caller's future was cancelled), it sends a compare-and-delete for its owner token on
+/// the *same* connection, so that Redis runs it right after the acquisition if that ever runs
+/// (for example when a paused server resumes). Bounded by the TTL: after it, the lease is gone
+/// anyway.
+struct Pending {
+    inner: Arc<Inner>,
+    conn: Conn,
+    lock_key: String,
+    token: String,
+    ttl: Duration,
+    armed: bool,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (inner, mut con) = (self.inner.clone(), self.conn.con.clone());
+        let (lock_key, token, ttl) = (
+            std::mem::take(&mut self.lock_key),
+            std::mem::take(&mut self.token),
+            self.ttl,
+        );
+        runtime.spawn(async move {
+            let (keys, args) = ([lock_key.as_str()], [token.as_str(), &inner.config.channel]);
+            let release = inner.scripts.release.run::<i64>(&mut con, &keys, &args);
+            match tokio::time::timeout(ttl, release).await {
+                Ok(Ok(1)) => {
+                    tracing::debug!(%lock_key, "released a lease whose acquisition had no answer")
+                }
+                _ => {
+                    tracing::trace!(%lock_key, "nothing to release after an unanswered acquisition")
+                }
+            }
+        });
+    }
+}
+
+#[async_trait]
+impl Authority for RedisAuthority {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.capabilities
+    }
+
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Grant>> {
+        TTL.check(ttl)?;
+        match self.attempt(key, ttl).await? {
+            Attempt::Won(grant) => Ok(Some(grant)),
+            Attempt::Held { .. } => Ok(None),
+        }
+    }
+
+    async fn acquire(&self, key: &LockKey, ttl: Duration, max_wait: Duration) -> Result<Grant> {
+        TTL.check(ttl)?;
+        let start = Instant::now();
+        let give_up = start + max_wait;
+        let subscription = &self.inner.subscription;
+        let notify = subscription
+            .waiters()
+            .for_key(&self.inner.config.layout.lock_key(key));
+        subscription.settled(self.timeout().min(max_wait)).await;
+        // Used while the subscription is down, and for holders without a TTL.
+        let mut poll = Backoff::new(Duration::from_millis(5), Duration::from_millis(500));
+        loop {
+            // Register for the release announcement before the attempt: a release that happens
+            // after the attempt ran at the server is then announced to a subscription that
+            // already exists, and reaches this waiter.
+            let mut released = pin!(notify.notified());
+            released.as_mut().enable();
+            let ready = subscription.is_ready();
+            let pttl = match self.attempt(key, ttl).await? {
+                Attempt::Won(grant) => return Ok(grant),
+                Attempt::Held { pttl } => pttl,
+            };
+            let now = Instant::now();
+            if now >= give_up {
+                return Err(Error::Timeout {
+                    key: key.to_string(),
+                    waited: now - start,
+                });
+            }
+            // Fallback for a holder that vanishes, or releases without announcing it: try again
+            // when its lease ends by the server's clock (a duration, never compared with our
+            // wall clock), with jitter so waiters do not arrive together.
+            let jitter =
+                Backoff::new(Duration::from_millis(2), Duration::from_millis(20)).next_delay();
+            let wait = match pttl {
+                Some(remaining) if ready => remaining + jitter,
+                Some(remaining) => remaining.min(poll.next_delay()) + jitter,
+                None => poll.next_delay(),
+            };
+            tokio::select! {
+                _ = released => {}
+                _ = tokio::time::sleep_until((now + wait).min(give_up)) => {}
+            }
+        }
+    }
+
+    async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Instant> {
+        TTL.check(ttl)?;
+        let lock_key = self.inner.config.layout.lock_key(grant.key());
+        let (token, ttl_ms) = (grant.owner().to_hex(), ttl.as_millis().to_string());
+        let sent = Instant::now();
+        let renewed: i64 = self
+            .script(
+                "renew",
+                &self.inner.scripts.renew,
+                &[&lock_key],
+                &[&token, &ttl_ms],
+            )
+            .await?;
+        if renewed != 1 {
+            return Err(Error::lease_lost(grant.key().as_str(), LostReason::Refused));
+        }
+        Ok(self.inner.config.client.safety_margin.deadline(sent, ttl))
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<Released> {
+        let lock_key = self.inner.config.layout.lock_key(grant.key());
+        let token = grant.owner().to_hex();
+        let released: i64 = self
+            .script(
+                "release",
+                &self.inner.scripts.release,
+                &[&lock_key],
+                &[&token, &self.inner.config.channel],
+            )
+            .await?;
+        Ok(if released == 1 {
+            Released::Released
+        } else {
+            Released::AlreadyGone
+        })
+    }
+}

@@ -1,0 +1,115 @@
+//! From the client library's errors to leasehold's, keeping "unreachable" apart from "refused".
+
+use std::time::Duration;
+
+use leasehold_core::{redact_url, Error};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+pub(crate) const BACKEND: &str = "redis";
+
+/// Whether the connection that produced `error` must be replaced: it failed below the protocol
+/// (I/O, TLS, a reply that does not parse), as opposed to a server that answered with an error.
+pub(crate) fn breaks_connection(error: &RedisError) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::Io | ErrorKind::Parse | ErrorKind::AuthenticationFailed
+    )
+}
+
+/// Maps a client error met while doing `what`.
+pub(crate) fn map(error: RedisError, what: &str) -> Error {
+    // The library's messages carry no credentials, but a URL could appear in an I/O error text
+    // from a resolver; mask anything that looks like one.
+    let message = redact_url(&format!("{what}: {error}"));
+    let code = error.code().unwrap_or_default().to_string();
+    let unauthorized = |message: String, error: RedisError| Error::Unauthorized {
+        backend: BACKEND,
+        message,
+        source: Some(Box::new(error)),
+    };
+    let unavailable = |message: String, error: RedisError| Error::Unavailable {
+        backend: BACKEND,
+        message,
+        source: Some(Box::new(error)),
+    };
+    let backend = |message: String, retryable: bool, error: RedisError| Error::Backend {
+        backend: BACKEND,
+        message,
+        retryable,
+        source: Some(Box::new(error)),
+    };
+    match (error.kind(), code.as_str()) {
+        // WRONGPASS during the handshake, NOAUTH when no password was given, NOPERM when the ACL
+        // user may not run a command or touch a key or channel.
+        (ErrorKind::AuthenticationFailed, _)
+        | (ErrorKind::Server(ServerErrorKind::NoPerm), _)
+        | (_, "NOAUTH" | "WRONGPASS" | "NOPERM") => unauthorized(message, error),
+        // Not reachable, or not serving writes right now: loading a dataset after a restart,
+        // a replica (READONLY: this connection reaches a node that is no longer the primary),
+        // a cluster in flux. Nobody knows who holds the lock.
+        (ErrorKind::Io | ErrorKind::Parse, _)
+        | (
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                | ServerErrorKind::ReadOnly
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown,
+            ),
+            _,
+        ) => unavailable(message, error),
+        (
+            ErrorKind::Server(
+                ServerErrorKind::Moved | ServerErrorKind::Ask | ServerErrorKind::CrossSlot,
+            ),
+            _,
+        ) => backend(
+            format!(
+                "{message} (this authority talks to one Redis server; a Redis Cluster needs a \
+                 cluster-aware proxy in front of it)"
+            ),
+            false,
+            error,
+        ),
+        // A long script of someone else's (BUSY), out of memory, or a failed snapshot that
+        // stops writes (MISCONF): the same call may work later.
+        (_, "BUSY" | "OOM" | "MISCONF") => backend(message, true, error),
+        (ErrorKind::InvalidClientConfig, _) => Error::InvalidConfig { reason: message },
+        _ => backend(message, false, error),
+    }
+}
+
+/// The request got no answer within the timeout.
+pub(crate) fn timed_out(what: &str, after: Duration) -> Error {
+    Error::request_timeout(BACKEND, what, after)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_failures_are_unavailable_and_break_the_connection() {
+        let io = RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "refused",
+        ));
+        assert!(breaks_connection(&io));
+        let e = map(io, "connect");
+        assert!(
+            matches!(e, Error::Unavailable { .. }) && e.is_retryable(),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn refused_credentials_are_unauthorized() {
+        let e = RedisError::from((
+            ErrorKind::AuthenticationFailed,
+            "Password authentication failed",
+        ));
+        assert!(matches!(map(e, "connect"), Error::Unauthorized { .. }));
+        let e = RedisError::from((ErrorKind::InvalidClientConfig, "bad"));
+        assert!(matches!(map(e, "connect"), Error::InvalidConfig { .. }));
+    }
+}

@@ -1,0 +1,153 @@
+//! Where a lock lives in Redis: the key layout.
+
+use leasehold_core::{Error, LockKey, Result};
+
+/// The prefix used when the URL names none.
+pub const DEFAULT_PREFIX: &str = "leasehold:";
+
+/// The channel releases are announced on when the URL names none.
+pub const DEFAULT_CHANNEL: &str = "leasehold:released";
+
+/// The longest prefix, so that prefix + key stays a short key.
+const MAX_PREFIX_LEN: usize = 100;
+
+/// Maps a [`LockKey`] to the two Redis keys of its lock.
+///
+/// For the key `invoice:72` under the prefix `leasehold:`:
+///
+/// | Redis key | type | holds |
+/// |---|---|---|
+/// | `{leasehold:invoice:72}` | string, with a TTL | exactly the owner token (32 hex digits) |
+/// | `{leasehold:invoice:72}:fence` | string, no TTL | the fence counter (`INCR`) |
+///
+/// * The braces are a Redis Cluster hash tag: both keys hash to the same slot, so the scripts,
+///   which touch both, are valid on a cluster too.
+/// * The lock key's value is exactly the owner token, so any client that follows the plain
+///   convention (`SET {leasehold:invoice:72} <random> NX PX <ms>`, then a compare-and-delete
+///   script) on the same key excludes leasehold and is excluded by it.
+/// * The counter never expires and release never deletes it, so fences grow across release and
+///   expiry. It costs one small key per lock name ever used.
+/// * A lock key always ends in `}` and a counter key in `:fence`, so no lock key is ever some
+///   other lock's counter.
+///
+/// Nothing is escaped: keys are printable ASCII already. The prefix may be empty but may not
+/// contain braces (they would move the hash tag). One corner remains: with an empty prefix, a key
+/// that starts with `}` makes an empty hash tag, so on a Redis Cluster its two keys land in
+/// different slots and every script on it fails with `CROSSSLOT` (a permanent error, never a
+/// wrong answer). Use a prefix on clusters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyLayout {
+    prefix: String,
+}
+
+impl Default for KeyLayout {
+    fn default() -> Self {
+        KeyLayout {
+            prefix: DEFAULT_PREFIX.to_string(),
+        }
+    }
+}
+
+impl KeyLayout {
+    /// A layout under `prefix`: up to 100 bytes of printable ASCII without spaces or braces;
+    /// empty is allowed.
+    pub fn new(prefix: &str) -> Result<Self> {
+        if prefix.len() > MAX_PREFIX_LEN {
+            return Err(Error::InvalidConfig {
+                reason: format!(
+                    "the key prefix is {} bytes long; at most {MAX_PREFIX_LEN} are allowed",
+                    prefix.len()
+                ),
+            });
+        }
+        if let Some(c) = prefix
+            .chars()
+            .find(|c| !c.is_ascii_graphic() || *c == '{' || *c == '}')
+        {
+            return Err(Error::InvalidConfig {
+                reason: format!(
+                    "the key prefix contains {c:?}; only printable ASCII without spaces and \
+                     braces is allowed"
+                ),
+            });
+        }
+        Ok(KeyLayout {
+            prefix: prefix.to_string(),
+        })
+    }
+
+    /// The prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The Redis key that holds the lease: `{<prefix><key>}`.
+    pub fn lock_key(&self, key: &LockKey) -> String {
+        format!("{{{}{}}}", self.prefix, key.as_str())
+    }
+
+    /// The Redis key of the fence counter: `{<prefix><key>}:fence`.
+    pub fn fence_key(&self, key: &LockKey) -> String {
+        format!("{}:fence", self.lock_key(key))
+    }
+}
+
+/// Checks a pub/sub channel name: 1 to 200 bytes of printable ASCII without spaces.
+pub(crate) fn check_channel(channel: &str) -> Result<()> {
+    if channel.is_empty() || channel.len() > 200 || !channel.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(Error::InvalidConfig {
+            reason: format!(
+                "the channel {channel:?} is not 1 to 200 bytes of printable ASCII without spaces"
+            ),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The part of a key Redis Cluster hashes (its hash tag rule).
+    fn hashed(key: &str) -> &str {
+        if let Some(open) = key.find('{') {
+            if let Some(len) = key[open + 1..].find('}') {
+                if len > 0 {
+                    return &key[open + 1..open + 1 + len];
+                }
+            }
+        }
+        key
+    }
+
+    #[test]
+    fn both_keys_share_a_hash_slot_and_never_collide() {
+        for prefix in ["leasehold:", "app/", ""] {
+            let layout = KeyLayout::new(prefix).unwrap();
+            for key in ["invoice:72", "a}b", "{x}", "x{", "~!", "a:fence"] {
+                let key = LockKey::new(key).unwrap();
+                let (lock, fence) = (layout.lock_key(&key), layout.fence_key(&key));
+                assert_eq!(hashed(&lock), hashed(&fence), "{lock} / {fence}");
+                assert!(lock.ends_with('}') && fence.ends_with(":fence"));
+                assert_ne!(lock, fence);
+            }
+        }
+        let layout = KeyLayout::default();
+        let key = LockKey::new("invoice:72").unwrap();
+        assert_eq!(layout.lock_key(&key), "{leasehold:invoice:72}");
+        assert_eq!(layout.fence_key(&key), "{leasehold:invoice:72}:fence");
+    }
+
+    #[test]
+    fn prefixes_are_checked() {
+        for bad in ["a b", "{a", "a}", "é", &"p".repeat(101)] {
+            assert!(matches!(
+                KeyLayout::new(bad),
+                Err(Error::InvalidConfig { .. })
+            ));
+        }
+        assert_eq!(KeyLayout::new("").unwrap().prefix(), "");
+        assert!(check_channel("leasehold:released").is_ok());
+        assert!(check_channel("").is_err() && check_channel("a b").is_err());
+    }
+}

@@ -1,0 +1,108 @@
+//! The three Lua scripts, and running them by SHA with the full text as the fallback.
+
+use redis::aio::MultiplexedConnection;
+use redis::{ErrorKind, FromRedisValue, RedisResult, ServerErrorKind};
+
+/// Acquire, one atomic step. `KEYS[1]` the lock key, `KEYS[2]` the fence counter; `ARGV[1]` the
+/// owner token, `ARGV[2]` the TTL in milliseconds.
+///
+/// Returns `{1, fence}` when the key was free and is now ours, `{0, pttl}` when it is held (the
+/// holder's remaining milliseconds, -1 for a key without expiry: the waiter's fallback timer).
+///
+/// The counter is raised *before* the `SET`: a script that fails halfway keeps what it already
+/// did (Redis has no rollback), and an `INCR` that fails (the counter key overwritten with text,
+/// or at its maximum) must not leave a lease behind that nobody was told about. `PTTL` first
+/// tells "held" from "free" without writing anything, so a waiter's attempt costs no write and
+/// does not raise the counter.
+pub(crate) const ACQUIRE: &str = r#"
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl ~= -2 then
+  return {0, pttl}
+end
+local fence = redis.call('INCR', KEYS[2])
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+return {1, fence}
+"#;
+
+/// Renew: extend only if the lock key still holds our owner token. `KEYS[1]` the lock key;
+/// `ARGV[1]` the owner token, `ARGV[2]` the TTL in milliseconds. Returns 1 or 0.
+pub(crate) const RENEW: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"#;
+
+/// Release: delete only if the lock key still holds our owner token, and announce it on the
+/// release channel (payload: the lock key) so waiters try at once. `KEYS[1]` the lock key;
+/// `ARGV[1]` the owner token, `ARGV[2]` the channel. Returns 1 or 0.
+pub(crate) const RELEASE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], KEYS[1])
+  return 1
+end
+return 0
+"#;
+
+/// A script called by its SHA1.
+///
+/// The common case is one round trip: `EVALSHA`. When the server does not know the script
+/// (`NOSCRIPT`: it restarted, or this is a promoted replica or a new primary) the same call is
+/// sent once more as `EVAL` with the full text, which also caches it there. A `NOSCRIPT` reply
+/// means the script did not run, so sending it again cannot do anything twice.
+#[derive(Debug, Clone)]
+pub(crate) struct LuaScript {
+    code: &'static str,
+    sha: String,
+}
+
+impl LuaScript {
+    pub(crate) fn new(code: &'static str) -> Self {
+        LuaScript {
+            code,
+            sha: redis::Script::new(code).get_hash().to_string(),
+        }
+    }
+
+    /// Runs the script with `keys` and `args` on `con`.
+    pub(crate) async fn run<T: FromRedisValue>(
+        &self,
+        con: &mut MultiplexedConnection,
+        keys: &[&str],
+        args: &[&str],
+    ) -> RedisResult<T> {
+        let call = |command: &str, body: &str| {
+            let mut cmd = redis::cmd(command);
+            cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
+            cmd
+        };
+        match call("EVALSHA", &self.sha).query_async(con).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                tracing::debug!(sha = %self.sha, "script not cached on the server; sending it in full");
+                call("EVAL", self.code).query_async(con).await
+            }
+            other => other,
+        }
+    }
+}
+
+/// The three scripts, hashed once per authority.
+#[derive(Debug, Clone)]
+pub(crate) struct Scripts {
+    pub(crate) acquire: LuaScript,
+    pub(crate) renew: LuaScript,
+    pub(crate) release: LuaScript,
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Scripts {
+            acquire: LuaScript::new(ACQUIRE),
+            renew: LuaScript::new(RENEW),
+            release: LuaScript::new(RELEASE),
+        }
+    }
+}

@@ -1,0 +1,951 @@
+//! The Redis authority against real Redis servers started by the harness: the whole conformance
+//! suite with faults (restart, pause, revoke, and a failover from primary to replica), a lying
+//! variant that the failover scenario must fail, the counter reset of a restart without
+//! persistence, credentials, outages, interop with the plain `SET NX PX` convention, the
+//! subscription, the scripts' round trips, and `WAIT` for replicas.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_conformance::scenarios::{self, run_all};
+use leasehold_conformance::servers::{free_port, RedisServer};
+use leasehold_conformance::{Connector, Context, Faults, Verdict};
+use leasehold_core::{
+    Authority, Capabilities, Error, Fence, FenceSafety, Grant, Instant, LockKey, Released,
+};
+use leasehold_redis::{KeyLayout, RedisAuthority};
+use redis::aio::MultiplexedConnection;
+
+/// Requests give up after one second, so an unresponsive server is noticed within a TTL.
+fn url(server: &RedisServer) -> String {
+    format!("{}?timeout_ms=1000", server.url())
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.unwrap()
+}
+
+async fn start() -> Arc<RedisServer> {
+    let server = blocking(RedisServer::start)
+        .await
+        .unwrap_or_else(|e| panic!("Redis must start for these tests: {e}"));
+    Arc::new(server)
+}
+
+async fn start_pair() -> (Arc<RedisServer>, Arc<RedisServer>) {
+    let primary = start().await;
+    let p = primary.clone();
+    let replica = blocking(move || RedisServer::start_replica_of(&p))
+        .await
+        .unwrap_or_else(|e| panic!("the Redis replica must start for these tests: {e}"));
+    (primary, Arc::new(replica))
+}
+
+/// A plain client of the same library, for what an operator or another application does.
+async fn raw(server: &RedisServer) -> MultiplexedConnection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+async fn command(server: &Arc<RedisServer>, args: &[&str]) -> String {
+    let (server, args) = (
+        server.clone(),
+        args.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+    );
+    blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        server.command(&args).unwrap()
+    })
+    .await
+}
+
+/// `field:value` from an `INFO` reply.
+fn info_field(info: &str, field: &str) -> Option<String> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .map(|v| v.trim().to_string())
+}
+
+/// Clients of whichever server is the primary right now.
+struct Clients(Arc<Mutex<String>>);
+
+#[async_trait]
+impl Connector for Clients {
+    async fn connect(&self) -> leasehold_core::Result<Arc<dyn Authority>> {
+        let url = self.0.lock().unwrap().clone();
+        Ok(Arc::new(RedisAuthority::connect(&url).await?))
+    }
+}
+
+fn harness_error(e: impl std::fmt::Display) -> Error {
+    Error::Backend {
+        backend: "harness",
+        message: e.to_string(),
+        retryable: false,
+        source: None,
+    }
+}
+
+/// Crash, freeze, operator and failover faults on a primary and its replica.
+struct RedisFaults {
+    primary: Arc<RedisServer>,
+    replica: Option<Arc<RedisServer>>,
+    url: Arc<Mutex<String>>,
+    failed_over: Mutex<bool>,
+}
+
+impl RedisFaults {
+    fn new(
+        primary: Arc<RedisServer>,
+        replica: Option<Arc<RedisServer>>,
+    ) -> (Self, Arc<Mutex<String>>) {
+        let url = Arc::new(Mutex::new(url(&primary)));
+        let faults = RedisFaults {
+            primary,
+            replica,
+            url: url.clone(),
+            failed_over: Mutex::new(false),
+        };
+        (faults, url)
+    }
+
+    /// The server clients reach now.
+    fn current(&self) -> Arc<RedisServer> {
+        match (&self.replica, *self.failed_over.lock().unwrap()) {
+            (Some(replica), true) => replica.clone(),
+            _ => self.primary.clone(),
+        }
+    }
+
+    async fn on_current(
+        &self,
+        f: impl FnOnce(&RedisServer) -> leasehold_conformance::servers::Result<()> + Send + 'static,
+    ) -> leasehold_core::Result<()> {
+        let server = self.current();
+        blocking(move || f(&server)).await.map_err(harness_error)
+    }
+}
+
+/// Waits until the replica has applied everything the primary has written.
+fn wait_in_sync(primary: &RedisServer, replica: &RedisServer) -> Result<(), String> {
+    let started = std::time::Instant::now();
+    loop {
+        let p = primary
+            .command(&["INFO", "replication"])
+            .map_err(|e| e.to_string())?;
+        let r = replica
+            .command(&["INFO", "replication"])
+            .map_err(|e| e.to_string())?;
+        let written = info_field(&p, "master_repl_offset").and_then(|v| v.parse::<u64>().ok());
+        let applied = info_field(&r, "slave_repl_offset").and_then(|v| v.parse::<u64>().ok());
+        let up = info_field(&r, "master_link_status").as_deref() == Some("up");
+        if up && written.is_some() && applied >= written {
+            return Ok(());
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            return Err(format!("the replica did not catch up: primary {written:?}, replica {applied:?}, link up {up}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[async_trait]
+impl Faults for RedisFaults {
+    async fn restart(&self) -> leasehold_core::Result<()> {
+        self.on_current(|s| s.restart()).await
+    }
+
+    async fn pause(&self) -> leasehold_core::Result<()> {
+        self.on_current(|s| s.pause()).await
+    }
+
+    async fn resume(&self) -> leasehold_core::Result<()> {
+        self.on_current(|s| s.resume()).await
+    }
+
+    /// An operator deletes the lock key.
+    async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<()> {
+        let lock_key = KeyLayout::default().lock_key(key);
+        self.on_current(move |s| s.command(&["DEL", &lock_key]).map(|_| ()))
+            .await
+    }
+
+    /// The replica, in sync, is promoted while the old primary keeps serving the clients that
+    /// are connected to it: what they write now never reaches the promoted server.
+    async fn begin_failover(&self) -> leasehold_core::Result<()> {
+        let Some(replica) = self.replica.clone() else {
+            return Err(Error::Unsupported {
+                backend: "fault harness",
+                operation: "failover".into(),
+            });
+        };
+        let primary = self.primary.clone();
+        blocking(move || {
+            wait_in_sync(&primary, &replica)?;
+            replica.promote().map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(harness_error)
+    }
+
+    /// New clients reach the promoted server.
+    async fn complete_failover(&self) -> leasehold_core::Result<()> {
+        let replica = self
+            .replica
+            .as_ref()
+            .ok_or_else(|| harness_error("no replica"))?;
+        *self.url.lock().unwrap() = url(replica);
+        *self.failed_over.lock().unwrap() = true;
+        Ok(())
+    }
+}
+
+/// With `LEASEHOLD_REDIS_URL` set (external mode, e.g. docker compose), the suite runs against
+/// that server without faults, which then show as not applicable; otherwise against a managed
+/// primary and replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_conformance_suite_with_faults() {
+    if let Some(external) = leasehold_conformance::servers::external::redis_url() {
+        let sep = if external.contains('?') { '&' } else { '?' };
+        let url = Arc::new(Mutex::new(format!("{external}{sep}timeout_ms=1000")));
+        let ctx = Context::new(Arc::new(Clients(url))).await.unwrap();
+        let report = run_all("redis (external)", &ctx).await;
+        println!("{report}");
+        report.assert_passed();
+        return;
+    }
+    let (primary, replica) = start_pair().await;
+    let (faults, url) = RedisFaults::new(primary, Some(replica));
+    let ctx = Context::new(Arc::new(Clients(url)))
+        .await
+        .unwrap()
+        .with_faults(Arc::new(faults));
+    let report = run_all("redis", &ctx).await;
+    println!("{report}");
+    report.assert_passed();
+    for line in &report.lines {
+        let expected = match line.scenario {
+            // Declared in the capabilities, and shown: a restart without persistence resets the
+            // counter; a failover reissues a fence.
+            "fences_survive_restart" | "fences_survive_failover" => {
+                assert!(
+                    matches!(line.outcome, Ok(Verdict::Declared(_))),
+                    "{}:\n{report}",
+                    line.scenario
+                );
+                continue;
+            }
+            _ => Ok(Verdict::Passed),
+        };
+        assert_eq!(line.outcome, expected, "{}:\n{report}", line.scenario);
+    }
+}
+
+/// The Redis authority, claiming linearizable fences it does not have.
+#[derive(Debug)]
+struct Liar {
+    inner: RedisAuthority,
+    capabilities: Capabilities,
+}
+
+impl Liar {
+    fn lie(grant: Grant) -> leasehold_core::Result<Grant> {
+        let fence = Fence::from_value(grant.fence().value(), FenceSafety::Linearizable)?;
+        Ok(Grant::new(
+            grant.key().clone(),
+            grant.owner(),
+            fence,
+            grant.ttl(),
+            grant.deadline(),
+        ))
+    }
+}
+
+#[async_trait]
+impl Authority for Liar {
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+    ) -> leasehold_core::Result<Option<Grant>> {
+        self.inner
+            .try_acquire(key, ttl)
+            .await?
+            .map(Liar::lie)
+            .transpose()
+    }
+
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        max_wait: Duration,
+    ) -> leasehold_core::Result<Grant> {
+        Liar::lie(self.inner.acquire(key, ttl, max_wait).await?)
+    }
+
+    async fn renew(&self, grant: &Grant, ttl: Duration) -> leasehold_core::Result<Instant> {
+        self.inner.renew(grant, ttl).await
+    }
+
+    async fn release(&self, grant: &Grant) -> leasehold_core::Result<Released> {
+        self.inner.release(grant).await
+    }
+}
+
+struct LyingClients(Arc<Mutex<String>>);
+
+#[async_trait]
+impl Connector for LyingClients {
+    async fn connect(&self) -> leasehold_core::Result<Arc<dyn Authority>> {
+        let url = self.0.lock().unwrap().clone();
+        let inner = RedisAuthority::connect(&url).await?;
+        let mut capabilities = inner.capabilities().clone();
+        capabilities.fence_safety = FenceSafety::Linearizable;
+        Ok(Arc::new(Liar {
+            inner,
+            capabilities,
+        }))
+    }
+}
+
+/// The same failover, against a Redis authority that declares linearizable fences: the
+/// scenario must fail it (the honest one gets DECLARED in the suite above). Its fences are
+/// otherwise consistent with what it declares, so it is the failover that catches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_authority_that_claims_linearizable_fences_fails_the_failover_scenario() {
+    let (primary, replica) = start_pair().await;
+    let (faults, url) = RedisFaults::new(primary, Some(replica));
+    let ctx = Context::new(Arc::new(LyingClients(url)))
+        .await
+        .unwrap()
+        .with_faults(Arc::new(faults));
+    assert_eq!(ctx.capabilities().fence_safety, FenceSafety::Linearizable);
+    assert_eq!(scenarios::fences_increase(&ctx).await, Ok(Verdict::Passed));
+    let outcome = scenarios::fences_survive_failover(&ctx).await;
+    println!("lying redis, fences_survive_failover: {outcome:?}");
+    let failure =
+        outcome.expect_err("a failover-unsafe backend that claims linearizable fences must fail");
+    assert!(failure.0.contains("declared linearizable"), "{failure}");
+}
+
+/// Without persistence, a crash resets the fence counter: declared, and shown. Raising the
+/// deployment epoch afterwards puts every new fence above every old one again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_without_persistence_resets_the_counter_as_declared() {
+    let server = start().await;
+    let a = RedisAuthority::connect(&url(&server)).await.unwrap();
+    assert!(!a.capabilities().durable_fences);
+    assert_eq!(a.capabilities().fence_safety, FenceSafety::FailoverUnsafe);
+    let key = LockKey::new("restart").unwrap();
+    let ttl = Duration::from_secs(5);
+    let mut before = Vec::new();
+    for _ in 0..3 {
+        let g = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+        assert_eq!(g.fence().safety(), FenceSafety::FailoverUnsafe);
+        before.push(g.fence());
+        assert_eq!(a.release(&g).await.unwrap(), Released::Released);
+    }
+    assert!(before.windows(2).all(|w| w[1] > w[0]), "{before:?}");
+    {
+        let s = server.clone();
+        blocking(move || s.restart()).await.unwrap();
+    }
+    let b = RedisAuthority::connect(&url(&server)).await.unwrap();
+    let after = b.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert_eq!(
+        after.fence().raw(),
+        1,
+        "the counter starts again after a restart"
+    );
+    assert!(
+        after.fence() < before[2],
+        "{:?} after, {:?} before",
+        after.fence(),
+        before
+    );
+    assert_eq!(b.release(&after).await.unwrap(), Released::Released);
+
+    let bumped = RedisAuthority::connect(&format!("{}&epoch=1", url(&server)))
+        .await
+        .unwrap();
+    let g = bumped.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert!(
+        g.fence() > before[2],
+        "epoch 1: {:?} vs {:?}",
+        g.fence(),
+        before[2]
+    );
+    assert_eq!(g.fence().epoch().get(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_credentials_are_unauthorized_and_never_printed() {
+    let server = blocking(|| RedisServer::start_with_password("s3cret-pw"))
+        .await
+        .unwrap();
+    let good = format!("{}?timeout_ms=2000", server.url_with_password("s3cret-pw"));
+    let a = RedisAuthority::connect(&good).await.unwrap();
+    assert!(!format!("{a:?} {:?}", a.config()).contains("s3cret"));
+    let key = LockKey::new("auth").unwrap();
+    assert!(a
+        .try_acquire(&key, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .is_some());
+
+    let wrong = format!(
+        "{}?timeout_ms=2000",
+        server.url_with_password("hunter2-wrong")
+    );
+    let started = Instant::now();
+    let err = RedisAuthority::connect(&wrong).await.unwrap_err();
+    assert!(
+        matches!(err, Error::Unauthorized { .. }) && !err.is_retryable(),
+        "{err:?}"
+    );
+    // At once, not after retries: a refused password is not an outage.
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(!format!("{err} {err:?}").contains("hunter2"), "{err:?}");
+
+    let none = format!("redis://127.0.0.1:{}?timeout_ms=2000", server.port());
+    let err = RedisAuthority::connect(&none).await.unwrap_err();
+    assert!(matches!(err, Error::Unauthorized { .. }), "{err:?}");
+
+    // ACL users: the right one works, an unknown one is refused, and one that may not run
+    // scripts is refused at its first acquisition.
+    let plain = start().await;
+    command(
+        &plain,
+        &[
+            "ACL",
+            "SETUSER",
+            "locker",
+            "on",
+            ">locker-pw",
+            "~*",
+            "&*",
+            "+@all",
+        ],
+    )
+    .await;
+    command(
+        &plain,
+        &[
+            "ACL",
+            "SETUSER",
+            "reader",
+            "on",
+            ">reader-pw",
+            "~*",
+            "&*",
+            "+@read",
+            "+ping",
+        ],
+    )
+    .await;
+    let acl = |user: &str, pw: &str| {
+        format!(
+            "redis://{user}:{pw}@127.0.0.1:{}?timeout_ms=2000",
+            plain.port()
+        )
+    };
+    let locker = RedisAuthority::connect(&acl("locker", "locker-pw"))
+        .await
+        .unwrap();
+    let g = locker
+        .try_acquire(&key, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(locker.release(&g).await.unwrap(), Released::Released);
+    let err = RedisAuthority::connect(&acl("nobody", "locker-pw"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Unauthorized { .. }), "{err:?}");
+    let err = RedisAuthority::connect(&acl("locker", "hunter2"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Unauthorized { .. }) && !format!("{err:?}").contains("hunter2"),
+        "{err:?}"
+    );
+    let reader = RedisAuthority::connect(&acl("reader", "reader-pw"))
+        .await
+        .unwrap();
+    let err = reader
+        .try_acquire(&key, Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Unauthorized { .. }), "{err:?}");
+    assert!(!format!("{err:?}").contains("reader-pw"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_or_frozen_server_is_unavailable_within_the_timeout() {
+    let port = free_port().unwrap();
+    let started = Instant::now();
+    let err = RedisAuthority::connect(&format!("redis://127.0.0.1:{port}?timeout_ms=500"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Unavailable { .. }) && err.is_retryable(),
+        "{err:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "took {:?}",
+        started.elapsed()
+    );
+
+    // A frozen server accepts the TCP connection (the kernel does) but never answers.
+    let server = start().await;
+    {
+        let s = server.clone();
+        blocking(move || s.pause()).await.unwrap();
+    }
+    let started = Instant::now();
+    let err = RedisAuthority::connect(&format!("{}?timeout_ms=500", server.url()))
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    {
+        let s = server.clone();
+        blocking(move || s.resume()).await.unwrap();
+    }
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    assert!(
+        took >= Duration::from_millis(450) && took < Duration::from_millis(1500),
+        "took {took:?}"
+    );
+}
+
+/// The server freezes while an acquisition is on the wire. The client gets `Unavailable`
+/// within its timeout; when the server resumes it runs that acquisition after all (the fence
+/// counter moved), and the compare-and-delete the client queued behind it frees the key at
+/// once, long before the lease's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_frozen_mid_acquire_leaves_no_lock_behind() {
+    let server = start().await;
+    let a = RedisAuthority::connect(&format!("{}?timeout_ms=500", server.url()))
+        .await
+        .unwrap();
+    let key = LockKey::new("frozen").unwrap();
+    let ttl = Duration::from_secs(20);
+    // Warm the script cache, so the frozen request is the acquisition itself.
+    let warm = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert_eq!(a.release(&warm).await.unwrap(), Released::Released);
+    {
+        let s = server.clone();
+        blocking(move || s.pause()).await.unwrap();
+    }
+    let started = Instant::now();
+    let err = a.try_acquire(&key, ttl).await.unwrap_err();
+    let took = started.elapsed();
+    {
+        let s = server.clone();
+        blocking(move || s.resume()).await.unwrap();
+    }
+    assert!(
+        matches!(err, Error::Unavailable { .. }) && err.is_retryable(),
+        "{err:?}"
+    );
+    assert!(took < Duration::from_millis(1500), "took {took:?}");
+
+    let layout = KeyLayout::default();
+    let mut con = raw(&server).await;
+    let resumed = Instant::now();
+    loop {
+        let (holder, fence): (Option<String>, Option<u64>) = redis::pipe()
+            .get(layout.lock_key(&key))
+            .get(layout.fence_key(&key))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        if holder.is_none() && fence == Some(2) {
+            break;
+        }
+        assert!(
+            resumed.elapsed() < ttl / 10,
+            "after the resume: holder {holder:?}, fence counter {fence:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let g = a
+        .try_acquire(&key, ttl)
+        .await
+        .unwrap()
+        .expect("the key is free");
+    assert_eq!(g.fence().raw(), 3);
+}
+
+/// A client that follows the plain convention on the same Redis key excludes leasehold and is
+/// excluded by it, and a plain compare-and-delete with leasehold's token releases it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interoperates_with_the_plain_set_nx_px_convention() {
+    let server = start().await;
+    let a = RedisAuthority::connect(&url(&server)).await.unwrap();
+    let mut con = raw(&server).await;
+    let key = LockKey::new("invoice:inv_72").unwrap();
+    let lock_key = "{leasehold:invoice:inv_72}";
+    assert_eq!(a.config().layout().lock_key(&key), lock_key);
+    let ttl = Duration::from_secs(10);
+    let compare_and_delete = redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    );
+
+    // Plain holder first.
+    let set: Option<String> = redis::cmd("SET")
+        .arg(lock_key)
+        .arg("plain-token")
+        .arg("NX")
+        .arg("PX")
+        .arg(10_000)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(set.as_deref(), Some("OK"));
+    assert!(a.try_acquire(&key, ttl).await.unwrap().is_none());
+    let err = a
+        .acquire(&key, ttl, Duration::from_millis(200))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
+    let deleted: i64 = compare_and_delete
+        .key(lock_key)
+        .arg("plain-token")
+        .invoke_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1);
+
+    // leasehold holder: the value is exactly the owner token, and the fence is the counter.
+    let g = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let value: String = redis::cmd("GET")
+        .arg(lock_key)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(value, g.owner().to_hex());
+    let counter: u64 = redis::cmd("GET")
+        .arg("{leasehold:invoice:inv_72}:fence")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(counter, g.fence().raw());
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(lock_key)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(pttl > 9_000 && pttl <= 10_000, "{pttl}");
+    let set: Option<String> = redis::cmd("SET")
+        .arg(lock_key)
+        .arg("plain-token")
+        .arg("NX")
+        .arg("PX")
+        .arg(10_000)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(set, None, "the plain client must be excluded");
+    let wrong: i64 = compare_and_delete
+        .key(lock_key)
+        .arg("plain-token")
+        .invoke_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(wrong, 0);
+    let deleted: i64 = compare_and_delete
+        .key(lock_key)
+        .arg(g.owner().to_hex())
+        .invoke_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(
+        deleted, 1,
+        "a plain compare-and-delete with leasehold's token releases it"
+    );
+    assert!(a.renew(&g, ttl).await.unwrap_err().is_lease_lost());
+    assert_eq!(a.release(&g).await.unwrap(), Released::AlreadyGone);
+    let next = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert!(next.fence() > g.fence());
+}
+
+/// `(calls, failed_calls)` of a command from `INFO commandstats`.
+async fn calls(server: &Arc<RedisServer>, command_name: &str) -> (u64, u64) {
+    let info = command(server, &["INFO", "commandstats"]).await;
+    let Some(stats) = info_field(&info, &format!("cmdstat_{command_name}")) else {
+        return (0, 0);
+    };
+    let get = |name: &str| {
+        stats
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (get("calls"), get("failed_calls"))
+}
+
+/// Each step is one `EVALSHA`; after the server forgot the scripts, one `EVAL` per script
+/// brings them back, and then it is `EVALSHA` alone again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_cost_one_round_trip_and_survive_a_flushed_script_cache() {
+    let server = start().await;
+    let a = RedisAuthority::connect(&url(&server)).await.unwrap();
+    let key = LockKey::new("round-trips").unwrap();
+    let ttl = Duration::from_secs(5);
+    let pair = || async {
+        let g = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+        let _ = a.renew(&g, ttl).await.unwrap();
+        assert_eq!(a.release(&g).await.unwrap(), Released::Released);
+    };
+    pair().await; // loads the three scripts
+    let (sha0, eval0) = (
+        calls(&server, "evalsha").await,
+        calls(&server, "eval").await,
+    );
+    for _ in 0..20 {
+        pair().await;
+    }
+    let (sha1, eval1) = (
+        calls(&server, "evalsha").await,
+        calls(&server, "eval").await,
+    );
+    assert_eq!(sha1.0 - sha0.0, 60, "one EVALSHA per step");
+    assert_eq!(sha1.1, sha0.1, "no failed EVALSHA");
+    assert_eq!(eval1, eval0, "no EVAL while the scripts are cached");
+
+    command(&server, &["SCRIPT", "FLUSH"]).await;
+    pair().await;
+    let (sha2, eval2) = (
+        calls(&server, "evalsha").await,
+        calls(&server, "eval").await,
+    );
+    assert_eq!(eval2.0 - eval1.0, 3, "each script sent in full once");
+    assert_eq!(sha2.0 - sha1.0, 3);
+    pair().await;
+    assert_eq!(calls(&server, "eval").await, eval2, "and then by SHA again");
+}
+
+/// All waiters of an authority share one subscription connection. A holder that never
+/// announces its end (a plain client's lease expiring) is waited for at its TTL, not by polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_share_one_subscription_and_wait_for_silent_holders_until_their_ttl() {
+    let server = start().await;
+    let a = Arc::new(RedisAuthority::connect(&url(&server)).await.unwrap());
+    let mut con = raw(&server).await;
+    let ttl = Duration::from_secs(5);
+    let hold = Duration::from_millis(800);
+    let keys: Vec<LockKey> = (0..5)
+        .map(|i| LockKey::new(format!("silent-{i}")).unwrap())
+        .collect();
+    for key in &keys {
+        let _: () = redis::cmd("SET")
+            .arg(a.config().layout().lock_key(key))
+            .arg("plain")
+            .arg("PX")
+            .arg(hold.as_millis() as u64)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
+    let (sha0, _) = calls(&server, "evalsha").await;
+    let started = Instant::now();
+    let waiters: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (a, key) = (a.clone(), key.clone());
+            tokio::spawn(async move {
+                let g = a.acquire(&key, ttl, Duration::from_secs(5)).await;
+                (g, started.elapsed())
+            })
+        })
+        .collect();
+    tokio::time::sleep(hold / 2).await;
+    let numsub: Vec<redis::Value> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg("leasehold:released")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(
+        numsub.get(1),
+        Some(&redis::Value::Int(1)),
+        "one subscription for five waiters: {numsub:?}"
+    );
+    for w in waiters {
+        let (g, at) = w.await.unwrap();
+        g.unwrap();
+        assert!(
+            at >= hold - Duration::from_millis(50) && at < hold + Duration::from_millis(700),
+            "got it after {at:?}"
+        );
+    }
+    let (sha1, _) = calls(&server, "evalsha").await;
+    assert!(
+        sha1 - sha0 <= 5 * 3,
+        "{} attempts by 5 waiters: they polled",
+        sha1 - sha0
+    );
+    drop(a);
+    let dropped = Instant::now();
+    loop {
+        let numsub: Vec<redis::Value> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg("leasehold:released")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        if numsub.get(1) == Some(&redis::Value::Int(0)) {
+            break;
+        }
+        assert!(
+            dropped.elapsed() < Duration::from_secs(2),
+            "the subscription outlived its authority"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The subscription connection is killed, and the holder releases while it is down: the
+/// announcement is lost, yet the waiter gets the key at once after the subscription is back,
+/// not after the holder's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_while_the_subscription_is_down_is_not_missed() {
+    let server = start().await;
+    let holder = RedisAuthority::connect(&url(&server)).await.unwrap();
+    let waiter = Arc::new(RedisAuthority::connect(&url(&server)).await.unwrap());
+    let key = LockKey::new("outage").unwrap();
+    let ttl = Duration::from_secs(20);
+    let held = holder.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let task = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        tokio::spawn(async move { waiter.acquire(&key, ttl, Duration::from_secs(10)).await })
+    };
+    let mut con = raw(&server).await;
+    let subscribed = Instant::now();
+    loop {
+        let numsub: Vec<redis::Value> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg("leasehold:released")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        if numsub.get(1) == Some(&redis::Value::Int(1)) {
+            break;
+        }
+        assert!(subscribed.elapsed() < Duration::from_secs(2));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    let released_at = Instant::now();
+    assert_eq!(holder.release(&held).await.unwrap(), Released::Released);
+    let g = tokio::time::timeout(Duration::from_secs(3), task)
+        .await
+        .expect("the waiter missed the release")
+        .unwrap()
+        .unwrap();
+    assert!(g.fence() > held.fence());
+    println!(
+        "hand-off across a subscription outage: {:?}",
+        released_at.elapsed()
+    );
+}
+
+/// With `wait_replicas`, an acquisition returns only once a replica has it; when no replica
+/// acknowledges in time the acquisition fails, retryably, and leaves no lock behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_replicas_confirms_or_gives_the_lock_back() {
+    let (primary, replica) = start_pair().await;
+    let a = RedisAuthority::connect(&format!(
+        "{}?timeout_ms=1000&wait_replicas=1&wait_timeout_ms=200",
+        primary.url()
+    ))
+    .await
+    .unwrap();
+    let layout = KeyLayout::default();
+    let key = LockKey::new("replicated").unwrap();
+    let ttl = Duration::from_secs(10);
+    let g = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let mut on_replica = raw(&replica).await;
+    let (value, fence): (Option<String>, Option<u64>) = redis::pipe()
+        .get(layout.lock_key(&key))
+        .get(layout.fence_key(&key))
+        .query_async(&mut on_replica)
+        .await
+        .unwrap();
+    assert_eq!(
+        value,
+        Some(g.owner().to_hex()),
+        "the replica has the lock when acquire returns"
+    );
+    assert_eq!(fence, Some(g.fence().raw()));
+
+    {
+        let r = replica.clone();
+        blocking(move || r.pause()).await.unwrap();
+    }
+    let other = LockKey::new("unreplicated").unwrap();
+    let started = Instant::now();
+    let err = a.try_acquire(&other, ttl).await.unwrap_err();
+    let took = started.elapsed();
+    {
+        let r = replica.clone();
+        blocking(move || r.resume()).await.unwrap();
+    }
+    assert!(
+        matches!(
+            err,
+            Error::Backend {
+                retryable: true,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("0 of 1 replicas"), "{err}");
+    assert!(
+        took >= Duration::from_millis(190) && took < Duration::from_millis(1500),
+        "took {took:?}"
+    );
+    let mut on_primary = raw(&primary).await;
+    let gave_back = Instant::now();
+    loop {
+        let holder: Option<String> = redis::cmd("GET")
+            .arg(layout.lock_key(&other))
+            .query_async(&mut on_primary)
+            .await
+            .unwrap();
+        if holder.is_none() {
+            break;
+        }
+        assert!(
+            gave_back.elapsed() < Duration::from_secs(1),
+            "the unconfirmed lock was kept"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(a.release(&g).await.unwrap(), Released::Released);
+}
