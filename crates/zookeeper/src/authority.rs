@@ -1,0 +1,293 @@
+//! The ZooKeeper authority: a lease is the lowest ephemeral-sequential node under the key's
+//! parent, alive as long as its session, fenced by its czxid.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_core::{
+    Authority, Capabilities, Error, FenceSafety, Grant, Instant, LockKey, LostReason, OwnerToken,
+    Released, Result, TtlRange, WaitStrategy,
+};
+use zookeeper_client::Error as ZkError;
+
+use crate::cleanup;
+use crate::config::ZkConfig;
+use crate::contend::{Contender, Failed};
+use crate::errors::{self, is_session_end, BACKEND};
+use crate::held::Held;
+use crate::names;
+use crate::session::{self, Sessions};
+
+/// How often an acquisition starts over on a fresh session after its session ended under it.
+const SESSION_RETRIES: usize = 3;
+
+struct Inner {
+    config: Arc<ZkConfig>,
+    sessions: Sessions,
+    capabilities: Capabilities,
+}
+
+/// A ZooKeeper ensemble as an [`Authority`].
+///
+/// # How a lease maps to ZooKeeper
+/// * **Layout**: one container node per key, `<chroot>/<escaped key>` (see
+///   [`names::node_name_for_key`]); per contender, an ephemeral-sequential child named
+///   `_c_<uuid>-lock-<sequence>`, Apache Curator's `InterProcessMutex` form, so Curator services
+///   and leasehold exclude each other on the same path. Children of kazoo's `Lock`
+///   (`<uuid>__lock__<sequence>`) and any other sequential recipe queue alike. The lowest
+///   sequence holds the lock.
+/// * **Acquire**: the create and a listing of the parent go out together (one round trip); if
+///   my node is first, the lock is mine. If the create's reply is lost, my node is found again
+///   by its UUID instead of creating a second one. Waiting watches only the node just ahead of
+///   mine; a waiter that times out or is cancelled deletes its node.
+/// * **Fence**: my node's czxid ([`crate::Czxid`]), read back from the server when the create's
+///   reply carries no trustworthy `Stat`.
+/// * **TTL**: the session timeout. One session per distinct TTL (see the crate docs); a TTL the
+///   server does not grant exactly is `InvalidTtl`. The session's heartbeat keeps the lease at
+///   the server while the process lives; `renew` confirms the node still exists on a live
+///   session and extends the grant's tenure on this side, so a grant nobody renews is also
+///   deleted after its TTL.
+/// * **Lost**: the session expired (`SessionEnded`), the node was deleted (`Refused`), or no
+///   renewal was confirmed before the local deadline (a disconnection, Curator's SUSPENDED,
+///   stops renewals from succeeding until the session answers again).
+///
+/// A grant lives no longer than the authority that issued it: dropping the authority closes
+/// its sessions, and ZooKeeper deletes their nodes at once. Clones share the sessions.
+#[derive(Clone)]
+pub struct ZkAuthority {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for ZkAuthority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkAuthority")
+            .field("config", &self.inner.config)
+            .field("sessions", &self.inner.sessions)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ZkAuthority {
+    /// Connects with a `zk://` URL (see [`ZkConfig::from_url`]).
+    ///
+    /// Connecting opens two short-lived sessions to learn the session timeouts the server grants
+    /// (unless [`ZkConfig::with_ttl_range`] declares them) and creates the chroot if it is
+    /// missing. Fails with `Unavailable` when no server answers within the request timeout,
+    /// `Unauthorized` when the credentials may not create the chroot.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::with_config(ZkConfig::from_url(url)?).await
+    }
+
+    /// Connects with a parsed configuration.
+    pub async fn with_config(config: ZkConfig) -> Result<Self> {
+        let (ttl, tick) = session::prepare(&config).await?;
+        let capabilities = Capabilities::new(BACKEND, FenceSafety::Linearizable, true, ttl)
+            .with_wait(WaitStrategy::Notification)
+            .with_renew_with_other_ttl(false)
+            .with_expiry_slack(tick);
+        let config = Arc::new(config);
+        Ok(ZkAuthority {
+            inner: Arc::new(Inner {
+                sessions: Sessions::new(config.clone()),
+                config,
+                capabilities,
+            }),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ZkConfig {
+        &self.inner.config
+    }
+
+    /// The node under which `key`'s contenders queue: `<chroot>/<escaped key>`. Point a Curator
+    /// `InterProcessMutex` or a kazoo `Lock` (with `extra_lock_patterns=["-lock-"]`) at this path
+    /// to share the lock with them.
+    pub fn lock_path(&self, key: &LockKey) -> String {
+        lock_path(&self.inner.config, key)
+    }
+
+    /// The TTLs this authority grants (what the server granted when probed).
+    pub fn ttl_range(&self) -> TtlRange {
+        self.inner.capabilities.ttl
+    }
+
+    fn check_ttl(&self, ttl: Duration) -> Result<()> {
+        self.inner.capabilities.ttl.check(ttl)
+    }
+
+    fn contender(&self, key: &LockKey, session: Arc<session::Session>) -> Result<Contender> {
+        Ok(Contender::new(
+            self.inner.config.clone(),
+            session,
+            key,
+            self.lock_path(key),
+            OwnerToken::generate()?,
+        ))
+    }
+
+    fn held(grant: &Grant) -> Result<&Arc<Held>> {
+        grant
+            .backend_state::<Arc<Held>>()
+            .ok_or_else(|| Error::Backend {
+                backend: BACKEND,
+                message: "this grant was not issued by a ZooKeeper authority".into(),
+                retryable: false,
+                source: None,
+            })
+    }
+}
+
+/// `<chroot>/<escaped key>`.
+pub(crate) fn lock_path(config: &ZkConfig, key: &LockKey) -> String {
+    let name = names::node_name_for_key(key);
+    if config.chroot == "/" {
+        format!("/{name}")
+    } else {
+        format!("{}/{name}", config.chroot)
+    }
+}
+
+fn session_lost(key: &LockKey) -> Error {
+    Error::Unavailable {
+        backend: BACKEND,
+        message: format!("the ZooKeeper session ended repeatedly while acquiring `{key}`"),
+        source: None,
+    }
+}
+
+#[async_trait]
+impl Authority for ZkAuthority {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.capabilities
+    }
+
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Grant>> {
+        self.check_ttl(ttl)?;
+        for _ in 0..SESSION_RETRIES {
+            let session = self.inner.sessions.get(ttl).await?;
+            match self.contender(key, session.clone())?.try_once(ttl).await {
+                Ok(granted) => return Ok(granted),
+                Err(Failed::Error(e)) => return Err(e),
+                Err(Failed::SessionGone) => self.inner.sessions.forget(&session),
+            }
+        }
+        Err(session_lost(key))
+    }
+
+    async fn acquire(&self, key: &LockKey, ttl: Duration, max_wait: Duration) -> Result<Grant> {
+        self.check_ttl(ttl)?;
+        let started = Instant::now();
+        let give_up = started + max_wait;
+        for _ in 0..SESSION_RETRIES {
+            let session = self.inner.sessions.get(ttl).await?;
+            match self
+                .contender(key, session.clone())?
+                .wait(ttl, started, give_up)
+                .await
+            {
+                Ok(grant) => return Ok(grant),
+                Err(Failed::Error(e)) => return Err(e),
+                Err(Failed::SessionGone) => {
+                    self.inner.sessions.forget(&session);
+                    if Instant::now() >= give_up {
+                        return Err(Error::Timeout {
+                            key: key.to_string(),
+                            waited: started.elapsed(),
+                        });
+                    }
+                }
+            }
+        }
+        Err(session_lost(key))
+    }
+
+    async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Instant> {
+        self.check_ttl(ttl)?;
+        if ttl != grant.ttl() {
+            return Err(Error::InvalidTtl {
+                ttl,
+                reason: format!(
+                    "a ZooKeeper lease's TTL is its session's timeout, fixed when granted: renew with {:?}",
+                    grant.ttl()
+                ),
+            });
+        }
+        let held = Self::held(grant)?;
+        let key = grant.key().as_str();
+        if held.has_ended() {
+            return Err(Error::lease_lost(key, LostReason::Refused));
+        }
+        let Some(session) = held.session.upgrade().filter(|s| s.is_alive()) else {
+            held.end();
+            return Err(Error::lease_lost(key, LostReason::SessionEnded));
+        };
+        // The answer proves the session alive at the server after `sent`, so its expiry there
+        // is at least `sent + ttl`; while the client is disconnected the request waits for the
+        // session to come back (or times out), so no renewal succeeds without that proof.
+        let sent = Instant::now();
+        let stat = match tokio::time::timeout(
+            self.inner.config.client.request_timeout,
+            session.client.check_stat(&held.path),
+        )
+        .await
+        {
+            Err(_) => {
+                return Err(errors::timed_out(
+                    "renew",
+                    self.inner.config.client.request_timeout,
+                ))
+            }
+            Ok(Err(e)) if is_session_end(&e) => {
+                held.end();
+                return Err(Error::lease_lost(key, LostReason::SessionEnded));
+            }
+            Ok(Err(e)) => return Err(errors::map(e, "renew")),
+            Ok(Ok(stat)) => stat,
+        };
+        let ours = stat
+            .is_some_and(|s| s.czxid == held.czxid.get() && s.ephemeral_owner == held.session_id);
+        if !ours {
+            held.end();
+            return Err(Error::lease_lost(key, LostReason::Refused));
+        }
+        if !held.extend(sent + ttl) {
+            return Err(Error::lease_lost(key, LostReason::Refused));
+        }
+        Ok(self.inner.config.client.safety_margin.deadline(sent, ttl))
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<Released> {
+        let held = Self::held(grant)?;
+        let was_running = held.end();
+        let Some(session) = held.session.upgrade() else {
+            // The session is closed, and its nodes with it.
+            return Ok(Released::AlreadyGone);
+        };
+        // The path names this grant's own node (its UUID and sequence), so deleting it can never
+        // free a lease someone else holds now.
+        let deleted = tokio::time::timeout(
+            self.inner.config.client.request_timeout,
+            session.client.delete(&held.path, None),
+        )
+        .await;
+        match deleted {
+            Ok(Ok(())) if was_running => Ok(Released::Released),
+            Ok(Ok(())) | Ok(Err(ZkError::NoNode)) => Ok(Released::AlreadyGone),
+            Ok(Err(e)) if is_session_end(&e) => Ok(Released::AlreadyGone),
+            Ok(Err(e)) => {
+                cleanup::spawn_delete(session, self.inner.config.clone(), held.path.clone());
+                Err(errors::map(e, "release"))
+            }
+            Err(_) => {
+                cleanup::spawn_delete(session, self.inner.config.clone(), held.path.clone());
+                Err(errors::timed_out(
+                    "release",
+                    self.inner.config.client.request_timeout,
+                ))
+            }
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! What a `zk://` URL configures.
+
+use std::fmt;
+
+use leasehold_core::{redact_url, ClientOptions, Error, Result, Secret, TtlRange, UrlParams};
+
+/// The chroot used when the URL names none, so that lock nodes never land in the server's root
+/// next to `/zookeeper`.
+pub const DEFAULT_CHROOT: &str = "/leasehold";
+
+/// Who may touch the nodes this authority creates (the chroot, the per-key parents and the
+/// contender nodes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AclMode {
+    /// `world:anyone` may do everything (ZooKeeper's `OPEN_ACL_UNSAFE`). The default without
+    /// credentials.
+    Open,
+    /// Only sessions authenticated as the creator (`auth` scheme, `CREATOR_ALL_ACL`). The default
+    /// with credentials: another principal cannot delete a holder's node or queue in front of
+    /// it.
+    CreatorOnly,
+}
+
+/// Settings of a ZooKeeper authority.
+///
+/// From a URL: `zk://[user:password@]host1:2181,host2:2181[/chroot][?params]`
+/// * the hosts are handed to the client as the connect string (port 2181 when omitted);
+/// * the path is the chroot under which every lock lives (default [`DEFAULT_CHROOT`]; `/` for
+///   the server's root). It is created as persistent nodes on connect when missing;
+/// * `user:password` adds `digest` authentication to every session and makes lock nodes
+///   creator-only (percent-encode `:`, `@` and `/` in the password);
+/// * parameters: `acl=open|creator`, and the common `epoch`, `safety_margin_ms`,
+///   `clock_drift_per_mille`, `timeout_ms`. Anything else is an error.
+///
+/// The password lives in a [`Secret`] and never reaches `Debug`, `Display`, errors or logs.
+#[derive(Clone)]
+pub struct ZkConfig {
+    pub(crate) hosts: String,
+    pub(crate) chroot: String,
+    pub(crate) credentials: Option<(String, Secret)>,
+    pub(crate) acl: AclMode,
+    pub(crate) client: ClientOptions,
+    pub(crate) ttl_range: Option<TtlRange>,
+    pub(crate) server_version: Option<(u32, u32, u32)>,
+    pub(crate) redacted_url: String,
+}
+
+impl fmt::Debug for ZkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkConfig")
+            .field("url", &self.redacted_url)
+            .field("hosts", &self.hosts)
+            .field("chroot", &self.chroot)
+            .field("user", &self.credentials.as_ref().map(|(user, _)| user))
+            .field("acl", &self.acl)
+            .field("client", &self.client)
+            .field("ttl_range", &self.ttl_range)
+            .field("server_version", &self.server_version)
+            .finish()
+    }
+}
+
+impl ZkConfig {
+    /// Parses a `zk://` URL.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let redacted_url = redact_url(url);
+        let invalid = |reason: String| Error::InvalidUrl {
+            url: redacted_url.clone(),
+            reason,
+        };
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Err(invalid("expected a zk:// URL".into()));
+        };
+        if !scheme.eq_ignore_ascii_case("zk") {
+            return Err(invalid("expected a zk:// URL".into()));
+        }
+        let mut params = UrlParams::parse(url)?;
+        let client = params.take_client_options()?;
+        let acl = params.take("acl");
+        params.finish()?;
+
+        let rest = rest.split(['?', '#']).next().unwrap_or("");
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        let (userinfo, hosts) = match authority.rfind('@') {
+            Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
+            None => (None, authority),
+        };
+        let credentials = match userinfo {
+            None => None,
+            Some(info) => {
+                let (user, password) = info.split_once(':').ok_or_else(|| {
+                    invalid("credentials must be `user:password` (digest authentication)".into())
+                })?;
+                let user = percent_decode(user)
+                    .ok_or_else(|| invalid("the user name is not valid percent-encoding".into()))?;
+                let password = percent_decode(password)
+                    .ok_or_else(|| invalid("the password is not valid percent-encoding".into()))?;
+                if user.is_empty() || user.contains(':') {
+                    return Err(invalid(
+                        "the user name must be non-empty and contain no `:`".into(),
+                    ));
+                }
+                Some((user, Secret::new(password)))
+            }
+        };
+        let hosts = parse_hosts(hosts).map_err(invalid)?;
+        let chroot = match path {
+            "" => DEFAULT_CHROOT.to_string(),
+            "/" => "/".to_string(),
+            p => {
+                validate_path(p).map_err(|why| invalid(format!("invalid chroot `{p}`: {why}")))?;
+                p.to_string()
+            }
+        };
+        let acl = match acl.as_deref() {
+            None if credentials.is_some() => AclMode::CreatorOnly,
+            None | Some("open") => AclMode::Open,
+            Some("creator") if credentials.is_some() => AclMode::CreatorOnly,
+            Some("creator") => {
+                return Err(invalid(
+                    "acl=creator needs credentials (zk://user:password@...)".into(),
+                ))
+            }
+            Some(other) => {
+                return Err(invalid(format!(
+                    "parameter `acl` has an invalid value `{other}`; use `open` or `creator`"
+                )))
+            }
+        };
+        Ok(ZkConfig {
+            hosts,
+            chroot,
+            credentials,
+            acl,
+            client,
+            ttl_range: None,
+            server_version: None,
+            redacted_url,
+        })
+    }
+
+    /// The connect string handed to the client: `host:port,host:port`, without chroot.
+    pub fn hosts(&self) -> &str {
+        &self.hosts
+    }
+
+    /// The chroot every lock lives under (`/` for the root).
+    pub fn chroot(&self) -> &str {
+        &self.chroot
+    }
+
+    /// Who may touch the nodes this authority creates.
+    pub fn acl(&self) -> AclMode {
+        self.acl
+    }
+
+    /// The client options (epoch, safety margin, request timeout).
+    pub fn client_options(&self) -> &ClientOptions {
+        &self.client
+    }
+
+    /// Replaces the client options.
+    pub fn with_client_options(mut self, client: ClientOptions) -> Self {
+        self.client = client;
+        self
+    }
+
+    /// Declares the session timeouts the servers grant instead of measuring them on connect.
+    ///
+    /// By default, connecting opens two short-lived sessions asking for a very short and a very
+    /// long timeout, and takes what the server granted as the TTL range (ZooKeeper clamps to its
+    /// `minSessionTimeout..maxSessionTimeout`, by default 2 to 20 ticks). A declared range saves
+    /// those two sessions; a TTL inside it that the server then does not grant exactly is still
+    /// refused with `InvalidTtl` when its session is opened, never rounded.
+    pub fn with_ttl_range(mut self, range: TtlRange) -> Self {
+        self.ttl_range = Some(range);
+        self
+    }
+
+    /// Speaks the protocol of an older server. Below 3.5.0 a create answers without the new
+    /// node's `Stat`, so the fence is read back with `exists`; below 3.5.3 per-key parents are
+    /// persistent nodes, because container nodes do not exist yet (they are then never removed
+    /// by the server).
+    pub fn with_server_version(mut self, major: u32, minor: u32, patch: u32) -> Self {
+        self.server_version = Some((major, minor, patch));
+        self
+    }
+
+    /// Whether the server knows container nodes (3.5.3 and later, or unknown).
+    pub(crate) fn containers(&self) -> bool {
+        self.server_version.is_none_or(|v| v >= (3, 5, 3))
+    }
+}
+
+/// Validates a comma-separated host list and returns it as a connect string.
+fn parse_hosts(hosts: &str) -> std::result::Result<String, String> {
+    if hosts.is_empty() {
+        return Err("no hosts given; expected zk://host:2181[,host:2181...]".into());
+    }
+    let mut out = Vec::new();
+    for host in hosts.split(',') {
+        if host.is_empty() {
+            return Err("an empty host in the host list".into());
+        }
+        let (name, port) = if let Some(inner) = host.strip_prefix('[') {
+            // An IPv6 literal: [::1]:2181
+            let (addr, after) = inner
+                .split_once(']')
+                .ok_or_else(|| format!("host `{host}` has an unclosed `[`"))?;
+            (format!("[{addr}]"), after.strip_prefix(':'))
+        } else {
+            match host.rsplit_once(':') {
+                Some((name, port)) => (name.to_string(), Some(port)),
+                None => (host.to_string(), None),
+            }
+        };
+        if name.is_empty() || name.contains(['/', '@', ' ']) {
+            return Err(format!("`{host}` is not a host"));
+        }
+        let port: u16 = match port {
+            None => 2181,
+            Some(p) => p
+                .parse()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| format!("host `{host}` has an invalid port"))?,
+        };
+        out.push(format!("{name}:{port}"));
+    }
+    Ok(out.join(","))
+}
+
+/// Checks a ZooKeeper path: absolute, no empty, `.` or `..` components, no trailing `/`, and
+/// no characters ZooKeeper refuses (controls, DEL, and what does not survive a URL).
+pub(crate) fn validate_path(path: &str) -> std::result::Result<(), String> {
+    if !path.starts_with('/') {
+        return Err("it must start with `/`".into());
+    }
+    if path.len() > 1 && path.ends_with('/') {
+        return Err("it must not end with `/`".into());
+    }
+    for part in path[1..].split('/') {
+        if part.is_empty() {
+            return Err("it has an empty component (`//`)".into());
+        }
+        if part == "." || part == ".." {
+            return Err("`.` and `..` are not allowed".into());
+        }
+        if let Some(c) = part.chars().find(|c| !c.is_ascii_graphic()) {
+            return Err(format!("{c:?} is not allowed"));
+        }
+    }
+    Ok(())
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_hosts_chroot_credentials_and_params() {
+        let c = ZkConfig::from_url(
+            "zk://app:hun%3Ater2@h1:2181,h2,[::1]:2182/locks/billing?epoch=2&timeout_ms=900",
+        )
+        .unwrap();
+        assert_eq!(c.hosts(), "h1:2181,h2:2181,[::1]:2182");
+        assert_eq!(c.chroot(), "/locks/billing");
+        assert_eq!(c.acl(), AclMode::CreatorOnly);
+        let (user, password) = c.credentials.as_ref().unwrap();
+        assert_eq!(user, "app");
+        assert_eq!(password.expose(), "hun:ter2");
+        assert_eq!(c.client.epoch.get(), 2);
+        assert_eq!(c.client.request_timeout.as_millis(), 900);
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("ter2"), "{shown}");
+
+        let plain = ZkConfig::from_url("zk://127.0.0.1:2181").unwrap();
+        assert_eq!(plain.chroot(), DEFAULT_CHROOT);
+        assert_eq!(plain.acl(), AclMode::Open);
+        assert_eq!(
+            ZkConfig::from_url("zk://127.0.0.1:2181/").unwrap().chroot(),
+            "/"
+        );
+        let open = ZkConfig::from_url("zk://u:p@h/x?acl=open").unwrap();
+        assert_eq!(open.acl(), AclMode::Open);
+    }
+
+    #[test]
+    fn rejects_what_it_cannot_honour_without_showing_the_password() {
+        for bad in [
+            "zk://u:hunter2@h1:2181/a//b",
+            "zk://u:hunter2@h1:2181/a/",
+            "zk://u:hunter2@h1:2181/a/./b",
+            "zk://u:hunter2@h1:2181/a/../b",
+            "zk://u:hunter2@h1:2181/x?acl=nobody",
+            "zk://u:hunter2@h1:2181/x?bogus=1",
+            "zk://u:hunter2@h1:99999/x",
+            "zk://u:hunter2@h1:2181,,h2/x",
+            "zk://u:hunter2@/x",
+            "zk://someuser@h1/x",
+            "zk://h1/x?acl=creator",
+            "etcd://u:hunter2@h1:2181",
+            "zk://u:hunter2@h1:2181/x?timeout_ms=0",
+        ] {
+            let err = ZkConfig::from_url(bad).unwrap_err();
+            let shown = format!("{err} {err:?}");
+            assert!(!shown.contains("hunter2"), "{bad}: {shown}");
+            assert!(
+                matches!(err, Error::InvalidUrl { .. } | Error::InvalidConfig { .. }),
+                "{bad}: {err}"
+            );
+        }
+    }
+}

@@ -1,0 +1,437 @@
+//! One contender in one key's queue: create my node (protected), see where it stands, wait on
+//! the node just ahead of it, and leave nothing behind when giving up.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use leasehold_core::{Error, Grant, Instant, LockKey, OwnerToken};
+use zookeeper_client::{CreateMode, Error as ZkError};
+
+use crate::cleanup::{self, Leftovers, PendingCreate};
+use crate::config::ZkConfig;
+use crate::errors::{self, is_definite, is_session_end, BACKEND};
+use crate::held::Held;
+use crate::names::{self, Position};
+use crate::session::{self, Active, Session};
+use crate::token::Czxid;
+
+/// How often a create is retried when the parent vanished under it (a container removed by
+/// the server between our creating it and our create) or its reply was lost.
+const CREATE_TRIES: usize = 5;
+
+/// Why an attempt did not end in a grant, when that is not an error for the caller.
+#[derive(Debug)]
+pub(crate) enum Failed {
+    /// The session ended (or my node vanished with it): start again on a fresh session.
+    SessionGone,
+    /// An error for the caller.
+    Error(Error),
+}
+
+impl From<Error> for Failed {
+    fn from(e: Error) -> Self {
+        Failed::Error(e)
+    }
+}
+
+/// Maps a client error from a request on `session`.
+fn failed(error: ZkError, what: &str) -> Failed {
+    if is_session_end(&error) && !matches!(error, ZkError::AuthFailed) {
+        Failed::SessionGone
+    } else {
+        Failed::Error(errors::map(error, what))
+    }
+}
+
+/// A listing of the parent's children, and when the request that produced it was sent (the
+/// response proves the session alive at some point after that).
+struct Listing {
+    children: Vec<String>,
+    sent: Instant,
+}
+
+struct Node {
+    name: String,
+    czxid: Option<Czxid>,
+}
+
+/// Polls `future` once: sends a client request without waiting for its reply.
+async fn poll_once<F: Future + Unpin>(future: &mut F) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        Poll::Ready(match Pin::new(&mut *future).poll(cx) {
+            Poll::Ready(output) => Some(output),
+            Poll::Pending => None,
+        })
+    })
+    .await
+}
+
+/// One contender: owner, session, and (once created) its node.
+pub(crate) struct Contender {
+    config: Arc<ZkConfig>,
+    session: Arc<Session>,
+    _active: Active,
+    key: LockKey,
+    owner: OwnerToken,
+    parent: String,
+    prefix: String,
+    node: Option<Node>,
+    /// A create's outcome was unknown at some point: more than one node may carry my prefix.
+    uncertain: bool,
+    /// Whether dropping this contender must remove what it created (until it becomes a grant or
+    /// is deliberately removed).
+    armed: bool,
+}
+
+impl Drop for Contender {
+    fn drop(&mut self) {
+        if self.armed {
+            self.leftovers().spawn_removal();
+        }
+    }
+}
+
+impl Contender {
+    pub fn new(
+        config: Arc<ZkConfig>,
+        session: Arc<Session>,
+        key: &LockKey,
+        parent: String,
+        owner: OwnerToken,
+    ) -> Self {
+        Contender {
+            _active: session.enter(),
+            config,
+            session,
+            key: key.clone(),
+            owner,
+            prefix: names::contender_prefix(owner),
+            parent,
+            node: None,
+            uncertain: false,
+            armed: true,
+        }
+    }
+
+    fn leftovers(&self) -> Leftovers {
+        Leftovers {
+            session: self.session.clone(),
+            config: self.config.clone(),
+            parent: self.parent.clone(),
+            prefix: self.prefix.clone(),
+            node: self.node.as_ref().map(|n| n.name.clone()),
+            uncertain: self.uncertain,
+        }
+    }
+
+    fn path(&self, name: &str) -> String {
+        format!("{}/{name}", self.parent)
+    }
+
+    /// Creates my node and lists the parent in one round trip: both requests go out together,
+    /// and ZooKeeper answers one session's requests in order, so the listing includes the node.
+    async fn enqueue(&mut self) -> std::result::Result<Listing, Failed> {
+        let client = self.session.client.clone();
+        let prefix_path = self.path(&self.prefix);
+        for _ in 0..CREATE_TRIES {
+            let sent = Instant::now();
+            let mut create: PendingCreate = {
+                let (client, path) = (client.clone(), prefix_path.clone());
+                let options =
+                    CreateMode::EphemeralSequential.with_acls(session::acls(&self.config));
+                Box::pin(async move { client.create(&path, &[], &options).await })
+            };
+            let early = poll_once(&mut create).await;
+            let listing = client.list_children(&self.parent);
+            let both = async {
+                let created = match early {
+                    Some(result) => result,
+                    None => create.as_mut().await,
+                };
+                (created, listing.await)
+            };
+            let timeout = self.config.client.request_timeout;
+            let Ok((created, listed)) = tokio::time::timeout(timeout, both).await else {
+                // The create may still be applied: whatever it makes is removed once it answers.
+                let leftovers = Leftovers {
+                    node: None,
+                    uncertain: true,
+                    ..self.leftovers()
+                };
+                self.armed = self.node.is_some() || self.uncertain;
+                leftovers.spawn_after(create);
+                return Err(Failed::Error(errors::timed_out(
+                    "create a contender node",
+                    timeout,
+                )));
+            };
+            match created {
+                Ok((stat, sequence)) => {
+                    let name = format!("{}{sequence}", self.prefix);
+                    let czxid = Czxid::from_create_stat(&stat, self.session.id);
+                    self.node = Some(Node { name, czxid });
+                    let children = match listed {
+                        Ok(children) => children,
+                        // The node exists; only the listing was lost.
+                        Err(_) => return self.list().await,
+                    };
+                    return Ok(Listing { children, sent });
+                }
+                Err(ZkError::NoNode) => self.create_parent().await?,
+                Err(e) if is_session_end(&e) || is_definite(&e) => {
+                    return Err(failed(e, "create a contender node"))
+                }
+                Err(e) => {
+                    // Protected mode: the server may have applied the create although its reply
+                    // was lost. Look for my node by its UUID before creating another one.
+                    tracing::debug!(error = %e, parent = %self.parent, "a create's reply was lost; looking for the node by its UUID");
+                    self.uncertain = true;
+                    match self.list().await {
+                        Ok(listing)
+                            if listing.children.iter().any(|c| c.starts_with(&self.prefix)) =>
+                        {
+                            return Ok(listing)
+                        }
+                        Ok(_) => {}
+                        Err(f) => return Err(f),
+                    }
+                }
+            }
+        }
+        Err(Failed::Error(Error::Backend {
+            backend: BACKEND,
+            message: format!(
+                "could not create a contender node under {} in {CREATE_TRIES} attempts",
+                self.parent
+            ),
+            retryable: true,
+            source: None,
+        }))
+    }
+
+    /// Creates the key's parent (a container), and the chroot if someone removed it.
+    async fn create_parent(&self) -> std::result::Result<(), Failed> {
+        let client = &self.session.client;
+        let options = session::parent_options(&self.config);
+        match bounded_raw(&self.config, client.create(&self.parent, &[], &options)).await? {
+            Ok(_) | Err(ZkError::NodeExists) => Ok(()),
+            Err(ZkError::NoNode) => {
+                let chroot = CreateMode::Persistent.with_acls(session::acls(&self.config));
+                match bounded_raw(&self.config, client.mkdir(&self.config.chroot, &chroot)).await? {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(failed(e, "create the chroot")),
+                }
+            }
+            Err(e) => Err(failed(e, "create the lock's parent node")),
+        }
+    }
+
+    /// Lists the parent's children.
+    async fn list(&self) -> std::result::Result<Listing, Failed> {
+        let sent = Instant::now();
+        match bounded_raw(
+            &self.config,
+            self.session.client.list_children(&self.parent),
+        )
+        .await?
+        {
+            Ok(children) => Ok(Listing { children, sent }),
+            // The parent is gone, so my node is too.
+            Err(ZkError::NoNode) => Ok(Listing {
+                children: Vec::new(),
+                sent,
+            }),
+            Err(e) => Err(failed(e, "list the contenders")),
+        }
+    }
+
+    /// Where my node stands; adopts the lowest node carrying my prefix and deletes the others.
+    fn place(&mut self, listing: &Listing) -> Position {
+        let position = names::position(&listing.children, &self.prefix);
+        let (mine, extras) = match &position {
+            Position::First { mine, extras } | Position::Behind { mine, extras, .. } => {
+                (mine, extras)
+            }
+            Position::Gone => return position,
+        };
+        if self.node.as_ref().is_none_or(|n| n.name != mine.name) {
+            self.node = Some(Node {
+                name: mine.name.clone(),
+                czxid: None,
+            });
+        }
+        for extra in extras {
+            tracing::debug!(node = %extra.name, "deleting a duplicate of my contender node");
+            cleanup::spawn_delete(
+                self.session.clone(),
+                self.config.clone(),
+                self.path(&extra.name),
+            );
+        }
+        position
+    }
+
+    /// My node's czxid: from the create's reply when it is trustworthy, else read back.
+    async fn czxid(&mut self) -> std::result::Result<Czxid, Failed> {
+        let Some(node) = &self.node else {
+            return Err(Failed::SessionGone);
+        };
+        if let Some(czxid) = node.czxid {
+            return Ok(czxid);
+        }
+        let path = self.path(&node.name);
+        let stat = match bounded_raw(&self.config, self.session.client.check_stat(&path)).await? {
+            Ok(stat) => stat,
+            Err(e) => return Err(failed(e, "read back the contender node")),
+        };
+        match stat {
+            Some(stat) if stat.ephemeral_owner == self.session.id => {
+                let czxid = Czxid::new(stat.czxid)?;
+                if let Some(node) = &mut self.node {
+                    node.czxid = Some(czxid);
+                }
+                Ok(czxid)
+            }
+            _ => Err(Failed::SessionGone),
+        }
+    }
+
+    /// Turns my node into a grant whose tenure and deadline count from `sent`.
+    async fn grant(&mut self, ttl: Duration, sent: Instant) -> std::result::Result<Grant, Failed> {
+        let czxid = self.czxid().await?;
+        let fence =
+            leasehold_core::FencingToken::to_fence(&czxid, BACKEND, self.config.client.epoch)?;
+        let Some(node) = &self.node else {
+            return Err(Failed::SessionGone);
+        };
+        let held = Held::start(
+            self.path(&node.name),
+            czxid,
+            &self.session,
+            self.config.clone(),
+            sent + ttl,
+        );
+        self.armed = false;
+        if self.uncertain {
+            // A late duplicate may still appear: sweep for it, keeping my node.
+            self.sweep_duplicates(node.name.clone());
+        }
+        let deadline = self.config.client.safety_margin.deadline(sent, ttl);
+        Ok(Grant::new(self.key.clone(), self.owner, fence, ttl, deadline).with_backend_state(held))
+    }
+
+    fn sweep_duplicates(&self, keep: String) {
+        let (session, config, parent, prefix) = (
+            self.session.clone(),
+            self.config.clone(),
+            self.parent.clone(),
+            self.prefix.clone(),
+        );
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                tokio::time::sleep(session.ttl).await;
+                if let Ok(Ok(children)) = tokio::time::timeout(
+                    config.client.request_timeout,
+                    session.client.list_children(&parent),
+                )
+                .await
+                {
+                    for child in children
+                        .iter()
+                        .filter(|c| c.starts_with(&prefix) && **c != keep)
+                    {
+                        cleanup::delete_until_gone(&session, &config, &format!("{parent}/{child}"))
+                            .await;
+                    }
+                }
+            });
+        }
+    }
+
+    /// Deletes my node now (someone else holds the key and I do not wait).
+    async fn withdraw(&mut self) {
+        let Some(node) = &self.node else { return };
+        let path = self.path(&node.name);
+        let deleted = bounded_raw(&self.config, self.session.client.delete(&path, None)).await;
+        if matches!(deleted, Ok(Ok(()) | Err(ZkError::NoNode))) && !self.uncertain {
+            self.armed = false;
+        }
+    }
+
+    /// One attempt without waiting: `None` when someone else holds the key.
+    pub async fn try_once(mut self, ttl: Duration) -> std::result::Result<Option<Grant>, Failed> {
+        let listing = self.enqueue().await?;
+        match self.place(&listing) {
+            Position::First { .. } => self.grant(ttl, listing.sent).await.map(Some),
+            Position::Behind { .. } => {
+                self.withdraw().await;
+                Ok(None)
+            }
+            Position::Gone => Err(Failed::SessionGone),
+        }
+    }
+
+    /// Queues and waits, watching only the node just ahead of mine, until my node is first or
+    /// `give_up` passes.
+    pub async fn wait(
+        mut self,
+        ttl: Duration,
+        started: Instant,
+        give_up: Instant,
+    ) -> std::result::Result<Grant, Failed> {
+        let mut listing = self.enqueue().await?;
+        loop {
+            let predecessor = match self.place(&listing) {
+                Position::First { .. } => return self.grant(ttl, listing.sent).await,
+                Position::Gone => return Err(Failed::SessionGone),
+                Position::Behind { predecessor, .. } => predecessor,
+            };
+            if Instant::now() >= give_up {
+                return Err(self.time_out(started).await);
+            }
+            // A data watch, as Curator uses: it is set only if the node exists, so a predecessor
+            // that is already gone leaves no watch behind (an exists watch on a missing node
+            // would wait for a creation that never comes). It fires on the node's deletion, on a
+            // data change, and on the session's end; any of them means "look again".
+            let path = self.path(&predecessor.name);
+            let watched =
+                bounded_raw(&self.config, self.session.client.get_and_watch_data(&path)).await?;
+            match watched {
+                Ok((_, _, watcher)) => {
+                    tokio::select! {
+                        _ = watcher.changed() => {}
+                        _ = tokio::time::sleep_until(give_up) => {
+                            return Err(self.time_out(started).await);
+                        }
+                    }
+                }
+                Err(ZkError::NoNode) => {}
+                Err(e) => return Err(failed(e, "watch the contender ahead")),
+            }
+            listing = self.list().await?;
+        }
+    }
+
+    /// Gives up waiting: deletes my node now, and reports the timeout.
+    async fn time_out(&mut self, started: Instant) -> Failed {
+        self.withdraw().await;
+        Failed::Error(Error::Timeout {
+            key: self.key.to_string(),
+            waited: started.elapsed(),
+        })
+    }
+}
+
+/// Runs a client request within the request timeout; the outer error is the timeout.
+async fn bounded_raw<T>(
+    config: &ZkConfig,
+    work: impl Future<Output = std::result::Result<T, ZkError>>,
+) -> std::result::Result<std::result::Result<T, ZkError>, Failed> {
+    let timeout = config.client.request_timeout;
+    tokio::time::timeout(timeout, work)
+        .await
+        .map_err(|_| Failed::Error(errors::timed_out("a ZooKeeper request", timeout)))
+}

@@ -1,0 +1,146 @@
+//! A held lease: its node, its session, and the TTL kept for it on this side.
+//!
+//! ZooKeeper ends a lease when its session expires: when the holder's process dies, freezes or
+//! is cut off for longer than the session timeout. But a live client heartbeats its session on
+//! its own, so a holder that simply stops renewing (a `Lease` past its maximum hold time, or a
+//! grant nobody renews) would keep the node forever. So each grant also carries a tenure: every
+//! successful acquire or renewal extends it to (the instant before that request was sent) + TTL,
+//! and when it runs out the node is deleted. That deletion never comes before the grant's own
+//! local deadline (which ends a safety margin earlier), so it cannot create a second holder that
+//! the first one does not already consider gone.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, Weak};
+
+use leasehold_core::Instant;
+use tokio::task::AbortHandle;
+
+use crate::cleanup::delete_until_gone;
+use crate::config::ZkConfig;
+use crate::session::{Active, Session};
+use crate::token::Czxid;
+
+#[derive(Debug)]
+struct Tenure {
+    /// When the lease ends unless renewed: the last confirmed request's send time + TTL.
+    until: Instant,
+    /// Released, expired or found gone: nothing may extend it any more.
+    ended: bool,
+}
+
+/// The backend state a ZooKeeper [`leasehold_core::Grant`] carries.
+pub(crate) struct Held {
+    /// The contender node's full path.
+    pub path: String,
+    /// Its czxid, the fence.
+    pub czxid: Czxid,
+    /// The session that owns the node. Weak: a grant does not keep its session (and with it the
+    /// node) alive after the authority is gone.
+    pub session: Weak<Session>,
+    /// The session's id, the node's `ephemeralOwner`.
+    pub session_id: i64,
+    config: Arc<ZkConfig>,
+    tenure: Mutex<Tenure>,
+    reaper: Mutex<Option<AbortHandle>>,
+    _active: Active,
+}
+
+impl fmt::Debug for Held {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Held")
+            .field("path", &self.path)
+            .field("czxid", &self.czxid)
+            .field("session", &format_args!("{:#x}", self.session_id))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Held {
+    /// A held lease whose tenure runs `until`; starts its reaper.
+    pub fn start(
+        path: String,
+        czxid: Czxid,
+        session: &Arc<Session>,
+        config: Arc<ZkConfig>,
+        until: Instant,
+    ) -> Arc<Held> {
+        let held = Arc::new(Held {
+            path,
+            czxid,
+            session: Arc::downgrade(session),
+            session_id: session.id,
+            config,
+            tenure: Mutex::new(Tenure {
+                until,
+                ended: false,
+            }),
+            reaper: Mutex::new(None),
+            _active: session.enter(),
+        });
+        let task = tokio::spawn(reap(held.clone()));
+        *held.reaper.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.abort_handle());
+        held
+    }
+
+    fn tenure(&self) -> std::sync::MutexGuard<'_, Tenure> {
+        self.tenure.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Ends the tenure (release, or the node was found gone); `true` if it was still running.
+    pub fn end(&self) -> bool {
+        let was_running = {
+            let mut tenure = self.tenure();
+            !std::mem::replace(&mut tenure.ended, true)
+        };
+        if let Some(reaper) = self.reaper.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            reaper.abort();
+        }
+        was_running
+    }
+
+    /// Whether the tenure ended.
+    pub fn has_ended(&self) -> bool {
+        self.tenure().ended
+    }
+
+    /// Extends the tenure to `until`, unless it already ended (then the renewal that wants to
+    /// extend it must report the lease lost).
+    pub fn extend(&self, until: Instant) -> bool {
+        let mut tenure = self.tenure();
+        if tenure.ended {
+            return false;
+        }
+        tenure.until = tenure.until.max(until);
+        true
+    }
+}
+
+/// Deletes the node when the tenure runs out without a renewal.
+async fn reap(held: Arc<Held>) {
+    loop {
+        let until = {
+            let tenure = held.tenure();
+            if tenure.ended {
+                return;
+            }
+            tenure.until
+        };
+        tokio::time::sleep_until(until).await;
+        let expired = {
+            let mut tenure = held.tenure();
+            if tenure.ended {
+                return;
+            }
+            let expired = Instant::now() >= tenure.until;
+            tenure.ended = expired;
+            expired
+        };
+        if expired {
+            tracing::debug!(path = %held.path, "lease not renewed within its TTL; deleting its node");
+            if let Some(session) = held.session.upgrade() {
+                delete_until_gone(&session, &held.config, &held.path).await;
+            }
+            return;
+        }
+    }
+}

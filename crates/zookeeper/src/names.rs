@@ -1,0 +1,268 @@
+//! Node names: where a lock key lives, and how contender nodes are named and ordered.
+//!
+//! # Layout
+//! ```text
+//! <chroot>/<escaped key>                                   container node, one per key
+//! <chroot>/<escaped key>/_c_<uuid>-lock-0000000042         a leasehold or Curator contender
+//! <chroot>/<escaped key>/8f14e45fceea167a__lock__0000000043  a kazoo contender
+//! ```
+//! The contender with the lowest sequence number holds the lock. leasehold names its nodes the
+//! way Apache Curator's `InterProcessMutex` does (the "protected" form, with a UUID), so a
+//! Curator service and a leasehold service locking the same path exclude each other. It orders
+//! every child that ends in a ZooKeeper sequence suffix, whatever its prefix, so kazoo's
+//! `Lock` nodes (and any other sequential recipe's) exclude it too.
+
+use leasehold_core::{LockKey, OwnerToken};
+
+/// What leasehold and Curator's `InterProcessMutex` put between the UUID and the sequence.
+pub const LOCK_NAME: &str = "lock-";
+
+/// The node name of a lock key's parent: the key, with `%` and `/` percent-escaped (and `.`,
+/// `..` and `zookeeper`, which ZooKeeper reserves, escaped too). Reversible with
+/// [`key_from_node_name`].
+///
+/// Keys are printable ASCII (see [`LockKey`]), so nothing else needs escaping: ZooKeeper
+/// refuses only `/`, control characters and some Unicode ranges in node names.
+pub fn node_name_for_key(key: &LockKey) -> String {
+    let key = key.as_str();
+    match key {
+        "." => return "%2E".into(),
+        ".." => return "%2E%2E".into(),
+        // Only reserved at the root, but escaping it everywhere keeps the mapping independent
+        // of the chroot.
+        "zookeeper" => return "%7Aookeeper".into(),
+        _ => {}
+    }
+    let mut out = String::with_capacity(key.len());
+    for c in key.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '/' => out.push_str("%2F"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The lock key a parent node name stands for, or `None` if it is not a name
+/// [`node_name_for_key`] produces.
+pub fn key_from_node_name(name: &str) -> Option<LockKey> {
+    let bytes = name.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = name.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    let key = LockKey::new(String::from_utf8(out).ok()?).ok()?;
+    // Only the canonical escaping maps back, so the mapping is one-to-one.
+    (node_name_for_key(&key) == name).then_some(key)
+}
+
+/// The owner token as a UUID (`8-4-4-4-12` hex digits), the form Curator's protected mode
+/// expects after `_c_`: its tooling recognises a protected node by that length and the `-`
+/// after it.
+pub(crate) fn uuid_of(owner: OwnerToken) -> String {
+    let hex = owner.to_hex();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// The name prefix of this owner's contender node, `_c_<uuid>-lock-`; ZooKeeper appends the
+/// sequence. The UUID lets a client that lost the create's reply find its node again.
+pub(crate) fn contender_prefix(owner: OwnerToken) -> String {
+    format!("_c_{}-{LOCK_NAME}", uuid_of(owner))
+}
+
+/// The sequence number of a contender node: the ZooKeeper sequence suffix (10 digits, or 19 for
+/// 64-bit sequences; a leading `-` after `-` or `_` for a counter that overflowed), or `None` for
+/// a child that is not a sequential node.
+///
+/// Every recipe that queues sequential nodes under the parent is ordered by this suffix alone,
+/// never by the whole name: the prefixes are random UUIDs.
+pub fn contender_sequence(name: &str) -> Option<i64> {
+    let digits = name.bytes().rev().take_while(u8::is_ascii_digit).count();
+    if digits != 10 && digits != 19 {
+        return None;
+    }
+    let start = name.len() - digits;
+    let value: i64 = name[start..].parse().ok()?;
+    let before = &name.as_bytes()[..start];
+    let negative = matches!(before, [.., b'-' | b'_', b'-']);
+    Some(if negative { -value } else { value })
+}
+
+/// One child of a lock's parent that queues for the lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Contender {
+    pub name: String,
+    pub sequence: i64,
+}
+
+/// Where my node stands among the children of the lock's parent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Position {
+    /// My node has the lowest sequence: the lock is mine.
+    First {
+        /// My node (the lowest of the nodes carrying my prefix).
+        mine: Contender,
+        /// Other nodes carrying my prefix: creates whose replies were lost and that the server
+        /// applied anyway. They are mine to delete.
+        extras: Vec<Contender>,
+    },
+    /// Someone is ahead: `predecessor` is the contender just before my node.
+    Behind {
+        /// My node.
+        mine: Contender,
+        /// The contender just ahead of mine, the only one to watch.
+        predecessor: Contender,
+        /// As in `First`.
+        extras: Vec<Contender>,
+    },
+    /// No child carries my prefix: my node is gone (session expired, or deleted by an operator).
+    Gone,
+}
+
+/// Orders `children` and finds the node(s) named with `prefix`.
+pub(crate) fn position(children: &[String], prefix: &str) -> Position {
+    let mut contenders: Vec<Contender> = children
+        .iter()
+        .filter_map(|name| {
+            contender_sequence(name).map(|sequence| Contender {
+                name: name.clone(),
+                sequence,
+            })
+        })
+        .collect();
+    contenders.sort_by_key(|c| c.sequence);
+    let (mut mine, others): (Vec<Contender>, Vec<Contender>) = contenders
+        .into_iter()
+        .partition(|c| c.name.starts_with(prefix));
+    if mine.is_empty() {
+        return Position::Gone;
+    }
+    let me = mine.remove(0);
+    let extras = mine;
+    match others.into_iter().rev().find(|c| c.sequence < me.sequence) {
+        None => Position::First { mine: me, extras },
+        Some(predecessor) => Position::Behind {
+            mine: me,
+            predecessor,
+            extras,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_map_to_node_names_and_back() {
+        for (key, name) in [
+            ("invoice:inv_72", "invoice:inv_72"),
+            ("a/b/c", "a%2Fb%2Fc"),
+            ("100%", "100%25"),
+            ("%2F", "%252F"),
+            (".", "%2E"),
+            ("..", "%2E%2E"),
+            ("...", "..."),
+            ("zookeeper", "%7Aookeeper"),
+            ("zookeeper2", "zookeeper2"),
+            ("!~@#$^&*()", "!~@#$^&*()"),
+        ] {
+            let k = LockKey::new(key).unwrap();
+            assert_eq!(node_name_for_key(&k), name, "{key}");
+            assert_eq!(key_from_node_name(name), Some(k), "{name}");
+        }
+        // Names that no key maps to.
+        for name in ["a/b", "%2f", "%zz", "%", "%2", ".", "..", "zookeeper", ""] {
+            assert_eq!(key_from_node_name(name), None, "{name}");
+        }
+        let long = LockKey::new("/".repeat(200)).unwrap();
+        assert_eq!(node_name_for_key(&long).len(), 600);
+    }
+
+    #[test]
+    fn sequences_of_curator_kazoo_and_others() {
+        let owner = OwnerToken::generate().unwrap();
+        let prefix = contender_prefix(owner);
+        assert_eq!(prefix.len(), 3 + 36 + 1 + LOCK_NAME.len());
+        assert_eq!(&prefix[39..40], "-", "Curator's protected-name check");
+        assert_eq!(contender_sequence(&format!("{prefix}0000000042")), Some(42));
+        assert_eq!(
+            contender_sequence("8f14e45fceea167a5a36dedd4bea2543__lock__0000000007"),
+            Some(7)
+        );
+        assert_eq!(contender_sequence("x__rlock__0000000008"), Some(8));
+        assert_eq!(contender_sequence("n-0000000009"), Some(9));
+        assert_eq!(
+            contender_sequence("_c_x-lock-0000000000000000011"),
+            Some(11)
+        );
+        assert_eq!(
+            contender_sequence("_c_x-lock--2147483648"),
+            Some(-2147483648)
+        );
+        assert_eq!(
+            contender_sequence("k__lock__-2147483647"),
+            Some(-2147483647)
+        );
+        for not in ["leader", "lock-", "lock-123", "x0000000001x", "12345678901"] {
+            assert_eq!(contender_sequence(not), None, "{not}");
+        }
+    }
+
+    #[test]
+    fn position_orders_by_sequence_not_by_name() {
+        let me = "_c_ffffffff-0000-0000-0000-000000000000-lock-";
+        let children: Vec<String> = [
+            "zzzz__lock__0000000003",
+            "_c_00000000-0000-0000-0000-000000000000-lock-0000000005",
+            "not-a-contender",
+            &format!("{me}0000000004"),
+            "aaaa__lock__0000000001",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        match position(&children, me) {
+            Position::Behind {
+                mine, predecessor, ..
+            } => {
+                assert_eq!(mine.sequence, 4);
+                assert_eq!(predecessor.name, "zzzz__lock__0000000003");
+            }
+            other => panic!("{other:?}"),
+        }
+        let first = vec![
+            format!("{me}0000000009"),
+            format!("{me}0000000002"),
+            "x__lock__0000000003".to_string(),
+        ];
+        match position(&first, me) {
+            Position::First { mine, extras } => {
+                assert_eq!(mine.sequence, 2);
+                assert_eq!(extras.len(), 1);
+                assert_eq!(extras[0].sequence, 9);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            position(&["a__lock__0000000001".into()], me),
+            Position::Gone
+        );
+    }
+}

@@ -1,0 +1,292 @@
+//! Sessions: a ZooKeeper lease lives as long as the session that created its node, so the TTL
+//! *is* the session timeout.
+//!
+//! An authority opens one session per distinct TTL, lazily, on the first acquisition with that
+//! TTL, and keeps it for its lifetime (replacing it when it expires). The server decides the
+//! timeout it grants (clamped to `minSessionTimeout..maxSessionTimeout`, by default 2 to 20
+//! ticks); a session whose granted timeout is not exactly the TTL asked for is closed and the
+//! TTL refused with `InvalidTtl`, never rounded. Applications should use few distinct TTLs:
+//! each costs a session and its heartbeats.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasehold_core::{Error, Result, TtlRange};
+use zookeeper_client::{Acls, Client, CreateMode, CreateOptions};
+
+use crate::config::{AclMode, ZkConfig};
+use crate::errors::{self, BACKEND};
+
+/// Sessions with distinct TTLs one authority keeps open at most. Idle ones are closed to make
+/// room; if all are busy, another TTL is refused.
+pub(crate) const MAX_SESSIONS: usize = 8;
+
+/// The session timeout asked for to learn the server's minimum: below any sensible
+/// `minSessionTimeout`, yet long enough for the client to connect within it (the client gives
+/// itself the requested timeout to set the session up).
+const MIN_PROBE: Duration = Duration::from_millis(250);
+/// The fallback when [`MIN_PROBE`] is too short to connect in.
+const MIN_PROBE_SLOW: Duration = Duration::from_secs(2);
+/// The session timeout asked for to learn the server's maximum; longer TTLs are not offered.
+const MAX_PROBE: Duration = Duration::from_secs(24 * 3600);
+
+/// One ZooKeeper session and the TTL it carries.
+pub(crate) struct Session {
+    pub client: Client,
+    /// The negotiated session timeout, which is the TTL of every lease on this session.
+    pub ttl: Duration,
+    /// The session id, the `ephemeralOwner` of every node it creates.
+    pub id: i64,
+    /// Leases and contenders on this session; it is not closed to make room while any is.
+    /// Shared by count, not by a reference to the session, so that a lease never keeps its
+    /// session open after the authority is gone.
+    active: Arc<AtomicUsize>,
+}
+
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &format_args!("{:#x}", self.id))
+            .field("ttl", &self.ttl)
+            .field("state", &self.client.state())
+            .finish()
+    }
+}
+
+impl Session {
+    /// Whether the session can still serve: not expired, closed or refused.
+    pub fn is_alive(&self) -> bool {
+        !self.client.state().is_terminated()
+    }
+
+    /// Marks one more lease or contender on this session, until the returned guard drops.
+    pub fn enter(&self) -> Active {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        Active(self.active.clone())
+    }
+
+    fn is_idle(&self) -> bool {
+        self.active.load(Ordering::Acquire) == 0
+    }
+}
+
+/// A lease or contender using a session (see [`Session::enter`]).
+#[derive(Debug)]
+pub(crate) struct Active(Arc<AtomicUsize>);
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Runs `work` within the request timeout; a timeout is `Unavailable`.
+pub(crate) async fn bounded<T>(
+    config: &ZkConfig,
+    what: &str,
+    work: impl Future<Output = std::result::Result<T, zookeeper_client::Error>>,
+) -> Result<T> {
+    let timeout = config.client.request_timeout;
+    tokio::time::timeout(timeout, work)
+        .await
+        .map_err(|_| errors::timed_out(what, timeout))?
+        .map_err(|e| errors::map(e, what))
+}
+
+/// Opens a session asking for `timeout`; returns it with the timeout the server granted.
+async fn open(config: &ZkConfig, timeout: Duration) -> Result<Session> {
+    let mut connector = Client::connector().with_session_timeout(timeout);
+    if let Some((user, password)) = &config.credentials {
+        let auth = format!("{user}:{}", password.expose());
+        connector = connector.with_auth("digest", auth.as_bytes());
+    }
+    if let Some((major, minor, patch)) = config.server_version {
+        connector = connector.with_server_version(major, minor, patch);
+    }
+    let client = bounded(config, "connect", connector.connect(&config.hosts)).await?;
+    let granted = client.session_timeout();
+    let id = client.session_id().0;
+    Ok(Session {
+        client,
+        ttl: granted,
+        id,
+        active: Arc::new(AtomicUsize::new(0)),
+    })
+}
+
+/// The ACL this authority puts on the nodes it creates.
+pub(crate) fn acls(config: &ZkConfig) -> Acls<'static> {
+    match config.acl {
+        AclMode::Open => Acls::anyone_all(),
+        AclMode::CreatorOnly => Acls::creator_all(),
+    }
+}
+
+/// Learns the TTLs the server grants (unless declared), and makes sure the chroot exists.
+///
+/// Returns the range and the server's tick, estimated as half its minimum session timeout
+/// (ZooKeeper's default `minSessionTimeout`), which is how late it may notice an expiry.
+pub(crate) async fn prepare(config: &ZkConfig) -> Result<(TtlRange, Duration)> {
+    let (range, admin) = match config.ttl_range {
+        Some(range) => (range, open(config, range.max).await?),
+        None => {
+            // The long one first: if the server cannot be reached, this says so within the
+            // request timeout, without a second, slower attempt at the short one.
+            let long = open(config, MAX_PROBE).await?;
+            let min = probe_min(config).await?;
+            let max = long.ttl;
+            if min > max {
+                return Err(Error::Backend {
+                    backend: BACKEND,
+                    message: format!(
+                        "the server granted a {min:?} session timeout but at most {max:?} to another"
+                    ),
+                    retryable: false,
+                    source: None,
+                });
+            }
+            (TtlRange::new(min, max, Duration::from_millis(1)), long)
+        }
+    };
+    ensure_chroot(config, &admin.client).await?;
+    Ok((range, range.min / 2))
+}
+
+/// The server's minimum session timeout, or [`MIN_PROBE`] if it allows shorter ones.
+async fn probe_min(config: &ZkConfig) -> Result<Duration> {
+    let granted = match open(config, MIN_PROBE).await {
+        Ok(session) => session.ttl,
+        // Too short to connect in: ask for more, and settle for what is granted.
+        Err(Error::Unavailable { .. }) => open(config, MIN_PROBE_SLOW).await?.ttl,
+        Err(e) => return Err(e),
+    };
+    Ok(granted)
+}
+
+/// Creates the chroot (persistent nodes) when it does not exist.
+async fn ensure_chroot(config: &ZkConfig, client: &Client) -> Result<()> {
+    if config.chroot == "/" {
+        return Ok(());
+    }
+    let exists = bounded(
+        config,
+        "check the chroot",
+        client.check_stat(&config.chroot),
+    )
+    .await?;
+    if exists.is_none() {
+        let options = CreateMode::Persistent.with_acls(acls(config));
+        bounded(
+            config,
+            "create the chroot",
+            client.mkdir(&config.chroot, &options),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// The create options for a per-key parent: a container, so the server removes it once its
+/// last contender is gone.
+pub(crate) fn parent_options(config: &ZkConfig) -> CreateOptions<'static> {
+    let mode = if config.containers() {
+        CreateMode::Container
+    } else {
+        CreateMode::Persistent
+    };
+    mode.with_acls(acls(config))
+}
+
+/// The sessions of one authority, by TTL.
+pub(crate) struct Sessions {
+    config: Arc<ZkConfig>,
+    by_ttl: Mutex<HashMap<Duration, Arc<Session>>>,
+    /// Serialises opening sessions, so two first acquisitions with one TTL share one session.
+    opening: tokio::sync::Mutex<()>,
+}
+
+impl fmt::Debug for Sessions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let map = self.by_ttl.lock().unwrap_or_else(|e| e.into_inner());
+        f.debug_list().entries(map.values()).finish()
+    }
+}
+
+impl Sessions {
+    pub fn new(config: Arc<ZkConfig>) -> Self {
+        Sessions {
+            config,
+            by_ttl: Mutex::new(HashMap::new()),
+            opening: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn cached(&self, ttl: Duration) -> Option<Arc<Session>> {
+        let map = self.by_ttl.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(&ttl).filter(|s| s.is_alive()).cloned()
+    }
+
+    /// The live session for `ttl`, opened now if there is none.
+    pub async fn get(&self, ttl: Duration) -> Result<Arc<Session>> {
+        if let Some(session) = self.cached(ttl) {
+            return Ok(session);
+        }
+        let _opening = self.opening.lock().await;
+        if let Some(session) = self.cached(ttl) {
+            return Ok(session);
+        }
+        {
+            let mut map = self.by_ttl.lock().unwrap_or_else(|e| e.into_inner());
+            map.retain(|_, s| s.is_alive());
+            if map.len() >= MAX_SESSIONS {
+                let idle = map
+                    .iter()
+                    .find(|(_, s)| s.is_idle() && Arc::strong_count(s) == 1)
+                    .map(|(t, _)| *t);
+                match idle {
+                    Some(t) => {
+                        map.remove(&t);
+                    }
+                    None => {
+                        return Err(Error::InvalidTtl {
+                            ttl,
+                            reason: format!(
+                                "this client already holds leases on {MAX_SESSIONS} sessions with other TTLs; \
+                                 each TTL is a ZooKeeper session, so use fewer distinct TTLs"
+                            ),
+                        })
+                    }
+                }
+            }
+        }
+        let session = open(&self.config, ttl).await?;
+        if session.ttl != ttl {
+            return Err(Error::InvalidTtl {
+                ttl,
+                reason: format!(
+                    "the server granted a session timeout of {:?}, not {ttl:?}; a ZooKeeper lease's TTL is its session timeout",
+                    session.ttl
+                ),
+            });
+        }
+        let session = Arc::new(session);
+        let mut map = self.by_ttl.lock().unwrap_or_else(|e| e.into_inner());
+        map.insert(ttl, session.clone());
+        Ok(session)
+    }
+
+    /// Drops `session` from the cache (it expired), so the next call opens a new one.
+    pub fn forget(&self, session: &Arc<Session>) {
+        let mut map = self.by_ttl.lock().unwrap_or_else(|e| e.into_inner());
+        if map
+            .get(&session.ttl)
+            .is_some_and(|s| Arc::ptr_eq(s, session))
+        {
+            map.remove(&session.ttl);
+        }
+    }
+}

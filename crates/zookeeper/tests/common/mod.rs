@@ -1,0 +1,131 @@
+//! What the ZooKeeper test binaries share: starting servers, clients, faults.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_conformance::servers::{ZkEnsemble, ZkServer};
+use leasehold_conformance::{Connector, Faults};
+use leasehold_core::{Authority, Error, LockKey};
+use leasehold_zookeeper::{names, ZkAuthority};
+
+/// Requests give up after one second, so an unresponsive server is noticed within a TTL.
+pub const PARAMS: &str = "timeout_ms=1000";
+
+pub fn url(hosts: &str, chroot: &str) -> String {
+    format!("zk://{hosts}{chroot}?{PARAMS}")
+}
+
+pub async fn standalone() -> Arc<ZkServer> {
+    let server = tokio::task::spawn_blocking(ZkServer::start)
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("ZooKeeper must start for these tests: {e}"));
+    Arc::new(server)
+}
+
+pub async fn ensemble() -> Arc<ZkEnsemble> {
+    let ensemble = tokio::task::spawn_blocking(|| ZkEnsemble::start(3))
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("a 3-node ZooKeeper ensemble must start for these tests: {e}"));
+    Arc::new(ensemble)
+}
+
+/// A raw client (no chroot) for looking at and tampering with the nodes behind the authority.
+pub async fn raw(hosts: &str) -> zookeeper_client::Client {
+    zookeeper_client::Client::connector()
+        .with_session_timeout(Duration::from_secs(10))
+        .connect(hosts)
+        .await
+        .expect("a raw ZooKeeper client connects")
+}
+
+/// The children of `key`'s parent that queue for the lock.
+pub async fn contenders(raw: &zookeeper_client::Client, parent: &str) -> Vec<String> {
+    let mut children = match raw.list_children(parent).await {
+        Ok(children) => children,
+        Err(zookeeper_client::Error::NoNode) => Vec::new(),
+        Err(e) => panic!("list {parent}: {e}"),
+    };
+    children.retain(|c| names::contender_sequence(c).is_some());
+    children.sort_by_key(|c| names::contender_sequence(c));
+    children
+}
+
+pub struct Clients(pub String);
+
+#[async_trait]
+impl Connector for Clients {
+    async fn connect(&self) -> leasehold_core::Result<Arc<dyn Authority>> {
+        Ok(Arc::new(ZkAuthority::connect(&self.0).await?))
+    }
+}
+
+pub fn harness_error(e: impl std::fmt::Display) -> Error {
+    Error::Backend {
+        backend: "harness",
+        message: e.to_string(),
+        retryable: false,
+        source: None,
+    }
+}
+
+/// Runs a blocking harness call off the runtime's worker.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> leasehold_conformance::servers::Result<T> + Send + 'static,
+) -> leasehold_core::Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(harness_error)?
+        .map_err(harness_error)
+}
+
+/// Deletes the holder's node of `key`, as an operator (or a session expiry) would.
+pub async fn revoke(
+    hosts: &str,
+    authority: &ZkAuthority,
+    key: &LockKey,
+) -> leasehold_core::Result<()> {
+    let raw = raw(hosts).await;
+    let parent = authority.lock_path(key);
+    let first = contenders(&raw, &parent)
+        .await
+        .into_iter()
+        .next()
+        .ok_or_else(|| harness_error(format!("nobody holds {key}")))?;
+    raw.delete(&format!("{parent}/{first}"), None)
+        .await
+        .map_err(harness_error)
+}
+
+/// Crash, freeze and operator faults on a standalone server.
+pub struct StandaloneFaults {
+    pub server: Arc<ZkServer>,
+    pub url: String,
+}
+
+#[async_trait]
+impl Faults for StandaloneFaults {
+    async fn restart(&self) -> leasehold_core::Result<()> {
+        let s = self.server.clone();
+        blocking(move || s.restart()).await
+    }
+
+    async fn pause(&self) -> leasehold_core::Result<()> {
+        let s = self.server.clone();
+        blocking(move || s.pause()).await
+    }
+
+    async fn resume(&self) -> leasehold_core::Result<()> {
+        let s = self.server.clone();
+        blocking(move || s.resume()).await
+    }
+
+    async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<()> {
+        let admin = ZkAuthority::connect(&self.url).await?;
+        revoke(&self.server.connect_string(), &admin, key).await
+    }
+}
