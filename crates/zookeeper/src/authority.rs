@@ -225,27 +225,21 @@ impl Authority for ZkAuthority {
             return Err(Error::lease_lost(key, LostReason::SessionEnded));
         };
         // The answer proves the session alive at the server after `sent`, so its expiry there
-        // is at least `sent + ttl`; while the client is disconnected the request waits for the
-        // session to come back (or times out), so no renewal succeeds without that proof.
+        // is at least `sent + ttl`. While the client is disconnected (Curator's SUSPENDED) the
+        // check waits for the session to come back, up to the request timeout: no renewal
+        // succeeds without that proof, and a blip does not fail it.
         let sent = Instant::now();
-        let stat = match tokio::time::timeout(
-            self.inner.config.client.request_timeout,
-            session.client.check_stat(&held.path),
-        )
-        .await
-        {
-            Err(_) => {
-                return Err(errors::timed_out(
-                    "renew",
-                    self.inner.config.client.request_timeout,
-                ))
-            }
-            Ok(Err(e)) if is_session_end(&e) => {
+        let client = &session.client;
+        let checked = session::read(&self.inner.config, "renew", || {
+            client.check_stat(&held.path)
+        });
+        let stat = match checked.await? {
+            Err(e) if is_session_end(&e) => {
                 held.end();
                 return Err(Error::lease_lost(key, LostReason::SessionEnded));
             }
-            Ok(Err(e)) => return Err(errors::map(e, "renew")),
-            Ok(Ok(stat)) => stat,
+            Err(e) => return Err(errors::map(e, "renew")),
+            Ok(stat) => stat,
         };
         let ours = stat
             .is_some_and(|s| s.czxid == held.czxid.get() && s.ephemeral_owner == held.session_id);

@@ -232,12 +232,11 @@ impl Contender {
     /// Lists the parent's children.
     async fn list(&self) -> std::result::Result<Listing, Failed> {
         let sent = Instant::now();
-        match bounded_raw(
-            &self.config,
-            self.session.client.list_children(&self.parent),
-        )
-        .await?
-        {
+        let client = &self.session.client;
+        let listed = session::read(&self.config, "list the contenders", || {
+            client.list_children(&self.parent)
+        });
+        match listed.await? {
             Ok(children) => Ok(Listing { children, sent }),
             // The parent is gone, so my node is too.
             Err(ZkError::NoNode) => Ok(Listing {
@@ -283,7 +282,12 @@ impl Contender {
             return Ok(czxid);
         }
         let path = self.path(&node.name);
-        let stat = match bounded_raw(&self.config, self.session.client.check_stat(&path)).await? {
+        let client = &self.session.client;
+        let stat = match session::read(&self.config, "read back the contender node", || {
+            client.check_stat(&path)
+        })
+        .await?
+        {
             Ok(stat) => stat,
             Err(e) => return Err(failed(e, "read back the contender node")),
         };
@@ -397,8 +401,11 @@ impl Contender {
             // would wait for a creation that never comes). It fires on the node's deletion, on a
             // data change, and on the session's end; any of them means "look again".
             let path = self.path(&predecessor.name);
-            let watched =
-                bounded_raw(&self.config, self.session.client.get_and_watch_data(&path)).await?;
+            let client = &self.session.client;
+            let watched = session::read(&self.config, "watch the contender ahead", || {
+                client.get_and_watch_data(&path)
+            })
+            .await?;
             match watched {
                 Ok((_, _, watcher)) => {
                     tokio::select! {
@@ -434,4 +441,77 @@ async fn bounded_raw<T>(
     tokio::time::timeout(timeout, work)
         .await
         .map_err(|_| Failed::Error(errors::timed_out("a ZooKeeper request", timeout)))
+}
+
+#[cfg(test)]
+mod tests {
+    use leasehold_conformance::servers::ZkServer;
+    use zookeeper_client::Acls;
+
+    use super::*;
+    use crate::session::{prepare, Sessions};
+
+    /// Protected mode's lookup: nodes created under my UUID whose replies I never saw (here made
+    /// on my own session behind my back) are found by the UUID; the lowest becomes mine, with
+    /// its czxid read back from the server, and the other is deleted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn finds_its_nodes_by_uuid_and_keeps_only_the_lowest() {
+        let server = tokio::task::spawn_blocking(ZkServer::start)
+            .await
+            .unwrap()
+            .expect("ZooKeeper must start for this test");
+        let config =
+            ZkConfig::from_url(&format!("zk://{}/lookup", server.connect_string())).unwrap();
+        prepare(&config).await.unwrap();
+        let config = Arc::new(config);
+        let sessions = Sessions::new(config.clone());
+        let ttl = Duration::from_secs(2);
+        let session = sessions.get(ttl).await.unwrap();
+        let owner = OwnerToken::generate().unwrap();
+        let parent = "/lookup/dup".to_string();
+        let client = &session.client;
+        client
+            .create(
+                &parent,
+                &[],
+                &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+            )
+            .await
+            .unwrap();
+        let prefix = format!("{parent}/{}", names::contender_prefix(owner));
+        let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let (first, seq) = client.create(&prefix, &[], &options).await.unwrap();
+        client.create(&prefix, &[], &options).await.unwrap();
+        let lowest = format!("{}{seq}", names::contender_prefix(owner));
+
+        let key = LockKey::new("dup").unwrap();
+        let mut contender = Contender::new(config, session.clone(), &key, parent.clone(), owner);
+        let listing = contender.list().await.unwrap();
+        assert_eq!(listing.children.len(), 2);
+        match contender.place(&listing) {
+            Position::First { mine, extras } => {
+                assert_eq!(mine.name, lowest);
+                assert_eq!(extras.len(), 1);
+            }
+            other => panic!("{other:?}"),
+        }
+        let grant = contender.grant(ttl, listing.sent).await.unwrap();
+        assert_eq!(
+            grant.fence().raw(),
+            first.czxid as u64,
+            "read back, not guessed"
+        );
+        let start = Instant::now();
+        loop {
+            let children = client.list_children(&parent).await.unwrap();
+            if children == vec![lowest.clone()] {
+                break;
+            }
+            assert!(
+                start.elapsed() < ttl,
+                "the duplicate was not deleted: {children:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }

@@ -15,11 +15,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold_core::{Error, Result, TtlRange};
-use zookeeper_client::{Acls, Client, CreateMode, CreateOptions};
+use leasehold_core::{Error, Instant, Result, TtlRange};
+use zookeeper_client::{Acls, Client, CreateMode, CreateOptions, Error as ZkError};
 
 use crate::config::{AclMode, ZkConfig};
-use crate::errors::{self, BACKEND};
+use crate::errors::{self, is_definite, is_session_end, BACKEND};
 
 /// Sessions with distinct TTLs one authority keeps open at most. Idle ones are closed to make
 /// room; if all are busy, another TTL is refused.
@@ -95,6 +95,37 @@ pub(crate) async fn bounded<T>(
         .await
         .map_err(|_| errors::timed_out(what, timeout))?
         .map_err(|e| errors::map(e, what))
+}
+
+/// Runs an idempotent read within the request timeout, asking again after a lost connection.
+///
+/// A request in flight when the connection drops fails, but one made while the client is
+/// disconnected waits until the session is re-established: so asking again turns a blip (a
+/// leader election, a server restart) into a slower answer instead of an error, and the answer,
+/// when it comes, proves the session alive. The outer error is the timeout.
+pub(crate) async fn read<T, F, Fut>(
+    config: &ZkConfig,
+    what: &str,
+    mut op: F,
+) -> Result<std::result::Result<T, ZkError>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::result::Result<T, ZkError>>,
+{
+    let timeout = config.client.request_timeout;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match tokio::time::timeout_at(deadline, op()).await {
+            Err(_) => return Err(errors::timed_out(what, timeout)),
+            Ok(Err(e)) if !is_definite(&e) && !is_session_end(&e) && Instant::now() < deadline => {
+                tracing::debug!(error = %e, "{what}: the connection was lost; asking again");
+                // A request made now waits for the reconnection; the pause only keeps an
+                // error that comes back at once from turning this into a spin.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Ok(answer) => return Ok(answer),
+        }
+    }
 }
 
 /// Opens a session asking for `timeout`; returns it with the timeout the server granted.

@@ -1,0 +1,664 @@
+//! ZooKeeper-specific behaviour against real servers started by the harness: the fence is the
+//! node's real czxid, waiters queue and leave nothing behind, Curator and kazoo nodes exclude
+//! leasehold and are ordered by sequence, keys map to single node names, credentials make nodes
+//! creator-only, a lost create reply leaves no orphan, disconnection versus expiry, bad input.
+
+mod common;
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use leasehold_conformance::servers::{free_port, ZkServer};
+use leasehold_core::{Authority, Epoch, Error, Instant, LockKey, LostReason, TtlRange};
+use leasehold_zookeeper::{names, ZkAuthority, ZkConfig};
+use zookeeper_client::{Acls, CreateMode, LockOptions, LockPrefix};
+
+use common::{contenders, raw, standalone, url};
+
+/// One server for the tests that cannot disturb each other (each uses its own chroot); tests
+/// that fault a server start their own.
+fn shared() -> &'static ZkServer {
+    static SERVER: OnceLock<ZkServer> = OnceLock::new();
+    SERVER.get_or_init(|| ZkServer::start().expect("ZooKeeper must start for these tests"))
+}
+
+async fn shared_hosts() -> String {
+    tokio::task::spawn_blocking(|| shared().connect_string())
+        .await
+        .unwrap()
+}
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(name).unwrap()
+}
+
+fn ephemeral_sequential() -> zookeeper_client::CreateOptions<'static> {
+    CreateMode::EphemeralSequential.with_acls(Acls::anyone_all())
+}
+
+/// Polls `probe` every 10 ms until it returns true, for at most `within`.
+async fn eventually(within: Duration, mut probe: impl AsyncFnMut() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        if probe().await {
+            return true;
+        }
+        if start.elapsed() > within {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_is_the_nodes_real_czxid_even_when_the_create_reply_has_no_stat() {
+    let hosts = shared_hosts().await;
+    let url = format!("{}&epoch=3", url(&hosts, "/fence"));
+    let modern = ZkAuthority::connect(&url).await.unwrap();
+    // Speaking the 3.4 protocol, creates are answered without a Stat (as ZOOKEEPER-4026 leaves
+    // some replies), so the authority must read the czxid back.
+    let old = ZkAuthority::with_config(
+        ZkConfig::from_url(&url)
+            .unwrap()
+            .with_server_version(3, 4, 0),
+    )
+    .await
+    .unwrap();
+    let raw = raw(&hosts).await;
+    let k = key("fence");
+    let ttl = Duration::from_secs(2);
+    let mut last = None;
+    for (round, authority) in [&modern, &old, &modern, &old].into_iter().enumerate() {
+        let grant = authority.try_acquire(&k, ttl).await.unwrap().unwrap();
+        let parent = authority.lock_path(&k);
+        let nodes = contenders(&raw, &parent).await;
+        assert_eq!(nodes.len(), 1, "round {round}: {nodes:?}");
+        let (_, stat) = raw
+            .get_data(&format!("{parent}/{}", nodes[0]))
+            .await
+            .unwrap();
+        assert_eq!(grant.fence().raw(), stat.czxid as u64, "round {round}");
+        assert_eq!(grant.fence().epoch(), Epoch::new(3).unwrap());
+        assert_ne!(stat.ephemeral_owner, 0, "an ephemeral node");
+        if let Some(previous) = last {
+            assert!(grant.fence() > previous, "round {round}: fences must grow");
+        }
+        last = Some(grant.fence());
+        assert_eq!(
+            authority.release(&grant).await.unwrap(),
+            leasehold_core::Released::Released
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_and_timed_out_waiters_leave_no_node_behind() {
+    let hosts = shared_hosts().await;
+    let url = url(&hosts, "/cancel");
+    let (a, b) = (
+        ZkAuthority::connect(&url).await.unwrap(),
+        ZkAuthority::connect(&url).await.unwrap(),
+    );
+    let raw = raw(&hosts).await;
+    let k = key("cancelled-waiter");
+    let parent = a.lock_path(&k);
+    let ttl = Duration::from_secs(2);
+    let holder = a.try_acquire(&k, ttl).await.unwrap().unwrap();
+    let held = contenders(&raw, &parent).await;
+    assert_eq!(held.len(), 1);
+
+    // A waiter whose future is dropped mid-wait: its node is there while it waits...
+    let waiting = tokio::spawn({
+        let (b, k) = (b.clone(), k.clone());
+        async move { b.acquire(&k, ttl, Duration::from_secs(30)).await }
+    });
+    assert!(
+        eventually(Duration::from_secs(2), async || contenders(&raw, &parent)
+            .await
+            .len()
+            == 2)
+        .await,
+        "the waiter never queued"
+    );
+    waiting.abort();
+    let _ = waiting.await;
+    // ...and gone right after the cancellation (deleted in the background).
+    assert!(
+        eventually(Duration::from_secs(1), async || contenders(&raw, &parent)
+            .await
+            == held)
+        .await,
+        "a cancelled waiter left {:?}",
+        contenders(&raw, &parent).await
+    );
+
+    // A waiter that times out deletes its node before it returns.
+    let started = Instant::now();
+    let err = b
+        .acquire(&k, ttl, Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(
+        contenders(&raw, &parent).await,
+        held,
+        "a timed-out waiter left its node"
+    );
+
+    // A try_acquire that finds the key held withdraws its node too.
+    assert!(b.try_acquire(&k, ttl).await.unwrap().is_none());
+    assert_eq!(contenders(&raw, &parent).await, held);
+    let _ = a.release(&holder).await.unwrap();
+    assert!(contenders(&raw, &parent).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_served_in_queue_order_with_growing_fences() {
+    let hosts = shared_hosts().await;
+    let url = url(&hosts, "/queue");
+    let holder_client = ZkAuthority::connect(&url).await.unwrap();
+    let raw = raw(&hosts).await;
+    let k = key("queue");
+    let parent = holder_client.lock_path(&k);
+    let ttl = Duration::from_secs(2);
+    let mut held = holder_client.try_acquire(&k, ttl).await.unwrap().unwrap();
+    let mut waiters = Vec::new();
+    for n in 0..3 {
+        let client = ZkAuthority::connect(&url).await.unwrap();
+        let k = k.clone();
+        waiters.push(tokio::spawn(async move {
+            let grant = client.acquire(&k, ttl, Duration::from_secs(20)).await;
+            (n, client, grant)
+        }));
+        // Queue them one after another.
+        assert!(
+            eventually(Duration::from_secs(2), async || contenders(&raw, &parent)
+                .await
+                .len()
+                == n + 2)
+            .await
+        );
+    }
+    let mut releaser = holder_client;
+    for (expected, waiter) in waiters.into_iter().enumerate() {
+        let released = Instant::now();
+        let _ = releaser.release(&held).await.unwrap();
+        let (n, client, grant) = waiter.await.unwrap();
+        let grant = grant.unwrap();
+        assert_eq!(n, expected, "served out of queue order");
+        assert!(grant.fence() > held.fence());
+        assert!(
+            released.elapsed() < ttl,
+            "the hand-off took {:?}",
+            released.elapsed()
+        );
+        held = grant;
+        releaser = client;
+    }
+    let _ = releaser.release(&held).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_and_kazoo_contenders_exclude_leasehold_and_queue_by_sequence() {
+    let hosts = shared_hosts().await;
+    let url = url(&hosts, "/interop");
+    let ours = ZkAuthority::connect(&url).await.unwrap();
+    let raw = raw(&hosts).await;
+    let k = key("invoice:inv_7");
+    let parent = ours.lock_path(&k);
+    let ttl = Duration::from_secs(2);
+    raw.mkdir(
+        &parent,
+        &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+    )
+    .await
+    .unwrap();
+
+    // A kazoo Lock holds the key: leasehold must not get it.
+    let (_, kazoo_seq) = raw
+        .create(
+            &format!("{parent}/8f14e45fceea167a5a36dedd4bea2543__lock__"),
+            &[],
+            &ephemeral_sequential(),
+        )
+        .await
+        .unwrap();
+    let kazoo = format!("8f14e45fceea167a5a36dedd4bea2543__lock__{kazoo_seq}");
+    assert!(
+        ours.try_acquire(&k, ttl).await.unwrap().is_none(),
+        "a kazoo holder was ignored"
+    );
+
+    // leasehold queues behind it, and a Curator InterProcessMutex queues behind leasehold.
+    let waiter = tokio::spawn({
+        let (ours, k) = (ours.clone(), k.clone());
+        async move { ours.acquire(&k, ttl, Duration::from_secs(10)).await }
+    });
+    assert!(
+        eventually(Duration::from_secs(2), async || contenders(&raw, &parent)
+            .await
+            .len()
+            == 2)
+        .await
+    );
+    let (_, curator_seq) = raw
+        .create(
+            &format!("{parent}/_c_0a1b2c3d-0000-4000-8000-00000000abcd-lock-"),
+            &[],
+            &ephemeral_sequential(),
+        )
+        .await
+        .unwrap();
+    let curator = format!("_c_0a1b2c3d-0000-4000-8000-00000000abcd-lock-{curator_seq}");
+    let queue = contenders(&raw, &parent).await;
+    assert_eq!(queue.len(), 3);
+    assert_eq!(queue[0], kazoo);
+    assert_eq!(queue[2], curator);
+    let leasehold_node = queue[1].clone();
+    assert!(leasehold_node.starts_with("_c_") && leasehold_node.contains("-lock-"));
+
+    // How Curator and kazoo order the same children (Curator: the text after the last
+    // "lock-", kazoo with extra_lock_patterns=["-lock-"]: the sequence after either pattern).
+    let mut children = raw.list_children(&parent).await.unwrap();
+    let curator_key = |c: &String| match c.rfind("lock-") {
+        Some(i) => c[i + 5..].to_string(),
+        None => c.clone(),
+    };
+    children.sort_by_key(curator_key);
+    let curator_order: Vec<_> = children
+        .iter()
+        .filter(|c| c.contains("-lock-"))
+        .cloned()
+        .collect();
+    assert_eq!(
+        curator_order,
+        vec![leasehold_node.clone(), curator.clone()],
+        "Curator sees leasehold first"
+    );
+    let kazoo_key = |c: &String| {
+        ["__lock__", "-lock-"]
+            .iter()
+            .find_map(|p| c.rfind(p).map(|i| c[i + p.len()..].to_string()))
+    };
+    let mut kazoo_order: Vec<_> = children
+        .iter()
+        .filter(|c| kazoo_key(c).is_some())
+        .cloned()
+        .collect();
+    kazoo_order.sort_by_key(kazoo_key);
+    assert_eq!(kazoo_order, queue, "kazoo orders them as leasehold does");
+
+    // The kazoo holder releases: leasehold is next, not the Curator contender.
+    raw.delete(&format!("{parent}/{kazoo}"), None)
+        .await
+        .unwrap();
+    let grant = waiter.await.unwrap().unwrap();
+    assert!(ours.try_acquire(&k, ttl).await.unwrap().is_none());
+    raw.delete(&format!("{parent}/{curator}"), None)
+        .await
+        .unwrap();
+
+    // zookeeper-client's own Curator-compatible lock recipe waits while leasehold holds...
+    let recipe = tokio::spawn({
+        let (raw, parent) = (raw.clone(), parent.clone());
+        async move {
+            let lock = raw
+                .lock(
+                    LockPrefix::new_curator(&parent, "lock-").unwrap(),
+                    b"",
+                    LockOptions::new(Acls::anyone_all()),
+                )
+                .await
+                .unwrap();
+            let path = lock.lock_path().to_string();
+            (path, Instant::now(), lock.into_owned())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !recipe.is_finished(),
+        "the Curator-style recipe took the lock from leasehold"
+    );
+    let released = Instant::now();
+    let _ = ours.release(&grant).await.unwrap();
+    let (recipe_path, got_at, recipe_lock) = recipe.await.unwrap();
+    assert!(got_at >= released);
+    // ...and leasehold waits while the recipe holds.
+    assert!(ours.try_acquire(&k, ttl).await.unwrap().is_none());
+    raw.delete(&recipe_path, None).await.unwrap();
+    drop(recipe_lock);
+    let after = ours.try_acquire(&k, ttl).await.unwrap().unwrap();
+    assert!(after.fence() > grant.fence());
+    let _ = ours.release(&after).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_map_to_one_node_name_each_reversibly() {
+    let hosts = shared_hosts().await;
+    // The server's root as chroot: `zookeeper` is reserved there.
+    let a = ZkAuthority::connect(&url(&hosts, "/")).await.unwrap();
+    let raw = raw(&hosts).await;
+    let ttl = Duration::from_secs(2);
+    for name in ["a/b/c", "zookeeper", "..", "100%", "tenant:1/invoice:2"] {
+        let k = key(name);
+        let grant = a.try_acquire(&k, ttl).await.unwrap().unwrap();
+        let path = a.lock_path(&k);
+        assert_eq!(path.matches('/').count(), 1, "{name} -> {path}");
+        assert_eq!(names::key_from_node_name(&path[1..]), Some(k.clone()));
+        assert_eq!(contenders(&raw, &path).await.len(), 1, "{path}");
+        let _ = a.release(&grant).await.unwrap();
+    }
+    // The reserved node is untouched.
+    assert!(raw.check_stat("/zookeeper/quota").await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_make_lock_nodes_creator_only_and_never_print() {
+    let hosts = shared_hosts().await;
+    let alice = ZkAuthority::connect(&url(
+        &hosts.replace("127.0.0.1", "alice:s3cret-pw@127.0.0.1"),
+        "/acl",
+    ))
+    .await
+    .unwrap();
+    let k = key("payout:42");
+    let ttl = Duration::from_secs(2);
+    let grant = alice.try_acquire(&k, ttl).await.unwrap().unwrap();
+    let as_alice = zookeeper_client::Client::connector()
+        .with_auth("digest", b"alice:s3cret-pw")
+        .connect(&hosts)
+        .await
+        .unwrap();
+    let raw = raw(&hosts).await;
+    let parent = alice.lock_path(&k);
+    assert!(
+        matches!(
+            raw.list_children(&parent).await,
+            Err(zookeeper_client::Error::NoAuth)
+        ),
+        "others cannot even list the contenders"
+    );
+    let node = &contenders(&as_alice, &parent).await[0];
+    let (acl, _) = as_alice.get_acl(&format!("{parent}/{node}")).await.unwrap();
+    assert_eq!(acl.len(), 1);
+    assert_eq!(acl[0].scheme(), "digest");
+    assert!(acl[0].id().starts_with("alice:"));
+
+    // Another principal, or none, may not queue under alice's parent: Unauthorized, not "held".
+    for who in ["mallory:hunter2@127.0.0.1", "127.0.0.1"] {
+        let other = ZkAuthority::connect(&url(&hosts.replace("127.0.0.1", who), "/acl"))
+            .await
+            .unwrap();
+        let err = other.try_acquire(&k, ttl).await.unwrap_err();
+        assert!(matches!(err, Error::Unauthorized { .. }), "{who}: {err:?}");
+        let shown = format!("{err} {err:?} {other:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        // Nor delete alice's node.
+        assert!(matches!(
+            raw.delete(&format!("{parent}/{node}"), None).await,
+            Err(zookeeper_client::Error::NoAuth)
+        ));
+    }
+    // Alice's other processes (same credentials) see the lock held.
+    let alice2 = ZkAuthority::connect(&url(
+        &hosts.replace("127.0.0.1", "alice:s3cret-pw@127.0.0.1"),
+        "/acl",
+    ))
+    .await
+    .unwrap();
+    assert!(alice2.try_acquire(&k, ttl).await.unwrap().is_none());
+    assert!(!format!("{alice:?} {alice2:?}").contains("s3cret"));
+    let _ = alice.release(&grant).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_typed_errors() {
+    let hosts = shared_hosts().await;
+
+    // Unreachable hosts: Unavailable, retryable, within the request timeout (twice: two probes
+    // at most).
+    let port = free_port().unwrap();
+    let started = Instant::now();
+    let err = ZkAuthority::connect(&format!("zk://127.0.0.1:{port}/x?timeout_ms=500"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Unavailable { .. }) && err.is_retryable(),
+        "{err:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
+
+    // Chroots ZooKeeper cannot have: refused before connecting.
+    for chroot in ["/a//b", "/a/", "/a/./b", "/a/../b"] {
+        let err = ZkAuthority::connect(&url(&hosts, chroot))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidUrl { .. }), "{chroot}: {err:?}");
+    }
+    // A chroot under an ephemeral node cannot exist: a permanent backend error that says so.
+    let raw = raw(&hosts).await;
+    raw.create(
+        "/ephemeral-root",
+        &[],
+        &CreateMode::Ephemeral.with_acls(Acls::anyone_all()),
+    )
+    .await
+    .unwrap();
+    let err = ZkAuthority::connect(&url(&hosts, "/ephemeral-root/locks"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Backend {
+                retryable: false,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("chroot"), "{err}");
+
+    // TTLs the server does not grant: InvalidTtl before any request...
+    let a = ZkAuthority::connect(&url(&hosts, "/bad-ttl"))
+        .await
+        .unwrap();
+    let range = a.ttl_range();
+    assert_eq!(range.min, Duration::from_millis(400), "2 ticks of 200 ms");
+    assert_eq!(
+        range.max,
+        Duration::from_secs(60),
+        "the harness's maxSessionTimeout"
+    );
+    let k = key("bad-ttl");
+    for ttl in [
+        range.min - Duration::from_millis(1),
+        range.max + Duration::from_millis(1),
+        Duration::from_micros(1_000_500),
+    ] {
+        let err = a.try_acquire(&k, ttl).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidTtl { .. }), "{ttl:?}: {err:?}");
+    }
+    // ...and, with a range declared wider than the server's, when the session is negotiated:
+    // the server would grant 400 ms for 100 ms, and that is refused, never rounded.
+    let declared = ZkConfig::from_url(&url(&hosts, "/bad-ttl"))
+        .unwrap()
+        .with_ttl_range(TtlRange::new(
+            Duration::from_millis(100),
+            Duration::from_secs(60),
+            Duration::from_millis(1),
+        ));
+    let optimistic = ZkAuthority::with_config(declared).await.unwrap();
+    let err = optimistic
+        .try_acquire(&k, Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    match &err {
+        Error::InvalidTtl { reason, .. } => assert!(
+            reason.contains("granted a session timeout of 400ms"),
+            "{reason}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // A renewal must keep the grant's TTL: it is the session's timeout.
+    let grant = a
+        .try_acquire(&k, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    let err = a.renew(&grant, Duration::from_secs(2)).await.unwrap_err();
+    assert!(matches!(err, Error::InvalidTtl { .. }), "{err:?}");
+    a.renew(&grant, Duration::from_secs(1)).await.unwrap();
+    let _ = a.release(&grant).await.unwrap();
+}
+
+/// The server freezes while a create is in flight, so the client loses the reply although the
+/// server applies the create when it resumes: the authority must find that node by its UUID
+/// (or delete it) instead of leaving an orphan that would block the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_reply_is_lost_leaves_no_orphan() {
+    let server = standalone().await;
+    let hosts = server.connect_string();
+    let url = format!("zk://{hosts}/protected?timeout_ms=5000");
+    let a = ZkAuthority::connect(&url).await.unwrap();
+    let k = key("protected");
+    let ttl = Duration::from_secs(2);
+    // Open the TTL's session first.
+    let warm = a.try_acquire(&k, ttl).await.unwrap().unwrap();
+    let _ = a.release(&warm).await.unwrap();
+
+    let paused = {
+        let s = server.clone();
+        common::blocking(move || s.pause()).await.unwrap();
+        Instant::now()
+    };
+    let attempt = tokio::spawn({
+        let (a, k) = (a.clone(), k.clone());
+        async move { a.try_acquire(&k, ttl).await }
+    });
+    // The client gives up on the connection after 2/5 of the session timeout (800 ms); resume
+    // after that but well within the session timeout.
+    tokio::time::sleep_until(paused + Duration::from_millis(1100)).await;
+    {
+        let s = server.clone();
+        common::blocking(move || s.resume()).await.unwrap();
+    }
+    let grant = attempt
+        .await
+        .unwrap()
+        .expect("the attempt succeeds once the server answers again")
+        .expect("the key was free");
+    let raw = raw(&hosts).await;
+    let parent = a.lock_path(&k);
+    // Exactly one node for this grant, however the race between the lost create and the
+    // reconnection went (a duplicate, if the server applied the create late, is swept).
+    assert!(
+        eventually(ttl * 2, async || contenders(&raw, &parent).await.len() == 1).await,
+        "{:?}",
+        contenders(&raw, &parent).await
+    );
+    // The held node is the one whose create was in flight during the freeze (sequence 1, after
+    // the warm-up's 0), whichever way the race went: found by its UUID, or adopted as the lowest
+    // of my nodes while the later duplicate was deleted.
+    let held = contenders(&raw, &parent).await;
+    assert_eq!(names::contender_sequence(&held[0]), Some(1), "{held:?}");
+    let (_, node) = raw
+        .get_data(&format!("{parent}/{}", held[0]))
+        .await
+        .unwrap();
+    assert_eq!(grant.fence().raw(), node.czxid as u64);
+    let b = ZkAuthority::connect(&url).await.unwrap();
+    assert!(b.try_acquire(&k, ttl).await.unwrap().is_none());
+    let _ = a.release(&grant).await.unwrap();
+    assert!(
+        eventually(ttl, async || contenders(&raw, &parent).await.is_empty()).await,
+        "an orphan remained: {:?}",
+        contenders(&raw, &parent).await
+    );
+    let next = b
+        .try_acquire(&k, ttl)
+        .await
+        .unwrap()
+        .expect("the key is free after release");
+    assert!(next.fence() > grant.fence());
+}
+
+/// Curator's SUSPENDED versus LOST: while the client is cut off, a renewal does not succeed
+/// until the session is confirmed alive again (and its deadline counts from before it was
+/// sent); once the session expired, the renewal reports the lease lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disconnection_suspends_renewal_and_an_expiry_loses_the_lease() {
+    let server = standalone().await;
+    let hosts = server.connect_string();
+    let url = format!("zk://{hosts}/suspend?timeout_ms=5000");
+    let a = ZkAuthority::connect(&url).await.unwrap();
+    let k = key("suspend");
+    let ttl = Duration::from_secs(2);
+    let grant = a.try_acquire(&k, ttl).await.unwrap().unwrap();
+
+    // SUSPENDED: frozen for 1.2 s, longer than the client's connection timeout (800 ms) but
+    // shorter than the session timeout.
+    let s = server.clone();
+    common::blocking(move || s.pause()).await.unwrap();
+    let sent = Instant::now();
+    let renewal = tokio::spawn({
+        let (a, grant) = (a.clone(), grant.clone());
+        async move { (a.renew(&grant, ttl).await, Instant::now()) }
+    });
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(
+        !renewal.is_finished(),
+        "a renewal succeeded or failed while the server was frozen"
+    );
+    let resumed = Instant::now();
+    let s = server.clone();
+    common::blocking(move || s.resume()).await.unwrap();
+    let (renewed, at) = renewal.await.unwrap();
+    let deadline = renewed.expect("the session survived a pause shorter than its timeout");
+    assert!(
+        at >= resumed,
+        "the renewal succeeded before the session answered"
+    );
+    assert!(
+        deadline <= sent + ttl,
+        "the deadline counts from before the request"
+    );
+
+    // LOST: frozen for longer than the session timeout. A renewal asked meanwhile waits for the
+    // session, and the client gives it up after 7/5 of its timeout without an answer.
+    let s = server.clone();
+    common::blocking(move || s.pause()).await.unwrap();
+    let frozen = Instant::now();
+    let err = a.renew(&grant, ttl).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::LeaseLost {
+                reason: LostReason::SessionEnded,
+                ..
+            }
+        ),
+        "{err:?} after {:?}",
+        frozen.elapsed()
+    );
+    assert!(
+        frozen.elapsed() >= ttl,
+        "the session ended after only {:?}",
+        frozen.elapsed()
+    );
+    let s = server.clone();
+    common::blocking(move || s.resume()).await.unwrap();
+    // The node went with the session; a new session takes the key with a greater fence.
+    let next = a
+        .try_acquire(&k, ttl)
+        .await
+        .unwrap()
+        .expect("the key is free after the expiry");
+    assert!(next.fence() > grant.fence());
+    let _ = a.release(&next).await.unwrap();
+}
