@@ -1,0 +1,147 @@
+//! From etcd-client's errors to leasehold's, keeping "unreachable" apart from "refused".
+
+use std::future::Future;
+use std::time::Duration;
+
+use leasehold_core::{redact_url, Error};
+
+pub(crate) const BACKEND: &str = "etcd";
+
+/// gRPC status codes (tonic's `Code` as numbers, so this crate needs no direct tonic dependency).
+mod code {
+    pub const CANCELLED: i32 = 1;
+    pub const UNKNOWN: i32 = 2;
+    pub const INVALID_ARGUMENT: i32 = 3;
+    pub const DEADLINE_EXCEEDED: i32 = 4;
+    pub const NOT_FOUND: i32 = 5;
+    pub const PERMISSION_DENIED: i32 = 7;
+    pub const RESOURCE_EXHAUSTED: i32 = 8;
+    pub const FAILED_PRECONDITION: i32 = 9;
+    pub const ABORTED: i32 = 10;
+    pub const UNAVAILABLE: i32 = 14;
+    pub const UNAUTHENTICATED: i32 = 16;
+}
+
+/// Maps a client error met while doing `what`.
+pub(crate) fn map(error: etcd_client::Error, what: &str) -> Error {
+    use etcd_client::Error as E;
+    match &error {
+        E::GRpcStatus(status) => {
+            let code = i32::from(status.code());
+            let message = format!("{what}: {}", redact_url(status.message()));
+            let lower = status.message().to_ascii_lowercase();
+            // etcd answers a wrong password with InvalidArgument, a missing permission with
+            // PermissionDenied, an expired or invalid token with Unauthenticated.
+            let auth = lower.contains("authentication failed")
+                || lower.contains("user name is empty")
+                || lower.contains("invalid auth token")
+                || lower.contains("permission denied");
+            match code {
+                code::UNAUTHENTICATED | code::PERMISSION_DENIED => unauthorized(message, error),
+                code::INVALID_ARGUMENT if auth => unauthorized(message, error),
+                // No leader, leader changed, request timed out inside the cluster, server
+                // stopping, connection refused or reset: nobody answered for the cluster.
+                code::UNAVAILABLE | code::DEADLINE_EXCEEDED | code::CANCELLED | code::UNKNOWN => {
+                    unavailable(message, error)
+                }
+                // "etcdserver: not leader" from a member that lost its leader.
+                code::FAILED_PRECONDITION if lower.contains("leader") => {
+                    unavailable(message, error)
+                }
+                // Too many requests, or an auth revision race: the same call may succeed later.
+                code::RESOURCE_EXHAUSTED | code::ABORTED => Error::Backend {
+                    backend: BACKEND,
+                    message,
+                    retryable: true,
+                    source: Some(Box::new(error)),
+                },
+                code::INVALID_ARGUMENT if lower.contains("revision of auth store is old") => {
+                    Error::Backend {
+                        backend: BACKEND,
+                        message,
+                        retryable: true,
+                        source: Some(Box::new(error)),
+                    }
+                }
+                _ => Error::Backend {
+                    backend: BACKEND,
+                    message,
+                    retryable: false,
+                    source: Some(Box::new(error)),
+                },
+            }
+        }
+        E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => {
+            let message = redact_url(&format!("{what}: {error}"));
+            unavailable(message, error)
+        }
+        E::InvalidUri(_) | E::InvalidArgs(_) | E::EndpointError(_) => Error::InvalidConfig {
+            reason: redact_url(&format!("{what}: {error}")),
+        },
+        _ => Error::Backend {
+            backend: BACKEND,
+            message: redact_url(&format!("{what}: {error}")),
+            retryable: false,
+            source: Some(Box::new(error)),
+        },
+    }
+}
+
+fn unauthorized(message: String, error: etcd_client::Error) -> Error {
+    Error::Unauthorized {
+        backend: BACKEND,
+        message,
+        source: Some(Box::new(error)),
+    }
+}
+
+fn unavailable(message: String, error: etcd_client::Error) -> Error {
+    Error::Unavailable {
+        backend: BACKEND,
+        message,
+        source: Some(Box::new(error)),
+    }
+}
+
+/// Whether etcd said the lease a request named does not exist (it expired or was revoked).
+pub(crate) fn is_lease_not_found(error: &etcd_client::Error) -> bool {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => {
+            i32::from(status.code()) == code::NOT_FOUND
+                && status.message().contains("lease not found")
+        }
+        etcd_client::Error::LeaseKeepAliveError(message) => message.contains("lease not found"),
+        _ => false,
+    }
+}
+
+/// Whether a watch or read failed because the revision asked for was compacted away.
+pub(crate) fn is_compacted(error: &etcd_client::Error) -> bool {
+    matches!(error, etcd_client::Error::GRpcStatus(s) if s.message().contains("compacted"))
+}
+
+/// Runs one request, bounded by `timeout`; the client's error mapped, a timeout as
+/// [`Error::Unavailable`].
+pub(crate) async fn bounded<T>(
+    what: &str,
+    timeout: Duration,
+    request: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> leasehold_core::Result<T> {
+    match tokio::time::timeout(timeout, request).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(map(error, what)),
+        Err(_) => Err(Error::request_timeout(BACKEND, what, timeout)),
+    }
+}
+
+/// Whether a mapped error came from etcd saying the lease a request named does not exist.
+pub(crate) fn is_lease_gone(error: &Error) -> bool {
+    let source = match error {
+        Error::Backend { source, .. } | Error::Unavailable { source, .. } => source,
+        _ => return false,
+    };
+    source
+        .as_deref()
+        .and_then(|s| s.downcast_ref::<etcd_client::Error>())
+        .is_some_and(is_lease_not_found)
+}

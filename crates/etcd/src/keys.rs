@@ -1,0 +1,95 @@
+//! Where lock keys live in etcd's keyspace: the layout of etcd's own lock recipe.
+
+use leasehold_core::LockKey;
+
+/// Maps lock keys to etcd prefixes under one namespace.
+///
+/// # Layout
+/// Lock key `k` is the prefix `<namespace>/<escape(k)>/`. Every contender (a lock holder or a
+/// waiter) writes its own key under that prefix, attached to its session's lease, and the
+/// contender with the lowest `create_revision` holds the lock. This is the layout of etcd's
+/// `client/v3/concurrency` Mutex and of `etcdctl lock`, so `etcdctl lock <namespace>/<k>` and
+/// leasehold exclude each other.
+///
+/// `escape` replaces `%` by `%25` and `/` by `%2F`, so the prefix of `a` (`ns/a/`) is never a
+/// prefix of `a/b`'s keys (`ns/a%2Fb/...`): without it, a holder of `a/b` would sit inside
+/// `a`'s queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct KeySpace {
+    namespace: String,
+}
+
+impl KeySpace {
+    /// Keys under `namespace` (already validated by the configuration).
+    pub fn new(namespace: &str) -> Self {
+        KeySpace {
+            namespace: namespace.to_string(),
+        }
+    }
+
+    /// The prefix every contender of `key` writes under, ending in `/`.
+    pub fn prefix(&self, key: &LockKey) -> String {
+        format!("{}/{}/", self.namespace, escape(key.as_str()))
+    }
+}
+
+/// The `etcdctl lock` name that shares `key`'s queue (the prefix without its trailing `/`).
+pub(crate) fn lock_name(space: &KeySpace, key: &LockKey) -> String {
+    let mut prefix = space.prefix(key);
+    prefix.pop();
+    prefix
+}
+
+/// The contender key a session writes for its `n`-th concurrent contender under `prefix`:
+/// `<prefix><lease id in lowercase hex>` like etcd's Mutex for the first, with `_<n>` appended for
+/// the others, so two acquisitions through one session are two contenders that exclude each other
+/// (etcd's Mutex gives both the same key, and both believe they hold the lock).
+pub(crate) fn contender(prefix: &str, lease: i64, n: u64) -> String {
+    if n == 0 {
+        format!("{prefix}{lease:x}")
+    } else {
+        format!("{prefix}{lease:x}_{n}")
+    }
+}
+
+fn escape(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for c in key.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '/' => out.push_str("%2F"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(s: &str) -> LockKey {
+        LockKey::new(s).unwrap()
+    }
+
+    #[test]
+    fn slashes_cannot_nest_one_lock_inside_another() {
+        let space = KeySpace::new("leasehold");
+        let a = space.prefix(&key("a"));
+        let ab = space.prefix(&key("a/b"));
+        assert_eq!(a, "leasehold/a/");
+        assert_eq!(ab, "leasehold/a%2Fb/");
+        assert!(!ab.starts_with(&a));
+        // `%` is escaped too, so an escaped-looking key cannot collide with a real slash.
+        assert_eq!(space.prefix(&key("a%2Fb")), "leasehold/a%252Fb/");
+        assert_eq!(lock_name(&space, &key("a/b")), "leasehold/a%2Fb");
+    }
+
+    #[test]
+    fn contender_keys_are_unique_per_session_and_acquisition() {
+        assert_eq!(contender("ns/k/", 0x694d, 0), "ns/k/694d");
+        assert_eq!(contender("ns/k/", 0x694d, 3), "ns/k/694d_3");
+        // A suffixed name is never another lease's plain name: hex has no `_`.
+        assert_ne!(contender("ns/k/", 0x69, 4), contender("ns/k/", 0x694, 0));
+    }
+}

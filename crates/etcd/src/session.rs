@@ -1,0 +1,418 @@
+//! Sessions: one etcd lease per TTL, kept alive by one stream, shared by every lock on it.
+//!
+//! This is etcd's own `concurrency.Session` design. A session is granted once (the only lease
+//! grant, off the hot path), and from then on an acquire is a single transaction that writes a
+//! contender key attached to the session's lease. One keep-alive stream per session extends the
+//! lease every third of its TTL, however many locks it holds, so renewal traffic to etcd's lessor
+//! does not grow with the number of locks.
+//!
+//! The session knows how long its lease lasts only from its own clock: the instant read before
+//! the keep-alive request whose answer last extended it, plus the TTL, minus the safety margin.
+//! When etcd answers a keep-alive with "lease not found" (TTL 0: revoked or expired), or when
+//! that deadline passes without a successful keep-alive, the session has ended and every lease
+//! on it is lost.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, Txn, TxnOp};
+use leasehold_core::{Backoff, Error, Result, SafetyMargin};
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+use crate::contenders::Contenders;
+use crate::errors::{self, BACKEND};
+
+/// What the session knows about its lease.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Liveness {
+    /// Until when the lease certainly lasts at the server (local monotonic clock).
+    pub deadline: Instant,
+    /// The session has ended: its lease is gone or no longer trusted.
+    pub ended: bool,
+}
+
+/// One etcd lease, kept alive, and the contender keys attached to it.
+#[derive(Debug)]
+pub(crate) struct Session {
+    lease: i64,
+    ttl: Duration,
+    liveness: watch::Sender<Liveness>,
+    pub(crate) contenders: Contenders,
+    wake: Notify,
+}
+
+impl Session {
+    /// The lease id.
+    pub fn lease(&self) -> i64 {
+        self.lease
+    }
+
+    /// Until when the lease lasts, by our clock.
+    pub fn deadline(&self) -> Instant {
+        self.liveness.borrow().deadline
+    }
+
+    /// Whether the session ended (every lease on it is lost).
+    pub fn is_ended(&self) -> bool {
+        self.liveness.borrow().ended
+    }
+
+    /// Watch the session's liveness (waiters stop when it ends).
+    pub fn subscribe(&self) -> watch::Receiver<Liveness> {
+        self.liveness.subscribe()
+    }
+
+    /// Ends the session: no new contender key is reserved, and waiters are told.
+    pub fn end(&self) {
+        self.contenders.end();
+        self.liveness.send_modify(|l| l.ended = true);
+    }
+
+    /// Asks the session's task to look at its book again (a key to withdraw, a new deadline).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Marks `name` for deletion by the session's task, which retries until etcd confirms.
+    pub fn withdraw_later(&self, name: &str, revision: Option<i64>) {
+        if self
+            .contenders
+            .withdraw(name, revision, Instant::now())
+            .is_some()
+        {
+            self.wake();
+        }
+    }
+
+    fn extended(&self, deadline: Instant) {
+        self.liveness.send_if_modified(|l| {
+            if deadline > l.deadline && !l.ended {
+                l.deadline = deadline;
+                true
+            } else {
+                false
+            }
+        });
+    }
+}
+
+/// The sessions of one authority, one per TTL.
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    by_ttl: Mutex<HashMap<u64, Arc<Session>>>,
+    creating: tokio::sync::Mutex<()>,
+}
+
+/// What a session's task needs from its authority (never the authority itself, so dropping the
+/// authority ends its sessions).
+#[derive(Clone)]
+pub(crate) struct SessionSettings {
+    pub client: Client,
+    pub margin: SafetyMargin,
+    pub request_timeout: Duration,
+    pub idle: Duration,
+    pub closing: watch::Receiver<()>,
+}
+
+impl Registry {
+    fn live(&self, secs: u64) -> Option<Arc<Session>> {
+        let map = self.by_ttl.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(&secs).filter(|s| !s.is_ended()).cloned()
+    }
+
+    fn remove(&self, session: &Arc<Session>) {
+        let secs = session.ttl.as_secs();
+        let mut map = self.by_ttl.lock().unwrap_or_else(|e| e.into_inner());
+        if map.get(&secs).is_some_and(|s| Arc::ptr_eq(s, session)) {
+            map.remove(&secs);
+        }
+    }
+
+    /// The live sessions (for tests and introspection).
+    pub fn sessions(&self) -> Vec<Arc<Session>> {
+        let map = self.by_ttl.lock().unwrap_or_else(|e| e.into_inner());
+        map.values().filter(|s| !s.is_ended()).cloned().collect()
+    }
+
+    /// The live session for `ttl`, granting its lease (one request) if there is none.
+    pub async fn session(
+        self: &Arc<Self>,
+        ttl: Duration,
+        settings: &SessionSettings,
+    ) -> Result<Arc<Session>> {
+        let secs = ttl.as_secs();
+        if let Some(session) = self.live(secs) {
+            return Ok(session);
+        }
+        // One grant per TTL even when many acquires arrive at once on a new authority.
+        let _creating = self.creating.lock().await;
+        if let Some(session) = self.live(secs) {
+            return Ok(session);
+        }
+        let session = grant(ttl, settings).await?;
+        self.by_ttl
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(secs, session.clone());
+        let task = SessionTask {
+            session: session.clone(),
+            registry: self.clone(),
+            settings: settings.clone(),
+        };
+        tokio::spawn(task.run());
+        Ok(session)
+    }
+}
+
+/// Grants a lease of exactly `ttl`, refusing (and revoking) one the server grants with another
+/// TTL: etcd silently raises a TTL below its minimum, and a lease longer than asked would make the
+/// caller's deadline a lie.
+async fn grant(ttl: Duration, settings: &SessionSettings) -> Result<Arc<Session>> {
+    let secs = i64::try_from(ttl.as_secs()).map_err(|_| Error::InvalidTtl {
+        ttl,
+        reason: "too long for etcd".into(),
+    })?;
+    let mut leases = settings.client.lease_client();
+    let sent = Instant::now();
+    let response = errors::bounded(
+        "grant the session lease",
+        settings.request_timeout,
+        leases.grant(secs, None),
+    )
+    .await?;
+    if !response.error().is_empty() {
+        return Err(Error::Backend {
+            backend: BACKEND,
+            message: format!("grant the session lease: {}", response.error()),
+            retryable: false,
+            source: None,
+        });
+    }
+    if response.ttl() != secs {
+        let id = response.id();
+        let timeout = settings.request_timeout;
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(timeout, leases.revoke(id)).await;
+        });
+        return Err(Error::InvalidTtl {
+            ttl,
+            reason: format!(
+                "the etcd server granted a lease of {} s when asked for {secs} s (its minimum \
+                 lease TTL follows from its election timeout)",
+                response.ttl()
+            ),
+        });
+    }
+    let (liveness, _) = watch::channel(Liveness {
+        deadline: settings.margin.deadline(sent, ttl),
+        ended: false,
+    });
+    tracing::debug!(lease = response.id(), ttl_s = secs, "etcd session started");
+    Ok(Arc::new(Session {
+        lease: response.id(),
+        ttl,
+        liveness,
+        contenders: Contenders::new(),
+        wake: Notify::new(),
+    }))
+}
+
+/// Deletes contender key `name`: only the instance created at `revision` when known, else only
+/// while it is attached to `lease` (a key whose create request got no answer). Returns whether
+/// a key was deleted.
+pub(crate) async fn delete_contender(
+    client: &Client,
+    name: &str,
+    revision: Option<i64>,
+    lease: i64,
+    timeout: Duration,
+) -> Result<bool> {
+    let guard = match revision {
+        Some(r) => Compare::create_revision(name, CompareOp::Equal, r),
+        None => Compare::lease(name, CompareOp::Equal, lease),
+    };
+    let txn = Txn::new()
+        .when([guard])
+        .and_then([TxnOp::delete(name, None)]);
+    let mut kv = client.kv_client();
+    let response = errors::bounded("delete a contender key", timeout, kv.txn(txn)).await?;
+    Ok(response.succeeded())
+}
+
+/// Why a session's task stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// etcd says the lease does not exist (expired or revoked): its keys are gone.
+    LeaseGone,
+    /// No keep-alive succeeded before the deadline: the lease may still exist, revoke it.
+    DeadlinePassed,
+    /// No contender key for the idle time.
+    Idle,
+    /// The authority was dropped.
+    Closed,
+}
+
+struct SessionTask {
+    session: Arc<Session>,
+    registry: Arc<Registry>,
+    settings: SessionSettings,
+}
+
+type KeepAlive = Option<(LeaseKeeper, LeaseKeepAliveStream)>;
+
+impl SessionTask {
+    async fn run(mut self) {
+        let ending = self.keep().await;
+        self.session.end();
+        self.registry.remove(&self.session);
+        let lease = self.session.lease;
+        tracing::debug!(lease, ?ending, "etcd session ended");
+        if ending != Ending::LeaseGone {
+            // Frees every key of the session at once; if etcd cannot be reached, the lease
+            // expires by itself within its TTL.
+            let mut leases = self.settings.client.lease_client();
+            let _ = tokio::time::timeout(self.settings.request_timeout, leases.revoke(lease)).await;
+        }
+    }
+
+    /// Keeps the lease alive, withdraws contender keys that are due, and watches for the end.
+    async fn keep(&mut self) -> Ending {
+        let ttl = self.session.ttl;
+        let interval = ttl / 3;
+        let timeout = self.settings.request_timeout;
+        let mut stream: KeepAlive = None;
+        let mut retry = Backoff::new(
+            Duration::from_millis(20),
+            (interval / 2).max(Duration::from_millis(20)),
+        );
+        let mut next_keep_alive = Instant::now() + interval;
+        let mut liveness = self.session.subscribe();
+        loop {
+            if self.session.is_ended() {
+                // Ended by a request that found the lease gone.
+                return Ending::LeaseGone;
+            }
+            let now = Instant::now();
+            let deadline = self.session.deadline();
+            if now >= deadline {
+                return Ending::DeadlinePassed;
+            }
+            let idle_at = self
+                .session
+                .contenders
+                .idle_since()
+                .map(|since| since + self.settings.idle);
+            if let Some(at) = idle_at {
+                if now >= at
+                    && self
+                        .session
+                        .contenders
+                        .end_if_idle_since(at - self.settings.idle)
+                {
+                    return Ending::Idle;
+                }
+            }
+            let (due, next_withdrawal) = self.session.contenders.due(now, timeout);
+            for (name, revision) in due {
+                let deleted = delete_contender(
+                    &self.settings.client,
+                    &name,
+                    revision,
+                    self.session.lease,
+                    timeout,
+                )
+                .await;
+                match deleted {
+                    Ok(_) => self.session.contenders.forget(&name, revision),
+                    Err(error) => {
+                        tracing::debug!(%error, key = name, "withdrawing a contender key failed; will retry")
+                    }
+                }
+            }
+            let mut wake_at = next_keep_alive.min(deadline);
+            for at in [next_withdrawal, idle_at].into_iter().flatten() {
+                wake_at = wake_at.min(at);
+            }
+            tokio::select! {
+                biased;
+                _ = self.settings.closing.changed() => return Ending::Closed,
+                _ = self.session.wake.notified() => continue,
+                _ = liveness.wait_for(|l| l.ended) => continue,
+                _ = tokio::time::sleep_until(wake_at) => {}
+            }
+            if Instant::now() < next_keep_alive {
+                continue;
+            }
+            let sent = Instant::now();
+            let budget = timeout.min(self.session.deadline().saturating_duration_since(sent));
+            let outcome = tokio::select! {
+                biased;
+                _ = self.settings.closing.changed() => return Ending::Closed,
+                r = tokio::time::timeout(budget, keep_alive(&mut stream, &self.settings.client, self.session.lease)) => r,
+            };
+            match outcome {
+                Ok(Ok(Some(granted))) => {
+                    let granted = granted.min(ttl);
+                    self.session
+                        .extended(self.settings.margin.deadline(sent, granted));
+                    next_keep_alive = sent + interval;
+                    retry.reset();
+                }
+                Ok(Ok(None)) => return Ending::LeaseGone,
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, lease = self.session.lease, "keep-alive failed; retrying");
+                    stream = None;
+                    next_keep_alive = Instant::now() + retry.next_delay();
+                }
+                Err(_elapsed) => {
+                    // A fresh stream next time: a late answer on this one must never be taken
+                    // for the answer to a later request (its refresh happened earlier).
+                    tracing::debug!(
+                        lease = self.session.lease,
+                        "keep-alive got no answer; retrying"
+                    );
+                    stream = None;
+                    next_keep_alive = Instant::now() + retry.next_delay();
+                }
+            }
+        }
+    }
+}
+
+/// One keep-alive round trip. `Some(ttl)` when the lease was extended to `ttl`, `None` when etcd
+/// says it does not exist any more.
+async fn keep_alive(
+    stream: &mut KeepAlive,
+    client: &Client,
+    lease: i64,
+) -> std::result::Result<Option<Duration>, etcd_client::Error> {
+    match stream {
+        None => {
+            // Opening the stream sends the first keep-alive and waits for its answer.
+            match client.lease_client().keep_alive(lease).await {
+                Ok(opened) => {
+                    *stream = Some(opened);
+                    // etcd-client checked that the answer's TTL is positive; a lease keeps the
+                    // TTL it was granted with.
+                    Ok(Some(Duration::MAX))
+                }
+                Err(e) if errors::is_lease_not_found(&e) => Ok(None),
+                Err(e) => Err(e),
+            }
+        }
+        Some((keeper, responses)) => {
+            keeper.keep_alive().await?;
+            match responses.message().await? {
+                Some(answer) if answer.ttl() > 0 => Ok(Some(Duration::from_secs(
+                    u64::try_from(answer.ttl()).unwrap_or(0),
+                ))),
+                Some(_) => Ok(None),
+                None => Err(etcd_client::Error::LeaseKeepAliveError(
+                    "the keep-alive stream ended".into(),
+                )),
+            }
+        }
+    }
+}

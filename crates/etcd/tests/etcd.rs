@@ -1,0 +1,875 @@
+//! The etcd authority against a real single-node etcd started by the harness: the whole
+//! conformance suite with faults, sessions (one lease, many locks; loss of the lease; idle close),
+//! waiters that leave nothing behind, the etcd #22082 stale release, guarded etcd transactions,
+//! `etcdctl lock` interoperation, and bad input (unreachable, wrong password, TLS, a TTL below
+//! the server's minimum).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{Client, GetOptions, Txn, TxnOp};
+use leasehold_conformance::scenarios::run_all;
+use leasehold_conformance::servers::{
+    self, etcdctl_command, CommandSpec, EtcdServer, ManagedProcess, READY_TIMEOUT,
+};
+use leasehold_conformance::{Connector, Context, Faults, Verdict};
+use leasehold_core::{
+    Authority, Error, Instant, Lease, LeaseOptions, LockKey, LostReason, Released,
+};
+use leasehold_etcd::guarded::{contender_key, still_holds};
+use leasehold_etcd::EtcdAuthority;
+
+/// Requests give up after one second, so an unresponsive server is noticed within a TTL.
+fn url(server: &EtcdServer) -> String {
+    format!("etcd://{}?timeout_ms=1000", server.endpoint())
+}
+
+async fn start() -> Arc<EtcdServer> {
+    let server = tokio::task::spawn_blocking(EtcdServer::start)
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("etcd must start for these tests: {e}"));
+    Arc::new(server)
+}
+
+async fn raw_client(server: &EtcdServer) -> Client {
+    Client::connect([server.endpoint()], None)
+        .await
+        .expect("a raw etcd client")
+}
+
+/// Every key under `prefix`, oldest first, with its lease.
+async fn keys_under(client: &Client, prefix: &str) -> Vec<(String, i64)> {
+    let options = GetOptions::new().with_prefix().with_sort(
+        etcd_client::SortTarget::Create,
+        etcd_client::SortOrder::Ascend,
+    );
+    let found = client
+        .kv_client()
+        .get(prefix, Some(options))
+        .await
+        .expect("list the prefix");
+    found
+        .kvs()
+        .iter()
+        .map(|kv| (kv.key_str().unwrap().to_string(), kv.lease()))
+        .collect()
+}
+
+/// Whether the server still has `lease` (TTL -1 means gone; 0 is a lease in its last second).
+async fn lease_alive(client: &Client, lease: i64) -> bool {
+    client
+        .lease_client()
+        .time_to_live(lease, None)
+        .await
+        .expect("lease time to live")
+        .ttl()
+        >= 0
+}
+
+/// Polls `probe` every 20 ms until it is true or `within` passes; returns whether it became true.
+async fn eventually<F, Fut>(within: Duration, mut probe: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if probe().await {
+            return true;
+        }
+        if start.elapsed() > within {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+struct Clients(String);
+
+#[async_trait]
+impl Connector for Clients {
+    async fn connect(&self) -> leasehold_core::Result<Arc<dyn Authority>> {
+        Ok(Arc::new(EtcdAuthority::connect(&self.0).await?))
+    }
+}
+
+fn harness_error(e: impl std::fmt::Display) -> Error {
+    Error::Backend {
+        backend: "harness",
+        message: e.to_string(),
+        retryable: false,
+        source: None,
+    }
+}
+
+/// Crash, freeze and operator faults on the harness's etcd.
+struct EtcdFaults {
+    server: Arc<EtcdServer>,
+    url: String,
+}
+
+impl EtcdFaults {
+    async fn blocking(
+        &self,
+        f: impl FnOnce(&EtcdServer) -> servers::Result<()> + Send + 'static,
+    ) -> leasehold_core::Result<()> {
+        let server = self.server.clone();
+        tokio::task::spawn_blocking(move || f(&server))
+            .await
+            .map_err(harness_error)?
+            .map_err(harness_error)
+    }
+}
+
+#[async_trait]
+impl Faults for EtcdFaults {
+    /// SIGKILL and a restart on the same data dir.
+    async fn restart(&self) -> leasehold_core::Result<()> {
+        self.blocking(|s| s.restart()).await
+    }
+
+    async fn pause(&self) -> leasehold_core::Result<()> {
+        self.blocking(|s| s.pause()).await
+    }
+
+    async fn resume(&self) -> leasehold_core::Result<()> {
+        self.blocking(|s| s.resume()).await
+    }
+
+    /// An operator deletes the holder's contender key (`etcdctl del`), leaving its session alive.
+    async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<()> {
+        let admin = EtcdAuthority::connect(&self.url).await?;
+        let prefix = admin.prefix(key);
+        let holder = keys_under(admin.client(), &prefix).await;
+        let (name, _) = holder
+            .first()
+            .ok_or_else(|| harness_error("no holder to revoke"))?;
+        admin
+            .client()
+            .kv_client()
+            .delete(name.as_str(), None)
+            .await
+            .map_err(harness_error)?;
+        Ok(())
+    }
+}
+
+/// With `LEASEHOLD_ETCD_ENDPOINTS` set (external mode, e.g. docker compose) the suite runs there
+/// without faults; otherwise against a managed single node with restart, pause and revoke.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_conformance_suite_with_faults() {
+    if let Some(endpoints) = servers::external::etcd_endpoints() {
+        let url = format!("etcd://{endpoints}?timeout_ms=1000");
+        let ctx = Context::new(Arc::new(Clients(url))).await.unwrap();
+        let report = run_all("etcd (external)", &ctx).await;
+        println!("{report}");
+        report.assert_passed();
+        return;
+    }
+    let server = start().await;
+    let url = url(&server);
+    let ctx = Context::new(Arc::new(Clients(url.clone())))
+        .await
+        .unwrap()
+        .with_faults(Arc::new(EtcdFaults { server, url }));
+    assert_eq!(
+        ctx.ttl(),
+        Duration::from_secs(1),
+        "the harness etcd grants 1 s leases"
+    );
+    let report = run_all("etcd", &ctx).await;
+    println!("{report}");
+    report.assert_passed();
+    for line in &report.lines {
+        // Failover needs a cluster: see tests/cluster.rs.
+        if line.scenario != "fences_survive_failover" {
+            assert_eq!(
+                line.outcome,
+                Ok(Verdict::Passed),
+                "{}:\n{report}",
+                line.scenario
+            );
+        }
+    }
+}
+
+/// Ten locks through one authority: one session lease, every contender key on it; they stay
+/// held past three TTLs (the single keep-alive stream plus per-grant checks); a second
+/// acquisition of a held key through the same session waits behind the first instead of sharing
+/// its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_session_lease_for_many_locks() {
+    let server = start().await;
+    let raw = raw_client(&server).await;
+    let a = Arc::new(EtcdAuthority::connect(&url(&server)).await.unwrap());
+    let ttl = Duration::from_secs(1);
+    let mut leases = Vec::new();
+    for i in 0..10 {
+        let key = LockKey::new(format!("many/{i}")).unwrap();
+        let lease = Lease::try_acquire(a.clone(), &key, ttl, LeaseOptions::default())
+            .await
+            .unwrap()
+            .expect("a free key");
+        leases.push(lease);
+    }
+    let sessions = a.session_leases();
+    assert_eq!(sessions.len(), 1, "one session for one TTL: {sessions:?}");
+    let session = sessions[0];
+    for lease in &leases {
+        let name = contender_key(lease.grant()).unwrap();
+        assert_eq!(name, format!("{}{session:x}", a.prefix(lease.key())));
+        let on = keys_under(&raw, name).await;
+        assert_eq!(on, vec![(name.to_string(), session)]);
+    }
+    // Besides the session's lease, the server has none of ours (the TTL probe was revoked).
+    let only_session = eventually(Duration::from_secs(2), || async {
+        let listed = raw.lease_client().leases().await.unwrap();
+        listed.leases().iter().map(|l| l.id()).collect::<Vec<_>>() == vec![session]
+    })
+    .await;
+    assert!(
+        only_session,
+        "the server holds leases other than the session's"
+    );
+
+    tokio::time::sleep(ttl * 3).await;
+    for lease in &leases {
+        lease.ensure_valid().expect("renewed past three TTLs");
+    }
+    assert_eq!(a.session_leases(), vec![session], "still the same session");
+
+    // A second contender through the same session queues behind the first.
+    let key = leases[0].key().clone();
+    let waiter = {
+        let (a, key) = (a.clone(), key.clone());
+        tokio::spawn(async move { a.acquire(&key, ttl, Duration::from_secs(5)).await })
+    };
+    let queued = eventually(Duration::from_secs(2), || async {
+        keys_under(&raw, &a.prefix(&key)).await.len() == 2
+    })
+    .await;
+    assert!(queued, "the second contender did not queue");
+    let listed = keys_under(&raw, &a.prefix(&key)).await;
+    assert_eq!(listed[1].0, format!("{}{session:x}_1", a.prefix(&key)));
+    assert!(!waiter.is_finished(), "two holders through one session");
+    let first_fence = leases[0].fence();
+    let first = leases.remove(0);
+    assert_eq!(first.release().await.unwrap(), Released::Released);
+    let second = waiter.await.unwrap().expect("the waiter gets the key");
+    assert!(second.fence() > first_fence);
+    let _ = a.release(&second).await.unwrap();
+}
+
+/// When the session's lease is revoked, every lease on it is lost at its next renewal with
+/// `SessionEnded`, and the next acquire starts a new session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_session_loses_every_lease_on_it() {
+    let server = start().await;
+    let raw = raw_client(&server).await;
+    let a = Arc::new(EtcdAuthority::connect(&url(&server)).await.unwrap());
+    let ttl = Duration::from_secs(1);
+    let mut held = Vec::new();
+    for name in ["revoked/1", "revoked/2", "revoked/3"] {
+        let key = LockKey::new(name).unwrap();
+        held.push(
+            Lease::try_acquire(a.clone(), &key, ttl, LeaseOptions::default())
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let session = a.session_leases()[0];
+    raw.lease_client().revoke(session).await.unwrap();
+    let revoked = Instant::now();
+    for lease in &held {
+        let reason = tokio::time::timeout(ttl, lease.lost())
+            .await
+            .expect("lost within a TTL of the revoke");
+        assert!(
+            matches!(reason, LostReason::SessionEnded),
+            "{reason:?} after {:?}",
+            revoked.elapsed()
+        );
+    }
+    let key = LockKey::new("revoked/1").unwrap();
+    let again = a.try_acquire(&key, ttl).await.unwrap().expect("free again");
+    let fresh = a.session_leases();
+    assert_eq!(fresh.len(), 1);
+    assert_ne!(fresh[0], session, "a new session after the old one ended");
+    let _ = a.release(&again).await.unwrap();
+}
+
+/// A waiter that is cancelled (its future dropped) or that times out deletes its contender key:
+/// listing the prefix shows only the holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_that_give_up_leave_no_key() {
+    let server = start().await;
+    let raw = raw_client(&server).await;
+    let (a, b) = (
+        EtcdAuthority::connect(&url(&server)).await.unwrap(),
+        EtcdAuthority::connect(&url(&server)).await.unwrap(),
+    );
+    let key = LockKey::new("cancelled-waiter").unwrap();
+    let prefix = a.prefix(&key);
+    let ttl = Duration::from_secs(1);
+    let holder = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let holder_key = contender_key(&holder).unwrap().to_string();
+    let b_session = {
+        let g = b
+            .try_acquire(&LockKey::new("other").unwrap(), ttl)
+            .await
+            .unwrap()
+            .unwrap();
+        let _ = b.release(&g).await.unwrap();
+        b.session_leases()[0]
+    };
+
+    // Cancelled: the future is dropped while it waits.
+    let cancelled =
+        tokio::time::timeout(Duration::from_millis(300), b.acquire(&key, ttl, ttl * 10)).await;
+    assert!(
+        cancelled.is_err(),
+        "the waiter was not waiting: {cancelled:?}"
+    );
+    let cleaned = eventually(Duration::from_secs(1), || async {
+        keys_under(&raw, &prefix).await == vec![(holder_key.clone(), a.session_leases()[0])]
+    })
+    .await;
+    assert!(
+        cleaned,
+        "a cancelled waiter left a key: {:?}",
+        keys_under(&raw, &prefix).await
+    );
+
+    // Timed out: the key is gone by the time acquire returns.
+    let timed_out = b.acquire(&key, ttl, Duration::from_millis(200)).await;
+    assert!(
+        matches!(timed_out, Err(Error::Timeout { .. })),
+        "{timed_out:?}"
+    );
+    let left = keys_under(&raw, &prefix).await;
+    assert_eq!(left.len(), 1, "a timed-out waiter left a key: {left:?}");
+    assert_ne!(left[0].1, b_session);
+
+    let _ = a.release(&holder).await.unwrap();
+    assert!(keys_under(&raw, &prefix).await.is_empty());
+}
+
+/// etcd #22082: a release retried after the key was freed and taken again through the same
+/// session (the same key name) must not delete the newer holder's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_release_never_deletes_a_newer_holder() {
+    let server = start().await;
+    let raw = raw_client(&server).await;
+    let a = EtcdAuthority::connect(&url(&server)).await.unwrap();
+    let key = LockKey::new("stale-release").unwrap();
+    let ttl = Duration::from_secs(2);
+    let old = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert_eq!(a.release(&old).await.unwrap(), Released::Released);
+    let new = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert_eq!(
+        contender_key(&old),
+        contender_key(&new),
+        "the same session reuses the freed name, as etcd's Mutex does"
+    );
+    assert!(new.fence() > old.fence());
+    assert_eq!(a.release(&old).await.unwrap(), Released::AlreadyGone);
+    let still = keys_under(&raw, contender_key(&new).unwrap()).await;
+    assert_eq!(
+        still.len(),
+        1,
+        "the stale release deleted the newer holder's key"
+    );
+    assert!(a.try_acquire(&key, ttl).await.unwrap().is_none());
+    assert_eq!(a.release(&new).await.unwrap(), Released::Released);
+}
+
+/// Lock keys `a` and `a/b` are separate queues (`/` is escaped), and the layout is etcd's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_looking_keys_do_not_collide() {
+    let server = start().await;
+    let raw = raw_client(&server).await;
+    let a = EtcdAuthority::connect(&format!("etcd://{}/apps/billing", server.endpoint()))
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(1);
+    let outer = LockKey::new("a").unwrap();
+    let inner = LockKey::new("a/b").unwrap();
+    let g_inner = a.try_acquire(&inner, ttl).await.unwrap().unwrap();
+    let g_outer = a
+        .try_acquire(&outer, ttl)
+        .await
+        .unwrap()
+        .expect("`a` is not held by `a/b`");
+    assert_eq!(a.prefix(&outer), "apps/billing/a/");
+    assert_eq!(keys_under(&raw, "apps/billing/a/").await.len(), 1);
+    assert_eq!(keys_under(&raw, "apps/billing/a%2Fb/").await.len(), 1);
+    let _ = a.release(&g_inner).await.unwrap();
+    let _ = a.release(&g_outer).await.unwrap();
+}
+
+/// A grant that is not renewed is withdrawn by its session at the end of its TTL (its key is
+/// deleted), while the session's lease lives on for the other locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrenewed_grant_ends_at_its_ttl_though_the_session_lives() {
+    let server = start().await;
+    let raw = raw_client(&server).await;
+    let a = Arc::new(EtcdAuthority::connect(&url(&server)).await.unwrap());
+    let ttl = Duration::from_secs(1);
+    let kept = Lease::try_acquire(
+        a.clone(),
+        &LockKey::new("kept").unwrap(),
+        ttl,
+        LeaseOptions::default(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let key = LockKey::new("unrenewed").unwrap();
+    let sent = Instant::now();
+    let grant = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert!(grant.deadline() <= sent + ttl);
+    let gone = eventually(ttl * 2, || async {
+        keys_under(&raw, &a.prefix(&key)).await.is_empty()
+    })
+    .await;
+    let at = sent.elapsed();
+    assert!(gone, "the unrenewed grant's key is still there");
+    assert!(
+        at >= ttl - Duration::from_millis(50),
+        "withdrawn early, after {at:?}"
+    );
+    assert!(
+        at <= ttl + Duration::from_millis(500),
+        "withdrawn late, after {at:?}"
+    );
+    assert!(matches!(
+        a.renew(&grant, ttl).await,
+        Err(Error::LeaseLost {
+            reason: LostReason::Refused,
+            ..
+        })
+    ));
+    kept.ensure_valid()
+        .expect("the other lock on the session is unaffected");
+    assert!(lease_alive(&raw, a.session_leases()[0]).await);
+    let _ = kept.release().await.unwrap();
+}
+
+/// An idle session revokes its lease after `session_idle_ms`; dropping the authority revokes
+/// the leases of its sessions at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_dropped_sessions_revoke_their_leases() {
+    let server = start().await;
+    let raw = raw_client(&server).await;
+    let ttl = Duration::from_secs(5);
+    let key = LockKey::new("idle").unwrap();
+
+    let idle = EtcdAuthority::connect(&format!("{}&session_idle_ms=300", url(&server)))
+        .await
+        .unwrap();
+    let g = idle.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let session = idle.session_leases()[0];
+    let _ = idle.release(&g).await.unwrap();
+    assert!(lease_alive(&raw, session).await, "not idle long enough yet");
+    let closed = eventually(Duration::from_secs(2), || async {
+        !lease_alive(&raw, session).await
+    })
+    .await;
+    assert!(closed, "the idle session's lease was not revoked");
+    assert!(idle.session_leases().is_empty());
+
+    let dropped = EtcdAuthority::connect(&url(&server)).await.unwrap();
+    let g = dropped.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let session = dropped.session_leases()[0];
+    let holder = contender_key(&g).unwrap().to_string();
+    drop(g);
+    drop(dropped);
+    let revoked = eventually(Duration::from_secs(1), || async {
+        !lease_alive(&raw, session).await
+    })
+    .await;
+    assert!(
+        revoked,
+        "dropping the authority left its session's lease alive"
+    );
+    assert!(keys_under(&raw, &holder).await.is_empty());
+}
+
+/// The fence inside etcd itself: a write guarded by `still_holds` in the same transaction
+/// commits while the grant holds the lock, and is refused once another holder has it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guarded_etcd_transactions_refuse_a_former_holder() {
+    let server = start().await;
+    let (a, b) = (
+        EtcdAuthority::connect(&url(&server)).await.unwrap(),
+        EtcdAuthority::connect(&url(&server)).await.unwrap(),
+    );
+    let key = LockKey::new("invoice:inv_9").unwrap();
+    let ttl = Duration::from_secs(1);
+    let write = |grant: &leasehold_core::Grant, value: &str| {
+        Txn::new()
+            .when([still_holds(grant).unwrap()])
+            .and_then([TxnOp::put("invoices/inv_9", value, None)])
+    };
+    let old = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let mut kv = a.client().kv_client();
+    assert!(kv.txn(write(&old, "old")).await.unwrap().succeeded());
+    // A pauses: its grant is not renewed, it ends at its TTL, B takes the lock.
+    let start = Instant::now();
+    let new = loop {
+        if let Some(g) = b.try_acquire(&key, ttl).await.unwrap() {
+            break g;
+        }
+        assert!(start.elapsed() < ttl * 3, "B never got the key");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(kv.txn(write(&new, "new")).await.unwrap().succeeded());
+    assert!(
+        !kv.txn(write(&old, "stale")).await.unwrap().succeeded(),
+        "the former holder's guarded write went through"
+    );
+    let value = kv.get("invoices/inv_9", None).await.unwrap();
+    assert_eq!(value.kvs()[0].value(), b"new");
+    let _ = b.release(&new).await.unwrap();
+}
+
+fn spawn_etcdctl_lock(server: &EtcdServer, name: &str, script: &str) -> Child {
+    let mut command = server.etcdctl().expect("etcdctl");
+    command
+        .args(["lock", "--ttl=2", name, "--", "sh", "-c", script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    command.spawn().expect("spawn etcdctl lock")
+}
+
+/// `etcdctl lock <namespace>/<key>` and leasehold share one queue: each waits for the other,
+/// and leasehold's fence comes after the revision etcdctl was granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_lock_and_leasehold_exclude_each_other() {
+    let server = start().await;
+    let a = EtcdAuthority::connect(&url(&server)).await.unwrap();
+    let key = LockKey::new("jobs/nightly").unwrap();
+    let name = a.etcdctl_lock_name(&key);
+    assert_eq!(name, "leasehold/jobs%2Fnightly");
+    let ttl = Duration::from_secs(2);
+
+    // etcdctl holds the lock while its child waits for a file to appear (etcdctl does not hand
+    // its stdin to the child).
+    let dir = servers::process::server_dir("etcdctl-lock").unwrap();
+    let done = dir.path().join("done");
+    let script = format!(
+        "echo \"$ETCD_LOCK_KEY $ETCD_LOCK_REV\"; while [ ! -e {} ]; do sleep 0.05; done",
+        done.display()
+    );
+    let mut held = spawn_etcdctl_lock(&server, &name, &script);
+    let mut out = BufReader::new(held.stdout.take().unwrap());
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        out.read_line(&mut line).map(|_| line)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let (lock_key, lock_rev) = line
+        .trim()
+        .split_once(' ')
+        .expect("etcdctl prints key and revision");
+    assert!(lock_key.starts_with(&a.prefix(&key)), "{lock_key}");
+    let lock_rev: u64 = lock_rev.parse().unwrap();
+    assert!(
+        a.try_acquire(&key, ttl).await.unwrap().is_none(),
+        "leasehold ignored etcdctl's lock"
+    );
+    let waiter = {
+        let a = a.clone();
+        let key = key.clone();
+        tokio::spawn(async move { a.acquire(&key, ttl, Duration::from_secs(10)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiter.is_finished(),
+        "leasehold acquired while etcdctl held the lock"
+    );
+    std::fs::write(&done, b"done").unwrap();
+    let ours = waiter
+        .await
+        .unwrap()
+        .expect("leasehold gets the lock after etcdctl");
+    assert!(ours.fence().raw() > lock_rev);
+    let _ = tokio::task::spawn_blocking(move || held.wait())
+        .await
+        .unwrap();
+
+    // Now leasehold holds it: etcdctl waits until leasehold releases.
+    let mut blocked = spawn_etcdctl_lock(&server, &name, "echo \"$ETCD_LOCK_REV\"");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        blocked.try_wait().unwrap().is_none(),
+        "etcdctl got the lock while leasehold held it"
+    );
+    let fence = ours.fence().raw();
+    assert_eq!(a.release(&ours).await.unwrap(), Released::Released);
+    let output = tokio::task::spawn_blocking(move || blocked.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(output.status.success());
+    let rev: u64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        rev > fence,
+        "etcdctl's revision {rev} is not after leasehold's fence {fence}"
+    );
+}
+
+/// Bad input and refused credentials: typed errors, fast, and no password in any of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_typed_errors() {
+    // Nobody listens on this port: Unavailable within the timeout, retryable.
+    let port = servers::free_port().unwrap();
+    let started = Instant::now();
+    let err = EtcdAuthority::connect(&format!("etcd://127.0.0.1:{port}?timeout_ms=500"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Unavailable { .. }) && err.is_retryable(),
+        "{err:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
+
+    // Enable authentication, then a wrong password (and none at all) is Unauthorized.
+    let server = start().await;
+    let etcdctl = |args: &[&str]| {
+        let out = server.etcdctl().unwrap().args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    etcdctl(&["user", "add", "root:s3cret-pw"]);
+    etcdctl(&["auth", "enable"]);
+    let wrong = format!(
+        "etcd://root:hunter2-wrong@{}?timeout_ms=2000",
+        server.endpoint()
+    );
+    let err = EtcdAuthority::connect(&wrong).await.unwrap_err();
+    assert!(matches!(err, Error::Unauthorized { .. }), "{err:?}");
+    assert!(!err.is_retryable());
+    assert!(!format!("{err} {err:?}").contains("hunter2"), "{err:?}");
+    let anonymous =
+        EtcdAuthority::connect(&format!("etcd://{}?timeout_ms=2000", server.endpoint()))
+            .await
+            .unwrap_err();
+    assert!(
+        matches!(anonymous, Error::Unauthorized { .. }),
+        "{anonymous:?}"
+    );
+    let good = EtcdAuthority::connect(&format!(
+        "etcd://root:s3cret-pw@{}?timeout_ms=2000",
+        server.endpoint()
+    ))
+    .await
+    .unwrap();
+    assert!(!format!("{good:?}").contains("s3cret"), "{good:?}");
+    let key = LockKey::new("authed").unwrap();
+    let g = good
+        .try_acquire(&key, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(good.release(&g).await.unwrap(), Released::Released);
+
+    // TTLs etcd cannot grant exactly: below its minimum, or not whole seconds.
+    for ttl in [
+        Duration::from_millis(500),
+        Duration::from_millis(1500),
+        Duration::ZERO,
+    ] {
+        let err = good.try_acquire(&key, ttl).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidTtl { .. }), "{ttl:?}: {err:?}");
+    }
+
+    // Malformed URLs never reach the network.
+    for bad in [
+        "etcd://root:hunter2@h:2379?unknown=1",
+        "etcd://root:hunter2@",
+        "etcds://root:hunter2@h?tls_cert=/only-the-cert.pem",
+    ] {
+        let err = EtcdAuthority::connect(bad).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidUrl { .. }), "{bad}: {err:?}");
+        assert!(!format!("{err} {err:?}").contains("hunter2"));
+    }
+}
+
+/// An etcd with TLS and a longer election timeout (so a higher minimum lease TTL), started as a
+/// plain process by the harness.
+struct TlsEtcd {
+    process: ManagedProcess,
+    port: u16,
+    ca: std::path::PathBuf,
+}
+
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn start_tls_etcd() -> TlsEtcd {
+    let dir = servers::process::server_dir("etcd-tls").unwrap();
+    let d = dir.path();
+    openssl(
+        d,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=leasehold test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ],
+    );
+    std::fs::write(
+        d.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .unwrap();
+    openssl(
+        d,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ],
+    );
+    openssl(
+        d,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            "san.ext",
+            "-out",
+            "server.pem",
+        ],
+    );
+    let ports = servers::free_ports(2).unwrap();
+    let (port, peer) = (ports[0], ports[1]);
+    let etcd = servers::process::find_program("etcd").expect("etcd");
+    let path = |f: &str| d.join(f).display().to_string();
+    let args = vec![
+        "--name=tls".to_string(),
+        format!("--data-dir={}", path("data")),
+        format!("--listen-client-urls=https://127.0.0.1:{port}"),
+        format!("--advertise-client-urls=https://127.0.0.1:{port}"),
+        format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+        format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+        format!("--initial-cluster=tls=http://127.0.0.1:{peer}"),
+        format!("--cert-file={}", path("server.pem")),
+        format!("--key-file={}", path("server.key")),
+        // A 2 s election timeout makes etcd's minimum lease TTL 3 s.
+        "--heartbeat-interval=200".into(),
+        "--election-timeout=2000".into(),
+    ];
+    let ca = d.join("ca.pem");
+    let process = ManagedProcess::spawn("etcd-tls", dir, CommandSpec::new(etcd, args)).unwrap();
+    let mut command = etcdctl_command(&[format!("127.0.0.1:{port}")]).unwrap();
+    command
+        .arg(format!("--cacert={}", ca.display()))
+        .args(["endpoint", "health"]);
+    process
+        .wait_ready(READY_TIMEOUT, || match command.output() {
+            Ok(o) if o.status.success() => Ok(()),
+            Ok(o) => Err(String::from_utf8_lossy(&o.stderr).into_owned()),
+            Err(e) => Err(e.to_string()),
+        })
+        .unwrap();
+    TlsEtcd { process, port, ca }
+}
+
+/// `etcds://` with the server's CA works; without it the handshake fails as Unavailable; the
+/// server's minimum TTL (3 s with a 2 s election timeout) is learned and declared, and a TTL
+/// below it is InvalidTtl, never raised silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_the_servers_minimum_ttl() {
+    let etcd = tokio::task::spawn_blocking(start_tls_etcd).await.unwrap();
+    let secure = format!(
+        "etcds://127.0.0.1:{}?tls_ca={}&timeout_ms=3000",
+        etcd.port,
+        etcd.ca.display()
+    );
+    let a = EtcdAuthority::connect(&secure)
+        .await
+        .expect("TLS with the CA");
+    assert_eq!(a.capabilities().ttl.min, Duration::from_secs(3));
+    let key = LockKey::new("tls").unwrap();
+    for short in [Duration::from_secs(1), Duration::from_secs(2)] {
+        let err = a.try_acquire(&key, short).await.unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidTtl { .. }),
+            "{short:?}: {err:?}"
+        );
+    }
+    let g = a
+        .try_acquire(&key, Duration::from_secs(3))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.release(&g).await.unwrap(), Released::Released);
+
+    let untrusted =
+        EtcdAuthority::connect(&format!("etcds://127.0.0.1:{}?timeout_ms=1000", etcd.port))
+            .await
+            .unwrap_err();
+    assert!(
+        matches!(untrusted, Error::Unavailable { .. }),
+        "{untrusted:?}"
+    );
+    let plain = EtcdAuthority::connect(&format!("etcd://127.0.0.1:{}?timeout_ms=1000", etcd.port))
+        .await
+        .unwrap_err();
+    assert!(matches!(plain, Error::Unavailable { .. }), "{plain:?}");
+    drop(etcd.process);
+}
