@@ -165,10 +165,15 @@ impl Authority for ZkAuthority {
     }
 
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Grant>> {
+        let started = Instant::now();
         self.check_ttl(ttl)?;
         for _ in 0..SESSION_RETRIES {
             let session = self.inner.sessions.get(ttl).await?;
-            match self.contender(key, session.clone())?.try_once(ttl).await {
+            match self
+                .contender(key, session.clone())?
+                .try_once(ttl, started)
+                .await
+            {
                 Ok(granted) => return Ok(granted),
                 Err(Failed::Error(e)) => return Err(e),
                 Err(Failed::SessionGone) => self.inner.sessions.forget(&session),
@@ -205,6 +210,7 @@ impl Authority for ZkAuthority {
     }
 
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Instant> {
+        let sent = Instant::now();
         self.check_ttl(ttl)?;
         if ttl != grant.ttl() {
             return Err(Error::InvalidTtl {
@@ -228,7 +234,6 @@ impl Authority for ZkAuthority {
         // is at least `sent + ttl`. While the client is disconnected (Curator's SUSPENDED) the
         // check waits for the session to come back, up to the request timeout: no renewal
         // succeeds without that proof, and a blip does not fail it.
-        let sent = Instant::now();
         let client = &session.client;
         let checked = session::read(&self.inner.config, "renew", || {
             client.check_stat(&held.path)

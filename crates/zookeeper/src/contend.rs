@@ -366,10 +366,18 @@ impl Contender {
     }
 
     /// One attempt without waiting: `None` when someone else holds the key.
-    pub async fn try_once(mut self, ttl: Duration) -> std::result::Result<Option<Grant>, Failed> {
+    ///
+    /// The grant counts from `started`, when the caller asked, not from the create: opening the
+    /// TTL's session first may take a while, and the caller's view of "before the request" is
+    /// the safe one.
+    pub async fn try_once(
+        mut self,
+        ttl: Duration,
+        started: Instant,
+    ) -> std::result::Result<Option<Grant>, Failed> {
         let listing = self.enqueue().await?;
         match self.place(&listing) {
-            Position::First { .. } => self.grant(ttl, listing.sent).await.map(Some),
+            Position::First { .. } => self.grant(ttl, started.min(listing.sent)).await.map(Some),
             Position::Behind { .. } => {
                 self.withdraw().await;
                 Ok(None)

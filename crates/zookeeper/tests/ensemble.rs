@@ -1,0 +1,316 @@
+//! Faults on a 3-node ZooKeeper ensemble: the suite with a leader crash as the failover, a leader
+//! crash while a lease is held, and a holder whose session expires while it is cut off.
+//!
+//! Each test starts its own ensemble; they run one at a time (three JVMs each).
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_conformance::scenarios::run_all;
+use leasehold_conformance::servers::ZkEnsemble;
+use leasehold_conformance::{Context, Faults, Verdict};
+use leasehold_core::{
+    Authority, Error, FencedRegister, FencedResource, Guarded, Instant, Lease, LeaseOptions,
+    LockKey, LostReason,
+};
+use leasehold_zookeeper::ZkAuthority;
+
+use common::{blocking, ensemble, Clients};
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Faults on the whole ensemble. A failover is the leader's crash: the survivors elect a new
+/// one (with a new epoch), then the crashed member rejoins as a follower.
+struct EnsembleFaults {
+    ensemble: Arc<ZkEnsemble>,
+    url: String,
+    killed: Mutex<Option<usize>>,
+}
+
+impl EnsembleFaults {
+    async fn each(
+        &self,
+        f: fn(
+            &leasehold_conformance::servers::ZkServer,
+        ) -> leasehold_conformance::servers::Result<()>,
+    ) -> leasehold_core::Result<()> {
+        let e = self.ensemble.clone();
+        blocking(move || e.members().iter().try_for_each(f)).await
+    }
+}
+
+#[async_trait]
+impl Faults for EnsembleFaults {
+    /// Every member crashes, then all start again on their data.
+    async fn restart(&self) -> leasehold_core::Result<()> {
+        self.each(|m| m.kill()).await?;
+        let e = self.ensemble.clone();
+        blocking(move || e.restart_members(&[0, 1, 2])).await
+    }
+
+    async fn pause(&self) -> leasehold_core::Result<()> {
+        self.each(|m| m.pause()).await
+    }
+
+    async fn resume(&self) -> leasehold_core::Result<()> {
+        self.each(|m| m.resume()).await
+    }
+
+    async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<()> {
+        let admin = ZkAuthority::connect(&self.url).await?;
+        common::revoke(&self.ensemble.connect_string(), &admin, key).await
+    }
+
+    async fn begin_failover(&self) -> leasehold_core::Result<()> {
+        let e = self.ensemble.clone();
+        let killed = blocking(move || {
+            let leader = e.leader()?;
+            e.member(leader).kill()?;
+            Ok(leader)
+        })
+        .await?;
+        *self.killed.lock().unwrap() = Some(killed);
+        Ok(())
+    }
+
+    async fn complete_failover(&self) -> leasehold_core::Result<()> {
+        let killed = self.killed.lock().unwrap().take();
+        let e = self.ensemble.clone();
+        blocking(move || {
+            e.leader()?;
+            if let Some(i) = killed {
+                e.member(i).restart()?;
+            }
+            Ok(())
+        })
+        .await
+    }
+}
+
+fn epoch(fence: leasehold_core::Fence) -> u64 {
+    fence.raw() >> 32
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_conformance_suite_on_an_ensemble_with_a_leader_crash() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let ensemble = ensemble().await;
+    let url = common::url(&ensemble.connect_string(), "/conformance");
+    let ctx = Context::new(Arc::new(Clients(url.clone())))
+        .await
+        .unwrap()
+        .with_faults(Arc::new(EnsembleFaults {
+            ensemble,
+            url,
+            killed: Mutex::new(None),
+        }));
+    let report = run_all("zookeeper, 3-node ensemble", &ctx).await;
+    println!("{report}");
+    report.assert_passed();
+    for line in &report.lines {
+        assert_eq!(
+            line.outcome,
+            Ok(Verdict::Passed),
+            "{}:\n{report}",
+            line.scenario
+        );
+    }
+}
+
+/// The leader crashes while A holds a renewed lease and B keeps trying: B never gets the key
+/// while A's lease is valid, and every fence after the election is greater (a greater epoch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_crash_while_held_keeps_one_holder_and_fences_grow() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let ensemble = ensemble().await;
+    let url = format!(
+        "zk://{}/failover?timeout_ms=2000",
+        ensemble.connect_string()
+    );
+    let a: Arc<dyn Authority> = Arc::new(ZkAuthority::connect(&url).await.unwrap());
+    let b = ZkAuthority::connect(&url).await.unwrap();
+    let key = LockKey::new("failover").unwrap();
+    let ttl = Duration::from_secs(2);
+    let lease = Arc::new(
+        Lease::try_acquire(a.clone(), &key, ttl, LeaseOptions::default())
+            .await
+            .unwrap()
+            .unwrap(),
+    );
+    let before = lease.fence();
+
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let prober = tokio::spawn({
+        let (b, key, lease, stop) = (b.clone(), key.clone(), lease.clone(), stop.clone());
+        async move {
+            let mut got = Vec::new();
+            loop {
+                if let Ok(Some(grant)) = b.try_acquire(&key, ttl).await {
+                    let a_valid = lease.ensure_valid().is_ok();
+                    let _ = b.release(&grant).await;
+                    got.push((grant.fence(), a_valid));
+                }
+                tokio::select! {
+                    _ = stop.notified() => return got,
+                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+            }
+        }
+    });
+
+    let e = ensemble.clone();
+    let killed = blocking(move || {
+        let leader = e.leader()?;
+        e.member(leader).kill()?;
+        e.leader()?;
+        Ok(leader)
+    })
+    .await
+    .unwrap();
+    // Let the clients find the new leader, then a while longer.
+    tokio::time::sleep(ttl).await;
+    stop.notify_one();
+    let got = prober.await.unwrap();
+    for (fence, a_valid) in &got {
+        assert!(
+            !a_valid,
+            "B was granted fence {fence} while A's lease was still valid"
+        );
+        assert!(*fence > before);
+    }
+    let survived = !lease.is_lost();
+    eprintln!(
+        "leader {killed} killed; A's lease {}; B got the key {} times meanwhile",
+        if survived { "survived" } else { "was lost" },
+        got.len()
+    );
+    drop(lease);
+    let after = b.acquire(&key, ttl, ttl * 3).await.unwrap();
+    assert!(
+        after.fence() > before,
+        "{} after the election, {} before",
+        after.fence(),
+        before
+    );
+    assert!(
+        epoch(after.fence()) > epoch(before),
+        "the new leader's epoch is in the fence: {:#x} -> {:#x}",
+        before.raw(),
+        after.fence().raw()
+    );
+    let _ = b.release(&after).await.unwrap();
+}
+
+/// A's server stops answering (SIGSTOP of the one member A talks to) for longer than A's session
+/// timeout: the leader expires A's session, A's `lost()` fires, B acquires with a greater fence
+/// and claims the resource, and A's late write with its old fence is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_holder_loses_its_lease_and_its_stale_write_is_refused() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let ensemble = ensemble().await;
+    let e = ensemble.clone();
+    let leader = blocking(move || e.leader()).await.unwrap();
+    let x = (0..3).find(|&i| i != leader).unwrap();
+    let others: Vec<String> = (0..3)
+        .filter(|&i| i != x)
+        .map(|i| ensemble.member(i).connect_string())
+        .collect();
+    let a_url = format!(
+        "zk://{}/expiry?timeout_ms=1000",
+        ensemble.member(x).connect_string()
+    );
+    let b_url = format!("zk://{}/expiry?timeout_ms=1000", others.join(","));
+    let a: Arc<dyn Authority> = Arc::new(ZkAuthority::connect(&a_url).await.unwrap());
+    let b = ZkAuthority::connect(&b_url).await.unwrap();
+    let key = LockKey::new("payout:7").unwrap();
+    let ttl = Duration::from_secs(1);
+    let register = FencedRegister::new();
+
+    let lease = Lease::try_acquire(a.clone(), &key, ttl, LeaseOptions::default())
+        .await
+        .unwrap()
+        .unwrap();
+    let stale = lease.grant().clone();
+    assert_eq!(
+        register.claim(lease.fence()).await.unwrap(),
+        Guarded::Accepted
+    );
+    assert_eq!(
+        register.write(lease.fence(), "A: 1").await.unwrap(),
+        Guarded::Accepted
+    );
+
+    let e = ensemble.clone();
+    blocking(move || e.member(x).pause()).await.unwrap();
+    let paused = Instant::now();
+    let waiter = tokio::spawn({
+        let (b, key) = (b.clone(), key.clone());
+        async move {
+            let grant = b.acquire(&key, ttl, Duration::from_secs(10)).await;
+            (grant, Instant::now())
+        }
+    });
+    let deadline = lease.deadline();
+    let reason = tokio::time::timeout_at(deadline + Duration::from_millis(500), lease.lost())
+        .await
+        .expect("lost() fires by the deadline while A's server is frozen");
+    assert!(
+        matches!(
+            reason,
+            LostReason::RenewalFailed(_) | LostReason::DeadlinePassed | LostReason::SessionEnded
+        ),
+        "{reason:?}"
+    );
+    let lost_at = Instant::now();
+    let (granted, got_at) = waiter.await.unwrap();
+    let fresh = granted.expect("B gets the key once the leader expires A's session");
+    assert!(
+        got_at >= lost_at,
+        "B held the key before A knew it had lost it"
+    );
+    assert!(lease.ensure_valid().is_err());
+    assert!(
+        got_at - paused >= ttl,
+        "B got the key {:?} after A was cut off, before A's session could expire",
+        got_at - paused
+    );
+    assert!(fresh.fence() > stale.fence());
+
+    // B claims the resource first thing; A's write, late, carries the old fence.
+    assert_eq!(
+        register.claim(fresh.fence()).await.unwrap(),
+        Guarded::Accepted
+    );
+    assert_eq!(
+        register.write(stale.fence(), "A: 2").await.unwrap(),
+        Guarded::Stale {
+            newest: fresh.fence().value()
+        }
+    );
+    assert!(register
+        .write(fresh.fence(), "B: 1")
+        .await
+        .unwrap()
+        .is_accepted());
+
+    // Once A's client knows (its side gives up after 7/5 of the timeout), renewing says why.
+    tokio::time::sleep_until(paused + ttl * 2).await;
+    let e = ensemble.clone();
+    blocking(move || e.member(x).resume()).await.unwrap();
+    let err = a.renew(&stale, ttl).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::LeaseLost {
+                reason: LostReason::SessionEnded | LostReason::Refused,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    drop(lease);
+    let _ = b.release(&fresh).await.unwrap();
+}
