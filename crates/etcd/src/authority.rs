@@ -384,6 +384,8 @@ impl Authority for EtcdAuthority {
         for _ in 0..SESSION_RETRIES {
             let session = self.session(ttl).await?;
             let Some(name) = session.contenders.reserve(&prefix, session.lease()) else {
+                // The session ended between the lookup and the reservation.
+                tokio::task::yield_now().await;
                 continue;
             };
             // Write our key only if no key at all is under the prefix: one atomic step, and a
@@ -471,6 +473,8 @@ impl Authority for EtcdAuthority {
         loop {
             let session = self.session(ttl).await?;
             let Some(name) = session.contenders.reserve(&prefix, session.lease()) else {
+                // The session ended between the lookup and the reservation.
+                tokio::task::yield_now().await;
                 continue;
             };
             let mut entry = Enqueued {
@@ -569,8 +573,13 @@ impl Authority for EtcdAuthority {
         if !c.session.contenders.renew(&c.name, c.revision, sent + ttl) {
             return lost(LostReason::Refused);
         }
-        let mut kv = self.inner.client.kv_client();
-        let found = errors::bounded("renew", self.timeout(), kv.get(c.name.as_str(), None)).await?;
+        // A read: safe to retry on another member while an election is under way.
+        let found = errors::read_with_retry("renew", self.timeout(), || {
+            let mut kv = self.inner.client.kv_client();
+            let name = c.name.clone();
+            async move { kv.get(name, None).await }
+        })
+        .await?;
         let ours = found.kvs().first().is_some_and(|kv| {
             kv.create_revision() == c.revision && kv.lease() == c.session.lease()
         });

@@ -231,6 +231,11 @@ impl Contenders {
         }
     }
 
+    /// Whether the session has ended.
+    pub fn is_ended(&self) -> bool {
+        self.book().ended
+    }
+
     /// Ends the session: no key is reserved any more. Returns whether it had ended before.
     pub fn end(&self) -> bool {
         std::mem::replace(&mut self.book().ended, true)

@@ -145,3 +145,35 @@ pub(crate) fn is_lease_gone(error: &Error) -> bool {
         .and_then(|s| s.downcast_ref::<etcd_client::Error>())
         .is_some_and(is_lease_not_found)
 }
+
+/// Runs an idempotent read until it succeeds, retrying (after a short, growing pause) while the
+/// cluster is unavailable — a member that died, an election under way — for at most `timeout`
+/// in all. Only for requests that change nothing: a write with an unknown outcome must never be
+/// sent twice.
+pub(crate) async fn read_with_retry<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    mut request: F,
+) -> leasehold_core::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    let give_up = tokio::time::Instant::now() + timeout;
+    let mut pause =
+        leasehold_core::Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
+    loop {
+        let left = give_up.saturating_duration_since(tokio::time::Instant::now());
+        match bounded(what, left, request()).await {
+            Err(e @ Error::Unavailable { .. }) => {
+                let delay = pause.next_delay();
+                if tokio::time::Instant::now() + delay >= give_up {
+                    return Err(e);
+                }
+                tracing::debug!(error = %e, "{what}: retrying");
+                tokio::time::sleep(delay).await;
+            }
+            other => return other,
+        }
+    }
+}

@@ -56,7 +56,7 @@ impl Session {
 
     /// Whether the session ended (every lease on it is lost).
     pub fn is_ended(&self) -> bool {
-        self.liveness.borrow().ended
+        self.liveness.borrow().ended || self.contenders.is_ended()
     }
 
     /// Watch the session's liveness (waiters stop when it ends).
@@ -316,20 +316,17 @@ impl SessionTask {
             }
             let (due, next_withdrawal) = self.session.contenders.due(now, timeout);
             for (name, revision) in due {
-                let deleted = delete_contender(
-                    &self.settings.client,
-                    &name,
-                    revision,
-                    self.session.lease,
-                    timeout,
-                )
-                .await;
-                match deleted {
-                    Ok(_) => self.session.contenders.forget(&name, revision),
-                    Err(error) => {
-                        tracing::debug!(%error, key = name, "withdrawing a contender key failed; will retry")
+                // In their own tasks: a slow delete must never hold up the keep-alive.
+                let (client, session) = (self.settings.client.clone(), self.session.clone());
+                tokio::spawn(async move {
+                    let lease = session.lease;
+                    match delete_contender(&client, &name, revision, lease, timeout).await {
+                        Ok(_) => session.contenders.forget(&name, revision),
+                        Err(error) => {
+                            tracing::debug!(%error, key = name, "withdrawing a contender key failed; will retry")
+                        }
                     }
-                }
+                });
             }
             let mut wake_at = next_keep_alive.min(deadline);
             for at in [next_withdrawal, idle_at].into_iter().flatten() {

@@ -1,0 +1,455 @@
+//! The etcd authority against the harness's 3-member etcd cluster: a leader crash while a lease
+//! is held, a failover in the conformance suite, every member restarted on its data, and a holder
+//! process frozen with SIGSTOP whose late write is refused.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{Txn, TxnOp};
+use leasehold_conformance::resource::{check_history, Recorder};
+use leasehold_conformance::scenarios::{self, run_selected};
+use leasehold_conformance::servers::{self, EtcdCluster};
+use leasehold_conformance::{Connector, Context, Faults, Verdict};
+use leasehold_core::{
+    Authority, Error, FencedRegister, FencedResource, Guarded, Instant, Lease, LeaseOptions,
+    LockKey, LostReason, Released,
+};
+use leasehold_etcd::guarded::still_holds;
+use leasehold_etcd::EtcdAuthority;
+
+async fn start_cluster() -> Arc<EtcdCluster> {
+    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(3))
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the etcd cluster must start for these tests: {e}"));
+    Arc::new(cluster)
+}
+
+fn url(cluster: &EtcdCluster) -> String {
+    format!("etcd://{}?timeout_ms=1000", cluster.endpoints().join(","))
+}
+
+async fn blocking<T: Send + 'static>(
+    cluster: &Arc<EtcdCluster>,
+    f: impl FnOnce(&EtcdCluster) -> servers::Result<T> + Send + 'static,
+) -> servers::Result<T> {
+    let cluster = cluster.clone();
+    tokio::task::spawn_blocking(move || f(&cluster))
+        .await
+        .expect("harness task")
+}
+
+/// Tries `client.try_acquire` every 50 ms until it succeeds or `within` passes, tolerating the
+/// `Unavailable` answers of an election. Returns the grant and when it arrived.
+async fn take_within(
+    client: &dyn Authority,
+    key: &LockKey,
+    ttl: Duration,
+    within: Duration,
+) -> Option<(leasehold_core::Grant, Instant)> {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        match client.try_acquire(key, ttl).await {
+            Ok(Some(g)) => return Some((g, Instant::now())),
+            Ok(None) => {}
+            Err(e) => assert!(e.is_retryable(), "not a transient error: {e:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// The leader dies while A holds a renewed lease and B keeps trying. Either A keeps the lease
+/// (its renewals continue through the new leader and B never gets in) or A learns it lost it
+/// before B gets it; never are both valid at once. Later fences are greater, and the fenced
+/// resource's history is clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_crash_never_makes_two_holders() {
+    let cluster = start_cluster().await;
+    let url = url(&cluster);
+    let a = Arc::new(EtcdAuthority::connect(&url).await.unwrap());
+    let b = EtcdAuthority::connect(&url).await.unwrap();
+    let key = LockKey::new("failover/held").unwrap();
+    let ttl = Duration::from_secs(2);
+    let resource = Recorder::new(Arc::new(FencedRegister::new()));
+
+    let lease = Lease::acquire(a.clone(), &key, ttl, ttl, LeaseOptions::default())
+        .await
+        .unwrap();
+    let a_fence = lease.fence();
+    assert!(resource.claim(a_fence).await.unwrap().is_accepted());
+
+    let leader = cluster.leader().unwrap();
+    let killed_at = Instant::now();
+    blocking(&cluster, move |c| c.member(leader).kill())
+        .await
+        .unwrap();
+
+    // A keeps writing while its lease is valid; B keeps trying to take the key.
+    let writer = {
+        let (resource, lost) = (resource.clone(), lease.lost());
+        tokio::spawn(async move {
+            let mut lost = std::pin::pin!(lost);
+            let mut writes = 0u32;
+            loop {
+                tokio::select! {
+                    _ = &mut lost => return writes,
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {
+                        let _ = resource.write(a_fence, "A").await;
+                        writes += 1;
+                    }
+                }
+            }
+        })
+    };
+    let window = ttl * 3;
+    let taken = take_within(&b, &key, ttl, window).await;
+    match taken {
+        Some((grant, at)) => {
+            assert!(
+                lease.ensure_valid().is_err(),
+                "B got the key {:?} after the crash while A's lease was still valid",
+                at - killed_at
+            );
+            assert!(grant.fence() > a_fence, "{} <= {a_fence}", grant.fence());
+            assert!(resource.claim(grant.fence()).await.unwrap().is_accepted());
+            assert_eq!(
+                resource.write(a_fence, "A, late").await.unwrap(),
+                Guarded::Stale {
+                    newest: grant.fence().value()
+                }
+            );
+            let _ = b.release(&grant).await;
+            eprintln!(
+                "A lost its lease; B took over {:?} after the crash",
+                at - killed_at
+            );
+        }
+        None => {
+            lease
+                .ensure_valid()
+                .expect("B never got the key, so A must still hold it");
+            assert!(
+                lease.deadline() > killed_at + ttl,
+                "A's deadline did not move after the crash: no renewal through the new leader"
+            );
+            eprintln!("A kept its lease through the failover");
+        }
+    }
+    let a_writes = {
+        let _ = lease.release().await;
+        writer.await.unwrap()
+    };
+    assert!(a_writes > 0);
+    // Whoever held it, the next grant's fence is greater than everything before.
+    let (after, _) = take_within(&b, &key, ttl, ttl * 3)
+        .await
+        .expect("the key frees after the failover");
+    assert!(after.fence() > a_fence);
+    let _ = b.release(&after).await.unwrap();
+    check_history(&resource.history()).unwrap();
+}
+
+/// Failover for the conformance suite: the leader is killed (the old member cannot grant any
+/// more: consensus, not replication), then it restarts and rejoins.
+struct ClusterFaults {
+    cluster: Arc<EtcdCluster>,
+    killed: Mutex<Option<usize>>,
+}
+
+fn harness_error(e: impl std::fmt::Display) -> Error {
+    Error::Backend {
+        backend: "harness",
+        message: e.to_string(),
+        retryable: false,
+        source: None,
+    }
+}
+
+#[async_trait]
+impl Faults for ClusterFaults {
+    async fn begin_failover(&self) -> leasehold_core::Result<()> {
+        let leader = blocking(&self.cluster, |c| c.leader())
+            .await
+            .map_err(harness_error)?;
+        blocking(&self.cluster, move |c| c.member(leader).kill())
+            .await
+            .map_err(harness_error)?;
+        *self.killed.lock().unwrap() = Some(leader);
+        // Wait for the new leader, so that "complete" means clients reach it.
+        blocking(&self.cluster, |c| c.leader().map(|_| ()))
+            .await
+            .map_err(harness_error)
+    }
+
+    async fn complete_failover(&self) -> leasehold_core::Result<()> {
+        let killed = self.killed.lock().unwrap().take();
+        if let Some(i) = killed {
+            blocking(&self.cluster, move |c| c.member(i).restart())
+                .await
+                .map_err(harness_error)?;
+        }
+        Ok(())
+    }
+}
+
+struct Clients(String);
+
+#[async_trait]
+impl Connector for Clients {
+    async fn connect(&self) -> leasehold_core::Result<Arc<dyn Authority>> {
+        Ok(Arc::new(EtcdAuthority::connect(&self.0).await?))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_suite_passes_on_the_cluster_with_a_failover() {
+    let cluster = start_cluster().await;
+    let ctx = Context::new(Arc::new(Clients(url(&cluster))))
+        .await
+        .unwrap()
+        .with_faults(Arc::new(ClusterFaults {
+            cluster,
+            killed: Mutex::new(None),
+        }));
+    let selected: Vec<_> = scenarios::all()
+        .into_iter()
+        .filter(|s| {
+            [
+                "fences_survive_failover",
+                "exclusion",
+                "acquire_waits_for_release",
+                "contention",
+            ]
+            .contains(&s.name)
+        })
+        .collect();
+    assert_eq!(selected.len(), 4);
+    let report = run_selected("etcd, 3 members", &ctx, &selected).await;
+    println!("{report}");
+    for line in &report.lines {
+        assert_eq!(
+            line.outcome,
+            Ok(Verdict::Passed),
+            "{}:\n{report}",
+            line.scenario
+        );
+    }
+}
+
+/// Every member crashes while A holds a lease; they restart on their data. A's lease is lost,
+/// A's key (its lease restored by etcd with a fresh TTL) frees within a TTL of the restart, and
+/// the next fence is greater than every fence before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_members_restarted_fences_keep_increasing() {
+    let cluster = start_cluster().await;
+    let url = url(&cluster);
+    let a = Arc::new(EtcdAuthority::connect(&url).await.unwrap());
+    let key = LockKey::new("restart/all").unwrap();
+    let ttl = Duration::from_secs(1);
+    let first = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert_eq!(a.release(&first).await.unwrap(), Released::Released);
+    let lease = Lease::try_acquire(a.clone(), &key, ttl, LeaseOptions::default())
+        .await
+        .unwrap()
+        .unwrap();
+    let held = lease.fence();
+    assert!(held > first.fence());
+
+    blocking(&cluster, |c| {
+        for i in 0..c.len() {
+            c.member(i).kill()?;
+        }
+        Ok(())
+    })
+    .await
+    .unwrap();
+    let reason = tokio::time::timeout(ttl * 2, lease.lost())
+        .await
+        .expect("lost() fires while every member is down");
+    assert!(
+        matches!(
+            reason,
+            LostReason::RenewalFailed(_) | LostReason::DeadlinePassed | LostReason::SessionEnded
+        ),
+        "{reason:?}"
+    );
+    blocking(&cluster, |c| c.restart_members(&[0, 1, 2]))
+        .await
+        .unwrap();
+    let restarted = Instant::now();
+    let b = EtcdAuthority::connect(&url).await.unwrap();
+    let (after, at) = take_within(&b, &key, ttl, ttl * 3 + Duration::from_secs(2))
+        .await
+        .expect("the key frees after the restart");
+    eprintln!("free {:?} after the restart", at - restarted);
+    assert!(
+        after.fence() > held,
+        "{} after, {held} before",
+        after.fence()
+    );
+    let _ = b.release(&after).await.unwrap();
+    drop(lease);
+}
+
+/// The child's next output line that starts with `prefix`, without it.
+async fn next_line(
+    lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    prefix: &str,
+) -> String {
+    loop {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no `{prefix}` line from the child"))
+            .unwrap_or_else(|| panic!("the child ended before `{prefix}`"));
+        // libtest may print `test paused_holder_child ... ` in front on the same line.
+        if let Some(at) = line.find(prefix) {
+            return line[at + prefix.len()..].trim().to_string();
+        }
+    }
+}
+
+const CHILD_URL: &str = "LEASEHOLD_ETCD_CHILD_URL";
+const CHILD_GO: &str = "LEASEHOLD_ETCD_CHILD_GO";
+const CHILD_KEY: &str = "paused/holder";
+const RESOURCE_KEY: &str = "resources/paused";
+
+/// The holder process of [`a_paused_holder_process_is_fenced_out`], run by it as a child with
+/// `--ignored --exact`: it takes the lock, checks its lease, says so, then (after being frozen
+/// and thawed by the parent) does its protected write in a guarded etcd transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the child process of a_paused_holder_process_is_fenced_out"]
+async fn paused_holder_child() {
+    let url = std::env::var(CHILD_URL).expect("run by a_paused_holder_process_is_fenced_out");
+    let go = std::path::PathBuf::from(std::env::var(CHILD_GO).unwrap());
+    let authority = Arc::new(EtcdAuthority::connect(&url).await.unwrap());
+    let key = LockKey::new(CHILD_KEY).unwrap();
+    let ttl = Duration::from_secs(1);
+    let lease = Lease::acquire(authority.clone(), &key, ttl, ttl, LeaseOptions::default())
+        .await
+        .unwrap();
+    // The check right before the side effect passes...
+    lease.ensure_valid().unwrap();
+    println!("HELD {}", lease.fence().raw());
+    // ...and then the process is frozen before the write (the parent sends SIGSTOP).
+    while !go.exists() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let txn = Txn::new()
+        .when([still_holds(lease.grant()).unwrap()])
+        .and_then([TxnOp::put(RESOURCE_KEY, "child", None)]);
+    let wrote = authority.client().kv_client().txn(txn).await.unwrap();
+    println!("WROTE {}", wrote.succeeded());
+    println!("VALID {}", lease.ensure_valid().is_ok());
+}
+
+/// A holder process is frozen (SIGSTOP) between its validity check and its write, so its
+/// session's keep-alive stops too. Its lease expires at etcd, B takes the lock with a greater
+/// fence and claims the resources; when the holder thaws, its write is refused both by the
+/// in-etcd guard (the key's create revision) and by a fenced register.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_holder_process_is_fenced_out() {
+    let cluster = start_cluster().await;
+    let url = url(&cluster);
+    let go_dir = servers::process::server_dir("paused-holder").unwrap();
+    let go = go_dir.path().join("go");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "paused_holder_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_URL, &url)
+        .env(CHILD_GO, &go)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    // The child's lines, as they come.
+    let (tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let held: u64 = next_line(&mut lines, "HELD ").await.parse().unwrap();
+    let signal = |sig: &str| {
+        let status = Command::new("kill").args([sig, &pid]).status().unwrap();
+        assert!(status.success(), "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let frozen = Instant::now();
+
+    let b = EtcdAuthority::connect(&url).await.unwrap();
+    let key = LockKey::new(CHILD_KEY).unwrap();
+    let ttl = Duration::from_secs(1);
+    // The child's lease lasts a TTL from its last keep-alive; etcd notices within its slack.
+    let (grant, at) = take_within(&b, &key, ttl, ttl * 4)
+        .await
+        .expect("B gets the key once the frozen holder's lease expires");
+    eprintln!("B took the key {:?} after the freeze", at - frozen);
+    assert!(grant.fence().raw() > held);
+    let guarded = Txn::new()
+        .when([still_holds(&grant).unwrap()])
+        .and_then([TxnOp::put(RESOURCE_KEY, "B", None)]);
+    assert!(b
+        .client()
+        .kv_client()
+        .txn(guarded)
+        .await
+        .unwrap()
+        .succeeded());
+    let register = FencedRegister::new();
+    assert!(register.claim(grant.fence()).await.unwrap().is_accepted());
+    let child_fence = leasehold_core::Fence::compose(
+        "etcd",
+        leasehold_core::Epoch::ZERO,
+        held,
+        leasehold_core::FenceSafety::Linearizable,
+    )
+    .unwrap();
+    assert!(!register
+        .write(child_fence, "child")
+        .await
+        .unwrap()
+        .is_accepted());
+
+    std::fs::write(&go, b"go").unwrap();
+    signal("-CONT");
+    assert_eq!(
+        next_line(&mut lines, "WROTE ").await,
+        "false",
+        "etcd applied the frozen holder's guarded write"
+    );
+    assert_eq!(
+        next_line(&mut lines, "VALID ").await,
+        "false",
+        "the thawed holder still believes in its lease"
+    );
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "the child failed: {status:?}");
+    let value = b
+        .client()
+        .kv_client()
+        .get(RESOURCE_KEY, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        value.kvs()[0].value(),
+        b"B",
+        "the frozen holder's late write went through"
+    );
+    let _ = b.release(&grant).await.unwrap();
+}
