@@ -19,6 +19,7 @@ use crate::errors::{self, is_session_end, BACKEND};
 use crate::held::Held;
 use crate::names;
 use crate::session::{self, Sessions};
+use crate::tenure::Tenures;
 
 /// How often an acquisition starts over on a fresh session after its session ended under it.
 const SESSION_RETRIES: usize = 3;
@@ -26,6 +27,7 @@ const SESSION_RETRIES: usize = 3;
 struct Inner {
     config: Arc<ZkConfig>,
     sessions: Sessions,
+    tenures: Tenures,
     capabilities: Capabilities,
 }
 
@@ -91,6 +93,7 @@ impl ZkAuthority {
         Ok(ZkAuthority {
             inner: Arc::new(Inner {
                 sessions: Sessions::new(config.clone()),
+                tenures: Tenures::default(),
                 config,
                 capabilities,
             }),
@@ -171,7 +174,7 @@ impl Authority for ZkAuthority {
             let session = self.inner.sessions.get(ttl).await?;
             match self
                 .contender(key, session.clone())?
-                .try_once(ttl, started)
+                .try_once(&self.inner.tenures, ttl, started)
                 .await
             {
                 Ok(granted) => return Ok(granted),
@@ -190,7 +193,7 @@ impl Authority for ZkAuthority {
             let session = self.inner.sessions.get(ttl).await?;
             match self
                 .contender(key, session.clone())?
-                .wait(ttl, started, give_up)
+                .wait(&self.inner.tenures, ttl, started, give_up)
                 .await
             {
                 Ok(grant) => return Ok(grant),

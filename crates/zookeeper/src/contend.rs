@@ -16,6 +16,7 @@ use crate::errors::{self, is_definite, is_session_end, BACKEND};
 use crate::held::Held;
 use crate::names::{self, Position};
 use crate::session::{self, Active, Session};
+use crate::tenure::Tenures;
 use crate::token::Czxid;
 
 /// How often a create is retried when the parent vanished under it (a container removed by
@@ -304,20 +305,26 @@ impl Contender {
     }
 
     /// Turns my node into a grant whose tenure and deadline count from `sent`.
-    async fn grant(&mut self, ttl: Duration, sent: Instant) -> std::result::Result<Grant, Failed> {
+    async fn grant(
+        &mut self,
+        tenures: &Tenures,
+        ttl: Duration,
+        sent: Instant,
+    ) -> std::result::Result<Grant, Failed> {
         let czxid = self.czxid().await?;
         let fence =
             leasehold_core::FencingToken::to_fence(&czxid, BACKEND, self.config.client.epoch)?;
         let Some(node) = &self.node else {
             return Err(Failed::SessionGone);
         };
-        let held = Held::start(
+        let held = Held::new(
             self.path(&node.name),
             czxid,
             &self.session,
             self.config.clone(),
             sent + ttl,
         );
+        tenures.watch(&held, sent + ttl);
         self.armed = false;
         if self.uncertain {
             // A late duplicate may still appear: sweep for it, keeping my node.
@@ -372,12 +379,16 @@ impl Contender {
     /// the safe one.
     pub async fn try_once(
         mut self,
+        tenures: &Tenures,
         ttl: Duration,
         started: Instant,
     ) -> std::result::Result<Option<Grant>, Failed> {
         let listing = self.enqueue().await?;
         match self.place(&listing) {
-            Position::First { .. } => self.grant(ttl, started.min(listing.sent)).await.map(Some),
+            Position::First { .. } => self
+                .grant(tenures, ttl, started.min(listing.sent))
+                .await
+                .map(Some),
             Position::Behind { .. } => {
                 self.withdraw().await;
                 Ok(None)
@@ -390,14 +401,18 @@ impl Contender {
     /// `give_up` passes.
     pub async fn wait(
         mut self,
+        tenures: &Tenures,
         ttl: Duration,
         started: Instant,
         give_up: Instant,
     ) -> std::result::Result<Grant, Failed> {
         let mut listing = self.enqueue().await?;
+        // Granted at once, the grant counts from the call (as in `try_once`); after a wait, from
+        // the listing that found my node first.
+        listing.sent = listing.sent.min(started);
         loop {
             let predecessor = match self.place(&listing) {
-                Position::First { .. } => return self.grant(ttl, listing.sent).await,
+                Position::First { .. } => return self.grant(tenures, ttl, listing.sent).await,
                 Position::Gone => return Err(Failed::SessionGone),
                 Position::Behind { predecessor, .. } => predecessor,
             };
@@ -503,7 +518,8 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let grant = contender.grant(ttl, listing.sent).await.unwrap();
+        let tenures = Tenures::default();
+        let grant = contender.grant(&tenures, ttl, listing.sent).await.unwrap();
         assert_eq!(
             grant.fence().raw(),
             first.czxid as u64,

@@ -1,21 +1,19 @@
-//! A held lease: its node, its session, and the TTL kept for it on this side.
+//! A held lease: its node, its session, and the tenure kept for it on this side.
 //!
 //! ZooKeeper ends a lease when its session expires: when the holder's process dies, freezes or
 //! is cut off for longer than the session timeout. But a live client heartbeats its session on
 //! its own, so a holder that simply stops renewing (a `Lease` past its maximum hold time, or a
-//! grant nobody renews) would keep the node forever. So each grant also carries a tenure: every
+//! grant nobody renews) would keep the node forever. So each grant also has a tenure: every
 //! successful acquire or renewal extends it to (the instant before that request was sent) + TTL,
-//! and when it runs out the node is deleted. That deletion never comes before the grant's own
-//! local deadline (which ends a safety margin earlier), so it cannot create a second holder that
-//! the first one does not already consider gone.
+//! and when it runs out the [`Tenures`] keeper deletes the node. That deletion never comes before
+//! the grant's own local deadline (which ends a safety margin earlier), so it cannot create a
+//! second holder that the first one does not already consider gone.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, Weak};
 
 use leasehold_core::Instant;
-use tokio::task::AbortHandle;
 
-use crate::cleanup::delete_until_gone;
 use crate::config::ZkConfig;
 use crate::session::{Active, Session};
 use crate::token::Czxid;
@@ -26,6 +24,17 @@ struct Tenure {
     until: Instant,
     /// Released, expired or found gone: nothing may extend it any more.
     ended: bool,
+}
+
+/// What the keeper finds when a tenure's time comes.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Due {
+    /// Released or lost meanwhile: nothing to do.
+    Ended,
+    /// Renewed meanwhile: look again then.
+    Later(Instant),
+    /// Ran out: the node must go.
+    Expired,
 }
 
 /// The backend state a ZooKeeper [`leasehold_core::Grant`] carries.
@@ -39,9 +48,8 @@ pub(crate) struct Held {
     pub session: Weak<Session>,
     /// The session's id, the node's `ephemeralOwner`.
     pub session_id: i64,
-    config: Arc<ZkConfig>,
+    pub config: Arc<ZkConfig>,
     tenure: Mutex<Tenure>,
-    reaper: Mutex<Option<AbortHandle>>,
     _active: Active,
 }
 
@@ -56,15 +64,15 @@ impl fmt::Debug for Held {
 }
 
 impl Held {
-    /// A held lease whose tenure runs `until`; starts its reaper.
-    pub fn start(
+    /// A held lease whose tenure runs `until`.
+    pub fn new(
         path: String,
         czxid: Czxid,
         session: &Arc<Session>,
         config: Arc<ZkConfig>,
         until: Instant,
     ) -> Arc<Held> {
-        let held = Arc::new(Held {
+        Arc::new(Held {
             path,
             czxid,
             session: Arc::downgrade(session),
@@ -74,12 +82,8 @@ impl Held {
                 until,
                 ended: false,
             }),
-            reaper: Mutex::new(None),
             _active: session.enter(),
-        });
-        let task = tokio::spawn(reap(held.clone()));
-        *held.reaper.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.abort_handle());
-        held
+        })
     }
 
     fn tenure(&self) -> std::sync::MutexGuard<'_, Tenure> {
@@ -88,14 +92,7 @@ impl Held {
 
     /// Ends the tenure (release, or the node was found gone); `true` if it was still running.
     pub fn end(&self) -> bool {
-        let was_running = {
-            let mut tenure = self.tenure();
-            !std::mem::replace(&mut tenure.ended, true)
-        };
-        if let Some(reaper) = self.reaper.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            reaper.abort();
-        }
-        was_running
+        !std::mem::replace(&mut self.tenure().ended, true)
     }
 
     /// Whether the tenure ended.
@@ -113,34 +110,17 @@ impl Held {
         tenure.until = tenure.until.max(until);
         true
     }
-}
 
-/// Deletes the node when the tenure runs out without a renewal.
-async fn reap(held: Arc<Held>) {
-    loop {
-        let until = {
-            let tenure = held.tenure();
-            if tenure.ended {
-                return;
-            }
-            tenure.until
-        };
-        tokio::time::sleep_until(until).await;
-        let expired = {
-            let mut tenure = held.tenure();
-            if tenure.ended {
-                return;
-            }
-            let expired = Instant::now() >= tenure.until;
-            tenure.ended = expired;
-            expired
-        };
-        if expired {
-            tracing::debug!(path = %held.path, "lease not renewed within its TTL; deleting its node");
-            if let Some(session) = held.session.upgrade() {
-                delete_until_gone(&session, &held.config, &held.path).await;
-            }
-            return;
+    /// When the tenure runs out, as of `now`; ends it if it ran out.
+    pub fn due(&self, now: Instant) -> Due {
+        let mut tenure = self.tenure();
+        if tenure.ended {
+            Due::Ended
+        } else if now >= tenure.until {
+            tenure.ended = true;
+            Due::Expired
+        } else {
+            Due::Later(tenure.until)
         }
     }
 }

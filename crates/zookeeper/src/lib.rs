@@ -45,6 +45,7 @@ mod errors;
 mod held;
 pub mod names;
 mod session;
+mod tenure;
 mod token;
 
 pub use authority::ZkAuthority;

@@ -310,8 +310,13 @@ impl Sessions {
         Ok(session)
     }
 
-    /// Drops `session` from the cache (it expired), so the next call opens a new one.
+    /// Drops `session` from the cache if it ended, so the next call opens a new one. A live
+    /// session stays: other leases may be on it (a contender whose node an operator deleted
+    /// says "gone" too).
     pub fn forget(&self, session: &Arc<Session>) {
+        if session.is_alive() {
+            return;
+        }
         let mut map = self.by_ttl.lock().unwrap_or_else(|e| e.into_inner());
         if map
             .get(&session.ttl)
