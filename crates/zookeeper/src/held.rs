@@ -24,6 +24,16 @@ struct Tenure {
     until: Instant,
     /// Released, expired or found gone: nothing may extend it any more.
     ended: bool,
+    /// Counts this lease on its session until it ends, so the session is not closed to make
+    /// room meanwhile.
+    active: Option<Active>,
+}
+
+impl Tenure {
+    fn finish(&mut self) -> bool {
+        self.active = None;
+        !std::mem::replace(&mut self.ended, true)
+    }
 }
 
 /// What the keeper finds when a tenure's time comes.
@@ -50,7 +60,6 @@ pub(crate) struct Held {
     pub session_id: i64,
     pub config: Arc<ZkConfig>,
     tenure: Mutex<Tenure>,
-    _active: Active,
 }
 
 impl fmt::Debug for Held {
@@ -81,8 +90,8 @@ impl Held {
             tenure: Mutex::new(Tenure {
                 until,
                 ended: false,
+                active: Some(session.enter()),
             }),
-            _active: session.enter(),
         })
     }
 
@@ -92,7 +101,7 @@ impl Held {
 
     /// Ends the tenure (release, or the node was found gone); `true` if it was still running.
     pub fn end(&self) -> bool {
-        !std::mem::replace(&mut self.tenure().ended, true)
+        self.tenure().finish()
     }
 
     /// Whether the tenure ended.
@@ -117,7 +126,7 @@ impl Held {
         if tenure.ended {
             Due::Ended
         } else if now >= tenure.until {
-            tenure.ended = true;
+            tenure.finish();
             Due::Expired
         } else {
             Due::Later(tenure.until)

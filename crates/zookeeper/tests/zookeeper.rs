@@ -662,3 +662,60 @@ async fn a_disconnection_suspends_renewal_and_an_expiry_loses_the_lease() {
     assert!(next.fence() > grant.fence());
     let _ = a.release(&next).await.unwrap();
 }
+
+/// Each distinct TTL is a session of its own (the TTL is the session timeout); one client keeps
+/// at most eight, closing an idle one to make room, and refuses a ninth TTL while all are busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_ttl_is_a_session_and_a_client_keeps_at_most_eight() {
+    let hosts = shared_hosts().await;
+    let a = ZkAuthority::connect(&url(&hosts, "/sessions"))
+        .await
+        .unwrap();
+    let raw = raw(&hosts).await;
+    let owner = async |grant: &leasehold_core::Grant| {
+        let parent = a.lock_path(grant.key());
+        let node = contenders(&raw, &parent).await.remove(0);
+        raw.get_data(&format!("{parent}/{node}"))
+            .await
+            .unwrap()
+            .1
+            .ephemeral_owner
+    };
+    let ttl = |i: u64| Duration::from_millis(10_000 + i);
+    let mut grants = Vec::new();
+    for i in 0..8 {
+        grants.push(
+            a.try_acquire(&key(&format!("s{i}")), ttl(i))
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let same_ttl = a
+        .try_acquire(&key("s0-again"), ttl(0))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut owners = Vec::new();
+    for g in &grants {
+        owners.push(owner(g).await);
+    }
+    assert_eq!(owner(&same_ttl).await, owners[0], "one TTL, one session");
+    let mut distinct = owners.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 8, "eight TTLs, eight sessions");
+
+    let err = a.try_acquire(&key("s8"), ttl(8)).await.unwrap_err();
+    match &err {
+        Error::InvalidTtl { reason, .. } => assert!(reason.contains("sessions"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    // Once a session has no lease left, it makes room.
+    let _ = a.release(&grants.remove(3)).await.unwrap();
+    let ninth = a.try_acquire(&key("s8"), ttl(8)).await.unwrap().unwrap();
+    assert!(!owners.contains(&owner(&ninth).await));
+    for g in grants.iter().chain([&same_ttl, &ninth]) {
+        let _ = a.release(g).await.unwrap();
+    }
+}
