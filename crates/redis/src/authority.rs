@@ -11,10 +11,12 @@ use leasehold_core::{
     Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant, Instant, LockKey,
     LostReason, OwnerToken, Released, Result, TtlRange,
 };
+use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ProtocolVersion, RedisResult, TlsCertificates};
 
 use crate::config::RedisConfig;
 use crate::errors::{self, breaks_connection, BACKEND};
+use crate::keys::KeyLayout;
 use crate::link::{Conn, Link};
 use crate::scripts::{LuaScript, Scripts};
 use crate::subscription::Subscription;
@@ -38,9 +40,9 @@ struct Inner {
 
 /// A Redis server as an [`Authority`].
 ///
-/// * Acquire is one script, one round trip: if the lock key is free, `INCR` its fence counter
-///   and `SET <lock key> <owner token> NX PX <ttl>`; the counter's new value is the fence. When
-///   the key is held, the same script returns the holder's remaining TTL.
+/// * Acquire is one script, one round trip: `SET <lock key> <owner token> NX PX <ttl>` and, if
+///   that took the key, `INCR` of its fence counter, whose new value is the fence. When the key
+///   is held, the same script returns the holder's remaining TTL.
 /// * Renew (`PEXPIRE`) and release (`DEL` + `PUBLISH`) are scripts that first compare the lock
 ///   key's value with the owner token.
 /// * Scripts are called by SHA (`EVALSHA`), and sent in full once when the server does not know
@@ -152,19 +154,19 @@ impl RedisAuthority {
     /// is replaced for the next request.
     async fn request<T, F, Fut>(&self, what: &str, send: F) -> Result<T>
     where
-        F: FnOnce(redis::aio::MultiplexedConnection) -> Fut,
+        F: FnOnce(MultiplexedConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         let give_up = Instant::now() + self.timeout();
-        let conn = self.connection(what, give_up).await?;
-        match tokio::time::timeout_at(give_up, send(conn.con.clone())).await {
+        let Conn { id, con } = self.connection(what, give_up).await?;
+        match tokio::time::timeout_at(give_up, send(con)).await {
             Err(_) => {
-                self.inner.link.discard(conn.id);
+                self.inner.link.discard(id);
                 Err(errors::timed_out(what, self.timeout()))
             }
             Ok(Err(e)) => {
                 if breaks_connection(&e) {
-                    self.inner.link.discard(conn.id);
+                    self.inner.link.discard(id);
                 }
                 Err(errors::map(e, what))
             }
@@ -187,63 +189,64 @@ impl RedisAuthority {
 
     /// One acquisition attempt: the acquire script, then `WAIT` for replicas if configured.
     async fn attempt(&self, key: &LockKey, ttl: Duration) -> Result<Attempt> {
-        let layout = &self.inner.config.layout;
-        let (lock_key, fence_key) = (layout.lock_key(key), layout.fence_key(key));
+        let lock_key = self.inner.config.layout.lock_key(key);
+        let fence_key = KeyLayout::fence_key_of(&lock_key);
         let owner = OwnerToken::generate()?;
-        let token = owner.to_hex();
+        let token = hex(&owner);
         let ttl_ms = ttl.as_millis().to_string();
         let sent = Instant::now();
         let give_up = sent + self.timeout();
-        let conn = self.connection("acquire", give_up).await?;
+        let Conn { id, con } = self.connection("acquire", give_up).await?;
         // From here until the outcome is known, a timeout or a cancellation may leave a lease
         // at the server that nobody was told about: the guard then releases it.
         let mut pending = Pending {
-            inner: self.inner.clone(),
-            conn: conn.clone(),
-            lock_key: lock_key.clone(),
-            token: token.clone(),
+            inner: &self.inner,
+            con,
+            lock_key: &lock_key,
+            token: &token,
             ttl,
             armed: true,
         };
-        let mut con = conn.con.clone();
         let (keys, args) = ([lock_key.as_str(), &fence_key], [token.as_str(), &ttl_ms]);
         let run = self
             .inner
             .scripts
             .acquire
-            .run::<(i64, i64)>(&mut con, &keys, &args);
-        let (won, value) = match tokio::time::timeout_at(give_up, run).await {
+            .run::<i64>(&mut pending.con, &keys, &args);
+        let reply = match tokio::time::timeout_at(give_up, run).await {
             Err(_) => {
-                self.inner.link.discard(conn.id);
+                self.inner.link.discard(id);
                 return Err(errors::timed_out("acquire", self.timeout()));
             }
             Ok(Err(e)) => {
                 if breaks_connection(&e) {
-                    self.inner.link.discard(conn.id);
+                    self.inner.link.discard(id);
                 } else {
-                    // The server answered with an error: the script stopped before its SET.
+                    // The server answered with an error: the script took nothing (see ACQUIRE).
                     pending.armed = false;
                 }
                 return Err(errors::map(e, "acquire"));
             }
             Ok(Ok(reply)) => reply,
         };
-        if won != 1 {
+        if reply <= 0 {
             pending.armed = false;
-            return Ok(Attempt::Held {
-                pttl: u64::try_from(value).ok().map(Duration::from_millis),
-            });
+            // `-1 - pttl`, or 0 for a key without expiry.
+            let pttl = (reply < 0).then(|| Duration::from_millis(reply.unsigned_abs() - 1));
+            return Ok(Attempt::Held { pttl });
         }
+        // From here an early return (a fence out of range, a failed WAIT) drops the armed guard,
+        // which releases the lease.
         let fence =
-            RedisFence::from_reply(value)?.to_fence(BACKEND, self.inner.config.client.epoch)?;
+            RedisFence::from_reply(reply)?.to_fence(BACKEND, self.inner.config.client.epoch)?;
         if let Some(wait) = self.inner.config.wait {
             let mut cmd = redis::cmd("WAIT");
             cmd.arg(wait.replicas)
                 .arg(u64::try_from(wait.timeout.as_millis()).unwrap_or(u64::MAX));
-            let ask = cmd.query_async::<i64>(&mut con);
+            let ask = cmd.query_async::<i64>(&mut pending.con);
             let acked = match tokio::time::timeout_at(give_up, ask).await {
                 Err(_) => {
-                    self.inner.link.discard(conn.id);
+                    self.inner.link.discard(id);
                     return Err(errors::timed_out("acquire (WAIT)", self.timeout()));
                 }
                 Ok(Err(e)) => return Err(errors::map(e, "acquire (WAIT)")),
@@ -275,6 +278,18 @@ impl RedisAuthority {
     }
 }
 
+/// The owner token as the 32 lowercase hex digits stored in Redis (what
+/// [`OwnerToken::to_hex`] gives, without its formatting machinery: this is on every request).
+fn hex(owner: &OwnerToken) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(32);
+    for b in owner.as_bytes() {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    out
+}
+
 /// What one acquisition attempt found.
 enum Attempt {
     Won(Grant),
@@ -290,16 +305,16 @@ enum Attempt {
 /// the *same* connection, so that Redis runs it right after the acquisition if that ever runs
 /// (for example when a paused server resumes). Bounded by the TTL: after it, the lease is gone
 /// anyway.
-struct Pending {
-    inner: Arc<Inner>,
-    conn: Conn,
-    lock_key: String,
-    token: String,
+struct Pending<'a> {
+    inner: &'a Inner,
+    con: MultiplexedConnection,
+    lock_key: &'a str,
+    token: &'a str,
     ttl: Duration,
     armed: bool,
 }
 
-impl Drop for Pending {
+impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if !self.armed {
             return;
@@ -307,15 +322,19 @@ impl Drop for Pending {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (inner, mut con) = (self.inner.clone(), self.conn.con.clone());
-        let (lock_key, token, ttl) = (
-            std::mem::take(&mut self.lock_key),
-            std::mem::take(&mut self.token),
+        let (script, channel) = (
+            self.inner.scripts.release.clone(),
+            self.inner.config.channel.clone(),
+        );
+        let (mut con, lock_key, token, ttl) = (
+            self.con.clone(),
+            self.lock_key.to_string(),
+            self.token.to_string(),
             self.ttl,
         );
         runtime.spawn(async move {
-            let (keys, args) = ([lock_key.as_str()], [token.as_str(), &inner.config.channel]);
-            let release = inner.scripts.release.run::<i64>(&mut con, &keys, &args);
+            let (keys, args) = ([lock_key.as_str()], [token.as_str(), &channel]);
+            let release = script.run::<i64>(&mut con, &keys, &args);
             match tokio::time::timeout(ttl, release).await {
                 Ok(Ok(1)) => {
                     tracing::debug!(%lock_key, "released a lease whose acquisition had no answer")
@@ -391,7 +410,7 @@ impl Authority for RedisAuthority {
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Instant> {
         TTL.check(ttl)?;
         let lock_key = self.inner.config.layout.lock_key(grant.key());
-        let (token, ttl_ms) = (grant.owner().to_hex(), ttl.as_millis().to_string());
+        let (token, ttl_ms) = (hex(&grant.owner()), ttl.as_millis().to_string());
         let sent = Instant::now();
         let renewed: i64 = self
             .script(
@@ -409,7 +428,7 @@ impl Authority for RedisAuthority {
 
     async fn release(&self, grant: &Grant) -> Result<Released> {
         let lock_key = self.inner.config.layout.lock_key(grant.key());
-        let token = grant.owner().to_hex();
+        let token = hex(&grant.owner());
         let released: i64 = self
             .script(
                 "release",
@@ -423,5 +442,18 @@ impl Authority for RedisAuthority {
         } else {
             Released::AlreadyGone
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_is_what_the_core_stores() {
+        for _ in 0..100 {
+            let owner = OwnerToken::generate().unwrap();
+            assert_eq!(hex(&owner), owner.to_hex());
+        }
     }
 }

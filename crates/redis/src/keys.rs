@@ -83,12 +83,25 @@ impl KeyLayout {
 
     /// The Redis key that holds the lease: `{<prefix><key>}`.
     pub fn lock_key(&self, key: &LockKey) -> String {
-        format!("{{{}{}}}", self.prefix, key.as_str())
+        let mut lock_key = String::with_capacity(self.prefix.len() + key.as_str().len() + 8);
+        lock_key.push('{');
+        lock_key.push_str(&self.prefix);
+        lock_key.push_str(key.as_str());
+        lock_key.push('}');
+        lock_key
     }
 
     /// The Redis key of the fence counter: `{<prefix><key>}:fence`.
     pub fn fence_key(&self, key: &LockKey) -> String {
-        format!("{}:fence", self.lock_key(key))
+        Self::fence_key_of(&self.lock_key(key))
+    }
+
+    /// The fence counter's key for a lock key made by [`KeyLayout::lock_key`].
+    pub(crate) fn fence_key_of(lock_key: &str) -> String {
+        let mut fence_key = String::with_capacity(lock_key.len() + 6);
+        fence_key.push_str(lock_key);
+        fence_key.push_str(":fence");
+        fence_key
     }
 }
 

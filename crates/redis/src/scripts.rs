@@ -6,24 +6,28 @@ use redis::{ErrorKind, FromRedisValue, RedisResult, ServerErrorKind};
 /// Acquire, one atomic step. `KEYS[1]` the lock key, `KEYS[2]` the fence counter; `ARGV[1]` the
 /// owner token, `ARGV[2]` the TTL in milliseconds.
 ///
-/// Returns `{1, fence}` when the key was free and is now ours, `{0, pttl}` when it is held (the
-/// holder's remaining milliseconds, -1 for a key without expiry: the waiter's fallback timer).
+/// Returns one integer (an integer reply is measurably cheaper than an array):
+/// * `> 0`: the key was free and is now ours; the value is the fence (the counter after `INCR`);
+/// * `< 0`: the key is held and expires in `-reply - 1` ms (the waiter's fallback timer);
+/// * `0`: the key is held without expiry (set by some other client).
 ///
-/// The counter is raised *before* the `SET`: a script that fails halfway keeps what it already
-/// did (Redis has no rollback), and an `INCR` that fails (the counter key overwritten with text,
-/// or at its maximum) must not leave a lease behind that nobody was told about. `PTTL` first
-/// tells "held" from "free" without writing anything, so a waiter's attempt costs no write and
-/// does not raise the counter.
+/// The `SET NX PX` comes first and alone decides. The `INCR` after it runs under `pcall`: a
+/// script that fails halfway keeps what it already did (Redis has no rollback), so if the
+/// counter cannot be raised (overwritten with text, or at its maximum) the fresh lease is
+/// deleted again before the error is returned, and nobody holds a lease nobody was told about.
 pub(crate) const ACQUIRE: &str = r#"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local fence = redis.pcall('INCR', KEYS[2])
+  if type(fence) == 'table' then
+    redis.call('DEL', KEYS[1])
+  end
+  return fence
+end
 local pttl = redis.call('PTTL', KEYS[1])
-if pttl ~= -2 then
-  return {0, pttl}
+if pttl < 0 then
+  return 0
 end
-local fence = redis.call('INCR', KEYS[2])
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {0, redis.call('PTTL', KEYS[1])}
-end
-return {1, fence}
+return -1 - pttl
 "#;
 
 /// Renew: extend only if the lock key still holds our owner token. `KEYS[1]` the lock key;

@@ -949,3 +949,54 @@ async fn wait_replicas_confirms_or_gives_the_lock_back() {
     }
     assert_eq!(a.release(&g).await.unwrap(), Released::Released);
 }
+
+/// A fence counter that cannot be raised (an operator overwrote it with text) makes the
+/// acquisition fail with a permanent error, and the script gives the fresh lease back before
+/// answering: nothing is held by a client that got an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_fence_counter_fails_the_acquisition_and_holds_nothing() {
+    let server = start().await;
+    let a = RedisAuthority::connect(&url(&server)).await.unwrap();
+    let key = LockKey::new("broken-counter").unwrap();
+    let layout = a.config().layout().clone();
+    let mut con = raw(&server).await;
+    let _: () = redis::cmd("SET")
+        .arg(layout.fence_key(&key))
+        .arg("not a number")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let err = a
+        .try_acquire(&key, Duration::from_secs(10))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Backend {
+                retryable: false,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let holder: Option<String> = redis::cmd("GET")
+        .arg(layout.lock_key(&key))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(holder, None, "the failed acquisition left a lease behind");
+    // Repaired by hand, with a counter above every fence handed out: the lock works again.
+    let _: () = redis::cmd("SET")
+        .arg(layout.fence_key(&key))
+        .arg(1000)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let g = a
+        .try_acquire(&key, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(g.fence().raw(), 1001);
+}
