@@ -76,7 +76,8 @@ async fn sweep_once(session: &Session, config: &ZkConfig, parent: &str, prefix: 
     .await;
     let children = match listed {
         Ok(Ok(children)) => children,
-        Ok(Err(e)) if is_session_end(&e) || e == ZkError::NoNode => return true,
+        // Gone with the session or the parent, or not ours to list (NoAuth): nothing to do.
+        Ok(Err(e)) if is_session_end(&e) || is_definite(&e) => return true,
         _ => return !session.is_alive(),
     };
     for child in children.iter().filter(|c| c.starts_with(prefix)) {

@@ -183,7 +183,11 @@ impl Contender {
                 }
                 Err(ZkError::NoNode) => self.create_parent().await?,
                 Err(e) if is_session_end(&e) || is_definite(&e) => {
-                    return Err(failed(e, "create a contender node"))
+                    // Refused (or the session is gone): this create made nothing.
+                    if self.node.is_none() && !self.uncertain {
+                        self.armed = false;
+                    }
+                    return Err(failed(e, "create a contender node"));
                 }
                 Err(e) => {
                     // Protected mode: the server may have applied the create although its reply
@@ -419,27 +423,43 @@ impl Contender {
             if Instant::now() >= give_up {
                 return Err(self.time_out(started).await);
             }
-            // A data watch, as Curator uses: it is set only if the node exists, so a predecessor
-            // that is already gone leaves no watch behind (an exists watch on a missing node
-            // would wait for a creation that never comes). It fires on the node's deletion, on a
-            // data change, and on the session's end; any of them means "look again".
+            // A data watch on the predecessor alone, so a release wakes one waiter, not the
+            // herd. It fires on the node's deletion, on a data change, and on the session's end;
+            // any of them means "look again". A data watch rather than an exists watch (as
+            // Curator does): it is set only if the node exists, and it fails visibly for a node
+            // this client may not read, whose events ZooKeeper would silently not deliver.
             let path = self.path(&predecessor.name);
             let client = &self.session.client;
             let watched = session::read(&self.config, "watch the contender ahead", || {
                 client.get_and_watch_data(&path)
             })
             .await?;
-            match watched {
-                Ok((_, _, watcher)) => {
-                    tokio::select! {
-                        _ = watcher.changed() => {}
-                        _ = tokio::time::sleep_until(give_up) => {
-                            return Err(self.time_out(started).await);
+            let watcher = match watched {
+                Ok((_, _, watcher)) => Some(watcher),
+                Err(ZkError::NoNode) => None,
+                Err(ZkError::NoAuth) => {
+                    // Another principal's node: watch the parent's children instead.
+                    let listed = session::read(&self.config, "watch the contenders", || {
+                        client.list_and_watch_children(&self.parent)
+                    })
+                    .await?;
+                    match listed {
+                        Ok((children, watcher)) if children.contains(&predecessor.name) => {
+                            Some(watcher)
                         }
+                        Ok(_) | Err(ZkError::NoNode) => None,
+                        Err(e) => return Err(failed(e, "watch the contenders")),
                     }
                 }
-                Err(ZkError::NoNode) => {}
                 Err(e) => return Err(failed(e, "watch the contender ahead")),
+            };
+            if let Some(watcher) = watcher {
+                tokio::select! {
+                    _ = watcher.changed() => {}
+                    _ = tokio::time::sleep_until(give_up) => {
+                        return Err(self.time_out(started).await);
+                    }
+                }
             }
             listing = self.list().await?;
         }

@@ -719,3 +719,68 @@ async fn each_ttl_is_a_session_and_a_client_keeps_at_most_eight() {
         let _ = a.release(g).await.unwrap();
     }
 }
+
+/// A contender of another principal, with a creator-only ACL, cannot be read, and ZooKeeper
+/// does not deliver watch events for nodes a client may not read (an exists watch on it would
+/// never fire): the waiter watches the parent's children instead, and takes the key when the
+/// node goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_behind_a_contender_it_may_not_read() {
+    let hosts = shared_hosts().await;
+    let ours = ZkAuthority::connect(&url(&hosts, "/foreign"))
+        .await
+        .unwrap();
+    let k = key("foreign");
+    let parent = ours.lock_path(&k);
+    let carol = zookeeper_client::Client::connector()
+        .with_auth("digest", b"carol:pw")
+        .connect(&hosts)
+        .await
+        .unwrap();
+    carol
+        .mkdir(
+            &parent,
+            &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let (_, seq) = carol
+        .create(
+            &format!("{parent}/_c_11111111-2222-3333-4444-555555555555-lock-"),
+            &[],
+            &CreateMode::EphemeralSequential.with_acls(Acls::creator_all()),
+        )
+        .await
+        .unwrap();
+    let node = format!("{parent}/_c_11111111-2222-3333-4444-555555555555-lock-{seq}");
+    let raw = raw(&hosts).await;
+    assert!(matches!(
+        raw.get_data(&node).await,
+        Err(zookeeper_client::Error::NoAuth)
+    ));
+    let ttl = Duration::from_secs(2);
+    let waiter = tokio::spawn({
+        let (ours, k) = (ours.clone(), k.clone());
+        async move { ours.acquire(&k, ttl, Duration::from_secs(10)).await }
+    });
+    assert!(
+        eventually(Duration::from_secs(2), async || contenders(&raw, &parent)
+            .await
+            .len()
+            == 2)
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter did not wait: {:?}",
+        waiter.await
+    );
+    carol.delete(&node, None).await.unwrap();
+    let grant = tokio::time::timeout(ttl, waiter)
+        .await
+        .expect("woken by the deletion")
+        .unwrap()
+        .unwrap();
+    let _ = ours.release(&grant).await.unwrap();
+}
