@@ -24,8 +24,9 @@ pub struct WaitReplicas {
 
 /// Settings of a Redis authority.
 ///
-/// From a URL: `redis://[user][:password@]host[:port][/db][?params]`, or `rediss://` for TLS
-/// (`#insecure` after the URL skips certificate checks; never in production). Parameters:
+/// From a URL: `redis://[user][:password@]host[:port][/db][?params]`, or `rediss://` for TLS,
+/// which always verifies the server's certificate (the client library's `#insecure` is
+/// refused; trust a private CA with `tls_ca_file` instead). Parameters:
 ///
 /// | parameter | default | meaning |
 /// |---|---|---|
@@ -105,18 +106,15 @@ impl RedisConfig {
                 timeout: timeout.unwrap_or(DEFAULT_WAIT_TIMEOUT),
             }),
         };
-        // The client library gets the URL without our parameters (the `#insecure` fragment
-        // stays: it is the library's).
-        let (before_fragment, fragment) = match url.split_once('#') {
-            Some((b, f)) => (b, Some(f)),
-            None => (url, None),
-        };
-        let base = before_fragment.split('?').next().unwrap_or(before_fragment);
-        let driver_url = match fragment {
-            Some(f) => format!("{base}#{f}"),
-            None => base.to_string(),
-        };
-        let info = driver_url.as_str().into_connection_info().map_err(|e| {
+        // The client library gets the URL without our parameters.
+        if let Some((_, fragment)) = url.split_once('#') {
+            return Err(invalid(format!(
+                "`#{fragment}` is not supported: certificates are always verified; trust a \
+                 private CA with tls_ca_file"
+            )));
+        }
+        let driver_url = url.split('?').next().unwrap_or(url);
+        let info = driver_url.into_connection_info().map_err(|e| {
             invalid(format!(
                 "the Redis client rejected it: {}",
                 redact_url(&e.to_string())
@@ -232,8 +230,7 @@ mod tests {
 
         let empty = RedisConfig::from_url("redis://h?prefix=").unwrap();
         assert_eq!(empty.layout.prefix(), "");
-        let tls =
-            RedisConfig::from_url("rediss://:pw@h:6390?tls_ca_file=/ca.pem#insecure").unwrap();
+        let tls = RedisConfig::from_url("rediss://:pw@h:6390?tls_ca_file=/ca.pem").unwrap();
         assert!(tls.tls_ca_file.is_some());
         assert!(RedisConfig::from_url("redis://h").unwrap().wait.is_none());
 
@@ -249,6 +246,7 @@ mod tests {
             "redis://:hunter2@h/notadb",
             "postgres://u:hunter2@h",
             "redis://:hunter2@h?timeout_ms=0",
+            "rediss://:hunter2@h#insecure",
         ] {
             let err = RedisConfig::from_url(bad).unwrap_err();
             let shown = format!("{err} {err:?}");

@@ -4,7 +4,45 @@ use std::fmt;
 use std::sync::Mutex;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, RedisResult};
+use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, RedisResult};
+
+/// Opens a connection in a task of its own, so that a panic inside the client library turns
+/// into an error instead of unwinding through the caller.
+///
+/// The one such panic known: `rediss://` in a build where rustls has no process-wide crypto
+/// provider (neither its `ring` nor its `aws-lc-rs` feature is enabled by any crate in the
+/// build, and the application did not install one). The client library then panics while
+/// building its TLS configuration; here that becomes a configuration error.
+pub(crate) async fn connect(
+    client: Client,
+    config: AsyncConnectionConfig,
+) -> RedisResult<MultiplexedConnection> {
+    let task = tokio::spawn(async move {
+        client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+    });
+    match task.await {
+        Ok(result) => result,
+        Err(join) => {
+            let detail = match join.try_into_panic() {
+                Ok(payload) => payload
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_default(),
+                Err(join) => join.to_string(),
+            };
+            let detail = detail.trim().lines().next().unwrap_or_default().to_string();
+            Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "the Redis client failed while connecting (for rediss://: rustls needs a crypto \
+                 provider, see docs/redis.md)",
+                detail,
+            )))
+        }
+    }
+}
 
 /// A connection with an identity, so that a failure on it only discards *that* connection and
 /// not the one another task opened meanwhile.
@@ -63,10 +101,7 @@ impl Link {
         if let Some(conn) = self.cached() {
             return Ok(conn);
         }
-        let con = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
+        let con = connect(self.client.clone(), self.config.clone()).await?;
         *next_id += 1;
         let conn = Conn { id: *next_id, con };
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());

@@ -161,9 +161,7 @@ async fn run(
             .set_response_timeout(None)
             .set_push_sender(sender);
         let subscribed = tokio::time::timeout(timeout, async {
-            let mut con = client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await?;
+            let mut con = crate::link::connect(client.clone(), config).await?;
             con.subscribe(&channel).await?;
             Ok::<_, RedisError>(con)
         })

@@ -1000,3 +1000,127 @@ async fn a_broken_fence_counter_fails_the_acquisition_and_holds_nothing() {
         .unwrap();
     assert_eq!(g.fence().raw(), 1001);
 }
+
+/// A Redis that speaks only TLS, with the test CA in `tests/tls` (started with the harness's
+/// process management, since its Redis servers are plain-text).
+struct TlsRedis {
+    port: u16,
+    _process: leasehold_conformance::servers::ManagedProcess,
+}
+
+fn tls_file(name: &str) -> String {
+    format!("{}/tests/tls/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn start_tls_redis() -> TlsRedis {
+    use leasehold_conformance::servers::process::{find_program, server_dir};
+    use leasehold_conformance::servers::{CommandSpec, ManagedProcess, READY_TIMEOUT};
+    let program = find_program("redis-server").expect("redis-server must be installed");
+    let port = free_port().unwrap();
+    let dir = server_dir("redis-tls").unwrap();
+    let args = vec![
+        "--port".to_string(),
+        "0".into(),
+        "--tls-port".into(),
+        port.to_string(),
+        "--bind".into(),
+        "127.0.0.1".into(),
+        "--tls-cert-file".into(),
+        tls_file("server.pem"),
+        "--tls-key-file".into(),
+        tls_file("server.key"),
+        "--tls-ca-cert-file".into(),
+        tls_file("ca.pem"),
+        "--tls-auth-clients".into(),
+        "no".into(),
+        "--requirepass".into(),
+        "tls-pw".into(),
+        "--save".into(),
+        String::new(),
+        "--appendonly".into(),
+        "no".into(),
+        "--dir".into(),
+        dir.path().display().to_string(),
+    ];
+    let process = ManagedProcess::spawn("redis-tls", dir, CommandSpec::new(program, args)).unwrap();
+    process
+        .wait_ready(READY_TIMEOUT, || {
+            if process
+                .current_log()
+                .contains("Ready to accept connections")
+            {
+                Ok(())
+            } else {
+                Err("not ready yet".into())
+            }
+        })
+        .expect("the TLS Redis must start for this test");
+    TlsRedis {
+        port,
+        _process: process,
+    }
+}
+
+/// `rediss://` with the CA from the URL: acquire, hand-off through the (TLS) subscription,
+/// release. Without that CA the certificate is refused; plain text to a TLS port fails; no
+/// failure prints the password.
+///
+/// In a build where rustls has no crypto provider (see docs/redis.md), every `rediss://`
+/// connection must fail with a configuration error that says so, never panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_ca_from_the_url() {
+    let server = blocking(start_tls_redis).await;
+    let base = format!("rediss://:tls-pw@127.0.0.1:{}", server.port);
+    let url = format!("{base}?timeout_ms=2000&tls_ca_file={}", tls_file("ca.pem"));
+    let a = match RedisAuthority::connect(&url).await {
+        Err(Error::InvalidConfig { reason }) if reason.contains("crypto provider") => {
+            assert!(!reason.contains("tls-pw"), "{reason}");
+            println!("this build has no rustls crypto provider; rediss:// fails cleanly: {reason}");
+            return;
+        }
+        other => Arc::new(other.unwrap()),
+    };
+    let b = RedisAuthority::connect(&url).await.unwrap();
+    let key = LockKey::new("tls").unwrap();
+    let ttl = Duration::from_secs(10);
+    let held = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let waiter = {
+        let (a, key) = (a.clone(), key.clone());
+        tokio::spawn(async move { a.acquire(&key, ttl, Duration::from_secs(5)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released = Instant::now();
+    assert_eq!(b.release(&held).await.unwrap(), Released::Released);
+    let next = waiter.await.unwrap().unwrap();
+    assert!(
+        released.elapsed() < ttl / 4,
+        "the hand-off over TLS took {:?}",
+        released.elapsed()
+    );
+    assert!(next.fence() > held.fence());
+
+    let untrusted = RedisAuthority::connect(&format!("{base}?timeout_ms=2000"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(untrusted, Error::Unavailable { .. }),
+        "{untrusted:?}"
+    );
+    let plain = RedisAuthority::connect(&format!(
+        "redis://:tls-pw@127.0.0.1:{}?timeout_ms=500",
+        server.port
+    ))
+    .await
+    .unwrap_err();
+    assert!(matches!(plain, Error::Unavailable { .. }), "{plain:?}");
+    for err in [&untrusted, &plain] {
+        assert!(!format!("{err} {err:?}").contains("tls-pw"), "{err:?}");
+    }
+    let missing = RedisAuthority::connect(&format!("{base}?tls_ca_file=/nonexistent/ca.pem"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(missing, Error::InvalidConfig { .. }),
+        "{missing:?}"
+    );
+}
