@@ -437,11 +437,12 @@ impl Authority for RedisAuthority {
                 &[&token, &self.inner.config.channel],
             )
             .await?;
-        Ok(if released == 1 {
-            Released::Released
-        } else {
-            Released::AlreadyGone
-        })
+        if released != 1 {
+            return Ok(Released::AlreadyGone);
+        }
+        // Waiters of this authority need not wait for the announcement to come back.
+        self.inner.subscription.waiters().wake(&lock_key);
+        Ok(Released::Released)
     }
 }
 

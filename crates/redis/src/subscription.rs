@@ -29,7 +29,7 @@ impl Waiters {
         map.entry(lock_key.to_string()).or_default().clone()
     }
 
-    fn wake(&self, lock_key: &str) {
+    pub(crate) fn wake(&self, lock_key: &str) {
         let map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(n) = map.get(lock_key) {
             n.notify_waiters();
