@@ -33,7 +33,9 @@ struct Raw {
 
 impl std::fmt::Debug for Raw {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Raw").field("release", &self.release).finish()
+        f.debug_struct("Raw")
+            .field("release", &self.release)
+            .finish()
     }
 }
 
