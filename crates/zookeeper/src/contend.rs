@@ -8,7 +8,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use leasehold_core::{Error, Grant, Instant, LockKey, OwnerToken};
-use zookeeper_client::{CreateMode, Error as ZkError};
+use zookeeper_client::{CreateMode, Error as ZkError, EventType};
 
 use crate::cleanup::{self, Leftovers, PendingCreate};
 use crate::config::ZkConfig;
@@ -415,25 +415,45 @@ impl Contender {
         // the listing that found my node first.
         listing.sent = listing.sent.min(started);
         loop {
-            let predecessor = match self.place(&listing) {
+            let (mine, predecessor, ahead) = match self.place(&listing) {
                 Position::First { .. } => return self.grant(tenures, ttl, listing.sent).await,
                 Position::Gone => return Err(Failed::SessionGone),
-                Position::Behind { predecessor, .. } => predecessor,
+                Position::Behind {
+                    mine,
+                    predecessor,
+                    ahead,
+                    ..
+                } => (mine, predecessor, ahead),
             };
             if Instant::now() >= give_up {
                 return Err(self.time_out(started).await);
             }
+            let client = self.session.client.clone();
+            let sent = Instant::now();
+            // With only the predecessor ahead, also watch my own node, in the same round trip
+            // (sent first). ZooKeeper delivers one session's events in transaction order, so
+            // if the predecessor's deletion arrives while my own watch has not fired, my node
+            // outlived every contender ahead of it: it is first, and no listing is needed.
+            let my_path = self.path(&mine.name);
+            let own = (ahead == 1).then(|| client.get_and_watch_data(&my_path));
             // A data watch on the predecessor alone, so a release wakes one waiter, not the
             // herd. It fires on the node's deletion, on a data change, and on the session's end;
             // any of them means "look again". A data watch rather than an exists watch (as
             // Curator does): it is set only if the node exists, and it fails visibly for a node
             // this client may not read, whose events ZooKeeper would silently not deliver.
             let path = self.path(&predecessor.name);
-            let client = &self.session.client;
             let watched = session::read(&self.config, "watch the contender ahead", || {
                 client.get_and_watch_data(&path)
             })
             .await?;
+            let own = match own {
+                None => None,
+                Some(own) => match bounded_raw(&self.config, own).await? {
+                    Ok((_, _, watcher)) => Some(Box::pin(watcher.changed())),
+                    Err(ZkError::NoNode) => return Err(Failed::SessionGone),
+                    Err(_) => None,
+                },
+            };
             let watcher = match watched {
                 Ok((_, _, watcher)) => Some(watcher),
                 Err(ZkError::NoNode) => None,
@@ -454,10 +474,22 @@ impl Contender {
                 Err(e) => return Err(failed(e, "watch the contender ahead")),
             };
             if let Some(watcher) = watcher {
-                tokio::select! {
-                    _ = watcher.changed() => {}
+                let event = tokio::select! {
+                    event = watcher.changed() => event,
                     _ = tokio::time::sleep_until(give_up) => {
                         return Err(self.time_out(started).await);
+                    }
+                };
+                if let Some(mut own) = own {
+                    let mine_untouched = poll_once(&mut own).await.is_none();
+                    // The answers to the watch requests proved the session alive after `sent`;
+                    // granted from that, the deadline would be short after a long wait, so
+                    // only a quick hand-off takes this path.
+                    if event.event_type == EventType::NodeDeleted
+                        && mine_untouched
+                        && Instant::now() < sent + ttl / 4
+                    {
+                        return self.grant(tenures, ttl, sent).await;
                     }
                 }
             }

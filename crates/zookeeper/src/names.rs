@@ -128,6 +128,8 @@ pub(crate) enum Position {
         mine: Contender,
         /// The contender just ahead of mine, the only one to watch.
         predecessor: Contender,
+        /// How many contenders are ahead of mine.
+        ahead: usize,
         /// As in `First`.
         extras: Vec<Contender>,
     },
@@ -155,11 +157,16 @@ pub(crate) fn position(children: &[String], prefix: &str) -> Position {
     }
     let me = mine.remove(0);
     let extras = mine;
-    match others.into_iter().rev().find(|c| c.sequence < me.sequence) {
+    let mut ahead: Vec<Contender> = others
+        .into_iter()
+        .filter(|c| c.sequence < me.sequence)
+        .collect();
+    match ahead.pop() {
         None => Position::First { mine: me, extras },
         Some(predecessor) => Position::Behind {
             mine: me,
             predecessor,
+            ahead: ahead.len() + 1,
             extras,
         },
     }
@@ -240,10 +247,14 @@ mod tests {
         .collect();
         match position(&children, me) {
             Position::Behind {
-                mine, predecessor, ..
+                mine,
+                predecessor,
+                ahead,
+                ..
             } => {
                 assert_eq!(mine.sequence, 4);
                 assert_eq!(predecessor.name, "zzzz__lock__0000000003");
+                assert_eq!(ahead, 2);
             }
             other => panic!("{other:?}"),
         }

@@ -784,3 +784,53 @@ async fn waits_behind_a_contender_it_may_not_read() {
         .unwrap();
     let _ = ours.release(&grant).await.unwrap();
 }
+
+/// A waiter whose own node is deleted (by an operator) just before the holder releases must not
+/// take the lock with the node it no longer has: it queues again, and its grant is a real node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_node_was_deleted_does_not_hold_a_phantom_lease() {
+    let hosts = shared_hosts().await;
+    let url = url(&hosts, "/phantom");
+    let (a, b) = (
+        ZkAuthority::connect(&url).await.unwrap(),
+        ZkAuthority::connect(&url).await.unwrap(),
+    );
+    let raw = raw(&hosts).await;
+    let k = key("phantom");
+    let parent = a.lock_path(&k);
+    let ttl = Duration::from_secs(5);
+    let holder = a.try_acquire(&k, ttl).await.unwrap().unwrap();
+    let waiter = tokio::spawn({
+        let (b, k) = (b.clone(), k.clone());
+        async move { b.acquire(&k, ttl, Duration::from_secs(10)).await }
+    });
+    assert!(
+        eventually(Duration::from_secs(2), async || contenders(&raw, &parent)
+            .await
+            .len()
+            == 2)
+        .await
+    );
+    // Let the waiter set its watches.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let queued = contenders(&raw, &parent).await;
+    let (_, doomed) = raw
+        .get_data(&format!("{parent}/{}", queued[1]))
+        .await
+        .unwrap();
+    raw.delete(&format!("{parent}/{}", queued[1]), None)
+        .await
+        .unwrap();
+    let _ = a.release(&holder).await.unwrap();
+    let grant = waiter.await.unwrap().unwrap();
+    assert!(
+        grant.fence().raw() > doomed.czxid as u64,
+        "granted on the deleted node"
+    );
+    let now = contenders(&raw, &parent).await;
+    assert_eq!(now.len(), 1);
+    let (_, node) = raw.get_data(&format!("{parent}/{}", now[0])).await.unwrap();
+    assert_eq!(grant.fence().raw(), node.czxid as u64);
+    b.renew(&grant, ttl).await.unwrap();
+    let _ = b.release(&grant).await.unwrap();
+}
