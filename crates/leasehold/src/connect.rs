@@ -52,19 +52,33 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Authority>> {
         "postgres" | "postgresql" => {
             Arc::new(leasehold_postgres::PostgresAuthority::connect(url).await?)
         }
-        other => {
-            return Err(match SCHEMES.iter().find(|(s, _)| *s == other) {
-                Some((_, feature)) => invalid(format!(
-                    "the `{other}` scheme needs leasehold's `{feature}` feature, which this build does not enable"
-                )),
-                None => invalid(format!(
-                    "unknown scheme `{other}`; known schemes: {}",
-                    SCHEMES.iter().map(|(s, _)| *s).collect::<Vec<_>>().join(", ")
-                )),
-            })
-        }
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => Arc::new(leasehold_redis::RedisAuthority::connect(url).await?),
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => Arc::new(leasehold_etcd::EtcdAuthority::connect(url).await?),
+        #[cfg(feature = "zookeeper")]
+        "zk" => Arc::new(leasehold_zookeeper::ZkAuthority::connect(url).await?),
+        other => return Err(not_built_in(other, url)),
     };
     Ok(Arc::new(Instrumented::new(inner)))
+}
+
+/// The error for a scheme this build cannot serve: it names the feature to enable for a known
+/// scheme, and lists the known schemes otherwise.
+fn not_built_in(scheme: &str, url: &str) -> Error {
+    let reason = match SCHEMES.iter().find(|(s, _)| *s == scheme) {
+        Some((_, feature)) => format!(
+            "the `{scheme}` scheme needs leasehold's `{feature}` feature, which this build does not enable"
+        ),
+        None => format!(
+            "unknown scheme `{scheme}`; known schemes: {}",
+            SCHEMES.iter().map(|(s, _)| *s).collect::<Vec<_>>().join(", ")
+        ),
+    };
+    Error::InvalidUrl {
+        url: redact_url(url),
+        reason,
+    }
 }
 
 /// `memory://name?params`: the process-wide in-memory server `name` (empty: `default`).
@@ -131,8 +145,7 @@ mod tests {
             assert!(err.to_string().contains(says), "{url}: {err}");
         }
         // A known scheme whose backend is not built in names the feature to enable.
-        // (Update the scheme here when the backend it names lands.)
-        let err = connect("redis://:hunter2@localhost").await.unwrap_err();
+        let err = not_built_in("rediss", "rediss://:hunter2@localhost");
         let shown = format!("{err} {err:?}");
         assert!(shown.contains("`redis` feature"), "{shown}");
         assert!(!shown.contains("hunter2"), "{shown}");

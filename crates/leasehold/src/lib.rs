@@ -53,3 +53,15 @@ pub use leasehold_memory as memory;
 /// The PostgreSQL authority and guarded writes for tables with a `last_fence` column.
 #[cfg(feature = "postgres")]
 pub use leasehold_postgres as postgres;
+
+/// The Redis authority (fences declared failover-unsafe).
+#[cfg(feature = "redis")]
+pub use leasehold_redis as redis;
+
+/// The etcd authority (the contender key's create revision as the fence).
+#[cfg(feature = "etcd")]
+pub use leasehold_etcd as etcd;
+
+/// The ZooKeeper authority (the contender node's czxid as the fence).
+#[cfg(feature = "zookeeper")]
+pub use leasehold_zookeeper as zookeeper;
