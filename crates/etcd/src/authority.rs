@@ -437,13 +437,13 @@ impl Authority for EtcdAuthority {
             match orphan {
                 Some(kv) => {
                     let name = kv.key_str().unwrap_or_default();
-                    delete_contender(
+                    Box::pin(delete_contender(
                         &self.inner.client,
                         name,
                         Some(kv.create_revision()),
                         session.lease(),
                         timeout,
-                    )
+                    ))
                     .await?;
                 }
                 None => return Ok(None),

@@ -151,7 +151,8 @@ impl Registry {
         if let Some(session) = self.live(secs) {
             return Ok(session);
         }
-        let session = grant(ttl, settings).await?;
+        // Boxed: the rare path should not make every acquire's future bigger.
+        let session = Box::pin(grant(ttl, settings)).await?;
         self.by_ttl
             .lock()
             .unwrap_or_else(|e| e.into_inner())

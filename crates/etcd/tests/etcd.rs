@@ -264,6 +264,40 @@ async fn one_session_lease_for_many_locks() {
     let _ = a.release(&second).await.unwrap();
 }
 
+/// The hot path is one write each: after the session exists, an acquire and a release move
+/// etcd's revision by exactly one each (no lease grant, no extra key), and no lease is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_and_release_are_one_write_each() {
+    let server = start().await;
+    let raw = raw_client(&server).await;
+    let a = EtcdAuthority::connect(&url(&server)).await.unwrap();
+    let key = LockKey::new("hot-path").unwrap();
+    let ttl = Duration::from_secs(5);
+    let warm = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let _ = a.release(&warm).await.unwrap();
+    let leases_before = raw.lease_client().leases().await.unwrap().leases().len();
+    let revision = |r: etcd_client::GetResponse| r.header().unwrap().revision();
+    let before = revision(raw.kv_client().get("x", None).await.unwrap());
+    let mut fences = Vec::new();
+    for _ in 0..10 {
+        let g = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+        fences.push(g.fence().raw());
+        assert_eq!(a.release(&g).await.unwrap(), Released::Released);
+    }
+    let after = revision(raw.kv_client().get("x", None).await.unwrap());
+    assert_eq!(
+        after - before,
+        20,
+        "10 acquires + 10 releases are 20 writes"
+    );
+    assert!(fences.windows(2).all(|w| w[1] == w[0] + 2), "{fences:?}");
+    let leases_after = raw.lease_client().leases().await.unwrap().leases().len();
+    assert_eq!(
+        leases_before, leases_after,
+        "a lease was granted on the hot path"
+    );
+}
+
 /// When the session's lease is revoked, every lease on it is lost at its next renewal with
 /// `SessionEnded`, and the next acquire starts a new session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
