@@ -17,6 +17,7 @@ pub(crate) async fn connect(
     client: Client,
     config: AsyncConnectionConfig,
 ) -> RedisResult<MultiplexedConnection> {
+    ensure_crypto_provider();
     let task = tokio::spawn(async move {
         client
             .get_multiplexed_async_connection_with_config(&config)
@@ -41,6 +42,15 @@ pub(crate) async fn connect(
                 detail,
             )))
         }
+    }
+}
+
+/// Installs rustls's `ring` provider as the process default unless the application installed one
+/// (or another crate did): `rediss://` needs one, and ring is already part of the build.
+fn ensure_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Err means another thread installed one first: exactly what we wanted.
+        let _ = rustls::crypto::ring::default_provider().install_default();
     }
 }
 
