@@ -22,7 +22,9 @@ struct RawTxn {
 
 impl std::fmt::Debug for RawTxn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RawTxn").field("lease", &self.lease).finish()
+        f.debug_struct("RawTxn")
+            .field("lease", &self.lease)
+            .finish()
     }
 }
 
@@ -56,7 +58,9 @@ struct LockRpc {
 
 impl std::fmt::Debug for LockRpc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LockRpc").field("lease", &self.lease).finish()
+        f.debug_struct("LockRpc")
+            .field("lease", &self.lease)
+            .finish()
     }
 }
 
@@ -80,11 +84,7 @@ impl RawPair for LockRpc {
 pub async fn subject(url: &str) -> Result<Subject, BoxError> {
     let authority = EtcdAuthority::connect(url).await?;
     let client = authority.client().clone();
-    let lease = client
-        .lease_client()
-        .grant(RAW_LEASE_TTL, None)
-        .await?
-        .id();
+    let lease = client.lease_client().grant(RAW_LEASE_TTL, None).await?.id();
     Ok(Subject {
         authority: Arc::new(Instrumented::new(Arc::new(authority))),
         raw: vec![

@@ -50,7 +50,7 @@ pub fn report(
     let verdict = match target {
         Some(t) if r <= t => format!("(target <= {t:.2}x) ok"),
         Some(t) => format!("(target <= {t:.2}x) OVER"),
-        None => "(no target: no network round trip)".to_string(),
+        None => "(for reference, no target)".to_string(),
     };
     println!(
         "{name:<40} p50 {:>9.1?} p99 {:>9.1?} | {baseline_name:<32} p50 {:>9.1?} p99 {:>9.1?} | ratio p50 {r:>6.2}x {verdict}",
