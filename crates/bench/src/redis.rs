@@ -1,9 +1,8 @@
 //! Redis: leasehold against the plain convention done with the same client library on the same
 //! server: `SET key token NX PX` + a compare-and-delete script, sent as `EVAL` (the text every
 //! time, as most hand-written locks do) and as `EVALSHA`.
-//!
-//! The `rslock` crate (Redlock) is not measured: adding it needs the lead (it would be
-//! `rslock = "0.7"`, single instance).
+//! And against the `rslock` crate with one instance (Redlock's single-server case), which hands
+//! out no fence: leasehold must be no slower.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -86,6 +85,36 @@ impl RawPair for Raw {
     }
 }
 
+/// `rslock`'s `LockManager` on the same server: `lock` + `unlock`, no fence.
+struct RsLock(rslock::LockManager);
+
+impl std::fmt::Debug for RsLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RsLock")
+    }
+}
+
+#[async_trait]
+impl RawPair for RsLock {
+    fn name(&self) -> &'static str {
+        "rslock lock + unlock (no fence)"
+    }
+
+    async fn pair(&self, key: &str) -> Result<(), BoxError> {
+        let lock = self
+            .0
+            .lock(key.as_bytes(), TTL)
+            .await
+            .map_err(|e| format!("rslock: {e:?}"))?;
+        self.0.unlock(&lock).await;
+        Ok(())
+    }
+
+    fn target(&self) -> f64 {
+        1.0
+    }
+}
+
 pub async fn subject(url: &str) -> Result<Subject, BoxError> {
     let authority = RedisAuthority::connect(url).await?;
     // The raw pairs use the same server, without leasehold's parameters in the URL.
@@ -104,7 +133,11 @@ pub async fn subject(url: &str) -> Result<Subject, BoxError> {
     Ok(Subject {
         // As `leasehold::connect` would hand it out.
         authority: Arc::new(Instrumented::new(Arc::new(authority))),
-        raw: vec![raw(Release::Eval), raw(Release::EvalSha)],
+        raw: vec![
+            raw(Release::Eval),
+            raw(Release::EvalSha),
+            Box::new(RsLock(rslock::LockManager::new(vec![base.to_string()]))),
+        ],
         targets: true,
     })
 }
