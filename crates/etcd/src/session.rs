@@ -119,7 +119,11 @@ pub(crate) struct SessionSettings {
 impl Registry {
     fn live(&self, secs: u64) -> Option<Arc<Session>> {
         let map = self.by_ttl.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(&secs).filter(|s| !s.is_ended()).cloned()
+        // A session whose deadline passed without its task noticing (the runtime that ran the
+        // task is gone) is as good as ended: start a new one.
+        map.get(&secs)
+            .filter(|s| !s.is_ended() && s.deadline() > Instant::now())
+            .cloned()
     }
 
     fn remove(&self, session: &Arc<Session>) {
