@@ -326,7 +326,15 @@ async fn keep(
     let mut last_sent = Instant::now();
     loop {
         let deadline = state.borrow().deadline;
-        let next = last_sent + interval;
+        let mut next = last_sent + interval;
+        if next >= deadline {
+            // The last renewal did not move the deadline far (a backend whose session keep-alive
+            // lags behind): try again at half the time left instead of giving up on the lease.
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left >= Duration::from_millis(4) {
+                next = Instant::now() + left / 2;
+            }
+        }
         let may_renew = options.auto_renew && hold_until.is_none_or(|until| next < until);
         if !may_renew || next >= deadline {
             tokio::time::sleep_until(deadline).await;

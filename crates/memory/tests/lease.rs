@@ -99,3 +99,67 @@ fn renew_fraction_must_be_inside_zero_and_one() {
     }
     assert!(LeaseOptions::default().with_renew_fraction(0.5).is_ok());
 }
+
+/// A renewal whose deadline lands before the next scheduled renewal (a lagging session) is
+/// followed by another attempt before that deadline, not by giving up on the lease.
+#[tokio::test(start_paused = true)]
+async fn a_short_renewal_is_retried_before_its_deadline() {
+    use async_trait::async_trait;
+    use leasehold_core::{Capabilities, Grant, Released};
+
+    /// Answers the first renewal with a deadline only TTL/5 ahead.
+    #[derive(Debug)]
+    struct Lagging {
+        inner: MemoryAuthority,
+        renewals: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Authority for Lagging {
+        fn capabilities(&self) -> &Capabilities {
+            self.inner.capabilities()
+        }
+        async fn try_acquire(
+            &self,
+            key: &LockKey,
+            ttl: Duration,
+        ) -> leasehold_core::Result<Option<Grant>> {
+            self.inner.try_acquire(key, ttl).await
+        }
+        async fn acquire(
+            &self,
+            key: &LockKey,
+            ttl: Duration,
+            wait: Duration,
+        ) -> leasehold_core::Result<Grant> {
+            self.inner.acquire(key, ttl, wait).await
+        }
+        async fn renew(&self, grant: &Grant, ttl: Duration) -> leasehold_core::Result<Instant> {
+            let n = self
+                .renewals
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let deadline = self.inner.renew(grant, ttl).await?;
+            Ok(if n == 0 {
+                Instant::now() + ttl / 5
+            } else {
+                deadline
+            })
+        }
+        async fn release(&self, grant: &Grant) -> leasehold_core::Result<Released> {
+            self.inner.release(grant).await
+        }
+    }
+
+    let authority = Arc::new(Lagging {
+        inner: MemoryAuthority::standalone(),
+        renewals: Default::default(),
+    });
+    let l = Lease::try_acquire(authority.clone(), &key(), TTL, LeaseOptions::default())
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(TTL * 3).await;
+    l.ensure_valid()
+        .expect("the lease must survive one short renewal");
+    assert!(authority.renewals.load(std::sync::atomic::Ordering::SeqCst) >= 3);
+}
