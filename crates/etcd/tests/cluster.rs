@@ -305,45 +305,31 @@ async fn next_line(
             .await
             .unwrap_or_else(|_| panic!("no `{prefix}` line from the child"))
             .unwrap_or_else(|| panic!("the child ended before `{prefix}`"));
-        // libtest may print `test paused_holder_child ... ` in front on the same line.
         if let Some(at) = line.find(prefix) {
             return line[at + prefix.len()..].trim().to_string();
         }
     }
 }
 
-const CHILD_URL: &str = "LEASEHOLD_ETCD_CHILD_URL";
-const CHILD_GO: &str = "LEASEHOLD_ETCD_CHILD_GO";
 const CHILD_KEY: &str = "paused/holder";
 const RESOURCE_KEY: &str = "resources/paused";
 
-/// The holder process of [`a_paused_holder_process_is_fenced_out`], run by it as a child with
-/// `--ignored --exact`: it takes the lock, checks its lease, says so, then (after being frozen
-/// and thawed by the parent) does its protected write in a guarded etcd transaction.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the child process of a_paused_holder_process_is_fenced_out"]
-async fn paused_holder_child() {
-    let url = std::env::var(CHILD_URL).expect("run by a_paused_holder_process_is_fenced_out");
-    let go = std::path::PathBuf::from(std::env::var(CHILD_GO).unwrap());
-    let authority = Arc::new(EtcdAuthority::connect(&url).await.unwrap());
-    let key = LockKey::new(CHILD_KEY).unwrap();
-    let ttl = Duration::from_secs(1);
-    let lease = Lease::acquire(authority.clone(), &key, ttl, ttl, LeaseOptions::default())
-        .await
-        .unwrap();
-    // The check right before the side effect passes...
-    lease.ensure_valid().unwrap();
-    println!("HELD {}", lease.fence().raw());
-    // ...and then the process is frozen before the write (the parent sends SIGSTOP).
-    while !go.exists() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let txn = Txn::new()
-        .when([still_holds(lease.grant()).unwrap()])
-        .and_then([TxnOp::put(RESOURCE_KEY, "child", None)]);
-    let wrote = authority.client().kv_client().txn(txn).await.unwrap();
-    println!("WROTE {}", wrote.succeeded());
-    println!("VALID {}", lease.ensure_valid().is_ok());
+/// The `paused_holder` example, built by `cargo test` next to this test binary.
+fn paused_holder_example() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("paused_holder");
+    assert!(
+        path.is_file(),
+        "example paused_holder not built at {} (cargo test builds examples unless a single --test target is named)",
+        path.display()
+    );
+    path
 }
 
 /// A holder process is frozen (SIGSTOP) between its validity check and its write, so its
@@ -356,16 +342,9 @@ async fn a_paused_holder_process_is_fenced_out() {
     let url = url(&cluster);
     let go_dir = servers::process::server_dir("paused-holder").unwrap();
     let go = go_dir.path().join("go");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "paused_holder_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_URL, &url)
-        .env(CHILD_GO, &go)
+    let mut child = Command::new(paused_holder_example())
+        .arg(&url)
+        .arg(&go)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

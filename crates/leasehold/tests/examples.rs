@@ -10,7 +10,7 @@ fn example(name: &str) -> PathBuf {
     let path = profile_dir.join("examples").join(name);
     assert!(
         path.is_file(),
-        "example {name} not built at {}",
+        "example {name} not built at {} (cargo test builds examples unless a single --test target is named)",
         path.display()
     );
     path
