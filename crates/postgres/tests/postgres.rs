@@ -438,3 +438,79 @@ async fn bad_input_gets_typed_errors() {
         .unwrap_err();
     assert!(matches!(err, Error::InvalidTtl { .. }), "{err:?}");
 }
+
+/// TLS through the URL: `sslmode=verify-full` with the CA from `sslrootcert` connects and the
+/// session is really encrypted; without the CA the certificate is refused with a typed error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_through_the_url() {
+    use leasehold_conformance::servers::test_tls_file;
+    let server = start().await;
+    // Hand the server the test certificate (readable by the server's user only) and turn TLS on.
+    let data = server.data_dir().to_path_buf();
+    let owner = std::fs::metadata(&data)
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+        .unwrap();
+    let group = std::fs::metadata(&data)
+        .map(|m| std::os::unix::fs::MetadataExt::gid(&m))
+        .unwrap();
+    for (from, to) in [("server.pem", "tls.crt"), ("server.key", "tls.key")] {
+        let dest = data.join(to);
+        std::fs::copy(test_tls_file(from), &dest).unwrap();
+        std::os::unix::fs::chown(&dest, Some(owner), Some(group)).unwrap();
+        std::fs::set_permissions(&dest, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+    }
+    let admin = PostgresAuthority::connect(&url(&server)).await.unwrap();
+    for setting in [
+        "ALTER SYSTEM SET ssl_cert_file = 'tls.crt'",
+        "ALTER SYSTEM SET ssl_key_file = 'tls.key'",
+        "ALTER SYSTEM SET ssl = on",
+    ] {
+        sqlx::query(setting).execute(admin.pool()).await.unwrap();
+    }
+    sqlx::query("SELECT pg_reload_conf()")
+        .execute(admin.pool())
+        .await
+        .unwrap();
+    let ca = test_tls_file("ca.pem").display().to_string();
+    let tls_url = format!(
+        "postgres://leasehold@localhost:{}/postgres?sslmode=verify-full&sslrootcert={ca}&timeout_ms=2000",
+        server.port()
+    );
+    // The reload is asynchronous: give the postmaster a moment, bounded.
+    let started = Instant::now();
+    let tls = loop {
+        match PostgresAuthority::connect(&tls_url).await {
+            Ok(a) => break a,
+            Err(_) if started.elapsed() < Duration::from_secs(5) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("TLS connection failed: {e:?}"),
+        }
+    };
+    let encrypted: bool =
+        sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+            .fetch_one(tls.pool())
+            .await
+            .unwrap();
+    assert!(encrypted, "the session is not encrypted");
+    tls.migrate().await.unwrap();
+    let key = LockKey::new("tls").unwrap();
+    let g = tls
+        .try_acquire(&key, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        tls.release(&g).await.unwrap(),
+        leasehold_core::Released::Released
+    );
+
+    // Without the CA, the server's certificate is not trusted.
+    let untrusted = format!(
+        "postgres://leasehold@localhost:{}/postgres?sslmode=verify-full&timeout_ms=2000",
+        server.port()
+    );
+    let err = PostgresAuthority::connect(&untrusted).await.unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+}

@@ -1016,7 +1016,9 @@ struct TlsRedis {
 }
 
 fn tls_file(name: &str) -> String {
-    format!("{}/tests/tls/{name}", env!("CARGO_MANIFEST_DIR"))
+    leasehold_conformance::servers::test_tls_file(name)
+        .display()
+        .to_string()
 }
 
 fn start_tls_redis() -> TlsRedis {
