@@ -115,12 +115,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ports_are_distinct_and_bindable() {
-        let ports = free_ports(20).unwrap();
-        let distinct: HashSet<_> = ports.iter().collect();
-        assert_eq!(distinct.len(), ports.len());
-        for port in ports {
-            assert!(bindable(port), "port {port} should be bindable");
+    fn ports_are_distinct_in_range_and_bindable_when_picked() {
+        let (low, high) = candidate_range();
+        let mut seen = HashSet::new();
+        for _ in 0..20 {
+            let port = free_port().unwrap();
+            // Checked at once: other processes on the machine may take a port later, which is
+            // why server starts retry on a clash.
+            assert!(bindable(port), "port {port} was not bindable when picked");
+            assert!(
+                (low..=high).contains(&port),
+                "{port} outside {low}..={high}"
+            );
+            assert!(seen.insert(port), "port {port} handed out twice");
         }
     }
 }
