@@ -70,6 +70,11 @@ impl RawPair for LockRpc {
         "etcd Lock + Unlock RPC"
     }
 
+    /// Another lock implementation: leasehold, fence included, must be faster.
+    fn target(&self) -> f64 {
+        1.0
+    }
+
     async fn pair(&self, key: &str) -> Result<(), BoxError> {
         let mut lock = self.client.lock_client();
         let name = format!("{key}/lock-rpc");

@@ -53,6 +53,11 @@ impl RawPair for Recipe {
         "zookeeper-client lock recipe"
     }
 
+    /// Another lock implementation: leasehold, fence included, must be faster.
+    fn target(&self) -> f64 {
+        1.0
+    }
+
     async fn pair(&self, _key: &str) -> Result<(), BoxError> {
         let prefix = LockPrefix::new_curator(&self.dir, "lock-")?;
         let lock = self
