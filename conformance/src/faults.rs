@@ -56,3 +56,14 @@ pub trait Faults: Send + Sync {
 pub struct NoFaults;
 
 impl Faults for NoFaults {}
+
+/// A harness failure (a server that would not restart, a signal that could not be sent) as the
+/// error a [`Faults`] method returns, so the scenario that asked for the fault fails with it.
+pub fn harness_error(e: impl std::fmt::Display) -> Error {
+    Error::Backend {
+        backend: "harness",
+        message: e.to_string(),
+        retryable: false,
+        source: None,
+    }
+}

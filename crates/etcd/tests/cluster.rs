@@ -9,13 +9,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Txn, TxnOp};
+use leasehold_conformance::harness_error;
 use leasehold_conformance::resource::{check_history, Recorder};
 use leasehold_conformance::scenarios::{self, run_selected};
 use leasehold_conformance::servers::{self, EtcdCluster};
 use leasehold_conformance::{Connector, Context, Faults, Verdict};
 use leasehold_core::{
-    Authority, Error, FencedRegister, FencedResource, Guarded, Instant, Lease, LeaseOptions,
-    LockKey, LostReason, Released,
+    Authority, FencedRegister, FencedResource, Guarded, Instant, Lease, LeaseOptions, LockKey,
+    LostReason, Released,
 };
 use leasehold_etcd::guarded::still_holds;
 use leasehold_etcd::EtcdAuthority;
@@ -158,15 +159,6 @@ async fn a_leader_crash_never_makes_two_holders() {
 struct ClusterFaults {
     cluster: Arc<EtcdCluster>,
     killed: Mutex<Option<usize>>,
-}
-
-fn harness_error(e: impl std::fmt::Display) -> Error {
-    Error::Backend {
-        backend: "harness",
-        message: e.to_string(),
-        retryable: false,
-        source: None,
-    }
 }
 
 #[async_trait]

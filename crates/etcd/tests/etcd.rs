@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Client, GetOptions, Txn, TxnOp};
+use leasehold_conformance::harness_error;
 use leasehold_conformance::scenarios::run_all;
 use leasehold_conformance::servers::{
     self, etcdctl_command, CommandSpec, EtcdServer, ManagedProcess, READY_TIMEOUT,
@@ -94,15 +95,6 @@ struct Clients(String);
 impl Connector for Clients {
     async fn connect(&self) -> leasehold_core::Result<Arc<dyn Authority>> {
         Ok(Arc::new(EtcdAuthority::connect(&self.0).await?))
-    }
-}
-
-fn harness_error(e: impl std::fmt::Display) -> Error {
-    Error::Backend {
-        backend: "harness",
-        message: e.to_string(),
-        retryable: false,
-        source: None,
     }
 }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leasehold_conformance::harness_error;
 use leasehold_conformance::scenarios::{self, run_all, run_selected};
 use leasehold_conformance::servers::PostgresServer;
 use leasehold_conformance::{Connector, Context, Faults, ResourceFactory, Verdict};
@@ -41,15 +42,6 @@ impl Connector for Clients {
 struct PgFaults {
     server: Arc<PostgresServer>,
     url: String,
-}
-
-fn harness_error(e: impl std::fmt::Display) -> Error {
-    Error::Backend {
-        backend: "harness",
-        message: e.to_string(),
-        retryable: false,
-        source: None,
-    }
 }
 
 impl PgFaults {

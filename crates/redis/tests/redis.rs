@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leasehold_conformance::harness_error;
 use leasehold_conformance::scenarios::{self, run_all};
 use leasehold_conformance::servers::{free_port, RedisServer};
 use leasehold_conformance::{Connector, Context, Faults, Verdict};
@@ -78,15 +79,6 @@ impl Connector for Clients {
     async fn connect(&self) -> leasehold_core::Result<Arc<dyn Authority>> {
         let url = self.0.lock().unwrap().clone();
         Ok(Arc::new(RedisAuthority::connect(&url).await?))
-    }
-}
-
-fn harness_error(e: impl std::fmt::Display) -> Error {
-    Error::Backend {
-        backend: "harness",
-        message: e.to_string(),
-        retryable: false,
-        source: None,
     }
 }
 
