@@ -67,3 +67,14 @@ pub fn harness_error(e: impl std::fmt::Display) -> Error {
         source: None,
     }
 }
+
+/// Runs a blocking harness call (kill, pause, restart...) off the runtime's workers, with its
+/// failure as the error a [`Faults`] method returns.
+pub async fn harness_call<T: Send + 'static>(
+    f: impl FnOnce() -> crate::servers::Result<T> + Send + 'static,
+) -> leasehold_core::Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(harness_error)?
+        .map_err(harness_error)
+}

@@ -30,5 +30,5 @@ pub mod servers;
 mod verdict;
 
 pub use context::{poll_until, Connector, Context, InMemoryResources, ResourceFactory};
-pub use faults::{harness_error, Faults, NoFaults};
+pub use faults::{harness_call, harness_error, Faults, NoFaults};
 pub use verdict::{Failure, Line, OrFail, Outcome, Report, Verdict};

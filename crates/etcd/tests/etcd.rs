@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Client, GetOptions, Txn, TxnOp};
-use leasehold_conformance::harness_error;
 use leasehold_conformance::scenarios::run_all;
 use leasehold_conformance::servers::{
     self, etcdctl_command, CommandSpec, EtcdServer, ManagedProcess, READY_TIMEOUT,
 };
+use leasehold_conformance::{harness_call, harness_error};
 use leasehold_conformance::{Connector, Context, Faults, Verdict};
 use leasehold_core::{
     Authority, Error, Instant, Lease, LeaseOptions, LockKey, LostReason, Released,
@@ -110,10 +110,7 @@ impl EtcdFaults {
         f: impl FnOnce(&EtcdServer) -> servers::Result<()> + Send + 'static,
     ) -> leasehold_core::Result<()> {
         let server = self.server.clone();
-        tokio::task::spawn_blocking(move || f(&server))
-            .await
-            .map_err(harness_error)?
-            .map_err(harness_error)
+        harness_call(move || f(&server)).await
     }
 }
 

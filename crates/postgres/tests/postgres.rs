@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_conformance::harness_error;
 use leasehold_conformance::scenarios::{self, run_all, run_selected};
 use leasehold_conformance::servers::PostgresServer;
+use leasehold_conformance::{harness_call, harness_error};
 use leasehold_conformance::{Connector, Context, Faults, ResourceFactory, Verdict};
 use leasehold_core::{
     Authority, Error, FencedResource, Instant, Lease, LeaseOptions, LockKey, LostReason, OwnerToken,
@@ -50,10 +50,7 @@ impl PgFaults {
         f: impl FnOnce(&PostgresServer) -> leasehold_conformance::servers::Result<()> + Send + 'static,
     ) -> leasehold_core::Result<()> {
         let server = self.server.clone();
-        tokio::task::spawn_blocking(move || f(&server))
-            .await
-            .map_err(harness_error)?
-            .map_err(harness_error)
+        harness_call(move || f(&server)).await
     }
 }
 

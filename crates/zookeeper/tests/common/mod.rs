@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_conformance::servers::{ZkEnsemble, ZkServer};
 use leasehold_conformance::{Connector, Faults};
-use leasehold_core::{Authority, Error, LockKey};
+use leasehold_core::{Authority, LockKey};
 use leasehold_zookeeper::{names, ZkAuthority};
 
 /// Requests give up after one second, so an unresponsive server is noticed within a TTL.
@@ -64,24 +64,8 @@ impl Connector for Clients {
     }
 }
 
-pub fn harness_error(e: impl std::fmt::Display) -> Error {
-    Error::Backend {
-        backend: "harness",
-        message: e.to_string(),
-        retryable: false,
-        source: None,
-    }
-}
-
-/// Runs a blocking harness call off the runtime's worker.
-pub async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> leasehold_conformance::servers::Result<T> + Send + 'static,
-) -> leasehold_core::Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(harness_error)?
-        .map_err(harness_error)
-}
+pub use leasehold_conformance::harness_call as blocking;
+pub use leasehold_conformance::harness_error;
 
 /// Deletes the holder's node of `key`, as an operator (or a session expiry) would.
 pub async fn revoke(
