@@ -55,7 +55,7 @@ pub use key::{LockKey, MAX_KEY_LEN};
 pub use lease::{Lease, LeaseOptions};
 pub use lost::LostReason;
 pub use margin::SafetyMargin;
-pub use options::{ClientOptions, UrlParams};
+pub use options::{percent_decode, ClientOptions, UrlParams};
 pub use owner::OwnerToken;
 pub use redact::{redact_url, Secret};
 pub use resource::{FencedRegister, FencedResource, Guarded};

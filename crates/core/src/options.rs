@@ -120,6 +120,25 @@ impl UrlParams {
     }
 }
 
+/// Decodes the `%XX` escapes of a URL part (a user name, a password, a path); `None` for a
+/// malformed escape or bytes that are not UTF-8.
+pub fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,6 +168,18 @@ mod tests {
         ] {
             let r = UrlParams::parse(bad).and_then(|mut p| p.take_client_options());
             assert!(r.is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn percent_decoding_is_strict() {
+        assert_eq!(
+            percent_decode("hun%3Ater%402").as_deref(),
+            Some("hun:ter@2")
+        );
+        assert_eq!(percent_decode("plain").as_deref(), Some("plain"));
+        for bad in ["%", "%4", "%zz", "%ff"] {
+            assert_eq!(percent_decode(bad), None, "{bad}");
         }
     }
 

@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use leasehold_core::{redact_url, ClientOptions, Error, Result, Secret, UrlParams};
+use leasehold_core::{percent_decode, redact_url, ClientOptions, Error, Result, Secret, UrlParams};
 
 /// etcd's default client port, used when an endpoint names none.
 const DEFAULT_PORT: u16 = 2379;
@@ -260,24 +260,6 @@ fn check_namespace(ns: &str) -> std::result::Result<(), String> {
         ));
     }
     Ok(())
-}
-
-/// Decodes `%XX` escapes; `None` for a malformed escape or bytes that are not UTF-8.
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]

@@ -2,7 +2,9 @@
 
 use std::fmt;
 
-use leasehold_core::{redact_url, ClientOptions, Error, Result, Secret, TtlRange, UrlParams};
+use leasehold_core::{
+    percent_decode, redact_url, ClientOptions, Error, Result, Secret, TtlRange, UrlParams,
+};
 
 /// The chroot used when the URL names none, so that lock nodes never land in the server's root
 /// next to `/zookeeper`.
@@ -254,23 +256,6 @@ pub(crate) fn validate_path(path: &str) -> std::result::Result<(), String> {
         }
     }
     Ok(())
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]
