@@ -68,7 +68,7 @@ pub async fn poll_acquire(
     mut backoff: Backoff,
 ) -> Result<Grant> {
     let start = Instant::now();
-    let give_up = start + max_wait;
+    let give_up = crate::time::saturating_add(start, max_wait);
     loop {
         if let Some(grant) = authority.try_acquire(key, ttl).await? {
             return Ok(grant);

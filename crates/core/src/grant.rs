@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use crate::fence::Fence;
 use crate::key::LockKey;
+use crate::loss_signal::LossSignal;
 use crate::owner::OwnerToken;
 
 /// One successful acquisition: who holds which key, with which fence, until when.
@@ -31,6 +32,7 @@ pub struct Grant {
     ttl: Duration,
     deadline: Instant,
     backend: Option<Arc<dyn Any + Send + Sync>>,
+    loss: Option<LossSignal>,
 }
 
 impl Grant {
@@ -50,6 +52,7 @@ impl Grant {
             ttl,
             deadline,
             backend: None,
+            loss: None,
         }
     }
 
@@ -62,6 +65,18 @@ impl Grant {
     /// The backend's bookkeeping, if it is a `T`.
     pub fn backend_state<T: Any + Send + Sync>(&self) -> Option<&T> {
         self.backend.as_deref().and_then(|s| s.downcast_ref::<T>())
+    }
+
+    /// Attaches the signal the backend fires when the session carrying this grant ends, so a
+    /// [`crate::Lease`] learns of the loss at once instead of at its next renewal.
+    pub fn with_loss_signal(mut self, signal: LossSignal) -> Self {
+        self.loss = Some(signal);
+        self
+    }
+
+    /// The backend's loss signal for this grant, if it has one.
+    pub fn loss_signal(&self) -> Option<&LossSignal> {
+        self.loss.as_ref()
     }
 
     /// The same grant with a new local deadline (after a renewal).
@@ -95,9 +110,10 @@ impl Grant {
         self.deadline
     }
 
-    /// Whether the local deadline is still ahead.
+    /// Whether the local deadline is still ahead and the backend has not reported the session
+    /// carrying this grant as ended.
     pub fn is_valid(&self) -> bool {
-        Instant::now() < self.deadline
+        Instant::now() < self.deadline && self.loss.as_ref().is_none_or(|l| l.fired().is_none())
     }
 
     /// How long until the local deadline (zero once it passed).
