@@ -74,6 +74,14 @@ pub enum Error {
         /// Why it was lost.
         reason: LostReason,
     },
+    /// The lease is suspended: its last renewal's outcome is unknown (see
+    /// [`crate::LeaseState::Suspended`]). Do not start a protected side effect now; renewal goes
+    /// on, and the lease is held again or lost before its local deadline.
+    #[error("lease on `{key}` suspended: the last renewal's outcome is unknown")]
+    LeaseSuspended {
+        /// The key whose lease is suspended.
+        key: String,
+    },
     /// The authority could not be reached or did not answer in time. Nobody knows who holds the
     /// lock right now.
     #[error("{backend} authority unavailable: {message}")]
@@ -140,11 +148,14 @@ pub enum Error {
 impl Error {
     /// Whether the same call may succeed if tried again later.
     ///
-    /// `Unavailable`, `Timeout` (contention) and retryable `Backend` errors are; invalid input,
+    /// `Unavailable`, `Timeout` (contention), `LeaseSuspended` and retryable `Backend` errors
+    /// are; invalid input,
     /// lost leases, refused credentials and unsupported operations are not.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Unavailable { .. } | Error::Timeout { .. } => true,
+            Error::Unavailable { .. } | Error::Timeout { .. } | Error::LeaseSuspended { .. } => {
+                true
+            }
             Error::Backend { retryable, .. } => *retryable,
             _ => false,
         }
@@ -164,6 +175,7 @@ impl Error {
             Error::InvalidConfig { .. } => "invalid_config",
             Error::Timeout { .. } => "timeout",
             Error::LeaseLost { .. } => "lease_lost",
+            Error::LeaseSuspended { .. } => "lease_suspended",
             Error::Unavailable { .. } => "unavailable",
             Error::Unauthorized { .. } => "unauthorized",
             Error::Backend { .. } => "backend",

@@ -11,11 +11,14 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::authority::{Authority, Released};
+use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 use crate::fence::Fence;
 use crate::grant::Grant;
 use crate::key::LockKey;
+use crate::lease_state::{LeaseState, LeaseWatch, Published};
 use crate::lost::LostReason;
+use crate::time::saturating_add;
 
 /// How a [`Lease`] renews and ends.
 #[derive(Clone, Debug)]
@@ -74,20 +77,19 @@ impl LeaseOptions {
     }
 }
 
-#[derive(Clone, Debug)]
-struct State {
-    deadline: Instant,
-    lost: Option<LostReason>,
-}
-
 /// A held lease: the [`Grant`] plus background renewal and loss detection.
 ///
 /// * It renews every [`LeaseOptions::with_renew_fraction`] of the TTL (default 1/3), each time
 ///   conditionally on still being the owner.
-/// * [`Lease::lost`] resolves the moment the lease stops being ours: a renewal refused by the
-///   authority ([`LostReason::Refused`]), a renewal that failed at all
-///   ([`LostReason::RenewalFailed`]: when ownership is unknown it is treated as lost, at once), or
-///   the local deadline passing ([`LostReason::DeadlinePassed`]).
+/// * A renewal refused by the authority loses the lease at once ([`LostReason::Refused`]). A
+///   renewal whose outcome is unknown (no answer, a broken connection) *suspends* it
+///   ([`LeaseState::Suspended`]): [`Lease::ensure_valid`] fails at once, renewal is retried with
+///   jittered backoff, and the lease is held again if a renewal lands before the local deadline,
+///   or lost ([`LostReason::RenewalFailed`]) when the deadline passes first.
+/// * A backend that learns its session ended (an etcd lease revoked, a ZooKeeper session
+///   expired) loses every lease on it at once ([`LostReason::SessionEnded`]).
+/// * [`Lease::lost`] resolves the moment the lease is lost; [`Lease::watch`] follows every
+///   change of [`LeaseState`].
 /// * [`Lease::ensure_valid`] is the check to make right before every protected side effect;
 ///   [`Lease::fence`] is the token to send with it.
 /// * [`Lease::release`] frees it. Dropping a lease without releasing it releases it in the
@@ -110,7 +112,7 @@ struct State {
 pub struct Lease {
     authority: Arc<dyn Authority>,
     grant: Grant,
-    state: Arc<watch::Sender<State>>,
+    state: Arc<watch::Sender<Published>>,
     task: Option<JoinHandle<()>>,
     release_on_drop: bool,
 }
@@ -143,9 +145,9 @@ impl Lease {
 
     /// Wraps a grant obtained directly from an authority. Must be called inside a tokio runtime.
     pub fn from_grant(authority: Arc<dyn Authority>, grant: Grant, options: LeaseOptions) -> Lease {
-        let (tx, _) = watch::channel(State {
+        let (tx, _) = watch::channel(Published {
             deadline: grant.deadline(),
-            lost: None,
+            state: LeaseState::Held,
         });
         let state = Arc::new(tx);
         let span = tracing::debug_span!(
@@ -194,30 +196,60 @@ impl Lease {
 
     /// Time left until the local deadline, zero once lost.
     pub fn remaining(&self) -> Duration {
-        let state = self.state.borrow();
-        if state.lost.is_some() {
+        if self.lost_now().is_some() {
             return Duration::ZERO;
         }
-        state.deadline.saturating_duration_since(Instant::now())
+        self.deadline().saturating_duration_since(Instant::now())
     }
 
-    /// `Ok` while the lease is ours: not reported lost and the local deadline still ahead.
+    /// Where the lease stands now. The local deadline and the backend's loss signal are checked
+    /// here too, so the answer is right even before the renewal task has run.
+    pub fn state(&self) -> LeaseState {
+        match self.lost_now() {
+            Some(reason) => LeaseState::Lost(reason),
+            None => self.state.borrow().state.clone(),
+        }
+    }
+
+    /// A watch of the lease's state changes (held, suspended, lost), for a task that must stop
+    /// starting work while the lease is suspended.
+    pub fn watch(&self) -> LeaseWatch {
+        LeaseWatch::new(self.state.subscribe())
+    }
+
+    /// `Ok` while the lease is held: not lost, not suspended, the local deadline still ahead, and
+    /// the backend's session not reported ended.
     ///
     /// Call it right before each protected side effect, and send [`Lease::fence`] along so the
     /// resource can refuse the write if, despite the check, a newer holder got there first (a
     /// pause between this check and the write is exactly what fencing is for).
     pub fn ensure_valid(&self) -> Result<()> {
-        let state = self.state.borrow();
-        if let Some(reason) = &state.lost {
-            return Err(Error::lease_lost(self.grant.key().as_str(), reason.clone()));
+        let key = self.grant.key().as_str();
+        if let Some(reason) = self.lost_now() {
+            return Err(Error::lease_lost(key, reason));
         }
-        if Instant::now() >= state.deadline {
-            return Err(Error::lease_lost(
-                self.grant.key().as_str(),
-                LostReason::DeadlinePassed,
-            ));
+        match &self.state.borrow().state {
+            LeaseState::Suspended => Err(Error::LeaseSuspended {
+                key: key.to_string(),
+            }),
+            _ => Ok(()),
         }
-        Ok(())
+    }
+
+    /// Lost, from what is known this instant: the published state, the backend's signal, the
+    /// local deadline. Never waits for the renewal task.
+    fn lost_now(&self) -> Option<LostReason> {
+        let published = self.state.borrow();
+        if let LeaseState::Lost(reason) = &published.state {
+            return Some(reason.clone());
+        }
+        if let Some(reason) = self.grant.loss_signal().and_then(|s| s.fired()) {
+            return Some(reason);
+        }
+        if Instant::now() >= published.deadline {
+            return Some(LostReason::DeadlinePassed);
+        }
+        None
     }
 
     /// Resolves when the lease is lost (or released), with the reason.
@@ -236,16 +268,20 @@ impl Lease {
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
         let mut rx = self.state.subscribe();
         async move {
-            match rx.wait_for(|s| s.lost.is_some()).await {
-                Ok(state) => state.lost.clone().unwrap_or(LostReason::Released),
-                Err(_) => LostReason::Released,
-            }
+            let lost = match rx.wait_for(|p| p.state.is_lost()).await {
+                Ok(p) => match &p.state {
+                    LeaseState::Lost(reason) => Some(reason.clone()),
+                    _ => None,
+                },
+                Err(_) => None,
+            };
+            lost.unwrap_or(LostReason::Released)
         }
     }
 
     /// Whether the lease has been reported lost.
     pub fn is_lost(&self) -> bool {
-        self.state.borrow().lost.is_some()
+        self.state.borrow().state.is_lost()
     }
 
     /// Stops renewing and releases the lease at the authority (compare-and-release).
@@ -260,12 +296,12 @@ impl Lease {
         if let Some(task) = self.task.take() {
             task.abort();
         }
-        self.state.send_if_modified(|s| {
-            if s.lost.is_none() {
-                s.lost = Some(reason);
-                true
-            } else {
+        self.state.send_if_modified(|p| {
+            if p.state.is_lost() {
                 false
+            } else {
+                p.state = LeaseState::Lost(reason);
+                true
             }
         });
     }
@@ -296,43 +332,96 @@ impl fmt::Debug for Lease {
         let state = self.state.borrow();
         f.debug_struct("Lease")
             .field("grant", &self.grant)
-            .field("lost", &state.lost)
+            .field("state", &state.state)
             .finish_non_exhaustive()
     }
 }
 
-fn mark_lost(state: &watch::Sender<State>, reason: LostReason) {
-    state.send_if_modified(|s| {
-        if s.lost.is_none() {
-            tracing::info!(%reason, "lease lost");
-            s.lost = Some(reason);
-            true
-        } else {
+fn mark_lost(state: &watch::Sender<Published>, reason: LostReason) {
+    state.send_if_modified(|p| {
+        if p.state.is_lost() {
             false
+        } else {
+            tracing::info!(%reason, "lease lost");
+            p.state = LeaseState::Lost(reason);
+            true
         }
     });
 }
 
-/// The background task: renew on schedule, and report loss the moment it happens.
+fn mark(state: &watch::Sender<Published>, next: LeaseState) {
+    state.send_if_modified(|p| {
+        let changed = !p.state.is_lost() && p.state.is_held() != next.is_held();
+        if changed {
+            match next {
+                LeaseState::Suspended => {
+                    tracing::warn!("lease suspended: renewal outcome unknown")
+                }
+                _ => tracing::info!("lease held again: renewal landed"),
+            }
+            p.state = next;
+        }
+        changed
+    });
+}
+
+/// The background task: renew on schedule, and report loss the moment it happens, whether the
+/// renewal task finds it or the backend pushes it.
 async fn keep(
     authority: Arc<dyn Authority>,
     grant: Grant,
-    state: Arc<watch::Sender<State>>,
+    state: Arc<watch::Sender<Published>>,
     options: LeaseOptions,
+) {
+    let session_ended = {
+        let signal = grant.loss_signal().cloned();
+        async move {
+            match signal {
+                Some(signal) => signal.wait().await,
+                None => std::future::pending().await,
+            }
+        }
+    };
+    tokio::select! {
+        reason = session_ended => mark_lost(&state, reason),
+        () = renew_until_lost(&*authority, &grant, &state, &options) => {}
+    }
+}
+
+async fn renew_until_lost(
+    authority: &dyn Authority,
+    grant: &Grant,
+    state: &watch::Sender<Published>,
+    options: &LeaseOptions,
 ) {
     let ttl = grant.ttl();
     let interval = ttl.mul_f64(options.renew_fraction);
-    let hold_until = options.max_hold.map(|h| Instant::now() + h);
+    let hold_until = options.max_hold.map(|h| saturating_add(Instant::now(), h));
+    // Retries of a renewal with unknown outcome: a few per TTL, jittered so a crowd of leases on
+    // one recovering authority does not retry in lockstep.
+    let mut retry = Backoff::new(
+        (ttl / 50).clamp(Duration::from_millis(2), Duration::from_millis(50)),
+        (ttl / 8).clamp(Duration::from_millis(5), Duration::from_millis(500)),
+    );
     let mut last_sent = Instant::now();
+    let mut last_error: Option<Error> = None;
     loop {
-        let deadline = state.borrow().deadline;
-        let mut next = last_sent + interval;
+        let (deadline, suspended) = {
+            let p = state.borrow();
+            (p.deadline, matches!(p.state, LeaseState::Suspended))
+        };
+        let now = Instant::now();
+        let mut next = if suspended {
+            saturating_add(now, retry.next_delay())
+        } else {
+            saturating_add(last_sent, interval)
+        };
         if next >= deadline {
             // The last renewal did not move the deadline far (a backend whose session keep-alive
             // lags behind): try again at half the time left instead of giving up on the lease.
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.saturating_duration_since(now);
             if left >= Duration::from_millis(4) {
-                next = Instant::now() + left / 2;
+                next = now + left / 2;
             }
         }
         let may_renew = options.auto_renew && hold_until.is_none_or(|until| next < until);
@@ -340,36 +429,62 @@ async fn keep(
             tokio::time::sleep_until(deadline).await;
             let reason = if options.auto_renew && !may_renew {
                 LostReason::MaxHoldReached
+            } else if let Some(error) = last_error.take() {
+                LostReason::RenewalFailed(Arc::new(error))
             } else {
                 LostReason::DeadlinePassed
             };
-            mark_lost(&state, reason);
+            let unknown = suspended;
+            mark_lost(state, reason);
+            if unknown {
+                give_back(authority, grant).await;
+            }
             return;
         }
         tokio::time::sleep_until(next).await;
         let sent = Instant::now();
-        match tokio::time::timeout_at(deadline, authority.renew(&grant, ttl)).await {
+        // Bound the attempt so an authority that does not answer suspends the lease while there
+        // is still time to retry: half the time left, but not so short that a loaded machine's
+        // slow answer counts as none.
+        let left = deadline.saturating_duration_since(sent);
+        let bound = (left / 2).max(left.min(ttl / 10));
+        match tokio::time::timeout(bound, authority.renew(grant, ttl)).await {
             Ok(Ok(new_deadline)) => {
                 last_sent = sent;
-                state.send_modify(|s| s.deadline = new_deadline);
+                last_error = None;
+                retry.reset();
+                state.send_modify(|p| p.deadline = new_deadline);
+                mark(state, LeaseState::Held);
             }
             Ok(Err(Error::LeaseLost { reason, .. })) => {
-                mark_lost(&state, reason);
+                mark_lost(state, reason);
+                return;
+            }
+            Ok(Err(error)) if !error.is_retryable() => {
+                tracing::warn!(%error, "renewal failed for good; the lease is lost");
+                mark_lost(state, LostReason::RenewalFailed(Arc::new(error)));
+                give_back(authority, grant).await;
                 return;
             }
             Ok(Err(error)) => {
-                tracing::warn!(%error, "renewal failed; treating the lease as lost");
-                mark_lost(&state, LostReason::RenewalFailed(Arc::new(error)));
-                // Ownership is unknown: free the key if it is still ours so others need not wait
-                // out the TTL. Compare-and-release makes this safe either way.
-                let _ = authority.release(&grant).await;
-                return;
+                tracing::debug!(%error, "renewal outcome unknown; retrying until the deadline");
+                last_error = Some(error);
+                mark(state, LeaseState::Suspended);
             }
             Err(_elapsed) => {
-                mark_lost(&state, LostReason::DeadlinePassed);
-                let _ = authority.release(&grant).await;
-                return;
+                last_error = Some(Error::request_timeout(
+                    authority.capabilities().backend,
+                    "renew",
+                    bound,
+                ));
+                mark(state, LeaseState::Suspended);
             }
         }
     }
+}
+
+/// After a loss whose cause is unknown, free the key if it is still ours so others need not wait
+/// out the TTL. Compare-and-release makes this safe either way; bounded, best effort.
+async fn give_back(authority: &dyn Authority, grant: &Grant) {
+    let _ = tokio::time::timeout(grant.ttl(), authority.release(grant)).await;
 }

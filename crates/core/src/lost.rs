@@ -13,8 +13,9 @@ pub enum LostReason {
     /// The authority said we are not the owner any more: the lease expired there (and may
     /// already belong to someone else), or it was deleted by an operator.
     Refused,
-    /// A renewal failed without an answer (the authority was unreachable or erred). Ownership
-    /// is unknown, so it is treated as lost at once: no new protected side effect may start.
+    /// Renewal failed: either with a permanent error (credentials, configuration), or with
+    /// errors of unknown outcome (the authority unreachable) until the local deadline passed.
+    /// Carries the last error.
     RenewalFailed(Arc<Error>),
     /// The local deadline (monotonic clock, started before the request, minus the safety
     /// margin) passed without a successful renewal.

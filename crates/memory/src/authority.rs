@@ -116,7 +116,7 @@ impl Authority for MemoryAuthority {
     async fn acquire(&self, key: &LockKey, ttl: Duration, max_wait: Duration) -> Result<Grant> {
         TTL.check(ttl)?;
         let start = Instant::now();
-        let give_up = start + max_wait;
+        let give_up = leasehold_core::time::saturating_add(start, max_wait);
         let notify = self.server.waiter(key);
         loop {
             // Register for the release notification before trying, so a release between the

@@ -3,8 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{Authority, Instant, Lease, LeaseOptions, LockKey, LostReason};
-use leasehold_memory::MemoryAuthority;
+use leasehold_core::{
+    Authority, ClientOptions, Error, Instant, Lease, LeaseOptions, LeaseState, LockKey, LossSignal,
+    LostReason,
+};
+use leasehold_memory::{MemoryAuthority, MemoryServer};
 
 const TTL: Duration = Duration::from_millis(300);
 
@@ -20,21 +23,162 @@ async fn lease(a: &MemoryAuthority, options: LeaseOptions) -> Lease {
         .unwrap()
 }
 
+/// A renewal that cannot reach the authority has an unknown outcome: the lease is suspended (no
+/// new side effects), renewal goes on, and only the local deadline passing makes it lost.
 #[tokio::test(start_paused = true)]
-async fn a_failed_renewal_is_loss_at_once_not_at_the_deadline() {
+async fn an_unreachable_authority_suspends_the_lease_until_its_deadline() {
     let a = MemoryAuthority::standalone();
     let l = lease(&a, LeaseOptions::default()).await;
     let deadline = l.deadline();
+    let mut states = l.watch();
     a.server().kill();
+    let state = states.changed().await;
+    assert!(matches!(state, LeaseState::Suspended), "{state:?}");
+    assert!(Instant::now() < deadline, "suspended only at the deadline");
+    let err = l.ensure_valid().unwrap_err();
+    assert!(matches!(err, Error::LeaseSuspended { .. }), "{err}");
+    assert!(l.remaining() > Duration::ZERO);
     let reason = l.lost().await;
-    let at = Instant::now();
-    assert!(matches!(reason, LostReason::RenewalFailed(_)), "{reason:?}");
     assert!(
-        at < deadline,
-        "lost at the deadline, not at the failed renewal"
+        Instant::now() >= deadline,
+        "lost before the deadline: {reason}"
     );
-    assert!(at <= Instant::now() && l.ensure_valid().is_err());
+    assert!(matches!(reason, LostReason::RenewalFailed(_)), "{reason:?}");
+    assert!(matches!(l.state(), LeaseState::Lost(_)));
     assert_eq!(l.remaining(), Duration::ZERO);
+}
+
+/// A pause shorter than the TTL: suspended while the renewal hangs, held again once it lands,
+/// with the same fence and a deadline past the first one.
+#[tokio::test(start_paused = true)]
+async fn a_short_outage_suspends_then_holds_again() {
+    let options = ClientOptions {
+        request_timeout: TTL / 10,
+        ..ClientOptions::default()
+    };
+    let a = MemoryServer::new().authority(options);
+    let l = lease(&a, LeaseOptions::default()).await;
+    let (fence, first) = (l.fence(), l.deadline());
+    let mut states = l.watch();
+    a.server().pause();
+    assert!(matches!(states.changed().await, LeaseState::Suspended));
+    assert!(l.ensure_valid().is_err());
+    assert!(Instant::now() < first);
+    a.server().resume();
+    assert!(matches!(states.changed().await, LeaseState::Held));
+    assert!(Instant::now() < first, "held again only after the deadline");
+    l.ensure_valid().unwrap();
+    assert_eq!(l.fence(), fence);
+    tokio::time::sleep(TTL * 3).await;
+    l.ensure_valid().expect("renewal goes on after the outage");
+    assert!(l.deadline() > first + TTL * 2);
+}
+
+/// A hung renewal (the server never answers within the request timeout) suspends the lease
+/// before the deadline, even when the request timeout is longer than the TTL.
+#[tokio::test(start_paused = true)]
+async fn a_hung_renewal_suspends_before_the_deadline() {
+    let options = ClientOptions {
+        request_timeout: TTL * 10,
+        ..ClientOptions::default()
+    };
+    let a = MemoryServer::new().authority(options);
+    let l = lease(&a, LeaseOptions::default()).await;
+    let deadline = l.deadline();
+    let mut states = l.watch();
+    a.server().pause();
+    assert!(matches!(states.changed().await, LeaseState::Suspended));
+    assert!(Instant::now() < deadline);
+    a.server().resume();
+    assert!(matches!(states.changed().await, LeaseState::Held));
+    l.ensure_valid().unwrap();
+}
+
+/// The backend's loss signal (a session that ended) reaches the lease at once: `ensure_valid`
+/// fails without waiting for the renewal task, and `lost()` resolves long before the next renewal.
+#[tokio::test(start_paused = true)]
+async fn a_fired_loss_signal_ends_the_lease_at_once() {
+    let a = MemoryAuthority::standalone();
+    let signal = LossSignal::new();
+    let grant = a
+        .try_acquire(&key(), TTL)
+        .await
+        .unwrap()
+        .unwrap()
+        .with_loss_signal(signal.clone());
+    let authority: Arc<dyn Authority> = Arc::new(a.clone());
+    let l = Lease::from_grant(authority, grant, LeaseOptions::default());
+    l.ensure_valid().unwrap();
+    let start = Instant::now();
+    signal.fire(LostReason::SessionEnded);
+    // No yield in between: the check itself must see the signal.
+    assert!(l.ensure_valid().is_err());
+    let reason = l.lost().await;
+    assert!(matches!(reason, LostReason::SessionEnded), "{reason:?}");
+    assert!(
+        start.elapsed() < TTL / 10,
+        "lost only after {:?}",
+        start.elapsed()
+    );
+}
+
+/// `ensure_valid` must check the local deadline itself: the renewal task may not have run (a
+/// blocked runtime, a paused process) when the deadline passes.
+#[test]
+fn ensure_valid_checks_the_deadline_without_the_renewal_task() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let a = MemoryAuthority::standalone();
+        let l = lease(&a, LeaseOptions::default().with_auto_renew(false)).await;
+        l.ensure_valid().unwrap();
+        // Block the only runtime thread past the deadline: the lease's task cannot run.
+        std::thread::sleep(TTL + TTL / 2);
+        assert!(!l.is_lost(), "the task ran; this test needs it not to");
+        let err = l.ensure_valid().unwrap_err();
+        assert!(err.is_lease_lost(), "{err}");
+    });
+}
+
+/// `Duration::MAX` is "no limit", not a panic in the renewal task.
+#[tokio::test(start_paused = true)]
+async fn max_hold_of_duration_max_means_no_limit() {
+    let a = MemoryAuthority::standalone();
+    let l = lease(&a, LeaseOptions::default().with_max_hold(Duration::MAX)).await;
+    tokio::time::sleep(TTL * 5).await;
+    l.ensure_valid().expect("still renewing");
+    a.server().revoke(&key());
+    let reason = tokio::time::timeout(TTL * 2, l.lost())
+        .await
+        .expect("lost() resolves");
+    assert!(matches!(reason, LostReason::Refused), "{reason:?}");
+}
+
+/// `max_wait = Duration::MAX` waits as long as it takes, without a panic.
+#[tokio::test(start_paused = true)]
+async fn acquire_with_duration_max_waits_for_the_release() {
+    let a = MemoryAuthority::standalone();
+    let held = a.try_acquire(&key(), TTL).await.unwrap().unwrap();
+    let waiter = tokio::spawn({
+        let a = a.clone();
+        async move { a.acquire(&key(), TTL, Duration::MAX).await }
+    });
+    tokio::time::sleep(TTL / 3).await;
+    let _ = a.release(&held).await.unwrap();
+    let grant = waiter.await.unwrap().unwrap();
+    assert!(grant.fence() > held.fence());
+    let polled = leasehold_core::poll_acquire(
+        &a,
+        &LockKey::new("lease-test-poll").unwrap(),
+        TTL,
+        Duration::MAX,
+        leasehold_core::Backoff::default(),
+    )
+    .await
+    .unwrap();
+    assert!(polled.is_valid());
 }
 
 #[tokio::test(start_paused = true)]
