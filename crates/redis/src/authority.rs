@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leasehold_core::time::{deadline_in, saturating_add};
 use leasehold_core::{
     Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant, Instant, LockKey,
     LostReason, OwnerToken, Released, Result, TtlRange,
@@ -157,7 +158,7 @@ impl RedisAuthority {
         F: FnOnce(MultiplexedConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let give_up = Instant::now() + self.timeout();
+        let give_up = deadline_in(self.timeout());
         let Conn { id, con } = self.connection(what, give_up).await?;
         match tokio::time::timeout_at(give_up, send(con)).await {
             Err(_) => {
@@ -195,7 +196,7 @@ impl RedisAuthority {
         let token = hex(&owner);
         let ttl_ms = ttl.as_millis().to_string();
         let sent = Instant::now();
-        let give_up = sent + self.timeout();
+        let give_up = saturating_add(sent, self.timeout());
         let Conn { id, con } = self.connection("acquire", give_up).await?;
         // From here until the outcome is known, a timeout or a cancellation may leave a lease
         // at the server that nobody was told about: the guard then releases it.
@@ -364,7 +365,7 @@ impl Authority for RedisAuthority {
     async fn acquire(&self, key: &LockKey, ttl: Duration, max_wait: Duration) -> Result<Grant> {
         TTL.check(ttl)?;
         let start = Instant::now();
-        let give_up = start + max_wait;
+        let give_up = saturating_add(start, max_wait);
         let subscription = &self.inner.subscription;
         let notify = subscription
             .waiters()
@@ -402,7 +403,7 @@ impl Authority for RedisAuthority {
             };
             tokio::select! {
                 _ = released => {}
-                _ = tokio::time::sleep_until((now + wait).min(give_up)) => {}
+                _ = tokio::time::sleep_until(saturating_add(now, wait).min(give_up)) => {}
             }
         }
     }

@@ -65,6 +65,11 @@ impl fmt::Debug for RedisConfig {
 
 const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(100);
 
+/// The longest `WAIT` accepted: the longest TTL granted. A wait longer than any lease it
+/// protects means nothing, and Redis refuses timeouts near `i64::MAX` ms, so a larger value
+/// would make every acquisition fail.
+const MAX_WAIT_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
+
 impl RedisConfig {
     /// Parses a `redis://` or `rediss://` URL.
     pub fn from_url(url: &str) -> Result<Self> {
@@ -156,6 +161,14 @@ impl RedisConfig {
                 reason: "waiting for replicas needs at least one replica and a timeout above \
                          zero (WAIT with 0 blocks forever)"
                     .into(),
+            });
+        }
+        if wait.timeout > MAX_WAIT_TIMEOUT {
+            return Err(Error::InvalidConfig {
+                reason: format!(
+                    "wait_timeout_ms ({:?}) must be at most {:?}, the longest TTL",
+                    wait.timeout, MAX_WAIT_TIMEOUT
+                ),
             });
         }
         if wait.timeout >= self.client.request_timeout {

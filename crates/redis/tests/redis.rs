@@ -1115,3 +1115,107 @@ async fn tls_with_a_ca_from_the_url() {
         "{missing:?}"
     );
 }
+
+/// `Duration::MAX` is how a caller says "wait forever". It must not panic (`Instant +
+/// Duration` overflows): on a free key it acquires at once, and on a held key it waits until
+/// the holder releases, against a real server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_with_duration_max_waits_forever_without_panicking() {
+    let server = start().await;
+    let a = Arc::new(RedisAuthority::connect(&url(&server)).await.unwrap());
+    let holder = RedisAuthority::connect(&url(&server)).await.unwrap();
+    let key = LockKey::new("forever").unwrap();
+    let ttl = Duration::from_secs(10);
+
+    let free = tokio::spawn({
+        let (a, key) = (a.clone(), key.clone());
+        async move { a.acquire(&key, ttl, Duration::MAX).await }
+    })
+    .await
+    .expect("acquire on a free key with max_wait = Duration::MAX panicked")
+    .unwrap();
+    assert_eq!(a.release(&free).await.unwrap(), Released::Released);
+
+    let held = holder.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let waiter = tokio::spawn({
+        let (a, key) = (a.clone(), key.clone());
+        async move { a.acquire(&key, ttl, Duration::MAX).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "the waiter got a held key");
+    let released_at = Instant::now();
+    assert_eq!(holder.release(&held).await.unwrap(), Released::Released);
+    // The release is announced: the waiter holds the key long before the holder's TTL would
+    // have ended (half of it leaves room for a loaded machine).
+    let got = tokio::time::timeout(ttl / 2, waiter)
+        .await
+        .expect("the waiter missed the release")
+        .expect("acquire on a held key with max_wait = Duration::MAX panicked")
+        .unwrap();
+    assert!(got.fence() > held.fence());
+    println!("hand-off with max_wait = MAX: {:?}", released_at.elapsed());
+    assert_eq!(a.release(&got).await.unwrap(), Released::Released);
+}
+
+/// Huge durations in the URL (`timeout_ms`, `safety_margin_ms`, `wait_timeout_ms`) are either
+/// refused as invalid or mean "very long"; none of them panics at connect, in a request or
+/// while waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_durations_in_the_url_do_not_panic() {
+    let server = start().await;
+    let max = u64::MAX;
+    let huge_timeout = format!("{}?timeout_ms={max}", server.url());
+    let a = Arc::new(
+        tokio::spawn(async move { RedisAuthority::connect(&huge_timeout).await })
+            .await
+            .expect("connect with timeout_ms = u64::MAX panicked")
+            .unwrap(),
+    );
+    let key = LockKey::new("huge-url").unwrap();
+    let ttl = Duration::from_secs(10);
+    let (g, waited) = tokio::spawn({
+        let (a, key) = (a.clone(), key.clone());
+        async move {
+            let g = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+            // Held by ourselves: the wait ends by max_wait, with the request timeout huge.
+            let waited = a.acquire(&key, ttl, Duration::from_millis(100)).await;
+            (g, waited)
+        }
+    })
+    .await
+    .expect("a request with timeout_ms = u64::MAX panicked");
+    assert!(matches!(waited, Err(Error::Timeout { .. })), "{waited:?}");
+    assert_eq!(a.release(&g).await.unwrap(), Released::Released);
+
+    for params in [
+        format!("safety_margin_ms={max}"),
+        format!(
+            "wait_replicas=1&wait_timeout_ms={}&timeout_ms={max}",
+            max - 1
+        ),
+    ] {
+        let url = format!("{}?{params}", server.url());
+        let outcome = tokio::spawn(async move {
+            match RedisAuthority::connect(&url).await {
+                Ok(a) => {
+                    let key = LockKey::new("huge-url-2").unwrap();
+                    match a.try_acquire(&key, Duration::from_secs(1)).await {
+                        Ok(Some(g)) => a.release(&g).await.map(|_| ()),
+                        Ok(None) => panic!("nobody holds the key"),
+                        Err(e) => Err(e),
+                    }
+                }
+                Err(e) => Err(e),
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{params} panicked"));
+        match outcome {
+            Ok(()) => {}
+            Err(e) => assert!(
+                matches!(e, Error::InvalidUrl { .. } | Error::InvalidConfig { .. }),
+                "{params}: {e:?}"
+            ),
+        }
+    }
+}
