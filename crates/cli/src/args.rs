@@ -14,8 +14,12 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
+/// What `--version` prints.
+pub const VERSION: &str = concat!("leasehold ", env!("CARGO_PKG_VERSION"));
+
 pub const USAGE: &str = "\
 usage: leasehold run [--url URL] --key KEY [--ttl 10s] [--wait 0s] [--grace 5s] -- COMMAND [ARGS...]
+       leasehold --help | --version
 
 Runs COMMAND while holding a lease on KEY from the authority at URL (or $LEASEHOLD_URL):
 postgres://, redis://, rediss://, etcd://, etcds://, zk://, memory://.
@@ -57,12 +61,14 @@ pub fn duration(text: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("`{text}` is too long"))
 }
 
-/// Parses the arguments after the program name.
+/// Parses the arguments after the program name. `Err("")` asks for the usage text and
+/// `Err(VERSION)` for the version, both on stdout with exit status 0.
 pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<RunArgs, String> {
     let mut args = args.into_iter();
     match args.next().as_ref().and_then(|a| a.to_str()) {
         Some("run") => {}
         Some("-h" | "--help" | "help") | None => return Err(String::new()),
+        Some("-V" | "--version") => return Err(VERSION.into()),
         Some(other) => return Err(format!("unknown subcommand `{other}`")),
     }
     let mut url = env_url;

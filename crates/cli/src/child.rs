@@ -46,7 +46,7 @@ impl Child {
                 (None, None) => 1,
             },
             Err(e) => {
-                eprintln!("leasehold: waiting for the command failed: {e}");
+                say!("leasehold: waiting for the command failed: {e}");
                 1
             }
         }

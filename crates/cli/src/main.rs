@@ -9,15 +9,25 @@
 //! is stopped (SIGTERM, then SIGKILL after `--grace`) the moment the lease is lost; unlike
 //! `consul lock`, the child gets a fencing token. See `leasehold run --help` for the exit codes.
 
+/// `eprintln!` without its panic: a closed or broken stderr (`leasehold ... 2>&1 | head`) must
+/// not turn a message into a crash.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod args;
 mod child;
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use leasehold::{Error, Lease, LeaseOptions, LockKey};
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::args::{RunArgs, USAGE};
+use crate::args::{RunArgs, USAGE, VERSION};
 use crate::child::Child;
 
 /// Exit codes, after sysexits.h where one fits.
@@ -43,12 +53,10 @@ fn main() -> ExitCode {
         std::env::var("LEASEHOLD_URL").ok(),
     ) {
         Ok(a) => a,
-        Err(e) if e.is_empty() => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
+        Err(e) if e.is_empty() => return print_out(USAGE),
+        Err(e) if e == VERSION => return print_out(VERSION),
         Err(e) => {
-            eprintln!("leasehold: {e}\n\n{USAGE}");
+            say!("leasehold: {e}\n\n{USAGE}");
             return ExitCode::from(code::USAGE);
         }
     };
@@ -59,16 +67,31 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("leasehold: cannot start: {e}");
+            say!("leasehold: cannot start: {e}");
             return ExitCode::from(code::UNAVAILABLE);
         }
     };
     ExitCode::from(runtime.block_on(run(args)))
 }
 
+/// Prints `text` on stdout. `println!` panics when the reader has gone away (`leasehold --help |
+/// head`: EPIPE, since Rust ignores SIGPIPE); a reader that stopped reading is not an error of
+/// ours, so stop quietly with success, as `ls | head` does.
+fn print_out(text: &str) -> ExitCode {
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{text}").and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            say!("leasehold: writing to stdout: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// The exit code for an error before the command ran.
 fn failed(e: &Error) -> u8 {
-    eprintln!("leasehold: {}", chain(e));
+    say!("leasehold: {}", chain(e));
     match e {
         Error::Timeout { .. } => code::HELD,
         Error::Unavailable { .. } => code::UNAVAILABLE,
@@ -127,7 +150,7 @@ async fn run(args: RunArgs) -> u8 {
     let mut child = match Child::spawn(&args.command, &key, lease.fence(), backend) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("leasehold: cannot start {:?}: {e}", args.command[0]);
+            say!("leasehold: cannot start {:?}: {e}", args.command[0]);
             let _ = lease.release().await;
             return code::CANNOT_START;
         }
@@ -138,19 +161,19 @@ async fn run(args: RunArgs) -> u8 {
     ) else {
         child.stop(args.grace).await;
         let _ = lease.release().await;
-        eprintln!("leasehold: cannot watch for signals");
+        say!("leasehold: cannot watch for signals");
         return code::UNAVAILABLE;
     };
     let lost = lease.lost();
     tokio::select! {
         status = child.wait() => {
             if let Err(e) = lease.release().await {
-                eprintln!("leasehold: releasing the lease failed (its TTL will free it): {}", chain(&e));
+                say!("leasehold: releasing the lease failed (its TTL will free it): {}", chain(&e));
             }
             status
         }
         reason = lost => {
-            eprintln!("leasehold: lease on `{key}` lost ({reason}); stopping the command");
+            say!("leasehold: lease on `{key}` lost ({reason}); stopping the command");
             child.stop(args.grace).await;
             code::LOST
         }

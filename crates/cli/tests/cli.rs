@@ -223,3 +223,35 @@ fn bad_input_and_unreachable_authorities_have_their_exit_codes() {
     assert_eq!(code(&help), 0);
     assert!(String::from_utf8_lossy(&help.stdout).contains("LEASEHOLD_FENCE"));
 }
+
+/// `leasehold --help | head` and friends: a reader that went away is not a panic. The pipe's
+/// read end is closed before `leasehold` starts, so every write to stdout fails with EPIPE.
+#[test]
+fn help_and_version_survive_a_closed_pipe() {
+    for flag in ["--help", "--version", "-V"] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+            .arg(flag)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{flag}: {stderr}");
+        assert_ne!(code(&out), 101, "{flag}: {stderr}");
+    }
+}
+
+#[test]
+fn version_prints_the_package_version() {
+    for flag in ["--version", "-V"] {
+        let out = leasehold(&[flag]);
+        assert_eq!(code(&out), 0, "{flag}: {}", text(&out));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            format!("leasehold {}", env!("CARGO_PKG_VERSION")),
+            "{flag}"
+        );
+    }
+}
