@@ -39,14 +39,25 @@ impl ResourceFactory for InMemoryResources {
     }
 }
 
+/// Lists what a backend keeps at the authority for a key beyond what it keeps on purpose (a fence
+/// counter, a lease-table row): contender keys, nodes or rows of ours. Scenarios that drop
+/// futures check that nothing is left a TTL after the last holder released.
+#[async_trait]
+pub trait Residue: Send + Sync {
+    /// A description of each leftover for `key`; empty when nothing is left.
+    async fn leftovers(&self, key: &LockKey) -> leasehold_core::Result<Vec<String>>;
+}
+
 /// Everything a scenario runs against.
 #[derive(Clone)]
 pub struct Context {
     connector: Arc<dyn Connector>,
     faults: Arc<dyn Faults>,
     resources: Arc<dyn ResourceFactory>,
+    residue: Option<Arc<dyn Residue>>,
     capabilities: Capabilities,
     ttl: Duration,
+    idle_cleanup: Option<Duration>,
     run: String,
 }
 
@@ -73,8 +84,10 @@ impl Context {
             connector,
             faults: Arc::new(NoFaults),
             resources: Arc::new(InMemoryResources),
+            residue: None,
             capabilities,
             ttl,
+            idle_cleanup: None,
             run,
         })
     }
@@ -90,6 +103,31 @@ impl Context {
     pub fn with_resources(mut self, resources: Arc<dyn ResourceFactory>) -> Self {
         self.resources = resources;
         self
+    }
+
+    /// Lets the cancellation scenarios look for contender state left at the authority.
+    pub fn with_residue(mut self, residue: Arc<dyn Residue>) -> Self {
+        self.residue = Some(residue);
+        self
+    }
+
+    /// How long a key must sit idle (released, nobody waiting) before the backend's own cleanup
+    /// has certainly run (ZooKeeper reaping an empty container parent, say). The idle-fence
+    /// scenario waits this long; without it the scenario waits two TTLs.
+    pub fn with_idle_cleanup(mut self, idle: Duration) -> Self {
+        self.idle_cleanup = Some(idle);
+        self
+    }
+
+    /// The residue lister, when the backend's harness offers one.
+    pub fn residue(&self) -> Option<&dyn Residue> {
+        self.residue.as_deref()
+    }
+
+    /// How long the idle-fence scenario waits.
+    pub fn idle_cleanup(&self) -> Duration {
+        self.idle_cleanup
+            .unwrap_or(self.ttl * 2 + self.capabilities.expiry_slack)
     }
 
     /// Overrides the scenarios' TTL (it must be valid for the backend).

@@ -29,6 +29,6 @@ pub mod scenarios;
 pub mod servers;
 mod verdict;
 
-pub use context::{poll_until, Connector, Context, InMemoryResources, ResourceFactory};
+pub use context::{poll_until, Connector, Context, InMemoryResources, Residue, ResourceFactory};
 pub use faults::{harness_call, harness_error, Faults, NoFaults};
 pub use verdict::{Failure, Line, OrFail, Outcome, Report, Verdict};

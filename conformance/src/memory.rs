@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use leasehold_core::{Authority, ClientOptions, FenceSafety, LockKey, Result};
 use leasehold_memory::{MemoryServer, Snapshot};
 
-use crate::context::Connector;
+use crate::context::{Connector, Residue};
 use crate::faults::Faults;
 
 /// Makes clients of one [`MemoryServer`].
@@ -114,5 +114,29 @@ impl Faults for MemoryFaults {
             self.server.unchecked().restore(snapshot);
         }
         Ok(())
+    }
+}
+
+/// What is left on a [`MemoryServer`] for a key: a live lease.
+#[derive(Debug, Clone)]
+pub struct MemoryResidue {
+    server: MemoryServer,
+}
+
+impl MemoryResidue {
+    /// Looks at `server`.
+    pub fn new(server: MemoryServer) -> Self {
+        MemoryResidue { server }
+    }
+}
+
+#[async_trait]
+impl Residue for MemoryResidue {
+    async fn leftovers(&self, key: &LockKey) -> Result<Vec<String>> {
+        Ok(self
+            .server
+            .holder(key)
+            .map(|(_, fence)| vec![format!("a live lease with fence {fence}")])
+            .unwrap_or_default())
     }
 }

@@ -16,7 +16,7 @@ use leasehold_core::{
 use leasehold_memory::{MemoryAuthority, MemoryServer};
 
 use crate::context::{Connector, Context};
-use crate::memory::{MemoryFaults, Replication};
+use crate::memory::{MemoryFaults, MemoryResidue, Replication};
 
 /// The ways an authority can be broken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -36,11 +36,20 @@ pub enum Mutant {
     ExpiredWaiterTold,
     /// Declares linearizable fences while its standby replicates asynchronously.
     LiesAboutFailoverSafety,
+    /// A `try_acquire` dropped after the authority granted it keeps the lease alive for the
+    /// client's lifetime (a session that renews every key it booked), so the key stays blocked.
+    CancelledAttemptKeepsKey,
+    /// Release compares only what the same client reuses (a key named after its session), not
+    /// the grant: a client's late release of its expired grant frees its newer grant.
+    ReleaseComparesClientOnly,
+    /// The fence counter is cleaned up when a key sits idle (a container parent reaped), so
+    /// fences restart after a quiet period.
+    FenceRestartsAfterIdle,
 }
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 7] = [
+    pub const ALL: [Mutant; 10] = [
         Mutant::UnconditionalRelease,
         Mutant::AcquireIgnoresHolder,
         Mutant::FenceRestartsAfterRelease,
@@ -48,7 +57,30 @@ impl Mutant {
         Mutant::DeadlineAfterResponse,
         Mutant::ExpiredWaiterTold,
         Mutant::LiesAboutFailoverSafety,
+        Mutant::CancelledAttemptKeepsKey,
+        Mutant::ReleaseComparesClientOnly,
+        Mutant::FenceRestartsAfterIdle,
     ];
+
+    /// The scenarios written to catch this mutant. The suite has teeth for a rule only if one of
+    /// these fails: another scenario failing by accident proves nothing about the rule.
+    pub fn aimed_at(&self) -> &'static [&'static str] {
+        match self {
+            Mutant::UnconditionalRelease => &["release_after_expiry_keeps_new_holder"],
+            Mutant::AcquireIgnoresHolder => &["exclusion"],
+            Mutant::FenceRestartsAfterRelease => &["fences_increase"],
+            Mutant::RenewWithoutOwnerCheck => &["renew_after_expiry_is_refused"],
+            Mutant::DeadlineAfterResponse => &[
+                "deadline_counts_from_the_request",
+                "delayed_reply_shortens_the_grant",
+            ],
+            Mutant::ExpiredWaiterTold => &["acquire_waits_for_release"],
+            Mutant::LiesAboutFailoverSafety => &["fences_survive_failover"],
+            Mutant::CancelledAttemptKeepsKey => &["cancelled_try_acquire_leaves_nothing"],
+            Mutant::ReleaseComparesClientOnly => &["stale_release_after_reacquire_keeps_new_grant"],
+            Mutant::FenceRestartsAfterIdle => &["fences_grow_after_idle_cleanup"],
+        }
+    }
 }
 
 impl fmt::Display for Mutant {
@@ -63,6 +95,10 @@ pub struct Mutated {
     inner: MemoryAuthority,
     /// Per-key counters for [`Mutant::FenceRestartsAfterRelease`], shared by all clients.
     counters: Arc<Mutex<HashMap<LockKey, u64>>>,
+    /// Per-key (counter, last release) for [`Mutant::FenceRestartsAfterIdle`].
+    idle: Arc<Mutex<HashMap<LockKey, (u64, Instant)>>>,
+    /// This client's latest grant per key, for [`Mutant::ReleaseComparesClientOnly`].
+    latest: Mutex<HashMap<LockKey, Grant>>,
     capabilities: Capabilities,
 }
 
@@ -102,7 +138,37 @@ impl Mutated {
     /// Applies the mutation to a grant the reference authority just issued.
     async fn mutate(&self, grant: Grant, waited: bool) -> Result<Grant> {
         let ttl = grant.ttl();
+        if self.mutant == Mutant::ReleaseComparesClientOnly {
+            lock(&self.latest).insert(grant.key().clone(), grant.clone());
+        }
         match self.mutant {
+            Mutant::FenceRestartsAfterIdle => {
+                let n = {
+                    let mut idle = lock(&self.idle);
+                    let now = Instant::now();
+                    let entry = idle.entry(grant.key().clone()).or_insert((0, now));
+                    if now.saturating_duration_since(entry.1) >= ttl * 2 {
+                        entry.0 = 0;
+                    }
+                    entry.0 += 1;
+                    entry.1 = now;
+                    entry.0
+                };
+                let fence =
+                    Fence::compose("mutant", self.options().epoch, n, FenceSafety::Linearizable)?;
+                Ok(self.rewrap(&grant, fence, grant.deadline()))
+            }
+            Mutant::CancelledAttemptKeepsKey if !waited => {
+                // The reply is on its way back; a caller that drops the future now leaves the
+                // grant booked, and the "session" renews it for as long as the client lives.
+                let mut booked = Booked {
+                    grant: Some(grant.clone()),
+                    inner: self.inner.clone(),
+                };
+                tokio::time::sleep(ttl / 100).await;
+                booked.grant = None;
+                Ok(grant)
+            }
             Mutant::FenceRestartsAfterRelease => {
                 let n = {
                     let mut counters = self.counters();
@@ -175,6 +241,18 @@ impl Authority for Mutated {
 
     async fn release(&self, grant: &Grant) -> Result<Released> {
         match self.mutant {
+            Mutant::ReleaseComparesClientOnly => {
+                // Releases whatever this client holds on the key now.
+                let current = lock(&self.latest).get(grant.key()).cloned();
+                let target = current.unwrap_or_else(|| grant.clone());
+                self.inner.release(original(&target)).await
+            }
+            Mutant::FenceRestartsAfterIdle => {
+                if let Some(entry) = lock(&self.idle).get_mut(grant.key()) {
+                    entry.1 = Instant::now();
+                }
+                self.inner.release(original(grant)).await
+            }
             Mutant::UnconditionalRelease => {
                 self.inner.server().unchecked().remove(grant.key());
                 Ok(Released::Released)
@@ -189,12 +267,40 @@ impl Authority for Mutated {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A grant a dropped `try_acquire` left booked: renewed in the background forever.
+struct Booked {
+    grant: Option<Grant>,
+    inner: MemoryAuthority,
+}
+
+impl Drop for Booked {
+    fn drop(&mut self) {
+        let Some(grant) = self.grant.take() else {
+            return;
+        };
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(grant.ttl() / 3).await;
+                if inner.renew(&grant, grant.ttl()).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
 /// Makes clients of one mutated server.
 #[derive(Debug, Clone)]
 pub struct MutantConnector {
     mutant: Mutant,
     server: MemoryServer,
     counters: Arc<Mutex<HashMap<LockKey, u64>>>,
+    idle: Arc<Mutex<HashMap<LockKey, (u64, Instant)>>>,
 }
 
 impl MutantConnector {
@@ -204,6 +310,7 @@ impl MutantConnector {
             mutant,
             server,
             counters: Arc::default(),
+            idle: Arc::default(),
         }
     }
 }
@@ -217,6 +324,8 @@ impl Connector for MutantConnector {
             mutant: self.mutant,
             inner,
             counters: self.counters.clone(),
+            idle: self.idle.clone(),
+            latest: Mutex::default(),
             capabilities,
         }))
     }
@@ -234,5 +343,6 @@ pub async fn context(mutant: Mutant) -> Result<Context> {
     let connector = Arc::new(MutantConnector::new(mutant, server.clone()));
     Ok(Context::new(connector)
         .await?
+        .with_residue(Arc::new(MemoryResidue::new(server.clone())))
         .with_faults(Arc::new(MemoryFaults::new(server, replication))))
 }

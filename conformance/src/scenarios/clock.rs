@@ -1,25 +1,40 @@
-//! The local deadline counts from before the request.
+//! The local deadline counts from before the request, minus the safety margin.
 
-use leasehold_core::Instant;
+use std::time::Duration;
+
+use leasehold_core::{Error, Instant, SafetyMargin};
 
 use super::helpers::take;
 use crate::context::Context;
 use crate::ensure;
-use crate::verdict::{OrFail, Outcome, Verdict};
+use crate::verdict::{Failure, OrFail, Outcome, Verdict};
+
+/// The latest deadline a grant or renewal sent at `sent` may carry: the TTL minus the default
+/// safety margin, counted from `sent`, plus `slack` for the moments between our reading of the
+/// clock and the backend's own reading before it sent the request.
+fn latest(sent: Instant, ttl: Duration, slack: Duration) -> Instant {
+    sent + ttl - SafetyMargin::default().for_ttl(ttl) + slack
+}
 
 /// A grant's deadline, and a renewal's, are never later than (the instant before the request was
-/// sent) + TTL: counted from the response, the client would believe in its lease for a whole
-/// round trip longer than the authority keeps it.
+/// sent) + TTL − margin: counted from the response, the client would believe in its lease for a
+/// whole round trip longer than the authority keeps it.
+///
+/// On loopback a round trip is far shorter than any margin, so the bound allows only half the
+/// call's own duration as slack: a deadline counted from the reply overshoots by the whole call.
 pub async fn deadline_counts_from_the_request(ctx: &Context) -> Outcome {
     let a = ctx.connect().await?;
     let key = ctx.key("deadline");
     let ttl = ctx.ttl();
     let sent = Instant::now();
     let grant = take(&*a, &key, ttl, "A acquires").await?;
+    let took = sent.elapsed();
     ensure!(
-        grant.deadline() <= sent + ttl,
-        "the grant's deadline is {:?} after the request was sent, beyond the TTL of {ttl:?}",
-        grant.deadline() - sent
+        grant.deadline() <= latest(sent, ttl, took / 2),
+        "the grant's deadline is {:?} after the request was sent (TTL {ttl:?}, margin {:?}, the \
+         call took {took:?}): counted from the reply, or without the margin",
+        grant.deadline() - sent,
+        SafetyMargin::default().for_ttl(ttl)
     );
     ensure!(
         grant.deadline() > sent,
@@ -27,11 +42,74 @@ pub async fn deadline_counts_from_the_request(ctx: &Context) -> Outcome {
     );
     let renew_sent = Instant::now();
     let renewed = a.renew(&grant, ttl).await.or_fail("A renews")?;
+    let took = renew_sent.elapsed();
     ensure!(
-        renewed <= renew_sent + ttl,
-        "the renewal's deadline is {:?} after it was sent, beyond the TTL of {ttl:?}",
+        renewed <= latest(renew_sent, ttl, took / 2),
+        "the renewal's deadline is {:?} after it was sent (TTL {ttl:?}, the call took {took:?})",
         renewed - renew_sent
     );
     let _ = a.release(&grant).await.or_fail("A releases")?;
     Ok(Verdict::Passed)
+}
+
+/// A reply delayed by an unresponsive server (paused for a third of the TTL while the request is
+/// in flight) gives a grant that is already a third shorter: its deadline still counts from
+/// before the request. A backend that reads the clock after the reply overshoots by the pause.
+pub async fn delayed_reply_shortens_the_grant(ctx: &Context) -> Outcome {
+    let a = ctx.connect().await?;
+    let key = ctx.key("deadline-delayed");
+    let ttl = ctx.ttl();
+    // Warm the client up (sessions, connections), so the paused request is the acquire itself.
+    let warm = take(&*a, &key, ttl, "A warms up").await?;
+    let _ = a
+        .release(&warm)
+        .await
+        .or_fail("A releases the warm-up grant")?;
+    match ctx.faults().pause().await {
+        Err(Error::Unsupported { .. }) => {
+            return Ok(Verdict::NotApplicable(
+                "the harness cannot pause the server".into(),
+            ))
+        }
+        other => other.or_fail("pause the server")?,
+    }
+    let pause = ttl / 3;
+    let sent = Instant::now();
+    let request = {
+        let (a, key) = (a.clone(), key.clone());
+        tokio::spawn(async move { a.try_acquire(&key, ttl).await })
+    };
+    tokio::time::sleep(pause).await;
+    ctx.faults().resume().await.or_fail("resume the server")?;
+    let answer = tokio::time::timeout(ttl * 10 + Duration::from_secs(10), request)
+        .await
+        .map_err(|_| Failure::new("the delayed try_acquire never returned"))?
+        .or_fail("the request task")?;
+    let grant = match answer {
+        Ok(Some(grant)) => grant,
+        Ok(None) => return Err(Failure::new("the key was not free")),
+        Err(e) if e.is_retryable() => {
+            return Ok(Verdict::NotApplicable(format!(
+                "the client gave up during a pause of {pause:?} ({e}); the request timeout is \
+                 shorter than a third of the TTL"
+            )))
+        }
+        Err(e) => return Err(Failure::new(format!("the delayed try_acquire: {e}"))),
+    };
+    let took = sent.elapsed();
+    let result = (|| {
+        ensure!(
+            took >= pause,
+            "the request returned after {took:?}, before the server resumed: it was not delayed"
+        );
+        ensure!(
+            grant.deadline() <= latest(sent, ttl, ttl / 20),
+            "the grant's deadline is {:?} after the request was sent although the reply took \
+             {took:?} (TTL {ttl:?}): the deadline counts from the reply",
+            grant.deadline() - sent
+        );
+        Ok(Verdict::Passed)
+    })();
+    let _ = a.release(&grant).await.or_fail("A releases")?;
+    result
 }

@@ -50,6 +50,28 @@ pub async fn fences_increase(ctx: &Context) -> Outcome {
     Ok(Verdict::Passed)
 }
 
+/// After the key sat idle long enough for the backend's own cleanup to run (ZooKeeper reaps an
+/// empty container parent, and a new parent's sequence numbers restart at zero), the next fence
+/// is still greater than the last.
+pub async fn fences_grow_after_idle_cleanup(ctx: &Context) -> Outcome {
+    let (a, b) = (ctx.connect().await?, ctx.connect().await?);
+    let key = ctx.key("fences-idle");
+    let ttl = ctx.ttl();
+    let before = take(&*a, &key, ttl, "A acquires").await?;
+    let _ = a.release(&before).await.or_fail("A releases")?;
+    tokio::time::sleep(ctx.idle_cleanup()).await;
+    let after = take(&*b, &key, ttl, "B acquires after the idle time").await?;
+    let _ = b.release(&after).await.or_fail("B releases")?;
+    ensure!(
+        after.fence() > before.fence(),
+        "after {:?} idle the fence went from {} to {}: the backend's cleanup restarted it",
+        ctx.idle_cleanup(),
+        before.fence(),
+        after.fence()
+    );
+    Ok(Verdict::Passed)
+}
+
 /// Across a crash and restart of the server, fences keep increasing where the backend declares
 /// them durable; where it declares they are not, the reset is shown as declared.
 pub async fn fences_survive_restart(ctx: &Context) -> Outcome {

@@ -13,25 +13,37 @@ use crate::context::Context;
 use crate::verdict::{Failure, Line, Outcome, Report};
 
 mod bad_input;
+mod cancellation;
 mod clock;
 mod exclusion;
 mod expiry;
 mod fences;
+mod forever;
 mod helpers;
 mod outage;
 mod release;
 mod renew;
 mod stale_write;
+mod suspension;
 mod waiting;
 
 pub use bad_input::bad_input_is_refused_without_side_effects;
-pub use clock::deadline_counts_from_the_request;
+pub use cancellation::{
+    cancelled_acquire_leaves_nothing, cancelled_try_acquire_leaves_nothing,
+    dropped_waiter_does_not_delay_handoff, CANCEL_ROUNDS,
+};
+pub use clock::{deadline_counts_from_the_request, delayed_reply_shortens_the_grant};
 pub use exclusion::{contention, exclusion, CONTENDERS, ROUNDS};
 pub use expiry::vanished_holder_frees_within_ttl;
-pub use fences::{fences_increase, fences_survive_failover, fences_survive_restart};
+pub use fences::{
+    fences_grow_after_idle_cleanup, fences_increase, fences_survive_failover,
+    fences_survive_restart,
+};
+pub use forever::duration_max_means_no_limit;
 pub use outage::unresponsive_authority;
 pub use release::{
     dropped_lease_releases, release_after_expiry_keeps_new_holder, release_frees_at_once,
+    stale_release_after_reacquire_keeps_new_grant,
 };
 pub use renew::{
     lease_renews_past_ttl, lost_fires_at_deadline, lost_fires_on_refused_renewal,
@@ -40,6 +52,7 @@ pub use renew::{
 pub use stale_write::{
     stale_write_first_is_accepted_without_claim, stale_write_refused_after_claim,
 };
+pub use suspension::{long_outage_loses_at_the_deadline, short_outage_suspends_then_holds};
 pub use waiting::{acquire_times_out, acquire_waits_for_release, cancelled_waiter_leaves_no_trace};
 
 type ScenarioFuture<'a> = Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
@@ -79,21 +92,30 @@ scenarios![
     exclusion,
     release_frees_at_once,
     release_after_expiry_keeps_new_holder,
+    stale_release_after_reacquire_keeps_new_grant,
     dropped_lease_releases,
     renew_after_expiry_is_refused,
     deadline_counts_from_the_request,
+    delayed_reply_shortens_the_grant,
     lease_renews_past_ttl,
     lost_fires_at_deadline,
     lost_fires_on_refused_renewal,
     vanished_holder_frees_within_ttl,
     fences_increase,
+    fences_grow_after_idle_cleanup,
     acquire_waits_for_release,
     acquire_times_out,
     cancelled_waiter_leaves_no_trace,
+    cancelled_try_acquire_leaves_nothing,
+    cancelled_acquire_leaves_nothing,
+    dropped_waiter_does_not_delay_handoff,
+    duration_max_means_no_limit,
     stale_write_refused_after_claim,
     stale_write_first_is_accepted_without_claim,
     contention,
     unresponsive_authority,
+    short_outage_suspends_then_holds,
+    long_outage_loses_at_the_deadline,
     fences_survive_restart,
     fences_survive_failover,
 ];

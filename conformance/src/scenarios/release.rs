@@ -63,6 +63,50 @@ pub async fn release_after_expiry_keeps_new_holder(ctx: &Context) -> Outcome {
     Ok(Verdict::Passed)
 }
 
+/// A's first grant expires unrenewed, A (the same client) takes the key again, and then releases
+/// the first grant late: the second grant must still hold. A release compared only on what a
+/// client reuses (an etcd key named after the client's session lease, a node name) would free it.
+pub async fn stale_release_after_reacquire_keeps_new_grant(ctx: &Context) -> Outcome {
+    let (a, c) = (ctx.connect().await?, ctx.connect().await?);
+    let key = ctx.key("stale-release-same-client");
+    let ttl = ctx.ttl();
+    let first = take(&*a, &key, ttl, "A acquires").await?;
+    outlive(ctx, &first).await;
+    let (second, _) = acquire_within(ctx, &*a, &key, ttl, Instant::now(), ctx.tolerance())
+        .await?
+        .ok_or_else(|| Failure::new("A could not take the key again after its grant expired"))?;
+    ensure!(
+        second.fence() > first.fence(),
+        "A's second fence {} is not above its first {}",
+        second.fence(),
+        first.fence()
+    );
+    let late = a
+        .release(&first)
+        .await
+        .or_fail("A releases its first grant late")?;
+    ensure!(
+        late == Released::AlreadyGone,
+        "A's late release of its expired first grant said {late:?}"
+    );
+    let by_c = c.try_acquire(&key, ttl).await.or_fail("C tries")?;
+    if let Some(g) = by_c {
+        let _ = c.release(&g).await;
+        return Err(Failure::new(
+            "A's late release of its first grant freed its second: C acquired the key",
+        ));
+    }
+    a.renew(&second, ttl)
+        .await
+        .or_fail("A renews its second grant after the stale release")?;
+    let own = a
+        .release(&second)
+        .await
+        .or_fail("A releases its second grant")?;
+    ensure!(own == Released::Released, "A's own release said {own:?}");
+    Ok(Verdict::Passed)
+}
+
 /// Dropping a `Lease` without releasing it releases it in the background, long before the TTL.
 pub async fn dropped_lease_releases(ctx: &Context) -> Outcome {
     let (a, b) = (ctx.connect().await?, ctx.connect().await?);

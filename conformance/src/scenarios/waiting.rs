@@ -11,7 +11,7 @@ use crate::verdict::{Failure, OrFail, Outcome, Verdict};
 
 /// How soon after a release a waiter must hold the key: a fraction of the TTL for backends that
 /// notify, the tolerance for those that poll.
-fn handoff_bound(ctx: &Context) -> Duration {
+pub(super) fn handoff_bound(ctx: &Context) -> Duration {
     match ctx.capabilities().wait {
         WaitStrategy::Notification => ctx.ttl() / 4 + ctx.capabilities().expiry_slack,
         _ => ctx.tolerance(),

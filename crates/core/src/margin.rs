@@ -58,7 +58,7 @@ impl SafetyMargin {
     /// response, the deadline would include the request's whole round trip, time during which the
     /// authority's TTL was already running.
     pub fn deadline(&self, sent_at: Instant, ttl: Duration) -> Instant {
-        sent_at + ttl.saturating_sub(self.for_ttl(ttl))
+        crate::time::saturating_add(sent_at, ttl.saturating_sub(self.for_ttl(ttl)))
     }
 }
 
@@ -88,5 +88,23 @@ mod tests {
         let sent = Instant::now();
         let d = m.deadline(sent, Duration::from_secs(1));
         assert_eq!(d - sent, Duration::from_millis(985));
+    }
+
+    /// A send time in the past (the reply took 400 ms) must not be replaced by now: the deadline
+    /// is exactly sent + TTL - margin, 400 ms earlier than one counted from the reply.
+    #[tokio::test(start_paused = true)]
+    async fn a_send_in_the_past_shortens_the_deadline() {
+        let m = SafetyMargin::default();
+        let ttl = Duration::from_secs(1);
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_millis(400)).await;
+        let d = m.deadline(sent, ttl);
+        assert_eq!(d, sent + Duration::from_millis(985));
+        assert_eq!(
+            d.saturating_duration_since(Instant::now()),
+            Duration::from_millis(585)
+        );
+        // Saturates instead of panicking for a TTL of Duration::MAX.
+        let _ = m.deadline(sent, Duration::MAX);
     }
 }

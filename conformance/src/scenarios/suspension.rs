@@ -1,0 +1,136 @@
+//! Held, suspended, lost: what a lease does while its authority does not answer.
+
+use leasehold_core::{Error, Instant, Lease, LeaseOptions, LeaseState};
+
+use crate::context::Context;
+use crate::ensure;
+use crate::verdict::{Failure, OrFail, Outcome, Verdict};
+
+/// The server stops answering for three quarters of the TTL, right after A acquired: A's lease is
+/// suspended (`ensure_valid` fails) before its deadline, and held again, with the same fence and a
+/// later deadline, once a renewal lands after the server resumes. A renewal with unknown outcome
+/// is not a loss.
+pub async fn short_outage_suspends_then_holds(ctx: &Context) -> Outcome {
+    let a = ctx.connect().await?;
+    let key = ctx.key("short-outage");
+    // A longer TTL than the suite's, so the windows around the pause are wide in absolute time.
+    let ttl = ctx.capabilities().ttl.at_least(ctx.ttl() * 2);
+    let options = LeaseOptions::default()
+        .with_renew_fraction(0.15)
+        .or_fail("renew fraction")?;
+    let lease = Lease::try_acquire(a, &key, ttl, options)
+        .await
+        .or_fail("A acquires")?
+        .ok_or_else(|| Failure::new("A could not acquire a free key"))?;
+    let (fence, first_deadline) = (lease.fence(), lease.deadline());
+    let mut states = lease.watch();
+    match ctx.faults().pause().await {
+        Err(Error::Unsupported { .. }) => {
+            return Ok(Verdict::NotApplicable(
+                "the harness cannot pause the server".into(),
+            ))
+        }
+        other => other.or_fail("pause the server")?,
+    }
+    let paused = Instant::now();
+    let outage = ttl * 3 / 4;
+    let suspended = tokio::time::timeout(outage, states.changed()).await;
+    tokio::time::sleep_until(paused + outage).await;
+    ctx.faults().resume().await.or_fail("resume the server")?;
+    match suspended {
+        Ok(LeaseState::Suspended) => {}
+        Ok(other) => {
+            return Err(Failure::new(format!(
+                "the lease went {other} during the outage, not suspended"
+            )))
+        }
+        Err(_) => {
+            return Err(Failure::new(format!(
+                "the lease was not suspended within {outage:?} of an unanswered renewal (TTL \
+                 {ttl:?})"
+            )))
+        }
+    }
+    let held = tokio::time::timeout_at(
+        first_deadline + ctx.capabilities().expiry_slack,
+        states.changed(),
+    )
+    .await;
+    match held {
+        Ok(LeaseState::Held) => {}
+        Ok(other) => {
+            return Err(Failure::new(format!(
+                "after the server resumed the lease went {other}, not held again"
+            )))
+        }
+        Err(_) => {
+            return Err(Failure::new(format!(
+                "the lease was still suspended at its deadline, {:?} after the server resumed",
+                first_deadline.saturating_duration_since(paused + outage)
+            )))
+        }
+    }
+    lease
+        .ensure_valid()
+        .or_fail("ensure_valid once held again")?;
+    ensure!(
+        lease.fence() == fence,
+        "the fence changed across the outage"
+    );
+    ensure!(
+        lease.deadline() > first_deadline,
+        "held again but the deadline did not move"
+    );
+    let _ = lease.release().await.or_fail("A releases")?;
+    Ok(Verdict::Passed)
+}
+
+/// The server stops answering for longer than the TTL: the lease is suspended first, and lost
+/// only once its local deadline passed, never before (an unknown outcome is not a refusal).
+pub async fn long_outage_loses_at_the_deadline(ctx: &Context) -> Outcome {
+    let a = ctx.connect().await?;
+    let key = ctx.key("long-outage");
+    let ttl = ctx.ttl();
+    let lease = Lease::try_acquire(a, &key, ttl, LeaseOptions::default())
+        .await
+        .or_fail("A acquires")?
+        .ok_or_else(|| Failure::new("A could not acquire a free key"))?;
+    let mut states = lease.watch();
+    let deadline = lease.deadline();
+    match ctx.faults().pause().await {
+        Err(Error::Unsupported { .. }) => {
+            return Ok(Verdict::NotApplicable(
+                "the harness cannot pause the server".into(),
+            ))
+        }
+        other => other.or_fail("pause the server")?,
+    }
+    let result = async {
+        let bound = deadline + ctx.tolerance();
+        let first = tokio::time::timeout_at(bound, states.changed())
+            .await
+            .map_err(|_| Failure::new("the lease neither suspended nor lost by its deadline"))?;
+        ensure!(
+            matches!(first, LeaseState::Suspended),
+            "the first change during the outage was {first}, not suspended"
+        );
+        let lost = tokio::time::timeout_at(bound, lease.lost())
+            .await
+            .map_err(|_| Failure::new("lost() did not fire by the deadline plus tolerance"))?;
+        let at = Instant::now();
+        ensure!(
+            at >= deadline,
+            "lost ({lost}) {:?} before the local deadline: an unknown outcome ended the lease",
+            deadline - at
+        );
+        ensure!(
+            lease.ensure_valid().is_err(),
+            "ensure_valid passed after the loss"
+        );
+        Ok(())
+    }
+    .await;
+    ctx.faults().resume().await.or_fail("resume the server")?;
+    result?;
+    Ok(Verdict::Passed)
+}
