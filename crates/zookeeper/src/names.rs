@@ -86,22 +86,85 @@ pub(crate) fn contender_prefix(owner: OwnerToken) -> String {
     format!("_c_{}-{LOCK_NAME}", uuid_of(owner))
 }
 
-/// The sequence number of a contender node: the ZooKeeper sequence suffix (10 digits, or 19 for
-/// 64-bit sequences; a leading `-` after `-` or `_` for a counter that overflowed), or `None` for
-/// a child that is not a sequential node.
+/// The sequence number of a contender node as ZooKeeper made it, or `None` for a child that is
+/// not a sequential node.
+///
+/// ZooKeeper appends `%010d` of the parent's child version, an `i32` that goes up with every
+/// child created or deleted: `0000000042`, and past `i32::MAX` negative numbers (`-2147483648`
+/// up to `-000000001`, the sign counting towards the ten characters), then `0000000000` again.
+/// A negative suffix is recognised after a separator (`-lock--000000001`,
+/// `__lock__-2147483648`); 19 digits are a 64-bit sequence (ZOOKEEPER-4706).
 ///
 /// Every recipe that queues sequential nodes under the parent is ordered by this suffix alone,
-/// never by the whole name: the prefixes are random UUIDs.
+/// never by the whole name (the prefixes are random UUIDs), and in the order ZooKeeper made
+/// them, which past `i32::MAX` is not the numeric order: see [`queue`].
 pub fn contender_sequence(name: &str) -> Option<i64> {
     let digits = name.bytes().rev().take_while(u8::is_ascii_digit).count();
-    if digits != 10 && digits != 19 {
-        return None;
-    }
     let start = name.len() - digits;
-    let value: i64 = name[start..].parse().ok()?;
     let before = &name.as_bytes()[..start];
-    let negative = matches!(before, [.., b'-' | b'_', b'-']);
-    Some(if negative { -value } else { value })
+    let signed = matches!(before, [.., b'-' | b'_', b'-']);
+    match (digits, signed) {
+        (19, false) | (10, false) => name[start..].parse().ok(),
+        // `%010d` pads a negative number to nine digits after the sign; one of ten digits has
+        // no padding, and stops at i32::MIN.
+        (9, true) | (10, true) => {
+            let magnitude: i64 = name[start..].parse().ok()?;
+            let fits = if digits == 9 {
+                magnitude > 0
+            } else {
+                (1_000_000_000..=1 << 31).contains(&magnitude)
+            };
+            fits.then_some(-magnitude)
+        }
+        _ => None,
+    }
+}
+
+/// A contender's place in the order ZooKeeper made them: the 32-bit counter read unsigned, so a
+/// negative suffix (made after `2147483647`) comes after every positive one.
+fn creation_key(sequence: i64) -> u64 {
+    match i32::try_from(sequence) {
+        Ok(s) => u64::from(s as u32),
+        Err(_) => sequence as u64,
+    }
+}
+
+/// The children that queue for the lock, in the order ZooKeeper made them: first the holder,
+/// then the waiters.
+///
+/// The 32-bit counter also wraps from `-000000001` to `0000000000`. The contenders present at
+/// once were all made within far less than 2^31 steps of each other, so when the gap between
+/// two neighbours (in unsigned order) is more than half the counter's range, the counter wrapped
+/// there: the ones after the gap are the older ones.
+pub fn queue(children: &[String]) -> Vec<String> {
+    ordered(children).into_iter().map(|c| c.name).collect()
+}
+
+fn ordered(children: &[String]) -> Vec<Contender> {
+    let mut contenders: Vec<Contender> = children
+        .iter()
+        .filter_map(|name| {
+            contender_sequence(name).map(|sequence| Contender {
+                name: name.clone(),
+                sequence,
+            })
+        })
+        .collect();
+    contenders.sort_by(|a, b| {
+        (creation_key(a.sequence), &a.name).cmp(&(creation_key(b.sequence), &b.name))
+    });
+    const HALF: u64 = 1 << 31;
+    let wrapped = contenders.windows(2).position(|pair| {
+        let (a, b) = (
+            creation_key(pair[0].sequence),
+            creation_key(pair[1].sequence),
+        );
+        b <= u64::from(u32::MAX) && b - a > HALF
+    });
+    if let Some(gap) = wrapped {
+        contenders.rotate_left(gap + 1);
+    }
+    contenders
 }
 
 /// One child of a lock's parent that queues for the lock.
@@ -139,28 +202,16 @@ pub(crate) enum Position {
 
 /// Orders `children` and finds the node(s) named with `prefix`.
 pub(crate) fn position(children: &[String], prefix: &str) -> Position {
-    let mut contenders: Vec<Contender> = children
-        .iter()
-        .filter_map(|name| {
-            contender_sequence(name).map(|sequence| Contender {
-                name: name.clone(),
-                sequence,
-            })
-        })
-        .collect();
-    contenders.sort_by_key(|c| c.sequence);
-    let (mut mine, others): (Vec<Contender>, Vec<Contender>) = contenders
-        .into_iter()
-        .partition(|c| c.name.starts_with(prefix));
-    if mine.is_empty() {
+    let contenders = ordered(children);
+    let Some(at) = contenders.iter().position(|c| c.name.starts_with(prefix)) else {
         return Position::Gone;
-    }
-    let me = mine.remove(0);
-    let extras = mine;
-    let mut ahead: Vec<Contender> = others
-        .into_iter()
-        .filter(|c| c.sequence < me.sequence)
-        .collect();
+    };
+    let mut ahead = contenders;
+    let mut rest = ahead.split_off(at).into_iter();
+    let Some(me) = rest.next() else {
+        return Position::Gone;
+    };
+    let extras: Vec<Contender> = rest.filter(|c| c.name.starts_with(prefix)).collect();
     match ahead.pop() {
         None => Position::First { mine: me, extras },
         Some(predecessor) => Position::Behind {
@@ -229,6 +280,66 @@ mod tests {
         );
         for not in ["leader", "lock-", "lock-123", "x0000000001x", "12345678901"] {
             assert_eq!(contender_sequence(not), None, "{not}");
+        }
+    }
+
+    /// ZooKeeper names a sequential node with `%010d` of the parent's child version, an `i32`
+    /// that goes negative past `i32::MAX` (`-2147483648`, ..., `-000000001`) and then wraps to
+    /// `0000000000`. Those names must parse, and order as they were made.
+    #[test]
+    fn sequences_past_i32_max_parse_and_order_as_zookeeper_makes_them() {
+        let c = |seq: &str| format!("_c_00000000-0000-0000-0000-00000000000c-lock-{seq}");
+        let k = |seq: &str| format!("0123456789abcdef__lock__{seq}");
+        assert_eq!(contender_sequence(&c("-000000001")), Some(-1));
+        assert_eq!(contender_sequence(&k("-000000042")), Some(-42));
+        assert_eq!(contender_sequence(&c("-999999999")), Some(-999_999_999));
+        assert_eq!(contender_sequence(&c("-1000000000")), Some(-1_000_000_000));
+        assert_eq!(contender_sequence(&k("-2147483648")), Some(i32::MIN as i64));
+        assert_eq!(contender_sequence(&c("2147483647")), Some(i32::MAX as i64));
+        // Not what `%010d` of an i32 makes.
+        for not in [
+            c("-2147483649"),
+            c("-00000001"),
+            k("-0000000001"),
+            c("000000001"),
+        ] {
+            assert_eq!(contender_sequence(&not), None, "{not}");
+        }
+
+        let me = "_c_ffffffff-0000-0000-0000-000000000000-lock-";
+        // (mine, others): in each case the others were made before mine.
+        for (mine, others) in [
+            // Past i32::MAX: the negative one is the later.
+            ("-2147483648", vec![k("2147483646"), c("2147483647")]),
+            (
+                "-000000001",
+                vec![c("2147483000"), k("-2147483648"), c("-000000002")],
+            ),
+            // Past -1 the counter wraps to 0: still later.
+            ("0000000000", vec![k("-000000003"), c("-000000001")]),
+            ("0000000005", vec![c("-000000001"), k("0000000002")]),
+        ] {
+            let mut children = others.clone();
+            children.push(format!("{me}{mine}"));
+            match position(&children, me) {
+                Position::Behind {
+                    predecessor, ahead, ..
+                } => {
+                    assert_eq!(ahead, others.len(), "{mine} behind {others:?}");
+                    assert_eq!(
+                        predecessor.name,
+                        *others.last().unwrap(),
+                        "{mine} behind {others:?}"
+                    );
+                }
+                other => panic!("{mine} behind {others:?}: {other:?}"),
+            }
+            let mut made = others.clone();
+            made.push(format!("{me}{mine}"));
+            let mut shuffled = made.clone();
+            shuffled.reverse();
+            shuffled.push("leader".into());
+            assert_eq!(queue(&shuffled), made, "the holder is the earliest made");
         }
     }
 

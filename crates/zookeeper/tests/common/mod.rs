@@ -45,14 +45,12 @@ pub async fn raw(hosts: &str) -> zookeeper_client::Client {
 
 /// The children of `key`'s parent that queue for the lock.
 pub async fn contenders(raw: &zookeeper_client::Client, parent: &str) -> Vec<String> {
-    let mut children = match raw.list_children(parent).await {
+    let children = match raw.list_children(parent).await {
         Ok(children) => children,
         Err(zookeeper_client::Error::NoNode) => Vec::new(),
         Err(e) => panic!("list {parent}: {e}"),
     };
-    children.retain(|c| names::contender_sequence(c).is_some());
-    children.sort_by_key(|c| names::contender_sequence(c));
-    children
+    names::queue(&children)
 }
 
 pub struct Clients(pub String);
