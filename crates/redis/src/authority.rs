@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use crate::config::RedisConfig;
 use crate::errors::{self, breaks_connection, BACKEND};
 use crate::keys::KeyLayout;
 use crate::link::{Conn, Link};
-use crate::scripts::{LuaScript, Scripts};
+use crate::scripts::{released, LuaScript, Scripts};
 use crate::subscription::Subscription;
 use crate::token::RedisFence;
 
@@ -37,6 +38,9 @@ struct Inner {
     scripts: Scripts,
     subscription: Subscription,
     capabilities: Capabilities,
+    /// Set once the server refused to announce a release (an ACL without channel rights), so
+    /// that this is logged once, not at every release.
+    announcement_refused: AtomicBool,
 }
 
 /// A Redis server as an [`Authority`].
@@ -122,6 +126,7 @@ impl RedisAuthority {
                 scripts: Scripts::default(),
                 subscription,
                 capabilities,
+                announcement_refused: AtomicBool::new(false),
             }),
         };
         // Fail now, with the right error, on a wrong password or an unreachable server.
@@ -186,6 +191,23 @@ impl RedisAuthority {
             script.run(&mut con, keys, args).await
         })
         .await
+    }
+
+    /// The server deleted our key but refused to announce it: waiters elsewhere find it by
+    /// retrying. Logged once per authority.
+    fn announcement_refused(&self) {
+        if !self
+            .inner
+            .announcement_refused
+            .swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                channel = %self.inner.config.channel,
+                "Redis refused to announce a release on the channel (an ACL user without rights \
+                 on it?); releases still happen, and waiters in other processes find the key \
+                 free by retrying instead of at once"
+            );
+        }
     }
 
     /// One acquisition attempt: the acquire script, then `WAIT` for replicas if configured.
@@ -337,7 +359,7 @@ impl Drop for Pending<'_> {
             let (keys, args) = ([lock_key.as_str()], [token.as_str(), &channel]);
             let release = script.run::<i64>(&mut con, &keys, &args);
             match tokio::time::timeout(ttl, release).await {
-                Ok(Ok(1)) => {
+                Ok(Ok(released::ANNOUNCED | released::UNANNOUNCED)) => {
                     tracing::debug!(%lock_key, "released a lease whose acquisition had no answer")
                 }
                 _ => {
@@ -438,8 +460,10 @@ impl Authority for RedisAuthority {
                 &[&token, &self.inner.config.channel],
             )
             .await?;
-        if released != 1 {
-            return Ok(Released::AlreadyGone);
+        match released {
+            released::ANNOUNCED => {}
+            released::UNANNOUNCED => self.announcement_refused(),
+            _ => return Ok(Released::AlreadyGone),
         }
         // Waiters of this authority need not wait for the announcement to come back.
         self.inner.subscription.waiters().wake(&lock_key);

@@ -41,15 +41,32 @@ return 0
 
 /// Release: delete only if the lock key still holds our owner token, and announce it on the
 /// release channel (payload: the lock key) so waiters try at once. `KEYS[1]` the lock key;
-/// `ARGV[1]` the owner token, `ARGV[2]` the channel. Returns 1 or 0.
+/// `ARGV[1]` the owner token, `ARGV[2]` the channel.
+///
+/// Returns 1 (deleted and announced), 2 (deleted, but the announcement was refused), or 0 (not
+/// ours). The `PUBLISH` runs under `pcall`: an ACL user without rights on the channel (Redis
+/// 7's default for new users, `acl-pubsub-default resetchannels`) can lock keys but not
+/// publish, and a script that failed after its `DEL` would report an error for a release that
+/// happened. Waiters find such a key free by retrying (see `acquire`).
 pub(crate) const RELEASE: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], KEYS[1])
+  local announced = redis.pcall('PUBLISH', ARGV[2], KEYS[1])
+  if type(announced) == 'table' and announced.err then
+    return 2
+  end
   return 1
 end
 return 0
 "#;
+
+/// What [`RELEASE`] answers.
+pub(crate) mod released {
+    /// The key was ours; it is deleted and the release announced.
+    pub(crate) const ANNOUNCED: i64 = 1;
+    /// The key was ours and is deleted, but the server refused the announcement.
+    pub(crate) const UNANNOUNCED: i64 = 2;
+}
 
 /// A script called by its SHA1.
 ///

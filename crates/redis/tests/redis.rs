@@ -1219,3 +1219,85 @@ async fn huge_durations_in_the_url_do_not_panic() {
         }
     }
 }
+
+/// An ACL user created the Redis 7 way (`acl-pubsub-default resetchannels`: no channel rights
+/// unless granted) may lock keys but not publish. Its release deletes the key and must say so,
+/// not fail because the announcement was refused after the `DEL`; and a waiter of such a user
+/// (whose subscription is refused too) still gets the key by retrying, well before the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_by_an_acl_user_without_channel_rights_releases_and_hands_off() {
+    let server = start().await;
+    command(
+        &server,
+        &[
+            "ACL",
+            "SETUSER",
+            "nochan",
+            "on",
+            ">nochan-pw",
+            "~*",
+            "+@all",
+        ],
+    )
+    .await;
+    // The precondition: this user may not publish on the release channel.
+    let dry = {
+        let s = server.clone();
+        blocking(move || {
+            s.command(&[
+                "ACL",
+                "DRYRUN",
+                "nochan",
+                "PUBLISH",
+                "leasehold:released",
+                "x",
+            ])
+        })
+        .await
+    };
+    assert!(
+        !matches!(dry.as_deref(), Ok("OK")),
+        "the user must lack channel rights: {dry:?}"
+    );
+    let acl_url = format!(
+        "redis://nochan:nochan-pw@127.0.0.1:{}?timeout_ms=1000",
+        server.port()
+    );
+    let holder = RedisAuthority::connect(&acl_url).await.unwrap();
+    let waiter = Arc::new(RedisAuthority::connect(&acl_url).await.unwrap());
+    let key = LockKey::new("acl-release").unwrap();
+    let lock_key = holder.config().layout().lock_key(&key);
+    let ttl = Duration::from_secs(10);
+
+    let held = holder.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let task = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        tokio::spawn(async move { waiter.acquire(&key, ttl, ttl).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!task.is_finished(), "the waiter got a held key");
+    let released_at = Instant::now();
+    let released = holder.release(&held).await;
+    assert_eq!(
+        released.as_ref().ok(),
+        Some(&Released::Released),
+        "release under an ACL without channel rights: {released:?}"
+    );
+    // The waiter's subscription is refused as well, so it finds the free key by retrying, not
+    // by the holder's TTL: half of it leaves room for a loaded machine.
+    let got = tokio::time::timeout(ttl / 2, task)
+        .await
+        .expect("the waiter waited for the TTL")
+        .unwrap()
+        .unwrap();
+    println!(
+        "hand-off without channel rights: {:?}",
+        released_at.elapsed()
+    );
+    assert!(got.fence() > held.fence());
+    let value = command(&server, &["GET", &lock_key]).await;
+    assert_eq!(value, got.owner().to_hex(), "the waiter holds the key");
+    assert_eq!(holder.release(&held).await.unwrap(), Released::AlreadyGone);
+    assert_eq!(waiter.release(&got).await.unwrap(), Released::Released);
+    assert_eq!(command(&server, &["EXISTS", &lock_key]).await, "0");
+}
