@@ -9,6 +9,7 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
     SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
+use leasehold_core::time::{deadline_in, saturating_add};
 use leasehold_core::{
     Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Instant, LockKey, LostReason,
     OwnerToken, Released, Result, TtlRange, WaitStrategy,
@@ -219,7 +220,9 @@ impl EtcdAuthority {
             name,
             revision,
         } = &won;
-        session.contenders.held(name, *revision, sent + ttl);
+        session
+            .contenders
+            .held(name, *revision, saturating_add(sent, ttl));
         let fence = EtcdRevision::from_revision(*revision)
             .and_then(|r| r.to_fence(BACKEND, self.inner.config.client.epoch));
         let fence = match fence {
@@ -343,7 +346,7 @@ impl Enqueued {
     /// answer, the session's task keeps trying.
     async fn withdraw_now(mut self, client: &Client, timeout: Duration) {
         self.armed = false;
-        let retry_at = Instant::now() + timeout;
+        let retry_at = deadline_in(timeout);
         let Some(compare) = self
             .session
             .contenders
@@ -460,7 +463,7 @@ impl Authority for EtcdAuthority {
     async fn acquire(&self, key: &LockKey, ttl: Duration, max_wait: Duration) -> Result<Grant> {
         self.check_ttl(ttl)?;
         let start = Instant::now();
-        let give_up = start + max_wait;
+        let give_up = saturating_add(start, max_wait);
         let owner = OwnerToken::generate()?;
         let prefix = self.inner.space.prefix(key);
         let timeout = self.timeout();
@@ -570,7 +573,11 @@ impl Authority for EtcdAuthority {
         }
         let sent = Instant::now();
         // First move the session's withdrawal time, so it cannot delete the key while we look.
-        if !c.session.contenders.renew(&c.name, c.revision, sent + ttl) {
+        if !c
+            .session
+            .contenders
+            .renew(&c.name, c.revision, saturating_add(sent, ttl))
+        {
             return lost(LostReason::Refused);
         }
         // A read: safe to retry on another member while an election is under way.
@@ -626,7 +633,7 @@ impl Authority for EtcdAuthority {
         let _ = c
             .session
             .contenders
-            .withdraw(&c.name, Some(c.revision), Instant::now() + timeout);
+            .withdraw(&c.name, Some(c.revision), deadline_in(timeout));
         let txn = Txn::new()
             .when([Compare::create_revision(
                 c.name.as_str(),

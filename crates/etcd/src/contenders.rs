@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use leasehold_core::time::saturating_add;
 use tokio::time::Instant;
 
 use crate::keys;
@@ -199,7 +200,7 @@ impl Contenders {
             };
             if at <= now {
                 if let State::Withdrawing { revision, retry_at } = state {
-                    *retry_at = now + retry_after;
+                    *retry_at = saturating_add(now, retry_after);
                     due.push((name.clone(), *revision));
                 }
             } else {

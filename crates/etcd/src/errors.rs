@@ -159,7 +159,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, etcd_client::Error>>,
 {
-    let give_up = tokio::time::Instant::now() + timeout;
+    let give_up = leasehold_core::time::deadline_in(timeout);
     let mut pause =
         leasehold_core::Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
     loop {
@@ -167,7 +167,7 @@ where
         match bounded(what, left, request()).await {
             Err(e @ Error::Unavailable { .. }) => {
                 let delay = pause.next_delay();
-                if tokio::time::Instant::now() + delay >= give_up {
+                if leasehold_core::time::deadline_in(delay) >= give_up {
                     return Err(e);
                 }
                 tracing::debug!(error = %e, "{what}: retrying");

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, Txn, TxnOp};
+use leasehold_core::time::{deadline_in, saturating_add};
 use leasehold_core::{Backoff, Error, Result, SafetyMargin};
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
@@ -292,7 +293,7 @@ impl SessionTask {
             Duration::from_millis(20),
             (interval / 2).max(Duration::from_millis(20)),
         );
-        let mut next_keep_alive = Instant::now() + interval;
+        let mut next_keep_alive = deadline_in(interval);
         let mut liveness = self.session.subscribe();
         loop {
             if self.session.is_ended() {
@@ -304,18 +305,10 @@ impl SessionTask {
             if now >= deadline {
                 return Ending::DeadlinePassed;
             }
-            let idle_at = self
-                .session
-                .contenders
-                .idle_since()
-                .map(|since| since + self.settings.idle);
-            if let Some(at) = idle_at {
-                if now >= at
-                    && self
-                        .session
-                        .contenders
-                        .end_if_idle_since(at - self.settings.idle)
-                {
+            let idle_since = self.session.contenders.idle_since();
+            let idle_at = idle_since.map(|since| saturating_add(since, self.settings.idle));
+            if let (Some(since), Some(at)) = (idle_since, idle_at) {
+                if now >= at && self.session.contenders.end_if_idle_since(since) {
                     return Ending::Idle;
                 }
             }
@@ -359,14 +352,14 @@ impl SessionTask {
                     let granted = granted.min(ttl);
                     self.session
                         .extended(self.settings.margin.deadline(sent, granted));
-                    next_keep_alive = sent + interval;
+                    next_keep_alive = saturating_add(sent, interval);
                     retry.reset();
                 }
                 Ok(Ok(None)) => return Ending::LeaseGone,
                 Ok(Err(error)) => {
                     tracing::debug!(%error, lease = self.session.lease, "keep-alive failed; retrying");
                     stream = None;
-                    next_keep_alive = Instant::now() + retry.next_delay();
+                    next_keep_alive = deadline_in(retry.next_delay());
                 }
                 Err(_elapsed) => {
                     // A fresh stream next time: a late answer on this one must never be taken
@@ -376,7 +369,7 @@ impl SessionTask {
                         "keep-alive got no answer; retrying"
                     );
                     stream = None;
-                    next_keep_alive = Instant::now() + retry.next_delay();
+                    next_keep_alive = deadline_in(retry.next_delay());
                 }
             }
         }

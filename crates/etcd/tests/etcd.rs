@@ -896,3 +896,88 @@ async fn tls_and_the_servers_minimum_ttl() {
     assert!(matches!(plain, Error::Unavailable { .. }), "{plain:?}");
     drop(etcd.process);
 }
+
+/// `Duration::MAX` is the natural "wait forever": an acquire with it gets a free key at once and
+/// a held one when it is released, without a panic on `start + max_wait`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duration_max_waits_forever_without_a_panic() {
+    let server = start().await;
+    let (a, b) = (
+        Arc::new(EtcdAuthority::connect(&url(&server)).await.unwrap()),
+        EtcdAuthority::connect(&url(&server)).await.unwrap(),
+    );
+    let key = LockKey::new("forever").unwrap();
+    let ttl = Duration::from_secs(2);
+    let held = a
+        .acquire(&key, ttl, Duration::MAX)
+        .await
+        .expect("a free key");
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move { b.acquire(&key, ttl, Duration::MAX).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the waiter did not wait");
+    assert_eq!(a.release(&held).await.unwrap(), Released::Released);
+    let next = tokio::time::timeout(ttl, waiter)
+        .await
+        .expect("the waiter is woken by the release")
+        .expect("the waiter's task did not panic")
+        .expect("the waiter gets the key");
+    assert!(next.fence() > held.fence());
+    assert_eq!(b.release(&next).await.unwrap(), Released::Released);
+    let lease = Lease::acquire(a.clone(), &key, ttl, Duration::MAX, LeaseOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(lease.release().await.unwrap(), Released::Released);
+}
+
+/// Huge `timeout_ms` and `session_idle_ms` (u64::MAX milliseconds) mean "no limit": acquire,
+/// renew and release work, and the session's task (which adds both to instants) lives on: its
+/// lease is still kept alive three TTLs after the last key was released (a panicked task stops
+/// the keep-alive and the lease would expire within one TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_timeout_and_idle_options_do_not_panic_the_session() {
+    let server = start().await;
+    let raw = raw_client(&server).await;
+    let huge = u64::MAX;
+    let a = Arc::new(
+        EtcdAuthority::connect(&format!(
+            "etcd://{}?timeout_ms={huge}&session_idle_ms={huge}",
+            server.endpoint()
+        ))
+        .await
+        .unwrap(),
+    );
+    let key = LockKey::new("huge-options").unwrap();
+    let ttl = Duration::from_secs(1);
+    let grant = a.try_acquire(&key, ttl).await.unwrap().expect("a free key");
+    assert_eq!(a.release(&grant).await.unwrap(), Released::Released);
+    let lease = Lease::acquire(a.clone(), &key, ttl, Duration::MAX, LeaseOptions::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(ttl * 3).await;
+    lease.ensure_valid().expect("renewed past three TTLs");
+    // Not renewed: the session withdraws the grant at its TTL (a delete retried after the huge
+    // timeout, computed in the session's task).
+    let unrenewed = a
+        .try_acquire(&LockKey::new("huge-options/unrenewed").unwrap(), ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(lease.release().await.unwrap(), Released::Released);
+    let session = a.session_leases()[0];
+    tokio::time::sleep(ttl * 3).await;
+    assert!(
+        lease_alive(&raw, session).await,
+        "the session's keep-alive stopped: its task died"
+    );
+    assert!(matches!(
+        a.renew(&unrenewed, ttl).await,
+        Err(Error::LeaseLost { .. })
+    ));
+    assert!(keys_under(&raw, &a.prefix(unrenewed.key()))
+        .await
+        .is_empty());
+    assert_eq!(a.session_leases(), vec![session], "still the same session");
+}
