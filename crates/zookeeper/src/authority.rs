@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leasehold_core::time::saturating_add;
 use leasehold_core::{
     Authority, Capabilities, Error, FenceSafety, Grant, Instant, LockKey, LostReason, OwnerToken,
     Released, Result, TtlRange, WaitStrategy,
@@ -188,7 +189,7 @@ impl Authority for ZkAuthority {
     async fn acquire(&self, key: &LockKey, ttl: Duration, max_wait: Duration) -> Result<Grant> {
         self.check_ttl(ttl)?;
         let started = Instant::now();
-        let give_up = started + max_wait;
+        let give_up = saturating_add(started, max_wait);
         for _ in 0..SESSION_RETRIES {
             let session = self.inner.sessions.get(ttl).await?;
             match self
@@ -255,7 +256,7 @@ impl Authority for ZkAuthority {
             held.end();
             return Err(Error::lease_lost(key, LostReason::Refused));
         }
-        if !held.extend(sent + ttl) {
+        if !held.extend(saturating_add(sent, ttl)) {
             return Err(Error::lease_lost(key, LostReason::Refused));
         }
         Ok(self.inner.config.client.safety_margin.deadline(sent, ttl))

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
+use leasehold_core::time::saturating_add;
 use leasehold_core::{Error, Grant, Instant, LockKey, OwnerToken};
 use zookeeper_client::{CreateMode, Error as ZkError, EventType};
 
@@ -326,9 +327,9 @@ impl Contender {
             czxid,
             &self.session,
             self.config.clone(),
-            sent + ttl,
+            saturating_add(sent, ttl),
         );
-        tenures.watch(&held, sent + ttl);
+        tenures.watch(&held, saturating_add(sent, ttl));
         self.armed = false;
         if self.uncertain {
             // A late duplicate may still appear: sweep for it, keeping my node.
@@ -487,7 +488,7 @@ impl Contender {
                     // only a quick hand-off takes this path.
                     if event.event_type == EventType::NodeDeleted
                         && mine_untouched
-                        && Instant::now() < sent + ttl / 4
+                        && Instant::now() < saturating_add(sent, ttl / 4)
                     {
                         return self.grant(tenures, ttl, sent).await;
                     }

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leasehold_core::time::deadline_in;
 use leasehold_core::{Error, Instant, Result, TtlRange};
 use zookeeper_client::{Acls, Client, CreateMode, CreateOptions, Error as ZkError};
 
@@ -113,7 +114,7 @@ where
     Fut: Future<Output = std::result::Result<T, ZkError>>,
 {
     let timeout = config.client.request_timeout;
-    let deadline = Instant::now() + timeout;
+    let deadline = deadline_in(timeout);
     loop {
         match tokio::time::timeout_at(deadline, op()).await {
             Err(_) => return Err(errors::timed_out(what, timeout)),

@@ -834,3 +834,49 @@ async fn a_waiter_whose_node_was_deleted_does_not_hold_a_phantom_lease() {
     b.renew(&grant, ttl).await.unwrap();
     let _ = b.release(&grant).await.unwrap();
 }
+
+/// `Duration::MAX` is how a caller says "wait forever", and a URL may carry a request timeout of
+/// `u64::MAX` ms: neither may panic (`Instant + Duration` overflows), on the free path, behind a
+/// holder, in renew and release. The wait behind a holder really waits (it neither fails nor
+/// returns at once) and ends with the holder's release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duration_max_waits_and_huge_timeouts_never_panic() {
+    let hosts = shared_hosts().await;
+    let huge = format!("zk://{hosts}/forever?timeout_ms={}", u64::MAX);
+    let a = ZkAuthority::connect(&huge).await.unwrap();
+    let b = ZkAuthority::connect(&url(&hosts, "/forever"))
+        .await
+        .unwrap();
+    let ttl = a.ttl_range().min.max(Duration::from_secs(1));
+    let k = key("wait-forever");
+
+    let held = b.acquire(&k, ttl, Duration::MAX).await.unwrap();
+    let waiter = tokio::spawn({
+        let (a, k) = (a.clone(), k.clone());
+        async move { a.acquire(&k, ttl, Duration::MAX).await }
+    });
+    // Behind the holder, renewed, for more than a TTL: still waiting.
+    for _ in 0..4 {
+        tokio::time::sleep(ttl / 3).await;
+        b.renew(&held, ttl).await.unwrap();
+    }
+    if waiter.is_finished() {
+        panic!("a wait without limit ended early: {:?}", waiter.await);
+    }
+    let released = Instant::now();
+    let _ = b.release(&held).await.unwrap();
+    let grant = tokio::time::timeout(ttl, waiter)
+        .await
+        .expect("the waiter gets the key within a TTL of the release")
+        .expect("the waiting task did not panic")
+        .unwrap();
+    assert!(grant.fence() > held.fence());
+    eprintln!("hand-off after {:?}", released.elapsed());
+
+    let deadline = a.renew(&grant, ttl).await.unwrap();
+    assert!(deadline > Instant::now());
+    assert!(a.try_acquire(&k, ttl).await.unwrap().is_none());
+    let _ = a.release(&grant).await.unwrap();
+    let again = a.try_acquire(&k, ttl).await.unwrap().expect("free again");
+    let _ = a.release(&again).await.unwrap();
+}
