@@ -32,6 +32,13 @@ const TTL: TtlRange = TtlRange::new(
     Duration::from_millis(1),
 );
 
+/// A waiter's first retry between announcements comes after 10-20 ms ...
+const RETRY_FIRST: Duration = Duration::from_millis(20);
+/// ... and the delay doubles up to 150-300 ms (equal jitter: half fixed, half random).
+const RETRY_CAP: Duration = Duration::from_millis(300);
+/// A waiter whose holder's lease ends before its next retry tries again 5-10 ms after the end.
+const EXPIRY_JITTER: Duration = Duration::from_millis(10);
+
 struct Inner {
     config: RedisConfig,
     link: Link,
@@ -53,8 +60,9 @@ struct Inner {
 /// * Scripts are called by SHA (`EVALSHA`), and sent in full once when the server does not know
 ///   them (after a restart or a failover).
 /// * Waiting: one subscription connection per authority (started by the first waiter) wakes
-///   the waiters of a key when its release is announced; a timer at the holder's remaining TTL
-///   (with jitter) covers holders that vanish or release without announcing.
+///   the waiters of a key when its release is announced; between announcements each waiter
+///   tries again with jittered backoff (10-20 ms, doubling to 150-300 ms, never much past the
+///   holder's remaining TTL), which finds holders that release without announcing.
 /// * Optional `WAIT` for replicas after each acquisition (`?wait_replicas=N`).
 ///
 /// Fences are [`FenceSafety::FailoverUnsafe`] and not durable across a restart without
@@ -393,15 +401,19 @@ impl Authority for RedisAuthority {
             .waiters()
             .for_key(&self.inner.config.layout.lock_key(key));
         subscription.settled(self.timeout().min(max_wait)).await;
-        // Used while the subscription is down, and for holders without a TTL.
-        let mut poll = Backoff::new(Duration::from_millis(5), Duration::from_millis(500));
+        // Announcements make hand-offs immediate, but not every holder announces: a plain
+        // `SET NX PX` client (redis-py's `Lock`, say) deletes its key silently, an ACL may
+        // forbid publishing, a message can be lost, the subscription can be down. So between
+        // announcements the waiter tries again with jittered backoff, capped at a few hundred
+        // ms: one request per waiter per RETRY_CAP/2 at most, and a silent release is found
+        // within one step instead of at the holder's expiry.
+        let mut retry = Backoff::new(RETRY_FIRST, RETRY_CAP);
         loop {
             // Register for the release announcement before the attempt: a release that happens
             // after the attempt ran at the server is then announced to a subscription that
             // already exists, and reaches this waiter.
             let mut released = pin!(notify.notified());
             released.as_mut().enable();
-            let ready = subscription.is_ready();
             let pttl = match self.attempt(key, ttl).await? {
                 Attempt::Won(grant) => return Ok(grant),
                 Attempt::Held { pttl } => pttl,
@@ -413,16 +425,14 @@ impl Authority for RedisAuthority {
                     waited: now - start,
                 });
             }
-            // Fallback for a holder that vanishes, or releases without announcing it: try again
-            // when its lease ends by the server's clock (a duration, never compared with our
-            // wall clock), with jitter so waiters do not arrive together.
-            let jitter =
-                Backoff::new(Duration::from_millis(2), Duration::from_millis(20)).next_delay();
-            let wait = match pttl {
-                Some(remaining) if ready => remaining + jitter,
-                Some(remaining) => remaining.min(poll.next_delay()) + jitter,
-                None => poll.next_delay(),
-            };
+            let mut wait = retry.next_delay();
+            // A lease that ends sooner than that is tried again right after its end by the
+            // server's clock (a duration, never compared with our wall clock), with jitter so
+            // that waiters do not arrive together.
+            if let Some(remaining) = pttl {
+                let jitter = Backoff::new(EXPIRY_JITTER, EXPIRY_JITTER).next_delay();
+                wait = wait.min(remaining.saturating_add(jitter));
+            }
             tokio::select! {
                 _ = released => {}
                 _ = tokio::time::sleep_until(saturating_add(now, wait).min(give_up)) => {}

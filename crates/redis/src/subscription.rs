@@ -11,7 +11,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 /// How often the subscription connection is checked with a `PING`, so a connection whose server
-/// vanished without closing it is noticed and replaced (waiters poll meanwhile).
+/// vanished without closing it is noticed and replaced (waiters rely on their retries meanwhile).
 const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// Waiters of this authority, by Redis lock key.
@@ -52,7 +52,8 @@ pub(crate) enum State {
     Starting,
     /// Subscribed: every release announced from now on reaches the waiters.
     Ready,
-    /// Not subscribed (server unreachable, or pub/sub refused): waiters poll until it is back.
+    /// Not subscribed (server unreachable, or pub/sub refused): waiters find releases by their
+    /// retries alone until it is back.
     Down,
 }
 
@@ -102,11 +103,6 @@ impl Subscription {
 
     pub(crate) fn waiters(&self) -> &Waiters {
         &self.waiters
-    }
-
-    /// Whether releases reach the waiters right now.
-    pub(crate) fn is_ready(&self) -> bool {
-        *self.state.borrow() == State::Ready
     }
 
     /// Starts the subscription on first use and waits at most `bound` for its first attempt to

@@ -734,9 +734,10 @@ async fn scripts_cost_one_round_trip_and_survive_a_flushed_script_cache() {
 }
 
 /// All waiters of an authority share one subscription connection. A holder that never
-/// announces its end (a plain client's lease expiring) is waited for at its TTL, not by polling.
+/// announces its end (a plain client's lease expiring) is found by retries whose backoff is
+/// bounded: no waiter gets the key before the lease ends, and none spins meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_share_one_subscription_and_wait_for_silent_holders_until_their_ttl() {
+async fn waiters_share_one_subscription_and_retry_silent_holders_with_bounded_backoff() {
     let server = start().await;
     let a = Arc::new(RedisAuthority::connect(&url(&server)).await.unwrap());
     let mut con = raw(&server).await;
@@ -779,6 +780,10 @@ async fn waiters_share_one_subscription_and_wait_for_silent_holders_until_their_
         Some(&redis::Value::Int(1)),
         "one subscription for five waiters: {numsub:?}"
     );
+    // A waiter's retry delays are at least 10, 20, 40, 75 ms, then 150 ms each (half of each
+    // backoff step); add its first attempt, the one after the subscription came up and the one
+    // at the holder's expiry.
+    let mut most_attempts = 0;
     for w in waiters {
         let (g, at) = w.await.unwrap();
         g.unwrap();
@@ -786,11 +791,13 @@ async fn waiters_share_one_subscription_and_wait_for_silent_holders_until_their_
             at >= hold - Duration::from_millis(50) && at < hold + Duration::from_millis(700),
             "got it after {at:?}"
         );
+        most_attempts += 7 + at.as_millis() / 150;
     }
     let (sha1, _) = calls(&server, "evalsha").await;
+    println!("{} attempts by 5 waiters in {hold:?}", sha1 - sha0);
     assert!(
-        sha1 - sha0 <= 5 * 3,
-        "{} attempts by 5 waiters: they polled",
+        u128::from(sha1 - sha0) <= most_attempts,
+        "{} attempts by 5 waiters, more than their backoff allows ({most_attempts})",
         sha1 - sha0
     );
     drop(a);
@@ -1300,4 +1307,94 @@ async fn release_by_an_acl_user_without_channel_rights_releases_and_hands_off() 
     assert_eq!(holder.release(&held).await.unwrap(), Released::AlreadyGone);
     assert_eq!(waiter.release(&got).await.unwrap(), Released::Released);
     assert_eq!(command(&server, &["EXISTS", &lock_key]).await, "0");
+}
+
+/// Waits until the authority's subscription is on the release channel (`PUBSUB NUMSUB`).
+async fn wait_subscribed(con: &mut MultiplexedConnection, subscribers: i64) {
+    let since = Instant::now();
+    loop {
+        let numsub: Vec<redis::Value> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg("leasehold:released")
+            .query_async(con)
+            .await
+            .unwrap();
+        if numsub.get(1) == Some(&redis::Value::Int(subscribers)) {
+            return;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(5),
+            "no subscription: {numsub:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A holder that never announces its release (redis-py's `Lock`, any plain `SET NX PX` client,
+/// or a leasehold release whose message was lost) deletes its key long before its TTL. A
+/// waiter whose subscription is up must find the key free within its retry backoff, not sleep
+/// until the expiry it saw at its first try.
+///
+/// The bound: the waiter holds the key less than TTL/2 after the delete. Retrying every few
+/// hundred ms meets it with seconds to spare on a loaded machine. A waiter that sleeps until the
+/// expiry it saw cannot: its first try is after the `SET`, so it wakes at the earliest at
+/// `set + TTL`, which is `TTL - (delete - set)` after the delete; the test checks that
+/// `delete - set < TTL/4`, so that is more than `3/4 TTL` after the delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_holder_that_deletes_without_announcing_hands_off_well_before_its_ttl() {
+    let server = start().await;
+    let waiter = Arc::new(RedisAuthority::connect(&url(&server)).await.unwrap());
+    let mut con = raw(&server).await;
+    let key = LockKey::new("silent-plain-holder").unwrap();
+    let lock_key = waiter.config().layout().lock_key(&key);
+    let ttl = Duration::from_secs(8);
+    let compare_and_delete = redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    );
+
+    let set_at = Instant::now();
+    let set: Option<String> = redis::cmd("SET")
+        .arg(&lock_key)
+        .arg("0123456789abcdef0123456789abcdef")
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl.as_millis() as u64)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(set.as_deref(), Some("OK"));
+    let task = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        tokio::spawn(async move { waiter.acquire(&key, ttl, ttl).await })
+    };
+    // The waiter's subscription is up: the announcement path is live, so this is not the
+    // fallback for a subscription that is down.
+    wait_subscribed(&mut con, 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!task.is_finished(), "the waiter got a held key");
+    let deleted: i64 = compare_and_delete
+        .key(&lock_key)
+        .arg("0123456789abcdef0123456789abcdef")
+        .invoke_async(&mut con)
+        .await
+        .unwrap();
+    let deleted_at = Instant::now();
+    assert_eq!(deleted, 1);
+    assert!(
+        deleted_at - set_at < ttl / 4,
+        "the machine is too slow for this test's bound: {:?} from SET to DEL",
+        deleted_at - set_at
+    );
+    let got = tokio::time::timeout(ttl / 2, task).await;
+    let took = deleted_at.elapsed();
+    let got = got
+        .unwrap_or_else(|_| {
+            panic!("the waiter did not get the free key within TTL/2 ({took:?} after the delete)")
+        })
+        .unwrap()
+        .unwrap();
+    println!("hand-off from a silent plain holder: {took:?} after its delete");
+    let value = command(&server, &["GET", &lock_key]).await;
+    assert_eq!(value, got.owner().to_hex());
+    assert_eq!(waiter.release(&got).await.unwrap(), Released::Released);
 }
