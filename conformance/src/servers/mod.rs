@@ -40,7 +40,7 @@ pub use ports::{free_port, free_ports};
 pub use postgres::PostgresServer;
 pub use process::{CommandSpec, ManagedProcess, READY_TIMEOUT, STOP_GRACE};
 pub use redis::RedisServer;
-pub use zookeeper::{ZkEnsemble, ZkServer};
+pub use zookeeper::{ZkEnsemble, ZkServer, ZK_CONTAINER_CHECK_INTERVAL};
 
 /// A file of the test-only TLS material in `conformance/tls/` (a throwaway CA, and a server
 /// certificate for `127.0.0.1` and `localhost`), for backends' TLS tests.

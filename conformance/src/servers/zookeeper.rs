@@ -24,6 +24,11 @@ pub const ZK_TICK_TIME: Duration = Duration::from_millis(200);
 /// The largest session timeout the harness servers grant.
 pub const ZK_MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How often the harness servers reap empty container nodes (ZooKeeper's default is a minute).
+/// Short, so that tests see what a long-lived deployment sees: a lock's parent removed while
+/// the key is idle. A key idle for twice this (plus a tick) has certainly been reaped.
+pub const ZK_CONTAINER_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+
 /// Debian's ZooKeeper jar; its manifest's `Class-Path` names the other jars it needs.
 const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
 
@@ -128,6 +133,10 @@ impl ZkServer {
             class_path = format!("{class_path}:{SLF4J_SIMPLE_JAR}");
         }
         let mut args: Vec<String> = JVM_FLAGS.iter().map(|s| s.to_string()).collect();
+        args.push(format!(
+            "-Dznode.container.checkIntervalMs={}",
+            ZK_CONTAINER_CHECK_INTERVAL.as_millis()
+        ));
         args.extend([
             "-cp".to_string(),
             class_path,
