@@ -21,6 +21,7 @@ use crate::errors::{self, breaks_connection, BACKEND};
 use crate::keys::KeyLayout;
 use crate::link::{Conn, Link};
 use crate::scripts::{released, LuaScript, Scripts};
+use crate::server::ServerSettings;
 use crate::subscription::Subscription;
 use crate::token::RedisFence;
 
@@ -45,6 +46,8 @@ struct Inner {
     scripts: Scripts,
     subscription: Subscription,
     capabilities: Capabilities,
+    /// The server's eviction and persistence settings, read at connect where allowed.
+    server: Option<ServerSettings>,
     /// Set once the server refused to announce a release (an ACL without channel rights), so
     /// that this is logged once, not at every release.
     announcement_refused: AtomicBool,
@@ -126,24 +129,32 @@ impl RedisAuthority {
             config.channel.clone(),
             timeout,
         );
-        let capabilities = Capabilities::new(BACKEND, FenceSafety::FailoverUnsafe, false, TTL);
-        let authority = RedisAuthority {
+        // Fail now, with the right error, on a wrong password or an unreachable server.
+        let _: String = request_on(&link, timeout, "connect", |mut con| async move {
+            redis::cmd("PING").query_async(&mut con).await
+        })
+        .await?;
+        let server = read_server_settings(&link, &config).await?;
+        let durable = server.as_ref().is_some_and(ServerSettings::durable_fences);
+        let capabilities = Capabilities::new(BACKEND, FenceSafety::FailoverUnsafe, durable, TTL);
+        Ok(RedisAuthority {
             inner: Arc::new(Inner {
                 config,
                 link,
                 scripts: Scripts::default(),
                 subscription,
                 capabilities,
+                server,
                 announcement_refused: AtomicBool::new(false),
             }),
-        };
-        // Fail now, with the right error, on a wrong password or an unreachable server.
-        let _: String = authority
-            .request("connect", |mut con| async move {
-                redis::cmd("PING").query_async(&mut con).await
-            })
-            .await?;
-        Ok(authority)
+        })
+    }
+
+    /// The server's eviction and persistence settings as read at connect, or `None` when the
+    /// server did not allow `CONFIG GET` (then fences are not declared durable, and eviction is
+    /// not checked).
+    pub fn server_settings(&self) -> Option<&ServerSettings> {
+        self.inner.server.as_ref()
     }
 
     /// The configuration.
@@ -157,11 +168,7 @@ impl RedisAuthority {
 
     /// The shared connection, opened if needed, by `give_up`.
     async fn connection(&self, what: &str, give_up: Instant) -> Result<Conn> {
-        match tokio::time::timeout_at(give_up, self.inner.link.get()).await {
-            Err(_) => Err(errors::timed_out(what, self.timeout())),
-            Ok(Err(e)) => Err(errors::map(e, what)),
-            Ok(Ok(conn)) => Ok(conn),
-        }
+        connection_on(&self.inner.link, self.timeout(), what, give_up).await
     }
 
     /// Sends one request, bounded by the request timeout. A connection that times out or breaks
@@ -171,21 +178,7 @@ impl RedisAuthority {
         F: FnOnce(MultiplexedConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let give_up = deadline_in(self.timeout());
-        let Conn { id, con } = self.connection(what, give_up).await?;
-        match tokio::time::timeout_at(give_up, send(con)).await {
-            Err(_) => {
-                self.inner.link.discard(id);
-                Err(errors::timed_out(what, self.timeout()))
-            }
-            Ok(Err(e)) => {
-                if breaks_connection(&e) {
-                    self.inner.link.discard(id);
-                }
-                Err(errors::map(e, what))
-            }
-            Ok(Ok(v)) => Ok(v),
-        }
+        request_on(&self.inner.link, self.timeout(), what, send).await
     }
 
     async fn script<T: redis::FromRedisValue>(
@@ -307,6 +300,109 @@ impl RedisAuthority {
             deadline,
         )))
     }
+}
+
+/// The shared connection of `link`, opened if needed, by `give_up`.
+async fn connection_on(
+    link: &Link,
+    timeout: Duration,
+    what: &str,
+    give_up: Instant,
+) -> Result<Conn> {
+    match tokio::time::timeout_at(give_up, link.get()).await {
+        Err(_) => Err(errors::timed_out(what, timeout)),
+        Ok(Err(e)) => Err(errors::map(e, what)),
+        Ok(Ok(conn)) => Ok(conn),
+    }
+}
+
+/// Sends one request on `link`, bounded by `timeout`. A connection that times out or breaks is
+/// replaced for the next request.
+async fn request_on<T, F, Fut>(link: &Link, timeout: Duration, what: &str, send: F) -> Result<T>
+where
+    F: FnOnce(MultiplexedConnection) -> Fut,
+    Fut: Future<Output = RedisResult<T>>,
+{
+    let give_up = deadline_in(timeout);
+    let Conn { id, con } = connection_on(link, timeout, what, give_up).await?;
+    match tokio::time::timeout_at(give_up, send(con)).await {
+        Err(_) => {
+            link.discard(id);
+            Err(errors::timed_out(what, timeout))
+        }
+        Ok(Err(e)) => {
+            if breaks_connection(&e) {
+                link.discard(id);
+            }
+            Err(errors::map(e, what))
+        }
+        Ok(Ok(v)) => Ok(v),
+    }
+}
+
+/// Reads the eviction policy and persistence settings (one round trip, `CONFIG GET` each) and
+/// warns when the server may evict lock keys or fence counters. `None` when the server refuses
+/// (an ACL user without `CONFIG`, a renamed command): that is no reason to refuse to lock. An
+/// unreachable server is still an error.
+async fn read_server_settings(link: &Link, config: &RedisConfig) -> Result<Option<ServerSettings>> {
+    let timeout = config.client.request_timeout;
+    let read = request_on(
+        link,
+        timeout,
+        "read the server's configuration",
+        |mut con| async move {
+            let mut pipe = redis::pipe();
+            for parameter in ServerSettings::PARAMETERS {
+                pipe.cmd("CONFIG").arg("GET").arg(parameter);
+            }
+            pipe.query_async::<Vec<Vec<String>>>(&mut con).await
+        },
+    )
+    .await;
+    let values = match read {
+        Ok(values) => values,
+        Err(e @ Error::Unavailable { .. }) => return Err(e),
+        Err(error) => {
+            tracing::debug!(
+                %error,
+                "cannot read the Redis server's configuration; eviction is not checked and \
+                 fences are not declared durable"
+            );
+            return Ok(None);
+        }
+    };
+    let value = |i: usize| {
+        values
+            .get(i)
+            .and_then(|pair| pair.get(1))
+            .map(String::as_str)
+    };
+    let (Some(policy), Some(appendonly), Some(appendfsync)) = (value(0), value(1), value(2)) else {
+        tracing::debug!(
+            ?values,
+            "the Redis server did not report its eviction and persistence settings"
+        );
+        return Ok(None);
+    };
+    let settings = ServerSettings::from_values(policy, appendonly, appendfsync);
+    let url = config.redacted_url();
+    if settings.may_evict_fence_counters() {
+        tracing::warn!(
+            %url,
+            "Redis maxmemory-policy is {policy}: under memory pressure the server may evict \
+             fence counters (a key's fences start at 1 again) and lock keys (a lock ends \
+             early); fences are declared not durable. Run lock servers with \
+             maxmemory-policy noeviction"
+        );
+    } else if settings.may_evict_lock_keys() {
+        tracing::warn!(
+            %url,
+            "Redis maxmemory-policy is {policy}: under memory pressure the server may evict \
+             lock keys (a lock ends early, and another client can take it). Run lock servers \
+             with maxmemory-policy noeviction"
+        );
+    }
+    Ok(Some(settings))
 }
 
 /// The owner token as the 32 lowercase hex digits stored in Redis (what

@@ -25,10 +25,12 @@ mod errors;
 mod keys;
 mod link;
 mod scripts;
+mod server;
 mod subscription;
 mod token;
 
 pub use authority::RedisAuthority;
 pub use config::{RedisConfig, WaitReplicas};
 pub use keys::{KeyLayout, DEFAULT_CHANNEL, DEFAULT_PREFIX};
+pub use server::ServerSettings;
 pub use token::RedisFence;

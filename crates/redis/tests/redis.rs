@@ -1398,3 +1398,239 @@ async fn a_plain_holder_that_deletes_without_announcing_hands_off_well_before_it
     assert_eq!(value, got.owner().to_hex());
     assert_eq!(waiter.release(&got).await.unwrap(), Released::Released);
 }
+
+/// Collects the warnings logged on this thread (a minimal `tracing` subscriber, so the tests
+/// need no logging crate).
+#[derive(Clone, Default)]
+struct Warnings(Arc<Mutex<Vec<String>>>);
+
+impl Warnings {
+    fn taken(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+struct Message(String);
+
+impl tracing::field::Visit for Message {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!(" {}={value:?}", field.name()));
+    }
+}
+
+impl tracing::Subscriber for Warnings {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        *metadata.level() <= tracing::Level::WARN
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        self.0.lock().unwrap().push(message.0);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// Sets the server's eviction policy and connects a fresh authority, collecting its warnings.
+async fn connect_under_policy(
+    server: &Arc<RedisServer>,
+    url: &str,
+    policy: &str,
+) -> (RedisAuthority, Vec<String>) {
+    assert_eq!(
+        command(server, &["CONFIG", "SET", "maxmemory-policy", policy]).await,
+        "OK"
+    );
+    let warnings = Warnings::default();
+    let a = {
+        let _guard = tracing::subscriber::set_default(warnings.clone());
+        RedisAuthority::connect(url).await.unwrap()
+    };
+    (a, warnings.taken())
+}
+
+/// An evicting `maxmemory-policy` can drop a lock key (every policy but `noeviction`) or a fence
+/// counter (`allkeys-*`). The authority reads the policy at connect and warns; and since the
+/// server persists every write (`appendonly yes`, `appendfsync always`), it declares its fences
+/// durable exactly when no counter can be evicted. A user that may not read the configuration
+/// connects as before, and nothing is claimed for it.
+///
+/// A current-thread runtime, so that the warnings are logged on the thread that collects them.
+#[tokio::test]
+async fn an_evicting_maxmemory_policy_is_warned_about_and_fences_are_not_declared_durable() {
+    let server = start().await;
+    for (name, value) in [("appendonly", "yes"), ("appendfsync", "always")] {
+        assert_eq!(
+            command(&server, &["CONFIG", "SET", name, value]).await,
+            "OK"
+        );
+    }
+    let url = url(&server);
+
+    let (a, warnings) = connect_under_policy(&server, &url, "allkeys-lru").await;
+    assert!(!a.capabilities().durable_fences);
+    let settings = a
+        .server_settings()
+        .expect("the default user may read the configuration");
+    assert_eq!(settings.maxmemory_policy(), "allkeys-lru");
+    assert!(settings.appendonly() && settings.appendfsync() == "always");
+    assert!(settings.may_evict_fence_counters());
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("allkeys-lru") && w.contains("fence")),
+        "no warning about evicted fence counters: {warnings:?}"
+    );
+
+    let (a, warnings) = connect_under_policy(&server, &url, "volatile-lru").await;
+    assert!(
+        a.capabilities().durable_fences,
+        "volatile-* never evicts a counter (it has no expiry)"
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("volatile-lru") && w.contains("lock key")),
+        "no warning about evicted lock keys: {warnings:?}"
+    );
+
+    let (a, warnings) = connect_under_policy(&server, &url, "noeviction").await;
+    assert!(a.capabilities().durable_fences);
+    assert!(warnings.is_empty(), "{warnings:?}");
+
+    // Without persistence, fences are not durable whatever the policy.
+    assert_eq!(
+        command(&server, &["CONFIG", "SET", "appendonly", "no"]).await,
+        "OK"
+    );
+    let (a, warnings) = connect_under_policy(&server, &url, "noeviction").await;
+    assert!(!a.capabilities().durable_fences);
+    assert!(warnings.is_empty(), "{warnings:?}");
+
+    // A user that may not run CONFIG: it connects and locks; nothing is claimed.
+    command(
+        &server,
+        &[
+            "ACL", "SETUSER", "app", "on", ">app-pw", "~*", "&*", "+@all", "-config",
+        ],
+    )
+    .await;
+    let app_url = format!(
+        "redis://app:app-pw@127.0.0.1:{}?timeout_ms=1000",
+        server.port()
+    );
+    let (app, warnings) = connect_under_policy(&server, &app_url, "allkeys-lru").await;
+    assert!(!app.capabilities().durable_fences);
+    assert_eq!(app.server_settings(), None);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let key = LockKey::new("policy").unwrap();
+    let g = app
+        .try_acquire(&key, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(app.release(&g).await.unwrap(), Released::Released);
+}
+
+/// A Redis that persists every write before acknowledging it (`appendonly yes`,
+/// `appendfsync always`), which the harness does not offer: started here the way the harness
+/// starts servers, and crashed (SIGKILL) and restarted on the same data by its `restart` fault.
+struct PersistentRedis {
+    port: u16,
+    process: leasehold_conformance::servers::ManagedProcess,
+}
+
+impl PersistentRedis {
+    fn start() -> Self {
+        use leasehold_conformance::servers::process::{find_program, server_dir};
+        use leasehold_conformance::servers::{CommandSpec, ManagedProcess, READY_TIMEOUT};
+        let program = find_program("redis-server").expect("redis-server must be installed");
+        let port = free_port().unwrap();
+        let dir = server_dir("redis-aof").unwrap();
+        let args = vec![
+            "--port".to_string(),
+            port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--save".into(),
+            String::new(),
+            "--appendonly".into(),
+            "yes".into(),
+            "--appendfsync".into(),
+            "always".into(),
+            "--dir".into(),
+            dir.path().display().to_string(),
+        ];
+        let process =
+            ManagedProcess::spawn("redis-aof", dir, CommandSpec::new(program, args)).unwrap();
+        let server = PersistentRedis { port, process };
+        server
+            .process
+            .wait_ready(READY_TIMEOUT, || server.ping())
+            .expect("the persistent Redis must start for this test");
+        server
+    }
+
+    fn ping(&self) -> Result<(), String> {
+        let answer = leasehold_conformance::servers::redis::resp_command(
+            self.port,
+            None,
+            &["PING"],
+            Duration::from_secs(1),
+        )?;
+        if answer == "PONG" {
+            Ok(())
+        } else {
+            Err(format!("PING answered {answer:?}"))
+        }
+    }
+
+    fn crash_and_restart(&self) -> leasehold_conformance::servers::Result<()> {
+        self.process.kill()?;
+        self.process.respawn()?;
+        self.process
+            .wait_ready(leasehold_conformance::servers::READY_TIMEOUT, || {
+                self.ping()
+            })
+    }
+}
+
+struct PersistentFaults(Arc<PersistentRedis>);
+
+#[async_trait]
+impl Faults for PersistentFaults {
+    async fn restart(&self) -> leasehold_core::Result<()> {
+        let server = self.0.clone();
+        blocking(move || server.crash_and_restart())
+            .await
+            .map_err(harness_error)
+    }
+}
+
+/// Where the server persists every write before acknowledging it and evicts no counter, the
+/// authority declares its fences durable, and they are: across a crash (SIGKILL) and restart,
+/// fences keep growing (the shared scenario passes, where without persistence it reports the
+/// declared reset).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_declared_durable_on_an_fsyncing_server_survive_a_crash() {
+    let server = Arc::new(blocking(PersistentRedis::start).await);
+    let url = format!("redis://127.0.0.1:{}?timeout_ms=1000", server.port);
+    let a = RedisAuthority::connect(&url).await.unwrap();
+    assert!(
+        a.capabilities().durable_fences,
+        "appendonly yes, appendfsync always, noeviction: {:?}",
+        a.server_settings()
+    );
+    let ctx = Context::new(Arc::new(Clients(Arc::new(Mutex::new(url)))))
+        .await
+        .unwrap()
+        .with_faults(Arc::new(PersistentFaults(server.clone())));
+    assert!(ctx.capabilities().durable_fences);
+    let outcome = scenarios::fences_survive_restart(&ctx).await;
+    assert_eq!(outcome, Ok(Verdict::Passed), "{outcome:?}");
+}
