@@ -69,7 +69,10 @@ struct Inner {
 /// * Optional `WAIT` for replicas after each acquisition (`?wait_replicas=N`).
 ///
 /// Fences are [`FenceSafety::FailoverUnsafe`] and not durable across a restart without
-/// persistence; see [`RedisFence`] and docs/redis.md. The key layout is in
+/// persistence; see [`RedisFence`] and docs/redis.md. At connect the authority reads the
+/// server's eviction policy and persistence ([`ServerSettings`]): it warns when lock keys or
+/// fence counters may be evicted, and declares durable fences only where every write is fsynced
+/// before it is acknowledged and no counter can be evicted. The key layout is in
 /// [`crate::KeyLayout`].
 ///
 /// Clones share the connection and the subscription.

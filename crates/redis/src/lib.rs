@@ -13,7 +13,8 @@
 //!
 //! **Fences from Redis are failover-unsafe**, and not durable across a restart without
 //! persistence: a replica promoted before it saw the last `INCR` hands the same fence out again.
-//! The authority declares this in its capabilities. Use Redis for efficiency locks (a duplicate
+//! The authority declares this in its capabilities (fences count as durable only on a server
+//! seen at connect to fsync every write and evict no counter: [`ServerSettings`]). Use Redis for efficiency locks (a duplicate
 //! is wasted work, not damage), or raise the deployment epoch after every failover and restart;
 //! see docs/redis.md and docs/guarantees.md.
 #![deny(missing_docs)]
