@@ -1284,7 +1284,12 @@ async fn release_by_an_acl_user_without_channel_rights_releases_and_hands_off() 
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!task.is_finished(), "the waiter got a held key");
     let released_at = Instant::now();
-    let released = holder.release(&held).await;
+    let warnings = Warnings::default();
+    let released = {
+        // The release runs on this thread: its warning is collected here.
+        let _guard = tracing::subscriber::set_default(warnings.clone());
+        holder.release(&held).await
+    };
     assert_eq!(
         released.as_ref().ok(),
         Some(&Released::Released),
@@ -1305,8 +1310,20 @@ async fn release_by_an_acl_user_without_channel_rights_releases_and_hands_off() 
     let value = command(&server, &["GET", &lock_key]).await;
     assert_eq!(value, got.owner().to_hex(), "the waiter holds the key");
     assert_eq!(holder.release(&held).await.unwrap(), Released::AlreadyGone);
+    let again = holder.try_acquire(&key, ttl).await;
+    assert!(matches!(again, Ok(None)), "{again:?}");
     assert_eq!(waiter.release(&got).await.unwrap(), Released::Released);
     assert_eq!(command(&server, &["EXISTS", &lock_key]).await, "0");
+    // One warning for the refused announcement, and only one, however many releases.
+    let second = holder.try_acquire(&key, ttl).await.unwrap().unwrap();
+    {
+        let _guard = tracing::subscriber::set_default(warnings.clone());
+        assert_eq!(holder.release(&second).await.unwrap(), Released::Released);
+    }
+    let warnings = warnings.taken();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("announce"), "{warnings:?}");
+    assert!(!warnings[0].contains("nochan-pw"), "{warnings:?}");
 }
 
 /// Waits until the authority's subscription is on the release channel (`PUBSUB NUMSUB`).
