@@ -1651,3 +1651,51 @@ async fn fences_declared_durable_on_an_fsyncing_server_survive_a_crash() {
     let outcome = scenarios::fences_survive_restart(&ctx).await;
     assert_eq!(outcome, Ok(Verdict::Passed), "{outcome:?}");
 }
+
+/// A leasehold release whose announcement never reaches the waiter (here: the holder announces
+/// on another channel, as a misconfigured client, or a message lost on the way would) is found
+/// by the waiter's retries, well before the holder's TTL. The bound is derived as in
+/// `a_plain_holder_that_deletes_without_announcing_hands_off_well_before_its_ttl`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_announcement_is_lost_is_found_well_before_the_ttl() {
+    let server = start().await;
+    let holder = RedisAuthority::connect(&format!("{}&channel=elsewhere", url(&server)))
+        .await
+        .unwrap();
+    let waiter = Arc::new(RedisAuthority::connect(&url(&server)).await.unwrap());
+    let mut con = raw(&server).await;
+    let key = LockKey::new("lost-announcement").unwrap();
+    let ttl = Duration::from_secs(8);
+    let held = holder.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let acquired_at = Instant::now();
+    let task = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        tokio::spawn(async move { waiter.acquire(&key, ttl, ttl).await })
+    };
+    wait_subscribed(&mut con, 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!task.is_finished(), "the waiter got a held key");
+    assert_eq!(holder.release(&held).await.unwrap(), Released::Released);
+    let released_at = Instant::now();
+    assert!(
+        released_at - acquired_at < ttl / 4,
+        "the machine is too slow for this test's bound: {:?} from acquire to release",
+        released_at - acquired_at
+    );
+    let got = tokio::time::timeout(ttl / 2, task)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the waiter did not get the free key within TTL/2 ({:?} after the release)",
+                released_at.elapsed()
+            )
+        })
+        .unwrap()
+        .unwrap();
+    println!(
+        "hand-off after a lost announcement: {:?}",
+        released_at.elapsed()
+    );
+    assert!(got.fence() > held.fence());
+    assert_eq!(waiter.release(&got).await.unwrap(), Released::Released);
+}
