@@ -11,8 +11,8 @@ use etcd_client::{
 };
 use leasehold_core::time::{deadline_in, saturating_add};
 use leasehold_core::{
-    Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Instant, LockKey, LostReason,
-    OwnerToken, Released, Result, TtlRange, WaitStrategy,
+    Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Instant, LockKey, LossSignal,
+    LostReason, OwnerToken, Released, Result, TtlRange, WaitStrategy,
 };
 use tokio::sync::watch;
 
@@ -38,6 +38,7 @@ const SESSION_RETRIES: usize = 3;
 pub(crate) struct Contender {
     pub(crate) session: Arc<Session>,
     pub(crate) name: String,
+    pub(crate) owner: OwnerToken,
     pub(crate) revision: i64,
 }
 
@@ -207,31 +208,34 @@ impl EtcdAuthority {
     }
 
     /// The grant for contender `won`, which holds the lock as of the request sent at `sent`.
-    fn grant(
-        &self,
-        key: &LockKey,
-        owner: OwnerToken,
-        won: Contender,
-        ttl: Duration,
-        sent: Instant,
-    ) -> Result<Grant> {
+    fn grant(&self, key: &LockKey, won: Contender, ttl: Duration, sent: Instant) -> Result<Grant> {
         let Contender {
             session,
             name,
+            owner,
             revision,
         } = &won;
-        session
-            .contenders
-            .held(name, *revision, saturating_add(sent, ttl));
         let fence = EtcdRevision::from_revision(*revision)
             .and_then(|r| r.to_fence(BACKEND, self.inner.config.client.epoch));
         let fence = match fence {
             Ok(fence) => fence,
             Err(error) => {
-                session.withdraw_later(name, Some(*revision));
+                session.withdraw_later(name, *owner, Some(*revision));
                 return Err(error);
             }
         };
+        let loss = LossSignal::new();
+        session.contenders.held(
+            name,
+            *owner,
+            *revision,
+            saturating_add(sent, ttl),
+            loss.clone(),
+        );
+        if session.is_ended() {
+            // Ended between the write and now: `end` may have missed this key.
+            loss.fire(LostReason::SessionEnded);
+        }
         // The key lives as long as the session's lease, and the session withdraws it at
         // `sent + ttl` unless renewed: the grant is good until the earlier of the two.
         let deadline = self
@@ -241,7 +245,9 @@ impl EtcdAuthority {
             .safety_margin
             .deadline(sent, ttl)
             .min(session.deadline());
-        Ok(Grant::new(key.clone(), owner, fence, ttl, deadline).with_backend_state(won))
+        Ok(Grant::new(key.clone(), *owner, fence, ttl, deadline)
+            .with_loss_signal(loss)
+            .with_backend_state(won))
     }
 }
 
@@ -268,6 +274,25 @@ fn oldest() -> GetOptions {
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Ascend)
         .with_limit(1)
+}
+
+/// Whether `kv`, found under a lock prefix, is a key of `session`'s lease that the session does
+/// not know: the orphan of a write whose answer was lost, which nobody but us will delete.
+pub(crate) fn is_orphan(session: &Session, kv: &KeyValue) -> bool {
+    kv.lease() == session.lease()
+        && kv.key_str().is_ok_and(|k| {
+            !session
+                .contenders
+                .knows(k, kv.value(), kv.create_revision())
+        })
+}
+
+/// Deletes an orphan `kv` by its create revision: never a newer key under the same name.
+pub(crate) async fn delete_orphan(client: &Client, kv: &KeyValue, timeout: Duration) -> Result<()> {
+    let name = kv.key_str().unwrap_or_default();
+    let guard = Compare::create_revision(name, CompareOp::Equal, kv.create_revision());
+    delete_contender(client, name, guard, timeout).await?;
+    Ok(())
 }
 
 fn on_lease(session: &Session) -> PutOptions {
@@ -314,60 +339,81 @@ fn tls_options(files: &TlsFiles) -> Result<etcd_client::TlsOptions> {
     Ok(tls)
 }
 
-/// A contender key a waiter wrote: deleted when the waiter gives up, is cancelled (the future
-/// dropped) or fails, unless it won.
-struct Enqueued {
+/// A contender key booked for one acquisition: deleted when the acquire gives up, is cancelled
+/// (its future dropped at any await) or fails, unless it won or is known not to exist. Both
+/// `acquire` and `try_acquire` hold one from the reservation on, so no await in between can
+/// leave a key behind on the session's kept-alive lease.
+struct Booked {
     session: Arc<Session>,
     name: String,
+    owner: OwnerToken,
     revision: Option<i64>,
     armed: bool,
 }
 
-impl Enqueued {
-    /// The key now exists at `revision`.
+impl Booked {
+    /// Books a fresh contender key under `prefix` for `owner`, or `None` if the session ended.
+    fn reserve(session: &Arc<Session>, prefix: &str, owner: OwnerToken) -> Option<Self> {
+        let name = session.contenders.reserve(prefix, session.lease(), owner)?;
+        Some(Booked {
+            session: session.clone(),
+            name,
+            owner,
+            revision: None,
+            armed: true,
+        })
+    }
+
+    /// The key now exists at `revision` and waits for its turn.
     fn written(&mut self, revision: i64) {
         self.revision = Some(revision);
-        self.session.contenders.waiting(&self.name, revision);
+        self.session
+            .contenders
+            .waiting(&self.name, self.owner, revision);
     }
 
     /// The key is known to be gone (or was never written): nothing to delete.
     fn forget(mut self) {
         self.armed = false;
-        self.session.contenders.forget(&self.name, self.revision);
+        self.session.contenders.forget(&self.name, self.owner);
     }
 
-    /// The key won: it is a held contender now, the grant's business.
-    fn won(mut self) -> (Arc<Session>, String) {
+    /// The key won at `revision`: it is a held contender now, the grant's business.
+    fn won(mut self, revision: i64) -> Contender {
         self.armed = false;
-        (self.session.clone(), std::mem::take(&mut self.name))
+        Contender {
+            session: self.session.clone(),
+            name: std::mem::take(&mut self.name),
+            owner: self.owner,
+            revision,
+        }
     }
 
     /// Deletes the key now, so the caller returns with nothing left behind; if etcd does not
     /// answer, the session's task keeps trying.
     async fn withdraw_now(mut self, client: &Client, timeout: Duration) {
         self.armed = false;
-        let retry_at = deadline_in(timeout);
-        let Some(compare) = self
-            .session
-            .contenders
-            .withdraw(&self.name, self.revision, retry_at)
-        else {
+        let Some(w) = self.session.contenders.withdraw(
+            &self.name,
+            self.owner,
+            self.revision,
+            deadline_in(timeout),
+        ) else {
             return;
         };
-        let lease = self.session.lease();
-        match delete_contender(client, &self.name, compare, lease, timeout).await {
-            Ok(_) => self.session.contenders.forget(&self.name, compare),
-            Err(_) => self.session.withdraw_later(&self.name, compare),
+        if self.session.delete(client, &w, timeout).await.is_err() {
+            self.session.wake();
         }
     }
 }
 
-impl Drop for Enqueued {
+impl Drop for Booked {
     fn drop(&mut self) {
         if self.armed {
-            // Cancelled or failed mid-wait: the session's task deletes the key (no runtime
-            // needed here, and it retries until etcd confirms).
-            self.session.withdraw_later(&self.name, self.revision);
+            // Cancelled or failed mid-request: the session's task deletes the key if it exists
+            // (no runtime needed here, and it retries until etcd confirms).
+            self.session
+                .withdraw_later(&self.name, self.owner, self.revision);
         }
     }
 }
@@ -380,13 +426,15 @@ impl Authority for EtcdAuthority {
 
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Grant>> {
         self.check_ttl(ttl)?;
-        let owner = OwnerToken::generate()?;
         let prefix = self.inner.space.prefix(key);
         let timeout = self.timeout();
         let mut last_error = None;
         for _ in 0..SESSION_RETRIES {
             let session = self.session(ttl).await?;
-            let Some(name) = session.contenders.reserve(&prefix, session.lease()) else {
+            // A fresh owner token for every write: it is the key's value, and what a delete of
+            // a key whose write got no answer compares.
+            let owner = OwnerToken::generate()?;
+            let Some(entry) = Booked::reserve(&session, &prefix, owner) else {
                 // The session ended between the lookup and the reservation.
                 tokio::task::yield_now().await;
                 continue;
@@ -398,57 +446,37 @@ impl Authority for EtcdAuthority {
                     Compare::create_revision(prefix.as_str(), CompareOp::Equal, 0).with_prefix(),
                 ])
                 .and_then([TxnOp::put(
-                    name.as_str(),
+                    entry.name.as_str(),
                     owner.to_hex(),
                     Some(on_lease(&session)),
                 )])
                 .or_else([TxnOp::get(prefix.as_str(), Some(oldest()))]);
             let sent = Instant::now();
             let mut kv = self.inner.client.kv_client();
+            // Cancelled here (the future dropped), or failed: dropping `entry` has the session
+            // delete the key if the put happened.
             let response = match errors::bounded("acquire", timeout, kv.txn(txn)).await {
                 Ok(r) => r,
                 Err(e) if errors::is_lease_gone(&e) => {
-                    // The session's lease expired or was revoked under us: start a new one.
+                    // The session's lease expired or was revoked under us: nothing was written;
+                    // start a new session.
                     session.end();
-                    session.contenders.forget(&name, None);
+                    entry.forget();
                     last_error = Some(e);
                     continue;
                 }
-                Err(e) => {
-                    // The put may have happened: delete the key if it is there.
-                    session.withdraw_later(&name, None);
-                    return Err(e);
-                }
+                Err(e) => return Err(e),
             };
             if response.succeeded() {
                 let revision = response.header().map_or(0, |h| h.revision());
-                let won = Contender {
-                    session,
-                    name,
-                    revision,
-                };
-                return self.grant(key, owner, won, ttl, sent).map(Some);
+                return self.grant(key, entry.won(revision), ttl, sent).map(Some);
             }
-            session.contenders.forget(&name, None);
+            entry.forget();
             let holder = kvs(&response, 0).into_iter().next();
             // The oldest key is one of ours that the session does not know: the orphan of a
             // request that got no answer. Delete it and try again rather than wait on ourselves.
-            let orphan = holder.filter(|kv| {
-                kv.lease() == session.lease()
-                    && kv.key_str().is_ok_and(|k| !session.contenders.knows(k))
-            });
-            match orphan {
-                Some(kv) => {
-                    let name = kv.key_str().unwrap_or_default();
-                    Box::pin(delete_contender(
-                        &self.inner.client,
-                        name,
-                        Some(kv.create_revision()),
-                        session.lease(),
-                        timeout,
-                    ))
-                    .await?;
-                }
+            match holder.filter(|kv| is_orphan(&session, kv)) {
+                Some(kv) => Box::pin(delete_orphan(&self.inner.client, &kv, timeout)).await?,
                 None => return Ok(None),
             }
         }
@@ -464,7 +492,6 @@ impl Authority for EtcdAuthority {
         self.check_ttl(ttl)?;
         let start = Instant::now();
         let give_up = saturating_add(start, max_wait);
-        let owner = OwnerToken::generate()?;
         let prefix = self.inner.space.prefix(key);
         let timeout = self.timeout();
         let client = &self.inner.client;
@@ -475,17 +502,13 @@ impl Authority for EtcdAuthority {
         let mut restarts = 0;
         loop {
             let session = self.session(ttl).await?;
-            let Some(name) = session.contenders.reserve(&prefix, session.lease()) else {
+            let owner = OwnerToken::generate()?;
+            let Some(mut entry) = Booked::reserve(&session, &prefix, owner) else {
                 // The session ended between the lookup and the reservation.
                 tokio::task::yield_now().await;
                 continue;
             };
-            let mut entry = Enqueued {
-                session: session.clone(),
-                name: name.clone(),
-                revision: None,
-                armed: true,
-            };
+            let name = entry.name.clone();
             // Queue up and read the oldest contender in one round trip.
             let txn = Txn::new()
                 .when([Compare::create_revision(name.as_str(), CompareOp::Equal, 0)])
@@ -507,8 +530,15 @@ impl Authority for EtcdAuthority {
                 Err(e) => return Err(e),
             };
             if !response.succeeded() {
-                // A fresh name that already exists is an orphan of ours from a request that got
-                // no answer: dropping `entry` has the session delete it; queue under a new name.
+                // Our put did not happen: a key of that name exists already, the orphan of a
+                // write of ours whose answer was lost. Delete it (by its create revision, so
+                // nothing newer can be hit) and queue again.
+                entry.forget();
+                if let Some(orphan) = kvs(&response, 0).into_iter().next() {
+                    if is_orphan(&session, &orphan) {
+                        Box::pin(delete_orphan(client, &orphan, timeout)).await?;
+                    }
+                }
                 continue;
             }
             let revision = response.header().map_or(0, |h| h.revision());
@@ -521,13 +551,7 @@ impl Authority for EtcdAuthority {
             };
             match turn {
                 Turn::Mine { checked } => {
-                    let (session, name) = entry.won();
-                    let won = Contender {
-                        session,
-                        name,
-                        revision,
-                    };
-                    return self.grant(key, owner, won, ttl, checked);
+                    return self.grant(key, entry.won(revision), ttl, checked);
                 }
                 Turn::Lost => {
                     entry.forget();
@@ -597,7 +621,7 @@ impl Authority for EtcdAuthority {
             // Deleted behind our back: by an operator (`etcdctl del`), or with the whole lease
             // revoked or expired. Ask which, so that a lost session ends every lease on it now
             // rather than at its next keep-alive. (Only on this rare path: an extra request.)
-            c.session.contenders.forget(&c.name, Some(c.revision));
+            c.session.contenders.forget(&c.name, c.owner);
             let mut leases = self.inner.client.lease_client();
             let asked = leases.time_to_live(c.session.lease(), None);
             // -1 (or "not found") means the lease is gone; 0 is a lease in its last second.
@@ -629,31 +653,93 @@ impl Authority for EtcdAuthority {
     async fn release(&self, grant: &Grant) -> Result<Released> {
         let c = contender(grant)?;
         let timeout = self.timeout();
-        // Stop renewals now; should the request fail, the session's task retries the delete.
-        let _ = c
-            .session
-            .contenders
-            .withdraw(&c.name, Some(c.revision), deadline_in(timeout));
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                c.name.as_str(),
-                CompareOp::Equal,
-                c.revision,
-            )])
-            .and_then([TxnOp::delete(c.name.as_str(), None)]);
-        let mut kv = self.inner.client.kv_client();
-        let response = match errors::bounded("release", timeout, kv.txn(txn)).await {
-            Ok(r) => r,
-            Err(e) => {
-                c.session.withdraw_later(&c.name, Some(c.revision));
-                return Err(e);
+        // Stop renewals now; should the request fail or be cancelled, the session's task
+        // retries the delete after one request timeout.
+        let _ =
+            c.session
+                .contenders
+                .withdraw(&c.name, c.owner, Some(c.revision), deadline_in(timeout));
+        // Only the key created at our revision: a stale or retried release never deletes a
+        // newer holder's key under the same name (etcd #22082).
+        let guard = Compare::create_revision(c.name.as_str(), CompareOp::Equal, c.revision);
+        match delete_contender(&self.inner.client, &c.name, guard, timeout).await {
+            Ok(deleted) => {
+                c.session.contenders.forget(&c.name, c.owner);
+                Ok(if deleted {
+                    Released::Released
+                } else {
+                    Released::AlreadyGone
+                })
             }
-        };
-        c.session.contenders.forget(&c.name, Some(c.revision));
-        Ok(if response.succeeded() {
-            Released::Released
-        } else {
-            Released::AlreadyGone
-        })
+            Err(e) => {
+                c.session
+                    .contenders
+                    .delete_unanswered(&c.name, c.owner, deadline_in(timeout));
+                c.session.withdraw_later(&c.name, c.owner, Some(c.revision));
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leasehold_conformance::servers::EtcdServer;
+
+    /// Issue 10 #7 against a real etcd: acquisition 1's write got no answer, so the session
+    /// deletes its key without knowing its revision. One delete attempt is answered and the
+    /// name is freed; acquisition 2 of the same session reuses the name on the same lease; then
+    /// a duplicate of acquisition 1's delete arrives late. It must neither delete acquisition
+    /// 2's key (a delete compared by lease alone would: etcd #22082's pattern) nor erase its
+    /// booking (the key would then pass for an orphan).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_delete_of_an_unanswered_write_spares_the_next_contender() {
+        let server = tokio::task::spawn_blocking(EtcdServer::start)
+            .await
+            .unwrap()
+            .expect("etcd must start for this test");
+        let a = EtcdAuthority::connect(&format!("etcd://{}?timeout_ms=1000", server.endpoint()))
+            .await
+            .unwrap();
+        let (client, timeout) = (a.client().clone(), a.timeout());
+        let key = LockKey::new("late-delete").unwrap();
+        let ttl = Duration::from_secs(2);
+        let session = a.session(ttl).await.unwrap();
+        let first = OwnerToken::generate().unwrap();
+        let name = session
+            .contenders
+            .reserve(&a.prefix(&key), session.lease(), first)
+            .unwrap();
+        // Acquisition 1's put landed, but its answer was lost.
+        client
+            .kv_client()
+            .put(name.as_str(), first.to_hex(), Some(on_lease(&session)))
+            .await
+            .unwrap();
+        let late = session
+            .contenders
+            .withdraw(&name, first, None, deadline_in(timeout))
+            .unwrap();
+        session.delete(&client, &late, timeout).await.unwrap();
+
+        let second = a.try_acquire(&key, ttl).await.unwrap().expect("a free key");
+        let c = contender(&second).unwrap();
+        assert_eq!(c.name, name, "the freed name is reused");
+
+        // The late duplicate of acquisition 1's delete.
+        session.delete(&client, &late, timeout).await.unwrap();
+        let found = client.kv_client().get(name.as_str(), None).await.unwrap();
+        assert_eq!(
+            found.kvs().first().map(|kv| kv.create_revision()),
+            Some(c.revision),
+            "the late delete removed the next contender's key"
+        );
+        assert!(
+            session.contenders.is_held(&name, c.revision),
+            "the late delete erased the next contender's booking"
+        );
+        a.renew(&second, ttl).await.expect("still held");
+        assert_eq!(a.release(&second).await.unwrap(), Released::Released);
     }
 }

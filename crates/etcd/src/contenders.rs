@@ -11,12 +11,13 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use leasehold_core::time::saturating_add;
+use leasehold_core::{LossSignal, LostReason, OwnerToken};
 use tokio::time::Instant;
 
 use crate::keys;
 
 /// What one contender key is doing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub(crate) enum State {
     /// The request that writes it is in flight: it may or may not exist.
     Pending,
@@ -24,10 +25,15 @@ pub(crate) enum State {
     Waiting { revision: i64 },
     /// Holds the lock. The session withdraws it at `until` (the TTL counted from before the
     /// acquire or the last renewal) unless renewed first: a grant that is not renewed ends
-    /// within its TTL even though the session's lease lives on for other locks.
-    Held { revision: i64, until: Instant },
-    /// Must be deleted: by its `revision` when known, else only while it is on our lease.
-    /// Retried from `retry_at` until etcd confirms.
+    /// within its TTL even though the session's lease lives on for other locks. `loss` is the
+    /// grant's loss signal, fired when the session ends or the key is deleted behind our back.
+    Held {
+        revision: i64,
+        until: Instant,
+        loss: LossSignal,
+    },
+    /// Must be deleted: by its `revision` when known, else by its owner token (the value every
+    /// contender key stores). Retried from `retry_at` until etcd confirms.
     Withdrawing {
         revision: Option<i64>,
         retry_at: Instant,
@@ -44,10 +50,23 @@ impl State {
     }
 }
 
+/// One booked key: which acquisition wrote it (its owner token, stored as the key's value) and
+/// what it is doing. The owner token is the entry's identity: a late answer about an earlier
+/// acquisition under the same name never touches a newer one's entry.
+#[derive(Debug)]
+struct Entry {
+    owner: OwnerToken,
+    state: State,
+    /// Until when a delete of this key whose answer was lost may still reach etcd.
+    delete_in_flight_until: Option<Instant>,
+}
+
 #[derive(Debug)]
 struct Book {
     ended: bool,
-    entries: HashMap<String, State>,
+    entries: HashMap<String, Entry>,
+    /// Names not to reuse before the instant given: a delete for them may still be in flight.
+    quarantined: HashMap<String, Instant>,
     next_suffix: u64,
     idle_since: Option<Instant>,
 }
@@ -58,8 +77,13 @@ pub(crate) struct Contenders {
     book: Mutex<Book>,
 }
 
-/// A key to delete now: its name and, when known, its create revision.
-pub(crate) type Withdrawal = (String, Option<i64>);
+/// A key to delete: its name, the acquisition that wrote it, and its create revision when known.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Withdrawal {
+    pub name: String,
+    pub owner: OwnerToken,
+    pub revision: Option<i64>,
+}
 
 impl Contenders {
     pub fn new() -> Self {
@@ -67,6 +91,7 @@ impl Contenders {
             book: Mutex::new(Book {
                 ended: false,
                 entries: HashMap::new(),
+                quarantined: HashMap::new(),
                 next_suffix: 1,
                 idle_since: Some(Instant::now()),
             }),
@@ -78,38 +103,63 @@ impl Contenders {
         self.book.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Reserves a fresh contender key under `prefix` for a session on `lease`, or `None` once
-    /// the session has ended.
-    pub fn reserve(&self, prefix: &str, lease: i64) -> Option<String> {
+    /// Reserves a fresh contender key under `prefix` for acquisition `owner` of a session on
+    /// `lease`, or `None` once the session has ended. A name is never reused while a delete for
+    /// it may still be in flight.
+    pub fn reserve(&self, prefix: &str, lease: i64, owner: OwnerToken) -> Option<String> {
         let mut book = self.book();
         if book.ended {
             return None;
         }
+        let now = Instant::now();
+        book.quarantined.retain(|_, until| *until > now);
         let mut name = keys::contender(prefix, lease, 0);
-        while book.entries.contains_key(&name) {
+        while book.entries.contains_key(&name) || book.quarantined.contains_key(&name) {
             let n = book.next_suffix;
             book.next_suffix += 1;
             name = keys::contender(prefix, lease, n);
         }
-        book.entries.insert(name.clone(), State::Pending);
+        book.entries.insert(
+            name.clone(),
+            Entry {
+                owner,
+                state: State::Pending,
+                delete_in_flight_until: None,
+            },
+        );
         book.idle_since = None;
         Some(name)
     }
 
     /// The key was written at `revision` and waits for its turn.
-    pub fn waiting(&self, name: &str, revision: i64) {
-        self.set(name, State::Waiting { revision });
+    pub fn waiting(&self, name: &str, owner: OwnerToken, revision: i64) {
+        self.set(name, owner, State::Waiting { revision });
     }
 
-    /// The key holds the lock until `until` unless renewed.
-    pub fn held(&self, name: &str, revision: i64, until: Instant) {
-        self.set(name, State::Held { revision, until });
+    /// The key holds the lock until `until` unless renewed; `loss` fires when it is lost.
+    pub fn held(
+        &self,
+        name: &str,
+        owner: OwnerToken,
+        revision: i64,
+        until: Instant,
+        loss: LossSignal,
+    ) {
+        self.set(
+            name,
+            owner,
+            State::Held {
+                revision,
+                until,
+                loss,
+            },
+        );
     }
 
-    fn set(&self, name: &str, state: State) {
+    fn set(&self, name: &str, owner: OwnerToken, state: State) {
         let mut book = self.book();
-        if let Some(entry) = book.entries.get_mut(name) {
-            *entry = state;
+        if let Some(entry) = book.entries.get_mut(name).filter(|e| e.owner == owner) {
+            entry.state = state;
         }
     }
 
@@ -117,10 +167,11 @@ impl Contenders {
     /// by the session, released, or forgotten).
     pub fn renew(&self, name: &str, revision: i64, until: Instant) -> bool {
         let mut book = self.book();
-        match book.entries.get_mut(name) {
+        match book.entries.get_mut(name).map(|e| &mut e.state) {
             Some(State::Held {
                 revision: r,
                 until: u,
+                ..
             }) if *r == revision => {
                 *u = (*u).max(until);
                 true
@@ -133,50 +184,74 @@ impl Contenders {
     #[cfg(test)]
     pub fn is_held(&self, name: &str, revision: i64) -> bool {
         matches!(
-            self.book().entries.get(name),
+            self.book().entries.get(name).map(|e| &e.state),
             Some(State::Held { revision: r, .. }) if *r == revision
         )
     }
 
-    /// Marks `name` for deletion, the session's task retrying from `retry_at`. With
-    /// `revision` given, only the entry for that revision is marked. Returns what to compare
-    /// when deleting, or `None` if there is no such entry.
+    /// Marks `owner`'s key `name` for deletion, the session's task retrying from `retry_at`.
+    /// With `revision` given, only the entry for that revision is marked. Returns what to
+    /// delete, or `None` if there is no such entry.
     pub fn withdraw(
         &self,
         name: &str,
+        owner: OwnerToken,
         revision: Option<i64>,
         retry_at: Instant,
-    ) -> Option<Option<i64>> {
+    ) -> Option<Withdrawal> {
         let mut book = self.book();
-        let entry = book.entries.get_mut(name)?;
-        let known = entry.revision();
+        let entry = book.entries.get_mut(name).filter(|e| e.owner == owner)?;
+        let known = entry.state.revision();
         if revision.is_some() && known.is_some() && known != revision {
             return None;
         }
         let revision = known.or(revision);
-        *entry = State::Withdrawing { revision, retry_at };
-        Some(revision)
+        entry.state = State::Withdrawing { revision, retry_at };
+        Some(Withdrawal {
+            name: name.to_string(),
+            owner,
+            revision,
+        })
     }
 
-    /// Forgets `name` (etcd confirmed it is gone, or it was never written) if its entry is for
-    /// `revision`; `None` forgets it whatever its revision.
-    pub fn forget(&self, name: &str, revision: Option<i64>) {
+    /// A delete of `owner`'s key `name` got no answer: it may still reach etcd until
+    /// `in_flight_until`, so the name must not be reused before then.
+    pub fn delete_unanswered(&self, name: &str, owner: OwnerToken, in_flight_until: Instant) {
         let mut book = self.book();
-        if book
-            .entries
-            .get(name)
-            .is_some_and(|e| e.revision() == revision || revision.is_none())
-        {
-            book.entries.remove(name);
-            if book.entries.is_empty() {
-                book.idle_since = Some(Instant::now());
-            }
+        if let Some(entry) = book.entries.get_mut(name).filter(|e| e.owner == owner) {
+            entry.delete_in_flight_until = Some(
+                entry
+                    .delete_in_flight_until
+                    .map_or(in_flight_until, |u| u.max(in_flight_until)),
+            );
         }
     }
 
-    /// Whether `name` is one of this session's keys that may exist.
-    pub fn knows(&self, name: &str) -> bool {
-        self.book().entries.contains_key(name)
+    /// Forgets `owner`'s key `name` (etcd confirmed it is gone, or it was never written). An
+    /// entry of another acquisition under the same name is left alone.
+    pub fn forget(&self, name: &str, owner: OwnerToken) {
+        let mut book = self.book();
+        let Some(entry) = book.entries.get(name).filter(|e| e.owner == owner) else {
+            return;
+        };
+        let in_flight = entry.delete_in_flight_until;
+        book.entries.remove(name);
+        if let Some(until) = in_flight.filter(|u| *u > Instant::now()) {
+            book.quarantined.insert(name.to_string(), until);
+        }
+        if book.entries.is_empty() {
+            book.idle_since = Some(Instant::now());
+        }
+    }
+
+    /// Whether the key `name` with `value` and `create_revision`, found on this session's lease,
+    /// is one the session knows (booked for that acquisition); if not, it is an orphan of a
+    /// request whose answer was lost, which nobody but us will ever delete.
+    pub fn knows(&self, name: &str, value: &[u8], create_revision: i64) -> bool {
+        self.book().entries.get(name).is_some_and(|e| {
+            e.state.revision() == Some(create_revision)
+                || (e.state.revision().is_none() && e.owner.to_hex().as_bytes() == value)
+        })
     }
 
     /// Turns held keys past their `until` into withdrawals, and returns the withdrawals due at
@@ -185,10 +260,12 @@ impl Contenders {
         let mut book = self.book();
         let mut due = Vec::new();
         let mut next: Option<Instant> = None;
-        for (name, state) in book.entries.iter_mut() {
-            let at = match *state {
-                State::Held { revision, until } if until <= now => {
-                    *state = State::Withdrawing {
+        for (name, entry) in book.entries.iter_mut() {
+            let at = match entry.state {
+                State::Held {
+                    revision, until, ..
+                } if until <= now => {
+                    entry.state = State::Withdrawing {
                         revision: Some(revision),
                         retry_at: now,
                     };
@@ -199,9 +276,13 @@ impl Contenders {
                 State::Pending | State::Waiting { .. } => continue,
             };
             if at <= now {
-                if let State::Withdrawing { revision, retry_at } = state {
+                if let State::Withdrawing { revision, retry_at } = &mut entry.state {
                     *retry_at = saturating_add(now, retry_after);
-                    due.push((name.clone(), *revision));
+                    due.push(Withdrawal {
+                        name: name.clone(),
+                        owner: entry.owner,
+                        revision: *revision,
+                    });
                 }
             } else {
                 next = Some(next.map_or(at, |n| n.min(at)));
@@ -237,9 +318,16 @@ impl Contenders {
         self.book().ended
     }
 
-    /// Ends the session: no key is reserved any more. Returns whether it had ended before.
-    pub fn end(&self) -> bool {
-        std::mem::replace(&mut self.book().ended, true)
+    /// Ends the session: no key is reserved any more, and every held key's loss signal fires
+    /// with `reason`. Returns whether it had ended before.
+    pub fn end(&self, reason: LostReason) -> bool {
+        let mut book = self.book();
+        for entry in book.entries.values() {
+            if let State::Held { loss, .. } = &entry.state {
+                loss.fire(reason.clone());
+            }
+        }
+        std::mem::replace(&mut book.ended, true)
     }
 }
 
@@ -249,26 +337,38 @@ mod tests {
 
     const LEASE: i64 = 0xabc;
 
+    fn owner() -> OwnerToken {
+        OwnerToken::generate().unwrap()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn reserves_distinct_names_and_reuses_freed_ones() {
         let c = Contenders::new();
-        let a = c.reserve("p/", LEASE).unwrap();
-        let b = c.reserve("p/", LEASE).unwrap();
+        let (o1, o2) = (owner(), owner());
+        let a = c.reserve("p/", LEASE, o1).unwrap();
+        let b = c.reserve("p/", LEASE, o2).unwrap();
         assert_eq!(a, "p/abc");
         assert_eq!(b, "p/abc_1");
-        c.waiting(&a, 10);
-        c.forget(&a, Some(10));
-        assert_eq!(c.reserve("p/", LEASE).unwrap(), "p/abc");
-        assert!(!c.end());
-        assert!(c.reserve("p/", LEASE).is_none());
+        c.waiting(&a, o1, 10);
+        c.forget(&a, o1);
+        assert_eq!(c.reserve("p/", LEASE, owner()).unwrap(), "p/abc");
+        assert!(!c.end(LostReason::SessionEnded));
+        assert!(c.reserve("p/", LEASE, owner()).is_none());
     }
 
     #[tokio::test(start_paused = true)]
     async fn held_keys_are_withdrawn_at_their_ttl_unless_renewed() {
         let c = Contenders::new();
-        let name = c.reserve("p/", LEASE).unwrap();
+        let o = owner();
+        let name = c.reserve("p/", LEASE, o).unwrap();
         let start = Instant::now();
-        c.held(&name, 7, start + Duration::from_secs(1));
+        c.held(
+            &name,
+            o,
+            7,
+            start + Duration::from_secs(1),
+            LossSignal::new(),
+        );
         let (due, next) = c.due(start, Duration::from_secs(1));
         assert!(due.is_empty());
         assert_eq!(next, Some(start + Duration::from_secs(1)));
@@ -278,7 +378,12 @@ mod tests {
             "wrong revision"
         );
         let (due, _) = c.due(start + Duration::from_secs(2), Duration::from_millis(100));
-        assert_eq!(due, vec![(name.clone(), Some(7))]);
+        let expected = Withdrawal {
+            name: name.clone(),
+            owner: o,
+            revision: Some(7),
+        };
+        assert_eq!(due, vec![expected]);
         assert!(
             !c.renew(&name, 7, start + Duration::from_secs(9)),
             "withdrawn"
@@ -287,32 +392,105 @@ mod tests {
         let (again, next) = c.due(start + Duration::from_secs(2), Duration::from_millis(100));
         assert!(again.is_empty());
         assert_eq!(next, Some(start + Duration::from_millis(2100)));
-        c.forget(&name, Some(7));
-        assert!(!c.knows(&name));
+        c.forget(&name, o);
+        assert!(!c.knows(&name, o.to_hex().as_bytes(), 7));
         assert!(c.idle_since().is_some());
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_stale_withdrawal_leaves_a_newer_entry_alone() {
         let c = Contenders::new();
-        let name = c.reserve("p/", LEASE).unwrap();
-        c.held(&name, 20, Instant::now() + Duration::from_secs(5));
-        assert_eq!(c.withdraw(&name, Some(19), Instant::now()), None);
-        c.forget(&name, Some(19));
+        let o = owner();
+        let name = c.reserve("p/", LEASE, o).unwrap();
+        c.held(
+            &name,
+            o,
+            20,
+            Instant::now() + Duration::from_secs(5),
+            LossSignal::new(),
+        );
+        assert_eq!(c.withdraw(&name, o, Some(19), Instant::now()), None);
         assert!(c.is_held(&name, 20));
-        assert_eq!(c.withdraw(&name, Some(20), Instant::now()), Some(Some(20)));
+        assert_eq!(
+            c.withdraw(&name, o, Some(20), Instant::now())
+                .map(|w| w.revision),
+            Some(Some(20))
+        );
+    }
+
+    /// Issue 10 #7: a late confirmation for an earlier acquisition under a reused name must not
+    /// erase the newer acquisition's booking (its key would then look like an orphan and be
+    /// deleted), and a name whose delete may still be in flight is not reused at all.
+    #[tokio::test(start_paused = true)]
+    async fn a_late_forget_spares_the_next_acquisition_under_the_same_name() {
+        let c = Contenders::new();
+        let (first, second) = (owner(), owner());
+        let name = c.reserve("p/", LEASE, first).unwrap();
+        let w = c.withdraw(&name, first, None, Instant::now()).unwrap();
+        assert_eq!(
+            w.revision, None,
+            "an unanswered write is deleted by its owner"
+        );
+        c.forget(&name, first);
+        let again = c.reserve("p/", LEASE, second).unwrap();
+        assert_eq!(again, name, "confirmed gone: the name is free");
+        c.waiting(&again, second, 30);
+        // The earlier acquisition's (late, duplicate) confirmation arrives now.
+        c.forget(&name, first);
+        assert!(c.knows(&name, second.to_hex().as_bytes(), 30));
+        assert!(c.withdraw(&name, first, None, Instant::now()).is_none());
+
+        // A delete that got no answer may still be in flight: the name waits that long.
+        let third = owner();
+        c.forget(&name, second);
+        let name = c.reserve("p/", LEASE, third).unwrap();
+        c.withdraw(&name, third, None, Instant::now()).unwrap();
+        c.delete_unanswered(&name, third, Instant::now() + Duration::from_secs(1));
+        c.forget(&name, third);
+        let other = c.reserve("p/", LEASE, owner()).unwrap();
+        assert_ne!(other, name, "reused while a delete may be in flight");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(c.reserve("p/", LEASE, owner()).unwrap(), name);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ending_the_session_fires_every_held_keys_signal() {
+        let c = Contenders::new();
+        let (o1, o2) = (owner(), owner());
+        let (s1, s2) = (LossSignal::new(), LossSignal::new());
+        let a = c.reserve("a/", LEASE, o1).unwrap();
+        let b = c.reserve("b/", LEASE, o2).unwrap();
+        c.held(
+            &a,
+            o1,
+            5,
+            Instant::now() + Duration::from_secs(5),
+            s1.clone(),
+        );
+        c.held(
+            &b,
+            o2,
+            6,
+            Instant::now() + Duration::from_secs(5),
+            s2.clone(),
+        );
+        assert!(s1.fired().is_none());
+        c.end(LostReason::SessionEnded);
+        assert!(matches!(s1.fired(), Some(LostReason::SessionEnded)));
+        assert!(matches!(s2.fired(), Some(LostReason::SessionEnded)));
     }
 
     #[tokio::test(start_paused = true)]
     async fn idle_sessions_end_only_when_still_idle() {
         let c = Contenders::new();
         let since = c.idle_since().unwrap();
-        let name = c.reserve("p/", LEASE).unwrap();
+        let o = owner();
+        let name = c.reserve("p/", LEASE, o).unwrap();
         assert!(!c.end_if_idle_since(since + Duration::from_secs(60)));
-        c.forget(&name, None);
+        c.forget(&name, o);
         let since = c.idle_since().unwrap();
         assert!(c.end_if_idle_since(since));
-        assert!(c.end(), "already ended");
-        assert!(c.reserve("p/", LEASE).is_none());
+        assert!(c.end(LostReason::SessionEnded), "already ended");
+        assert!(c.reserve("p/", LEASE, owner()).is_none());
     }
 }

@@ -18,11 +18,11 @@ use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, Txn, TxnOp};
 use leasehold_core::time::{deadline_in, saturating_add};
-use leasehold_core::{Backoff, Error, Result, SafetyMargin};
+use leasehold_core::{Backoff, Error, LostReason, OwnerToken, Result, SafetyMargin};
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-use crate::contenders::Contenders;
+use crate::contenders::{Contenders, Withdrawal};
 use crate::errors::{self, BACKEND};
 
 /// What the session knows about its lease.
@@ -65,9 +65,10 @@ impl Session {
         self.liveness.subscribe()
     }
 
-    /// Ends the session: no new contender key is reserved, and waiters are told.
+    /// Ends the session: no new contender key is reserved, waiters are told, and every grant
+    /// on it is lost at once (its loss signal fires).
     pub fn end(&self) {
-        self.contenders.end();
+        self.contenders.end(LostReason::SessionEnded);
         self.liveness.send_modify(|l| l.ended = true);
     }
 
@@ -76,14 +77,31 @@ impl Session {
         self.wake.notify_one();
     }
 
-    /// Marks `name` for deletion by the session's task, which retries until etcd confirms.
-    pub fn withdraw_later(&self, name: &str, revision: Option<i64>) {
+    /// Marks `owner`'s key `name` for deletion by the session's task, which retries until etcd
+    /// confirms.
+    pub fn withdraw_later(&self, name: &str, owner: OwnerToken, revision: Option<i64>) {
         if self
             .contenders
-            .withdraw(name, revision, Instant::now())
+            .withdraw(name, owner, revision, Instant::now())
             .is_some()
         {
             self.wake();
+        }
+    }
+
+    /// Deletes `w` and books the outcome: forgotten when etcd answered (deleted, or not there),
+    /// marked as possibly in flight otherwise (the caller or the session's task retries).
+    pub async fn delete(&self, client: &Client, w: &Withdrawal, timeout: Duration) -> Result<()> {
+        match delete_contender(client, &w.name, w.compare(), timeout).await {
+            Ok(_) => {
+                self.contenders.forget(&w.name, w.owner);
+                Ok(())
+            }
+            Err(error) => {
+                self.contenders
+                    .delete_unanswered(&w.name, w.owner, deadline_in(timeout));
+                Err(error)
+            }
         }
     }
 
@@ -225,20 +243,26 @@ async fn grant(ttl: Duration, settings: &SessionSettings) -> Result<Arc<Session>
     }))
 }
 
-/// Deletes contender key `name`: only the instance created at `revision` when known, else only
-/// while it is attached to `lease` (a key whose create request got no answer). Returns whether
-/// a key was deleted.
+impl Withdrawal {
+    /// What a delete of this key compares: its create revision when known, else the owner
+    /// token it stores (a key whose create request got no answer). Never the lease alone: a
+    /// later acquisition through the same session may have reused the name on the same lease.
+    pub fn compare(&self) -> Compare {
+        match self.revision {
+            Some(r) => Compare::create_revision(self.name.as_str(), CompareOp::Equal, r),
+            None => Compare::value(self.name.as_str(), CompareOp::Equal, self.owner.to_hex()),
+        }
+    }
+}
+
+/// Deletes contender key `name` if `guard` holds (its create revision or its owner token).
+/// Returns whether a key was deleted.
 pub(crate) async fn delete_contender(
     client: &Client,
     name: &str,
-    revision: Option<i64>,
-    lease: i64,
+    guard: Compare,
     timeout: Duration,
 ) -> Result<bool> {
-    let guard = match revision {
-        Some(r) => Compare::create_revision(name, CompareOp::Equal, r),
-        None => Compare::lease(name, CompareOp::Equal, lease),
-    };
     let txn = Txn::new()
         .when([guard])
         .and_then([TxnOp::delete(name, None)]);
@@ -313,16 +337,12 @@ impl SessionTask {
                 }
             }
             let (due, next_withdrawal) = self.session.contenders.due(now, timeout);
-            for (name, revision) in due {
+            for withdrawal in due {
                 // In their own tasks: a slow delete must never hold up the keep-alive.
                 let (client, session) = (self.settings.client.clone(), self.session.clone());
                 tokio::spawn(async move {
-                    let lease = session.lease;
-                    match delete_contender(&client, &name, revision, lease, timeout).await {
-                        Ok(_) => session.contenders.forget(&name, revision),
-                        Err(error) => {
-                            tracing::debug!(%error, key = name, "withdrawing a contender key failed; will retry")
-                        }
+                    if let Err(error) = session.delete(&client, &withdrawal, timeout).await {
+                        tracing::debug!(%error, key = withdrawal.name, "withdrawing a contender key failed; will retry");
                     }
                 });
             }

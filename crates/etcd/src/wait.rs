@@ -9,8 +9,9 @@ use etcd_client::{
 use leasehold_core::{Backoff, Result};
 use tokio::time::Instant;
 
+use crate::authority::{delete_orphan, is_orphan};
 use crate::errors;
-use crate::session::{delete_contender, Session};
+use crate::session::Session;
 
 /// How a wait ended.
 #[derive(Debug)]
@@ -63,34 +64,23 @@ pub(crate) async fn for_turn(
                 if i == 0 {
                     own_there = first.is_some_and(|kv| kv.create_revision() == revision);
                 } else {
-                    predecessor =
-                        first.map(|kv| (kv.key().to_vec(), kv.lease(), kv.create_revision()));
+                    predecessor = first.cloned();
                 }
             }
         }
         if !own_there {
             return Ok(Turn::Lost);
         }
-        let Some((ahead_key, ahead_lease, ahead_revision)) = predecessor else {
+        let Some(ahead) = predecessor else {
             return Ok(Turn::Mine { checked });
         };
         // A key of our own lease that the session does not know is an orphan of an earlier
         // request that got no answer: nobody will ever delete it but us.
-        if ahead_lease == session.lease() {
-            if let Ok(ahead_name) = std::str::from_utf8(&ahead_key) {
-                if !session.contenders.knows(ahead_name) {
-                    delete_contender(
-                        client,
-                        ahead_name,
-                        Some(ahead_revision),
-                        session.lease(),
-                        timeout,
-                    )
-                    .await?;
-                    continue;
-                }
-            }
+        if is_orphan(session, &ahead) {
+            delete_orphan(client, &ahead, timeout).await?;
+            continue;
         }
+        let ahead_key = ahead.key().to_vec();
         let deleted = tokio::select! {
             biased;
             _ = liveness.wait_for(|l| l.ended) => return Ok(Turn::Lost),

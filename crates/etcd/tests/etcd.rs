@@ -981,3 +981,87 @@ async fn huge_timeout_and_idle_options_do_not_panic_the_session() {
         .is_empty());
     assert_eq!(a.session_leases(), vec![session], "still the same session");
 }
+
+/// Tries `client.try_acquire` every 20 ms until it succeeds or `within` passes.
+async fn try_within(
+    client: &EtcdAuthority,
+    key: &LockKey,
+    ttl: Duration,
+    within: Duration,
+) -> Option<leasehold_core::Grant> {
+    let start = Instant::now();
+    loop {
+        if let Some(g) = client.try_acquire(key, ttl).await.unwrap() {
+            return Some(g);
+        }
+        if start.elapsed() > within {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Cancellation points spread over 0 to 2 round trips, deterministic but irregular.
+fn cuts(round_trip: Duration, n: u32) -> impl Iterator<Item = Duration> {
+    let mut x: u32 = 0x9e37_79b9;
+    (0..n).map(move |_| {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        round_trip * 2 * (x % 1000) / 1000
+    })
+}
+
+/// `try_acquire` futures dropped at random points around one round trip, 200 times: another
+/// client then gets the key within TTL + expiry slack + one request timeout, and no key of the
+/// cancelling client's session is left under the prefix. (A cancelled try used to leave its key
+/// booked as pending on the kept-alive session lease: the key blocked until the process exited.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_try_acquires_leave_nothing_behind() {
+    let server = start().await;
+    let raw = raw_client(&server).await;
+    let (a, b) = (
+        EtcdAuthority::connect(&url(&server)).await.unwrap(),
+        EtcdAuthority::connect(&url(&server)).await.unwrap(),
+    );
+    let key = LockKey::new("cancelled-try").unwrap();
+    let prefix = a.prefix(&key);
+    let ttl = Duration::from_secs(2);
+    let sent = Instant::now();
+    let g = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let round_trip = sent.elapsed();
+    let _ = a.release(&g).await.unwrap();
+    let session = a.session_leases()[0];
+    let (mut cancelled, mut completed) = (0, 0);
+    for cut in cuts(round_trip, 200) {
+        match tokio::time::timeout(cut, a.try_acquire(&key, ttl)).await {
+            Err(_) => cancelled += 1,
+            Ok(Ok(Some(g))) => {
+                completed += 1;
+                let _ = a.release(&g).await.unwrap();
+            }
+            Ok(Ok(None)) => completed += 1,
+            Ok(Err(e)) => panic!("try_acquire failed: {e:?}"),
+        }
+    }
+    eprintln!("{cancelled} cancelled, {completed} completed (round trip {round_trip:?})");
+    assert!(cancelled > 0, "no try was cancelled");
+    let within = ttl + a.capabilities().expiry_slack + Duration::from_secs(1);
+    let got = try_within(&b, &key, ttl, within).await;
+    assert!(
+        got.is_some(),
+        "a cancelled try_acquire left the key blocked: {:?}",
+        keys_under(&raw, &prefix).await
+    );
+    let ours: Vec<_> = keys_under(&raw, &prefix)
+        .await
+        .into_iter()
+        .filter(|(_, lease)| *lease == session)
+        .collect();
+    assert!(ours.is_empty(), "keys of the cancelling session: {ours:?}");
+    assert!(
+        lease_alive(&raw, session).await,
+        "the session itself lives on"
+    );
+    let _ = b.release(&got.unwrap()).await.unwrap();
+}
