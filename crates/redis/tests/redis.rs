@@ -2,7 +2,9 @@
 //! suite with faults (restart, pause, revoke, and a failover from primary to replica), a lying
 //! variant that the failover scenario must fail, the counter reset of a restart without
 //! persistence, credentials, outages, interop with the plain `SET NX PX` convention, the
-//! subscription, the scripts' round trips, and `WAIT` for replicas.
+//! subscription, the scripts' round trips, `WAIT` for replicas, ACL users without channel
+//! rights, waiters behind holders that never announce, the eviction policy and persistence read
+//! at connect, and `Duration::MAX` / huge URL durations.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
