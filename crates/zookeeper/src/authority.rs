@@ -84,8 +84,9 @@ impl ZkAuthority {
     }
 
     /// Connects with a parsed configuration.
-    pub async fn with_config(config: ZkConfig) -> Result<Self> {
+    pub async fn with_config(mut config: ZkConfig) -> Result<Self> {
         let (ttl, tick) = session::prepare(&config).await?;
+        config.touch_lag = tick / 2;
         let capabilities = Capabilities::new(BACKEND, FenceSafety::Linearizable, true, ttl)
             .with_wait(WaitStrategy::Notification)
             .with_renew_with_other_ttl(false)
@@ -234,13 +235,25 @@ impl Authority for ZkAuthority {
             held.end();
             return Err(Error::lease_lost(key, LostReason::SessionEnded));
         };
-        // The answer proves the session alive at the server after `sent`, so its expiry there
-        // is at least `sent + ttl`. While the client is disconnected (Curator's SUSPENDED) the
-        // check waits for the session to come back, up to the request timeout: no renewal
-        // succeeds without that proof, and a blip does not fail it.
+        // A conditional write on my node (which the leader must commit: a follower cut off from
+        // it cannot answer from its stale copy), then a read of the node's stat from a state
+        // that includes that write, in one round trip. The answer proves the session alive at
+        // the leader after `sent`, so its expiry there is at least `sent + ttl`. While the client
+        // is disconnected (Curator's SUSPENDED) the check waits for the session to come back, up
+        // to the request timeout: no renewal succeeds without that proof, and a blip does not
+        // fail it.
         let client = &session.client;
         let checked = session::read(&self.inner.config, "renew", || {
-            client.check_stat(&held.path)
+            let confirmed = session::confirm(client, &held.path);
+            let stat = client.check_stat(&held.path);
+            async move {
+                match confirmed.await {
+                    Ok(()) => stat.await,
+                    // My node is gone from the ensemble's current state.
+                    Err(ZkError::NoNode) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            }
         });
         let stat = match checked.await? {
             Err(e) if is_session_end(&e) => {
@@ -259,7 +272,7 @@ impl Authority for ZkAuthority {
         if !held.extend(saturating_add(sent, ttl)) {
             return Err(Error::lease_lost(key, LostReason::Refused));
         }
-        Ok(self.inner.config.client.safety_margin.deadline(sent, ttl))
+        Ok(self.inner.config.deadline(sent, ttl))
     }
 
     async fn release(&self, grant: &Grant) -> Result<Released> {

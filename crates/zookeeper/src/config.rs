@@ -1,6 +1,9 @@
 //! What a `zk://` URL configures.
 
 use std::fmt;
+use std::time::Duration;
+
+use leasehold_core::Instant;
 
 use leasehold_core::{
     percent_decode, redact_url, ClientOptions, Error, Result, Secret, TtlRange, UrlParams,
@@ -44,6 +47,11 @@ pub struct ZkConfig {
     pub(crate) client: ClientOptions,
     pub(crate) ttl_range: Option<TtlRange>,
     pub(crate) server_version: Option<(u32, u32, u32)>,
+    /// How much earlier than (a request's send time + TTL) the leader may expire the session:
+    /// it learns of a client's requests to a follower from that follower's replies to its
+    /// pings, sent every half tick, and a write it commits does not touch the session. Set on
+    /// connect to half the estimated tick.
+    pub(crate) touch_lag: Duration,
     pub(crate) redacted_url: String,
 }
 
@@ -140,6 +148,7 @@ impl ZkConfig {
             client,
             ttl_range: None,
             server_version: None,
+            touch_lag: Duration::ZERO,
             redacted_url,
         })
     }
@@ -189,6 +198,13 @@ impl ZkConfig {
     pub fn with_server_version(mut self, major: u32, minor: u32, patch: u32) -> Self {
         self.server_version = Some((major, minor, patch));
         self
+    }
+
+    /// The local deadline of a lease whose session the leader knew alive after `sent`.
+    pub(crate) fn deadline(&self, sent: Instant, ttl: Duration) -> Instant {
+        self.client
+            .safety_margin
+            .deadline(sent, ttl.saturating_sub(self.touch_lag))
     }
 
     /// Whether the server knows container nodes (3.5.3 and later, or unknown).

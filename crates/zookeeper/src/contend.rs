@@ -48,11 +48,15 @@ fn failed(error: ZkError, what: &str) -> Failed {
     }
 }
 
-/// A listing of the parent's children, and when the request that produced it was sent (the
-/// response proves the session alive at some point after that).
+/// A listing of the parent's children, and when the requests that produced it were sent.
 struct Listing {
     children: Vec<String>,
     sent: Instant,
+    /// My node, if a write of mine on it (its create, or [`session::confirm`]) went out with the
+    /// listing and succeeded: then the leader knew my session alive after `sent`, and the
+    /// listing comes from a state at least as new as that write. A listing without it may come
+    /// from a follower's stale copy.
+    confirmed: Option<String>,
 }
 
 struct Node {
@@ -174,13 +178,20 @@ impl Contender {
                 Ok((stat, sequence)) => {
                     let name = format!("{}{sequence}", self.prefix);
                     let czxid = Czxid::from_create_stat(&stat, self.session.id);
-                    self.node = Some(Node { name, czxid });
+                    self.node = Some(Node {
+                        name: name.clone(),
+                        czxid,
+                    });
                     let children = match listed {
                         Ok(children) => children,
                         // The node exists; only the listing was lost.
                         Err(_) => return self.list().await,
                     };
-                    return Ok(Listing { children, sent });
+                    return Ok(Listing {
+                        children,
+                        sent,
+                        confirmed: Some(name),
+                    });
                 }
                 Err(ZkError::NoNode) => self.create_parent().await?,
                 Err(e) if is_session_end(&e) || is_definite(&e) => {
@@ -235,21 +246,74 @@ impl Contender {
         }
     }
 
-    /// Lists the parent's children.
+    /// Lists the parent's children; when my node is known, behind a [`session::confirm`] of it
+    /// in the same round trip, so that the listing is not a cut-off follower's stale copy.
     async fn list(&self) -> std::result::Result<Listing, Failed> {
         let sent = Instant::now();
         let client = &self.session.client;
+        let mine = self
+            .node
+            .as_ref()
+            .map(|n| (n.name.clone(), self.path(&n.name)));
         let listed = session::read(&self.config, "list the contenders", || {
-            client.list_children(&self.parent)
+            let confirmed = mine
+                .as_ref()
+                .map(|(_, path)| session::confirm(client, path));
+            let listed = client.list_children(&self.parent);
+            async move {
+                let confirmed = match confirmed {
+                    None => false,
+                    Some(confirmed) => match confirmed.await {
+                        Ok(()) => true,
+                        // My node is gone from the ensemble's current state.
+                        Err(ZkError::NoNode) => return Ok((Vec::new(), false)),
+                        Err(e) => return Err(e),
+                    },
+                };
+                listed.await.map(|children| (children, confirmed))
+            }
         });
         match listed.await? {
-            Ok(children) => Ok(Listing { children, sent }),
+            Ok((children, confirmed)) => Ok(Listing {
+                children,
+                sent,
+                confirmed: mine.filter(|_| confirmed).map(|(name, _)| name),
+            }),
             // The parent is gone, so my node is too.
             Err(ZkError::NoNode) => Ok(Listing {
                 children: Vec::new(),
                 sent,
+                confirmed: None,
             }),
             Err(e) => Err(failed(e, "list the contenders")),
+        }
+    }
+
+    /// When the grant may count from: `sent` if `listing` confirmed the node I hold, else after
+    /// a [`session::confirm`] of it now (a watch event or a listing from a follower proves
+    /// nothing about the leader's view of my session).
+    async fn confirmed_since(
+        &self,
+        listing: Option<&Listing>,
+        sent: Instant,
+    ) -> std::result::Result<Instant, Failed> {
+        let Some(node) = &self.node else {
+            return Err(Failed::SessionGone);
+        };
+        if listing.is_some_and(|l| l.confirmed.as_deref() == Some(node.name.as_str())) {
+            return Ok(sent);
+        }
+        let path = self.path(&node.name);
+        let client = &self.session.client;
+        let sent = Instant::now();
+        match session::read(&self.config, "confirm the contender node", || {
+            session::confirm(client, &path)
+        })
+        .await?
+        {
+            Ok(()) => Ok(sent),
+            Err(ZkError::NoNode) => Err(Failed::SessionGone),
+            Err(e) => Err(failed(e, "confirm the contender node")),
         }
     }
 
@@ -335,7 +399,7 @@ impl Contender {
             // A late duplicate may still appear: sweep for it, keeping my node.
             self.sweep_duplicates(node.name.clone());
         }
-        let deadline = self.config.client.safety_margin.deadline(sent, ttl);
+        let deadline = self.config.deadline(sent, ttl);
         Ok(Grant::new(self.key.clone(), self.owner, fence, ttl, deadline).with_backend_state(held))
     }
 
@@ -390,10 +454,12 @@ impl Contender {
     ) -> std::result::Result<Option<Grant>, Failed> {
         let listing = self.enqueue().await?;
         match self.place(&listing) {
-            Position::First { .. } => self
-                .grant(tenures, ttl, started.min(listing.sent))
-                .await
-                .map(Some),
+            Position::First { .. } => {
+                let sent = self
+                    .confirmed_since(Some(&listing), started.min(listing.sent))
+                    .await?;
+                self.grant(tenures, ttl, sent).await.map(Some)
+            }
             Position::Behind { .. } => {
                 self.withdraw().await;
                 Ok(None)
@@ -417,7 +483,10 @@ impl Contender {
         listing.sent = listing.sent.min(started);
         loop {
             let (mine, predecessor, ahead) = match self.place(&listing) {
-                Position::First { .. } => return self.grant(tenures, ttl, listing.sent).await,
+                Position::First { .. } => {
+                    let sent = self.confirmed_since(Some(&listing), listing.sent).await?;
+                    return self.grant(tenures, ttl, sent).await;
+                }
                 Position::Gone => return Err(Failed::SessionGone),
                 Position::Behind {
                     mine,
@@ -490,6 +559,7 @@ impl Contender {
                         && mine_untouched
                         && Instant::now() < saturating_add(sent, ttl / 4)
                     {
+                        let sent = self.confirmed_since(None, sent).await?;
                         return self.grant(tenures, ttl, sent).await;
                     }
                 }

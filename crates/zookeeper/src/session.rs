@@ -129,6 +129,30 @@ where
     }
 }
 
+/// A write that changes nothing: a multi holding one version check (any version) of `path`.
+///
+/// A follower answers reads from its own copy of the state, which may be stale: cut off from
+/// the leader, it goes on answering for up to `syncLimit` ticks while the leader expires this
+/// session and deletes its nodes. A write it cannot answer alone: it goes to the leader and
+/// commits through a quorum. So its success proves that after it was sent this session was
+/// alive and `path` existed in the ensemble's current state (a `sync` before a read would not:
+/// it is not quorum-acknowledged, ZOOKEEPER-1675, ZOOKEEPER-2136). A version check changes no
+/// data, so it wakes no watcher. Requests sent after it on the same session are answered from a
+/// state that includes it.
+pub(crate) fn confirm<'a>(
+    client: &'a Client,
+    path: &str,
+) -> impl Future<Output = std::result::Result<(), ZkError>> + Send + 'a {
+    let mut writer = client.new_multi_writer();
+    let commit = writer.add_check_version(path, -1).map(|()| writer.commit());
+    async move {
+        match commit {
+            Ok(commit) => commit.await.map(|_| ()).map_err(ZkError::from),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// Opens a session asking for `timeout`; returns it with the timeout the server granted.
 async fn open(config: &ZkConfig, timeout: Duration) -> Result<Session> {
     let mut connector = Client::connector().with_session_timeout(timeout);

@@ -562,11 +562,20 @@ async fn a_create_whose_reply_is_lost_leaves_no_orphan() {
         "{:?}",
         contenders(&raw, &parent).await
     );
-    // The held node is the one whose create was in flight during the freeze (sequence 1, after
-    // the warm-up's 0), whichever way the race went: found by its UUID, or adopted as the lowest
-    // of my nodes while the later duplicate was deleted.
+    // The held node carries the grant's UUID, whichever way the race went: found by its UUID,
+    // or adopted as the lowest of my nodes while the later duplicate was deleted. (Its sequence
+    // says nothing: the harness reaps the empty parent quickly, and a new one counts from 0.)
     let held = contenders(&raw, &parent).await;
-    assert_eq!(names::contender_sequence(&held[0]), Some(1), "{held:?}");
+    let hex = grant.owner().to_hex();
+    let uuid = format!(
+        "_c_{}-{}-{}-{}-{}-lock-",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    );
+    assert!(held[0].starts_with(&uuid), "{held:?}, {uuid}");
     let (_, node) = raw
         .get_data(&format!("{parent}/{}", held[0]))
         .await
