@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use leasehold_conformance::harness_error;
 use leasehold_conformance::scenarios::{self, run_all};
 use leasehold_conformance::servers::{free_port, RedisServer};
-use leasehold_conformance::{Connector, Context, Faults, Verdict};
+use leasehold_conformance::{Connector, Context, Faults, Residue, Verdict};
 use leasehold_core::{
     Authority, Capabilities, Error, Fence, FenceSafety, Grant, Instant, LockKey, Released,
 };
@@ -198,6 +198,32 @@ impl Faults for RedisFaults {
     }
 }
 
+/// What is left in Redis for a key: a lock key (the fence counter stays on purpose).
+struct RedisResidue(Arc<Mutex<String>>);
+
+#[async_trait]
+impl Residue for RedisResidue {
+    async fn leftovers(&self, key: &LockKey) -> leasehold_core::Result<Vec<String>> {
+        let url = self.0.lock().unwrap().clone();
+        let plain = url.split('?').next().unwrap_or(&url).to_string();
+        let mut conn = redis::Client::open(plain)
+            .map_err(harness_error)?
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(harness_error)?;
+        let lock_key = KeyLayout::default().lock_key(key);
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&lock_key)
+            .query_async(&mut conn)
+            .await
+            .map_err(harness_error)?;
+        Ok(match pttl {
+            -2 => vec![],
+            ttl => vec![format!("lock key {lock_key} with PTTL {ttl}")],
+        })
+    }
+}
+
 /// With `LEASEHOLD_REDIS_URL` set (external mode, e.g. docker compose), the suite runs against
 /// that server without faults, which then show as not applicable; otherwise against a managed
 /// primary and replica.
@@ -214,9 +240,10 @@ async fn passes_the_conformance_suite_with_faults() {
     }
     let (primary, replica) = start_pair().await;
     let (faults, url) = RedisFaults::new(primary, Some(replica));
-    let ctx = Context::new(Arc::new(Clients(url)))
+    let ctx = Context::new(Arc::new(Clients(url.clone())))
         .await
         .unwrap()
+        .with_residue(Arc::new(RedisResidue(url)))
         .with_faults(Arc::new(faults));
     let report = run_all("redis", &ctx).await;
     println!("{report}");
