@@ -26,6 +26,20 @@ pub enum AclMode {
     CreatorOnly,
 }
 
+/// What kind of node a lock key's parent (`<chroot>/<escaped key>`) is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParentMode {
+    /// A container node, as Curator makes them (the default): the server removes it once its
+    /// last contender is gone (checked every `znode.container.checkIntervalMs`, a minute by
+    /// default), so keys used once do not pile up. leasehold and Curator recreate it when they
+    /// find it gone; kazoo's `Lock` does not (it makes sure of its path once), so do not use
+    /// containers on keys a kazoo `Lock` shares.
+    Container,
+    /// A persistent node, as kazoo makes them: it stays until someone deletes it. For keys shared
+    /// with kazoo; every key ever locked keeps its (empty) parent.
+    Persistent,
+}
+
 /// Settings of a ZooKeeper authority.
 ///
 /// From a URL: `zk://[user:password@]host1:2181,host2:2181[/chroot][?params]`
@@ -34,7 +48,8 @@ pub enum AclMode {
 ///   the server's root). It is created as persistent nodes on connect when missing;
 /// * `user:password` adds `digest` authentication to every session and makes lock nodes
 ///   creator-only (percent-encode `:`, `@` and `/` in the password);
-/// * parameters: `acl=open|creator`, and the common `epoch`, `safety_margin_ms`,
+/// * parameters: `acl=open|creator`, `parent=container|persistent` (see [`ParentMode`]), and
+///   the common `epoch`, `safety_margin_ms`,
 ///   `clock_drift_per_mille`, `timeout_ms`. Anything else is an error.
 ///
 /// The password lives in a [`Secret`] and never reaches `Debug`, `Display`, errors or logs.
@@ -44,6 +59,7 @@ pub struct ZkConfig {
     pub(crate) chroot: String,
     pub(crate) credentials: Option<(String, Secret)>,
     pub(crate) acl: AclMode,
+    pub(crate) parent: ParentMode,
     pub(crate) client: ClientOptions,
     pub(crate) ttl_range: Option<TtlRange>,
     pub(crate) server_version: Option<(u32, u32, u32)>,
@@ -63,6 +79,7 @@ impl fmt::Debug for ZkConfig {
             .field("chroot", &self.chroot)
             .field("user", &self.credentials.as_ref().map(|(user, _)| user))
             .field("acl", &self.acl)
+            .field("parent", &self.parent)
             .field("client", &self.client)
             .field("ttl_range", &self.ttl_range)
             .field("server_version", &self.server_version)
@@ -87,6 +104,7 @@ impl ZkConfig {
         let mut params = UrlParams::parse(url)?;
         let client = params.take_client_options()?;
         let acl = params.take("acl");
+        let parent = params.take("parent");
         params.finish()?;
 
         let rest = rest.split(['?', '#']).next().unwrap_or("");
@@ -140,11 +158,21 @@ impl ZkConfig {
                 )))
             }
         };
+        let parent = match parent.as_deref() {
+            None | Some("container") => ParentMode::Container,
+            Some("persistent") => ParentMode::Persistent,
+            Some(other) => {
+                return Err(invalid(format!(
+                    "parameter `parent` has an invalid value `{other}`; use `container` or `persistent`"
+                )))
+            }
+        };
         Ok(ZkConfig {
             hosts,
             chroot,
             credentials,
             acl,
+            parent,
             client,
             ttl_range: None,
             server_version: None,
@@ -166,6 +194,17 @@ impl ZkConfig {
     /// Who may touch the nodes this authority creates.
     pub fn acl(&self) -> AclMode {
         self.acl
+    }
+
+    /// What kind of node a lock key's parent is.
+    pub fn parent_mode(&self) -> ParentMode {
+        self.parent
+    }
+
+    /// Makes lock keys' parents containers or persistent nodes (the URL's `parent=`).
+    pub fn with_parent_mode(mut self, parent: ParentMode) -> Self {
+        self.parent = parent;
+        self
     }
 
     /// The client options (epoch, safety margin, request timeout).
@@ -207,9 +246,10 @@ impl ZkConfig {
             .deadline(sent, ttl.saturating_sub(self.touch_lag))
     }
 
-    /// Whether the server knows container nodes (3.5.3 and later, or unknown).
+    /// Whether lock keys' parents are containers: asked for, and the server knows them (3.5.3
+    /// and later, or unknown).
     pub(crate) fn containers(&self) -> bool {
-        self.server_version.is_none_or(|v| v >= (3, 5, 3))
+        self.parent == ParentMode::Container && self.server_version.is_none_or(|v| v >= (3, 5, 3))
     }
 }
 
@@ -304,6 +344,15 @@ mod tests {
         );
         let open = ZkConfig::from_url("zk://u:p@h/x?acl=open").unwrap();
         assert_eq!(open.acl(), AclMode::Open);
+        assert_eq!(open.parent_mode(), ParentMode::Container);
+        assert!(open.containers());
+        let kazoo = ZkConfig::from_url("zk://h/x?parent=persistent").unwrap();
+        assert_eq!(kazoo.parent_mode(), ParentMode::Persistent);
+        assert!(!kazoo.containers());
+        let old = ZkConfig::from_url("zk://h/x?parent=container")
+            .unwrap()
+            .with_server_version(3, 4, 14);
+        assert!(!old.containers());
     }
 
     #[test]
@@ -314,6 +363,7 @@ mod tests {
             "zk://u:hunter2@h1:2181/a/./b",
             "zk://u:hunter2@h1:2181/a/../b",
             "zk://u:hunter2@h1:2181/x?acl=nobody",
+            "zk://u:hunter2@h1:2181/x?parent=ephemeral",
             "zk://u:hunter2@h1:2181/x?bogus=1",
             "zk://u:hunter2@h1:99999/x",
             "zk://u:hunter2@h1:2181,,h2/x",

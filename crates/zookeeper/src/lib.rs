@@ -49,5 +49,5 @@ mod tenure;
 mod token;
 
 pub use authority::ZkAuthority;
-pub use config::{AclMode, ZkConfig, DEFAULT_CHROOT};
+pub use config::{AclMode, ParentMode, ZkConfig, DEFAULT_CHROOT};
 pub use token::Czxid;

@@ -246,8 +246,8 @@ async fn ensure_chroot(config: &ZkConfig, client: &Client) -> Result<()> {
     Ok(())
 }
 
-/// The create options for a per-key parent: a container, so the server removes it once its
-/// last contender is gone.
+/// The create options for a per-key parent: a container (the server removes it once its last
+/// contender is gone) unless persistent parents were asked for or the server predates them.
 pub(crate) fn parent_options(config: &ZkConfig) -> CreateOptions<'static> {
     let mode = if config.containers() {
         CreateMode::Container

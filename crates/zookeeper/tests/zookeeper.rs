@@ -8,7 +8,7 @@ mod common;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use leasehold_conformance::servers::{free_port, ZkServer};
+use leasehold_conformance::servers::{free_port, ZkServer, ZK_CONTAINER_CHECK_INTERVAL};
 use leasehold_core::{Authority, Epoch, Error, Instant, LockKey, LostReason, TtlRange};
 use leasehold_zookeeper::{names, ZkAuthority, ZkConfig};
 use zookeeper_client::{Acls, CreateMode, LockOptions, LockPrefix};
@@ -888,4 +888,75 @@ async fn duration_max_waits_and_huge_timeouts_never_panic() {
     let _ = a.release(&grant).await.unwrap();
     let again = a.try_acquire(&k, ttl).await.unwrap().expect("free again");
     let _ = a.release(&again).await.unwrap();
+}
+
+/// kazoo's `Lock` makes sure of its path once (`ensure_path` on its first acquire) and from then
+/// on creates `<uuid>__lock__` nodes under it without `makepath`. A container parent made by
+/// leasehold is reaped by the server once the key sits idle, and kazoo's next acquire then fails
+/// with `NoNodeError`. With `parent=persistent` the parent stays, and kazoo and leasehold go on
+/// excluding each other on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persistent_parents_keep_a_kazoo_lock_working_after_the_key_sat_idle() {
+    let hosts = shared_hosts().await;
+    let raw = raw(&hosts).await;
+    let ttl = Duration::from_secs(1);
+    // Idle for twice the reaping interval plus a tick: a container has certainly been reaped.
+    let idle = ZK_CONTAINER_CHECK_INTERVAL * 2 + shared().tick_time();
+    let kazoo_node = "0123456789abcdef0123456789abcdef__lock__";
+
+    for (mode, reaped) in [("container", true), ("persistent", false)] {
+        let a = ZkAuthority::connect(&format!(
+            "zk://{hosts}/kazoo-{mode}?parent={mode}&timeout_ms=1000"
+        ))
+        .await
+        .unwrap();
+        let k = key("nightly-report");
+        let parent = a.lock_path(&k);
+        // leasehold uses the key first, and so makes the parent.
+        let g = a.try_acquire(&k, ttl).await.unwrap().unwrap();
+        let _ = a.release(&g).await.unwrap();
+        // kazoo's first acquire: ensure_path finds it, then lock and unlock.
+        assert!(raw.check_stat(&parent).await.unwrap().is_some());
+        let (_, seq) = raw
+            .create(
+                &format!("{parent}/{kazoo_node}"),
+                &[],
+                &ephemeral_sequential(),
+            )
+            .await
+            .unwrap();
+        raw.delete(&format!("{parent}/{kazoo_node}{seq}"), None)
+            .await
+            .unwrap();
+
+        // The key sits idle.
+        tokio::time::sleep(idle).await;
+        let second = raw
+            .create(
+                &format!("{parent}/{kazoo_node}"),
+                &[],
+                &ephemeral_sequential(),
+            )
+            .await;
+        if reaped {
+            assert_eq!(
+                second.unwrap_err(),
+                zookeeper_client::Error::NoNode,
+                "{mode}: the idle container was reaped under kazoo"
+            );
+            continue;
+        }
+        let (_, seq) = second.unwrap_or_else(|e| panic!("{mode}: kazoo's second lock: {e}"));
+        // kazoo holds: leasehold waits its turn, and gets the key once kazoo lets go.
+        assert!(a.try_acquire(&k, ttl).await.unwrap().is_none());
+        raw.delete(&format!("{parent}/{kazoo_node}{seq}"), None)
+            .await
+            .unwrap();
+        let g = a
+            .try_acquire(&k, ttl)
+            .await
+            .unwrap()
+            .expect("free after kazoo");
+        let _ = a.release(&g).await.unwrap();
+    }
 }
