@@ -17,9 +17,10 @@ use leasehold_core::{
 use tokio::sync::watch;
 
 use crate::config::{EtcdConfig, TlsFiles};
+use crate::contenders::Withdrawal;
 use crate::errors::{self, BACKEND};
 use crate::keys::{self, KeySpace};
-use crate::session::{delete_contender, Registry, Session, SessionSettings};
+use crate::session::{delete_contender, lease_gone, Registry, Session, SessionSettings};
 use crate::token::EtcdRevision;
 use crate::wait::{self, Turn};
 
@@ -235,6 +236,19 @@ impl EtcdAuthority {
         if session.is_ended() {
             // Ended between the write and now: `end` may have missed this key.
             loss.fire(LostReason::SessionEnded);
+        } else {
+            let held = Withdrawal {
+                name: name.clone(),
+                owner: *owner,
+                revision: Some(*revision),
+            };
+            tokio::spawn(wait::watch_held(
+                self.inner.client.clone(),
+                session.clone(),
+                held,
+                loss.clone(),
+                self.timeout(),
+            ));
         }
         // The key lives as long as the session's lease, and the session withdraws it at
         // `sent + ttl` unless renewed: the grant is good until the earlier of the two.
@@ -622,27 +636,24 @@ impl Authority for EtcdAuthority {
             // revoked or expired. Ask which, so that a lost session ends every lease on it now
             // rather than at its next keep-alive. (Only on this rare path: an extra request.)
             c.session.contenders.forget(&c.name, c.owner);
-            let mut leases = self.inner.client.lease_client();
-            let asked = leases.time_to_live(c.session.lease(), None);
-            // -1 (or "not found") means the lease is gone; 0 is a lease in its last second.
-            let gone = match tokio::time::timeout(self.timeout(), asked).await {
-                Ok(Ok(t)) => t.ttl() < 0,
-                Ok(Err(e)) => errors::is_lease_not_found(&e),
-                Err(_) => false,
-            };
-            if gone {
+            if lease_gone(&self.inner.client, c.session.lease(), self.timeout()).await {
                 c.session.end();
                 return lost(LostReason::SessionEnded);
             }
             return lost(LostReason::Refused);
         }
-        let deadline = self
-            .inner
-            .config
-            .client
-            .safety_margin
-            .deadline(sent, ttl)
-            .min(c.session.deadline());
+        let wanted = self.inner.config.client.safety_margin.deadline(sent, ttl);
+        if c.session.deadline() < saturating_add(sent, ttl / 2) {
+            // The session's keep-alive is late (normally its deadline is at least two thirds
+            // of a TTL ahead): after an outage it may still be backing off while this read
+            // already succeeded. Have it extend the lease now, so a renewal that succeeds also
+            // moves the deadline.
+            c.session.refresh(self.timeout()).await;
+        }
+        let deadline = wanted.min(c.session.deadline());
+        if c.session.is_ended() {
+            return lost(LostReason::SessionEnded);
+        }
         if deadline <= Instant::now() {
             // The session's keep-alive has been failing for a whole TTL.
             return lost(LostReason::SessionEnded);

@@ -181,7 +181,6 @@ impl Contenders {
     }
 
     /// Whether `name` is held at `revision` right now (not yet withdrawn or released).
-    #[cfg(test)]
     pub fn is_held(&self, name: &str, revision: i64) -> bool {
         matches!(
             self.book().entries.get(name).map(|e| &e.state),

@@ -34,7 +34,10 @@
 //!   Raft, durable, never reissued.
 //! * **Waiting**: a watch on the one key just ahead of ours.
 //! * **Loss**: a keep-alive answered "lease not found" or failing until the session's deadline,
-//!   a contender key deleted behind our back, or a grant left unrenewed past its TTL.
+//!   a contender key deleted behind our back, or a grant left unrenewed past its TTL. Loss is
+//!   pushed: every grant carries a [`LossSignal`](leasehold_core::LossSignal), fired as soon as
+//!   a watch on the held key sees it deleted behind our back (the whole session when its lease
+//!   is gone), so a `Lease` learns of it at once, not at its next renewal.
 //!
 //! See `docs/etcd.md` in the repository for the guarantees, the failure modes and the tests.
 #![deny(missing_docs)]

@@ -13,6 +13,7 @@
 //! on it is lost.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -42,6 +43,8 @@ pub(crate) struct Session {
     liveness: watch::Sender<Liveness>,
     pub(crate) contenders: Contenders,
     wake: Notify,
+    /// A renewal asked for a keep-alive now (the last one is late).
+    refresh: AtomicBool,
 }
 
 impl Session {
@@ -75,6 +78,22 @@ impl Session {
     /// Asks the session's task to look at its book again (a key to withdraw, a new deadline).
     pub fn wake(&self) {
         self.wake.notify_one();
+    }
+
+    /// Has the session's task send a keep-alive now and waits (at most `timeout`) until one
+    /// extends the lease or the session ends. For a renewal that finds the session's deadline
+    /// lagging: after an outage the keep-alive may still be in its retry backoff when the
+    /// renewal's own read already succeeds.
+    pub async fn refresh(&self, timeout: Duration) {
+        let before = self.deadline();
+        let mut liveness = self.subscribe();
+        self.refresh.store(true, Ordering::Release);
+        self.wake();
+        let _ = tokio::time::timeout(
+            timeout,
+            liveness.wait_for(|l| l.ended || l.deadline > before),
+        )
+        .await;
     }
 
     /// Marks `owner`'s key `name` for deletion by the session's task, which retries until etcd
@@ -240,6 +259,7 @@ async fn grant(ttl: Duration, settings: &SessionSettings) -> Result<Arc<Session>
         liveness,
         contenders: Contenders::new(),
         wake: Notify::new(),
+        refresh: AtomicBool::new(false),
     }))
 }
 
@@ -269,6 +289,18 @@ pub(crate) async fn delete_contender(
     let mut kv = client.kv_client();
     let response = errors::bounded("delete a contender key", timeout, kv.txn(txn)).await?;
     Ok(response.succeeded())
+}
+
+/// Whether etcd says `lease` no longer exists (revoked, or expired). `false` when it exists or
+/// when etcd did not answer within `timeout`.
+pub(crate) async fn lease_gone(client: &Client, lease: i64, timeout: Duration) -> bool {
+    let mut leases = client.lease_client();
+    // -1 (or "not found") means the lease is gone; 0 is a lease in its last second.
+    match tokio::time::timeout(timeout, leases.time_to_live(lease, None)).await {
+        Ok(Ok(t)) => t.ttl() < 0,
+        Ok(Err(e)) => errors::is_lease_not_found(&e),
+        Err(_) => false,
+    }
 }
 
 /// Why a session's task stopped.
@@ -357,7 +389,9 @@ impl SessionTask {
                 _ = liveness.wait_for(|l| l.ended) => continue,
                 _ = tokio::time::sleep_until(wake_at) => {}
             }
-            if Instant::now() < next_keep_alive {
+            if Instant::now() < next_keep_alive
+                && !self.session.refresh.swap(false, Ordering::AcqRel)
+            {
                 continue;
             }
             let sent = Instant::now();

@@ -1065,3 +1065,88 @@ async fn cancelled_try_acquires_leave_nothing_behind() {
     );
     let _ = b.release(&got.unwrap()).await.unwrap();
 }
+
+/// Issue 10 #3: loss is pushed, not polled. The session's lease is revoked behind the holders'
+/// backs (a raw etcd client, as an operator's `etcdctl lease revoke` would): at a TTL of 9 s,
+/// where the next renewal or keep-alive is up to 3 s (TTL/3) away, every grant's loss signal
+/// fires and every `Lease` is lost within TTL/9 = 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_session_lease_is_lost_within_a_second() {
+    let server = start().await;
+    let raw = raw_client(&server).await;
+    let a = Arc::new(EtcdAuthority::connect(&url(&server)).await.unwrap());
+    let ttl = Duration::from_secs(9);
+    let bound = ttl / 9;
+    let lease = Lease::try_acquire(
+        a.clone(),
+        &LockKey::new("pushed/lease").unwrap(),
+        ttl,
+        LeaseOptions::default(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let grant = a
+        .try_acquire(&LockKey::new("pushed/grant").unwrap(), ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let signal = grant
+        .loss_signal()
+        .expect("etcd grants carry a loss signal");
+    assert!(signal.fired().is_none());
+    let session = a.session_leases()[0];
+    // Past the first keep-alive and renewal, so neither is about to happen by chance.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    raw.lease_client().revoke(session).await.unwrap();
+    let revoked = Instant::now();
+    let reason = tokio::time::timeout(bound, signal.wait())
+        .await
+        .unwrap_or_else(|_| panic!("the grant's loss signal did not fire within {bound:?}"));
+    assert!(matches!(reason, LostReason::SessionEnded), "{reason:?}");
+    let reason = tokio::time::timeout_at(revoked + bound, lease.lost())
+        .await
+        .unwrap_or_else(|_| panic!("lease.lost() did not resolve within {bound:?}"));
+    assert!(matches!(reason, LostReason::SessionEnded), "{reason:?}");
+    assert!(lease.ensure_valid().is_err());
+    assert!(!grant.is_valid());
+    eprintln!("lost {:?} after the revoke", revoked.elapsed());
+}
+
+/// A holder's key deleted by an operator (`etcdctl del`) while its session lives on: that
+/// grant's loss signal fires (Refused) within TTL/9 = 1 s at a TTL of 9 s; the other grant on the
+/// same session stays valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_deleted_behind_our_back_is_lost_within_a_second() {
+    let server = start().await;
+    let raw = raw_client(&server).await;
+    let a = EtcdAuthority::connect(&url(&server)).await.unwrap();
+    let ttl = Duration::from_secs(9);
+    let bound = ttl / 9;
+    let deleted = a
+        .try_acquire(&LockKey::new("pushed/deleted").unwrap(), ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let kept = a
+        .try_acquire(&LockKey::new("pushed/kept").unwrap(), ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    raw.kv_client()
+        .delete(contender_key(&deleted).unwrap(), None)
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(bound, deleted.loss_signal().unwrap().wait())
+        .await
+        .unwrap_or_else(|_| panic!("the loss signal did not fire within {bound:?}"));
+    assert!(matches!(reason, LostReason::Refused), "{reason:?}");
+    assert!(kept.loss_signal().unwrap().fired().is_none());
+    assert!(kept.is_valid());
+    a.renew(&kept, ttl)
+        .await
+        .expect("the other grant is still held");
+    assert_eq!(a.release(&kept).await.unwrap(), Released::Released);
+    assert_eq!(a.release(&deleted).await.unwrap(), Released::AlreadyGone);
+}
