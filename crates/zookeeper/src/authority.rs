@@ -1,8 +1,9 @@
 //! The ZooKeeper authority: a lease is the lowest ephemeral-sequential node under the key's
 //! parent, alive as long as its session, fenced by its czxid.
 
+use std::collections::HashSet;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -15,7 +16,7 @@ use zookeeper_client::Error as ZkError;
 
 use crate::cleanup;
 use crate::config::ZkConfig;
-use crate::contend::{Contender, Failed};
+use crate::contend::{someone_queued, Contender, Failed};
 use crate::errors::{self, is_session_end, BACKEND};
 use crate::held::Held;
 use crate::names;
@@ -25,11 +26,24 @@ use crate::tenure::Tenures;
 /// How often an acquisition starts over on a fresh session after its session ended under it.
 const SESSION_RETRIES: usize = 3;
 
+/// Keys remembered as held by someone else, at most; past that the memory starts afresh (a
+/// forgotten key only costs one queued and withdrawn node on its next try).
+const KNOWN_HELD: usize = 4096;
+
 struct Inner {
     config: Arc<ZkConfig>,
     sessions: Sessions,
     tenures: Tenures,
     capabilities: Capabilities,
+    /// The lock paths whose last `try_acquire` here found someone ahead: the next one lists
+    /// before queueing.
+    known_held: Mutex<HashSet<String>>,
+}
+
+impl Inner {
+    fn known_held(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.known_held.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// A ZooKeeper ensemble as an [`Authority`].
@@ -96,6 +110,7 @@ impl ZkAuthority {
             inner: Arc::new(Inner {
                 sessions: Sessions::new(config.clone()),
                 tenures: Tenures::default(),
+                known_held: Mutex::default(),
                 config,
                 capabilities,
             }),
@@ -172,13 +187,36 @@ impl Authority for ZkAuthority {
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Grant>> {
         let started = Instant::now();
         self.check_ttl(ttl)?;
+        let path = self.lock_path(key);
         for _ in 0..SESSION_RETRIES {
             let session = self.inner.sessions.get(ttl).await?;
+            // Held when last tried: list first, and queue only if nobody is there any more.
+            if self.inner.known_held().contains(&path) {
+                match someone_queued(&self.inner.config, &session, &path).await {
+                    Ok(true) => return Ok(None),
+                    Ok(false) => {
+                        self.inner.known_held().remove(&path);
+                    }
+                    Err(Failed::Error(e)) => return Err(e),
+                    Err(Failed::SessionGone) => {
+                        self.inner.sessions.forget(&session);
+                        continue;
+                    }
+                }
+            }
             match self
                 .contender(key, session.clone())?
                 .try_once(&self.inner.tenures, ttl, started)
                 .await
             {
+                Ok(None) => {
+                    let mut known = self.inner.known_held();
+                    if known.len() >= KNOWN_HELD {
+                        known.clear();
+                    }
+                    known.insert(path);
+                    return Ok(None);
+                }
                 Ok(granted) => return Ok(granted),
                 Err(Failed::Error(e)) => return Err(e),
                 Err(Failed::SessionGone) => self.inner.sessions.forget(&session),

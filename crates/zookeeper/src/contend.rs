@@ -578,6 +578,32 @@ impl Contender {
     }
 }
 
+/// Whether any contender queues under `parent`, by a listing alone (no node of mine): for a
+/// key known to be held, where queueing a node only to delete it again would cost two writes
+/// and wake whoever queued behind it. A `sync` goes out first in the same round trip, so the
+/// listing is not older than the request (a "held" answer is not stale by more than that; a
+/// "free" one is only a reason to try, and the try itself is a write).
+pub(crate) async fn someone_queued(
+    config: &ZkConfig,
+    session: &Session,
+    parent: &str,
+) -> std::result::Result<bool, Failed> {
+    let client = &session.client;
+    let listed = session::read(config, "list the contenders", || {
+        let synced = client.sync(parent);
+        let listed = client.list_children(parent);
+        async move {
+            synced.await?;
+            listed.await
+        }
+    });
+    match listed.await? {
+        Ok(children) => Ok(!names::queue(&children).is_empty()),
+        Err(ZkError::NoNode) => Ok(false),
+        Err(e) => Err(failed(e, "list the contenders")),
+    }
+}
+
 /// Runs a client request within the request timeout; the outer error is the timeout.
 async fn bounded_raw<T>(
     config: &ZkConfig,

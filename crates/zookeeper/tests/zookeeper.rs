@@ -960,3 +960,54 @@ async fn persistent_parents_keep_a_kazoo_lock_working_after_the_key_sat_idle() {
         let _ = a.release(&g).await.unwrap();
     }
 }
+
+/// The parent's child version: every contender node created or deleted under it moves it on.
+async fn child_version(raw: &zookeeper_client::Client, parent: &str) -> i32 {
+    raw.check_stat(parent)
+        .await
+        .unwrap()
+        .map_or(-1, |stat| stat.cversion)
+}
+
+/// `try_acquire` on a key someone holds must not queue a node only to delete it again: two
+/// writes for nothing, and a waiter that queued behind that short-lived node is woken for
+/// nothing. Once a client has seen the key held, it lists first, and only queues when the list is
+/// empty. The parent's child version counts every create and delete under it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_acquire_on_a_held_key_lists_instead_of_queueing() {
+    let hosts = shared_hosts().await;
+    let raw = raw(&hosts).await;
+    let a = ZkAuthority::connect(&url(&hosts, "/held")).await.unwrap();
+    let b = ZkAuthority::connect(&url(&hosts, "/held")).await.unwrap();
+    let ttl = Duration::from_secs(2);
+    let k = key("busy");
+    let parent = a.lock_path(&k);
+    let held = a.try_acquire(&k, ttl).await.unwrap().unwrap();
+
+    // B does not know yet that the key is held: its first try may queue and withdraw.
+    assert!(b.try_acquire(&k, ttl).await.unwrap().is_none());
+    let known = child_version(&raw, &parent).await;
+    for _ in 0..5 {
+        assert!(b.try_acquire(&k, ttl).await.unwrap().is_none());
+    }
+    assert_eq!(
+        child_version(&raw, &parent).await,
+        known,
+        "tries on a key known to be held created and deleted nodes"
+    );
+    assert_eq!(contenders(&raw, &parent).await.len(), 1);
+
+    // Once the holder is gone, the listing is empty and B's next try takes the key.
+    let _ = a.release(&held).await.unwrap();
+    let mine = b
+        .try_acquire(&k, ttl)
+        .await
+        .unwrap()
+        .expect("free after the release");
+    assert!(mine.fence() > held.fence());
+    // And B, the holder now, does not hold itself off: A, which saw it free, tries once more.
+    assert!(a.try_acquire(&k, ttl).await.unwrap().is_none());
+    let _ = b.release(&mine).await.unwrap();
+    let again = a.try_acquire(&k, ttl).await.unwrap().expect("free again");
+    let _ = a.release(&again).await.unwrap();
+}
