@@ -24,7 +24,10 @@ mod child;
 use std::io::Write;
 use std::process::ExitCode;
 
-use leasehold::{Error, Lease, LeaseOptions, LockKey};
+use std::sync::Arc;
+
+use leasehold::etcd::EtcdAuthority;
+use leasehold::{Authority, Error, Instrumented, Lease, LeaseOptions, LockKey};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::args::{RunArgs, USAGE, VERSION};
@@ -114,15 +117,54 @@ fn chain(e: &Error) -> String {
     text
 }
 
+/// A connected authority, and what must be closed before the process exits.
+struct Connected {
+    authority: Arc<dyn Authority>,
+    /// etcd keeps a session lease per authority, revoked by a background task when the authority
+    /// is dropped; an exiting runtime never runs that task, so the lease would live out its TTL.
+    etcd: Option<EtcdAuthority>,
+}
+
+async fn connect(url: &str) -> leasehold::Result<Connected> {
+    let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+    if matches!(scheme.as_deref(), Some("etcd" | "etcds")) {
+        let etcd = EtcdAuthority::connect(url).await?;
+        let authority: Arc<dyn Authority> = Arc::new(Instrumented::new(Arc::new(etcd.clone())));
+        return Ok(Connected {
+            authority,
+            etcd: Some(etcd),
+        });
+    }
+    Ok(Connected {
+        authority: leasehold::connect(url).await?,
+        etcd: None,
+    })
+}
+
 async fn run(args: RunArgs) -> u8 {
     let key = match LockKey::new(&args.key) {
         Ok(k) => k,
         Err(e) => return failed(&e),
     };
-    let authority = match leasehold::connect(&args.url).await {
-        Ok(a) => a,
+    let Connected { authority, etcd } = match connect(&args.url).await {
+        Ok(c) => c,
         Err(e) => return failed(&e),
     };
+    let code = run_under_lease(&args, key, authority).await;
+    if let Some(etcd) = etcd {
+        // Whatever happened, nothing of ours outlives the process: revoke the session lease
+        // (and with it any key still there) and wait for etcd's answer.
+        if let Err(e) = etcd.close().await {
+            say!(
+                "leasehold: revoking the etcd session lease failed (its TTL will end it): {}",
+                chain(&e)
+            );
+        }
+    }
+    code
+}
+
+async fn run_under_lease(args: &RunArgs, key: LockKey, authority: Arc<dyn Authority>) -> u8 {
     let backend = authority.capabilities().backend;
     let acquired = if args.wait.is_zero() {
         Lease::try_acquire(authority, &key, args.ttl, LeaseOptions::default())

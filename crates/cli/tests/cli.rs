@@ -255,3 +255,79 @@ fn version_prints_the_package_version() {
         );
     }
 }
+
+/// The etcd leases on the server, by `etcdctl lease list`.
+fn etcd_leases(server: &leasehold_conformance::servers::EtcdServer) -> Vec<String> {
+    let out = server
+        .etcdctl()
+        .unwrap()
+        .args(["lease", "list"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // "found N leases" and then one id per line.
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .skip(1)
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// Issue 10 #8: with etcd, `leasehold run` leaves no session lease behind when it exits: not
+/// after the command ran, nor after the lock was found held. (It used to exit with the session
+/// lease still granted, to live out its TTL.)
+#[test]
+fn etcd_runs_leave_no_lease_behind() {
+    let server = leasehold_conformance::servers::EtcdServer::start().unwrap();
+    let url = format!("etcd://{}?timeout_ms=1000", server.endpoint());
+    let ran = leasehold(&[
+        "run",
+        "--url",
+        &url,
+        "--key",
+        "job:etcd",
+        "--ttl",
+        "30s",
+        "--",
+        "sh",
+        "-c",
+        "echo $LEASEHOLD_FENCE",
+    ]);
+    assert_eq!(code(&ran), 0, "{}", text(&ran));
+    assert_eq!(etcd_leases(&server), Vec::<String>::new(), "after a run");
+
+    // While one run holds the key, a second finds it held (75); neither leaves a lease.
+    let dir = leasehold_conformance::servers::process::server_dir("cli-etcd").unwrap();
+    let done = dir.path().join("done");
+    let wait = format!("while [ ! -e {} ]; do sleep 0.05; done", done.display());
+    let mut holder = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args([
+            "run", "--url", &url, "--key", "job:etcd", "--ttl", "30s", "--",
+        ])
+        .args(["sh", "-c", &wait])
+        .env_remove("LEASEHOLD_URL")
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let held = loop {
+        let out = leasehold(&["run", "--url", &url, "--key", "job:etcd", "--", "true"]);
+        if code(&out) == 75 {
+            break out;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{}",
+            text(&out)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(code(&held), 75);
+    std::fs::write(&done, b"done").unwrap();
+    assert!(holder.wait().unwrap().success());
+    assert_eq!(etcd_leases(&server), Vec::<String>::new(), "after the runs");
+}

@@ -196,6 +196,36 @@ impl EtcdAuthority {
             .collect()
     }
 
+    /// Ends every session of this authority now and revokes their etcd leases, waiting for etcd's
+    /// answers (each bounded by the request timeout), so that nothing of ours outlives the call:
+    /// every contender key is deleted with its lease, and every grant still held through this
+    /// authority is lost (its loss signal fires). Call it before a process exits: dropping the
+    /// authority also revokes, but from a background task that an exiting runtime may never run.
+    ///
+    /// The authority stays usable; a later acquire starts a new session. Fails with the first
+    /// error met (`Unavailable` if etcd did not answer: the leases then expire within their TTL).
+    pub async fn close(&self) -> Result<()> {
+        let mut first_error = None;
+        for session in self.inner.registry.take_all() {
+            session.end();
+            let mut leases = self.inner.client.lease_client();
+            let revoked = errors::bounded(
+                "revoke the session lease",
+                self.timeout(),
+                leases.revoke(session.lease()),
+            )
+            .await;
+            match revoked {
+                Ok(_) => {}
+                Err(e) if errors::is_lease_gone(&e) => {}
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
     fn check_ttl(&self, ttl: Duration) -> Result<()> {
         self.inner.capabilities.ttl.check(ttl)
     }
@@ -323,10 +353,9 @@ async fn probe_min_ttl(client: &Client, timeout: Duration) -> Result<Duration> {
         leases.grant(1, None),
     )
     .await?;
-    let id = probe.id();
-    tokio::spawn(async move {
-        let _ = tokio::time::timeout(timeout, leases.revoke(id)).await;
-    });
+    // Awaited, not spawned: a process that connects and exits at once must not leave the probe
+    // lease behind.
+    let _ = tokio::time::timeout(timeout, leases.revoke(probe.id())).await;
     let secs = u64::try_from(probe.ttl()).unwrap_or(1).max(1);
     Ok(Duration::from_secs(secs))
 }

@@ -172,6 +172,12 @@ impl Registry {
         }
     }
 
+    /// Takes every session out of the registry (a later acquire starts a new one).
+    pub fn take_all(&self) -> Vec<Arc<Session>> {
+        let mut map = self.by_ttl.lock().unwrap_or_else(|e| e.into_inner());
+        map.drain().map(|(_, s)| s).collect()
+    }
+
     /// The live sessions (for tests and introspection).
     pub fn sessions(&self) -> Vec<Arc<Session>> {
         let map = self.by_ttl.lock().unwrap_or_else(|e| e.into_inner());

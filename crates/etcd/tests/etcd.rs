@@ -1150,3 +1150,37 @@ async fn a_key_deleted_behind_our_back_is_lost_within_a_second() {
     assert_eq!(a.release(&kept).await.unwrap(), Released::Released);
     assert_eq!(a.release(&deleted).await.unwrap(), Released::AlreadyGone);
 }
+
+/// `close()` revokes every session lease before it returns (nothing outlives a process that
+/// closes and exits), fires the loss signal of every grant still held, and leaves the authority
+/// usable with a new session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_revokes_every_session_lease_before_returning() {
+    let server = start().await;
+    let raw = raw_client(&server).await;
+    let a = EtcdAuthority::connect(&url(&server)).await.unwrap();
+    let key = LockKey::new("closed").unwrap();
+    let held = a
+        .try_acquire(&key, Duration::from_secs(2))
+        .await
+        .unwrap()
+        .unwrap();
+    let other = a
+        .try_acquire(
+            &LockKey::new("closed/other").unwrap(),
+            Duration::from_secs(3),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.session_leases().len(), 2, "one session per TTL");
+    a.close().await.unwrap();
+    let left = raw.lease_client().leases().await.unwrap();
+    assert!(left.leases().is_empty(), "leases left: {:?}", left.leases());
+    assert!(keys_under(&raw, &a.prefix(&key)).await.is_empty());
+    assert!(held.loss_signal().unwrap().fired().is_some());
+    assert!(other.loss_signal().unwrap().fired().is_some());
+    let again = a.try_acquire(&key, Duration::from_secs(2)).await.unwrap();
+    assert!(again.is_some(), "usable after close");
+    a.close().await.unwrap();
+}
