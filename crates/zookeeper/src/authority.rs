@@ -345,3 +345,164 @@ impl Authority for ZkAuthority {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use leasehold_conformance::servers::ZkServer;
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::sync::watch;
+
+    use super::*;
+
+    /// A TCP proxy in front of the server that can cut the connections through it and hold new
+    /// ones (accepted, not forwarded) until it is healed.
+    struct Proxy {
+        addr: std::net::SocketAddr,
+        /// (forwarding, generation): a cut bumps the generation, which ends every connection
+        /// forwarded before it.
+        state: watch::Sender<(bool, u64)>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Proxy {
+        async fn start(upstream: String) -> Proxy {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (state, _) = watch::channel((true, 0u64));
+            let states = state.clone();
+            let task = tokio::spawn(async move {
+                while let Ok((mut inbound, _)) = listener.accept().await {
+                    let (mut states, upstream) = (states.subscribe(), upstream.clone());
+                    tokio::spawn(async move {
+                        let Ok(&(_, generation)) =
+                            states.wait_for(|(open, _)| *open).await.as_deref()
+                        else {
+                            return;
+                        };
+                        let Ok(mut outbound) = TcpStream::connect(&upstream).await else {
+                            return;
+                        };
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                            _ = states.wait_for(|(_, g)| *g != generation) => {}
+                        }
+                    });
+                }
+            });
+            Proxy { addr, state, task }
+        }
+
+        fn cut(&self) {
+            self.state.send_modify(|(open, generation)| {
+                *open = false;
+                *generation += 1;
+            });
+        }
+
+        fn heal(&self) {
+            self.state.send_modify(|(open, _)| *open = true);
+        }
+    }
+
+    impl Drop for Proxy {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    /// The session behind two grants ends while their holder is alive and well: another client
+    /// takes the session over (with its id and password) and closes it, so the server deletes
+    /// its nodes. Both grants' loss signal fires as soon as the holder's client hears of it, well
+    /// before the next renewal would have noticed (a third of the TTL).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_ended_session_fires_the_loss_signal_of_every_grant_on_it() {
+        let server = tokio::task::spawn_blocking(ZkServer::start)
+            .await
+            .unwrap()
+            .expect("ZooKeeper must start for this test");
+        let hosts = server.connect_string();
+        // The holder talks to the server through a proxy, so that it cannot take its session
+        // back while another client takes it over and closes it.
+        let proxy = Proxy::start(hosts.clone()).await;
+        let a = ZkAuthority::connect(&format!("zk://{}/loss?timeout_ms=1000", proxy.addr))
+            .await
+            .unwrap();
+        let ttl = Duration::from_secs(9);
+        let first = a
+            .try_acquire(&LockKey::new("loss-1").unwrap(), ttl)
+            .await
+            .unwrap()
+            .unwrap();
+        let second = a
+            .try_acquire(&LockKey::new("loss-2").unwrap(), ttl)
+            .await
+            .unwrap()
+            .unwrap();
+        let signals: Vec<_> = [&first, &second]
+            .iter()
+            .map(|g| {
+                g.loss_signal()
+                    .expect("a ZooKeeper grant carries its session's loss signal")
+                    .clone()
+            })
+            .collect();
+        assert!(signals.iter().all(|s| s.fired().is_none()));
+        assert!(first.is_valid() && second.is_valid());
+
+        let session = a.inner.sessions.get(ttl).await.unwrap();
+        proxy.cut();
+        let thief = zookeeper_client::Client::connector()
+            .with_session(session.client.session().clone())
+            .with_session_timeout(ttl)
+            .connect(&hosts)
+            .await
+            .expect("the session can be taken over with its id and password");
+        drop(session);
+        thief.list_children("/").await.unwrap();
+        drop(thief);
+        let raw = zookeeper_client::Client::connect(&hosts).await.unwrap();
+        let path = first
+            .backend_state::<Arc<Held>>()
+            .map(|h| h.path.clone())
+            .unwrap();
+        while raw.check_stat(&path).await.unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The session is gone at the server; the holder's client hears of it when it gets
+        // through again.
+        let closed = Instant::now();
+        proxy.heal();
+        // A ninth of the TTL: far sooner than the next renewal, a third of it.
+        let within = ttl / 9;
+        for signal in &signals {
+            let reason = tokio::time::timeout_at(closed + within, signal.wait())
+                .await
+                .unwrap_or_else(|_| panic!("the loss signal did not fire within {within:?}"));
+            assert!(matches!(reason, LostReason::SessionEnded), "{reason:?}");
+        }
+        eprintln!(
+            "the loss signal fired {:?} after the close",
+            closed.elapsed()
+        );
+        assert!(!first.is_valid() && !second.is_valid());
+        let err = a.renew(&first, ttl).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::LeaseLost {
+                    reason: LostReason::SessionEnded,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        // A new session serves the next acquisition, and its grant's signal is a fresh one.
+        let next = a
+            .try_acquire(&LockKey::new("loss-1").unwrap(), ttl)
+            .await
+            .unwrap()
+            .expect("the old session's nodes are gone");
+        assert!(next.loss_signal().is_some_and(|s| s.fired().is_none()));
+        let _ = a.release(&next).await.unwrap();
+    }
+}

@@ -400,7 +400,11 @@ impl Contender {
             self.sweep_duplicates(node.name.clone());
         }
         let deadline = self.config.deadline(sent, ttl);
-        Ok(Grant::new(self.key.clone(), self.owner, fence, ttl, deadline).with_backend_state(held))
+        Ok(
+            Grant::new(self.key.clone(), self.owner, fence, ttl, deadline)
+                .with_backend_state(held)
+                .with_loss_signal(self.session.loss.clone()),
+        )
     }
 
     fn sweep_duplicates(&self, keep: String) {

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_core::time::deadline_in;
-use leasehold_core::{Error, Instant, Result, TtlRange};
+use leasehold_core::{Error, Instant, LossSignal, LostReason, Result, TtlRange};
 use zookeeper_client::{Acls, Client, CreateMode, CreateOptions, Error as ZkError};
 
 use crate::config::{AclMode, ZkConfig};
@@ -42,6 +42,9 @@ pub(crate) struct Session {
     pub ttl: Duration,
     /// The session id, the `ephemeralOwner` of every node it creates.
     pub id: i64,
+    /// Fired when the session ends (expired, closed, refused): every grant on it carries it, so
+    /// a lease knows it is lost the moment the client hears of the end, not at its next renewal.
+    pub loss: LossSignal,
     /// Leases and contenders on this session; it is not closed to make room while any is.
     /// Shared by count, not by a reference to the session, so that a lease never keeps its
     /// session open after the authority is gone.
@@ -166,12 +169,39 @@ async fn open(config: &ZkConfig, timeout: Duration) -> Result<Session> {
     let client = bounded(config, "connect", connector.connect(&config.hosts)).await?;
     let granted = client.session_timeout();
     let id = client.session_id().0;
+    let loss = LossSignal::new();
+    watch_for_the_end(&client, loss.clone());
     Ok(Session {
         client,
         ttl: granted,
         id,
+        loss,
         active: Arc::new(AtomicUsize::new(0)),
     })
+}
+
+/// Fires `loss` once the session ends. The client hears of an expiry when it reconnects (the
+/// server answers that the session is gone), or decides it on its own after hearing nothing for
+/// longer than the timeout; a close (the authority dropped) ends the nodes at once too.
+fn watch_for_the_end(client: &Client, loss: LossSignal) {
+    let mut states = client.state_watcher();
+    if client.state().is_terminated() {
+        loss.fire(LostReason::SessionEnded);
+        return;
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        loop {
+            let state = states.changed().await;
+            if state.is_terminated() {
+                tracing::debug!(?state, "the ZooKeeper session ended");
+                loss.fire(LostReason::SessionEnded);
+                return;
+            }
+        }
+    });
 }
 
 /// The ACL this authority puts on the nodes it creates.
