@@ -34,6 +34,8 @@ const MIN_PROBE: Duration = Duration::from_millis(250);
 const MIN_PROBE_SLOW: Duration = Duration::from_secs(2);
 /// The session timeout asked for to learn the server's maximum; longer TTLs are not offered.
 const MAX_PROBE: Duration = Duration::from_secs(24 * 3600);
+/// The longest session timeout the protocol can carry: 32-bit milliseconds, under 25 days.
+const MAX_SESSION_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 
 /// One ZooKeeper session and the TTL it carries.
 pub(crate) struct Session {
@@ -158,6 +160,15 @@ pub(crate) fn confirm<'a>(
 
 /// Opens a session asking for `timeout`; returns it with the timeout the server granted.
 async fn open(config: &ZkConfig, timeout: Duration) -> Result<Session> {
+    // The client would overflow (or wrap) on a longer one.
+    if timeout > MAX_SESSION_TIMEOUT {
+        return Err(Error::InvalidTtl {
+            ttl: timeout,
+            reason: format!(
+                "ZooKeeper carries a session timeout (a lease's TTL) in 32-bit milliseconds: at most {MAX_SESSION_TIMEOUT:?}"
+            ),
+        });
+    }
     let mut connector = Client::connector().with_session_timeout(timeout);
     if let Some((user, password)) = &config.credentials {
         let auth = format!("{user}:{}", password.expose());
@@ -218,7 +229,19 @@ pub(crate) fn acls(config: &ZkConfig) -> Acls<'static> {
 /// (ZooKeeper's default `minSessionTimeout`), which is how late it may notice an expiry.
 pub(crate) async fn prepare(config: &ZkConfig) -> Result<(TtlRange, Duration)> {
     let (range, admin) = match config.ttl_range {
-        Some(range) => (range, open(config, range.max).await?),
+        Some(range) => {
+            // A declared range may reach further than a session timeout can: offer no more.
+            let range = if range.max > MAX_SESSION_TIMEOUT {
+                TtlRange::new(
+                    range.min.min(MAX_SESSION_TIMEOUT),
+                    MAX_SESSION_TIMEOUT,
+                    range.granularity,
+                )
+            } else {
+                range
+            };
+            (range, open(config, range.max.min(MAX_PROBE)).await?)
+        }
         None => {
             // The long one first: if the server cannot be reached, this says so within the
             // request timeout, without a second, slower attempt at the short one.

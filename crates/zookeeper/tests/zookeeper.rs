@@ -1011,3 +1011,41 @@ async fn try_acquire_on_a_held_key_lists_instead_of_queueing() {
     let again = a.try_acquire(&k, ttl).await.unwrap().expect("free again");
     let _ = a.release(&again).await.unwrap();
 }
+
+/// A declared TTL range may reach `Duration::MAX`, but ZooKeeper carries a session timeout as
+/// 32-bit milliseconds (under 25 days): a TTL beyond that is `InvalidTtl`, not a panic in the
+/// client's session task, and connecting with such a range works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_ttls_are_refused_not_handed_to_the_session() {
+    let hosts = shared_hosts().await;
+    let range = TtlRange::new(
+        Duration::from_millis(400),
+        Duration::MAX,
+        Duration::from_millis(1),
+    );
+    let config = ZkConfig::from_url(&url(&hosts, "/huge-ttl"))
+        .unwrap()
+        .with_ttl_range(range);
+    let a = tokio::time::timeout(Duration::from_secs(5), ZkAuthority::with_config(config))
+        .await
+        .expect("connecting with a huge declared range answers")
+        .unwrap();
+    for ttl in [
+        Duration::from_millis(i32::MAX as u64 + 1),
+        Duration::from_secs(u32::MAX.into()),
+    ] {
+        let tried = tokio::time::timeout(Duration::from_secs(5), a.try_acquire(&key("huge"), ttl))
+            .await
+            .expect("a huge TTL gets an answer");
+        assert!(
+            matches!(tried, Err(Error::InvalidTtl { .. })),
+            "{ttl:?}: {tried:?}"
+        );
+    }
+    let g = a
+        .try_acquire(&key("huge"), Duration::from_secs(2))
+        .await
+        .unwrap()
+        .expect("an ordinary TTL still works");
+    let _ = a.release(&g).await.unwrap();
+}
