@@ -128,16 +128,15 @@ impl EtcdAuthority {
         let min_ttl = probe_min_ttl(&client, timeout).await?;
         // The lease API needs no permission in etcd 3.4: read the namespace once, so that
         // missing or wrong credentials fail here and not at the first acquire.
-        let mut kv = client.kv_client();
         let probe = GetOptions::new()
             .with_prefix()
             .with_keys_only()
             .with_limit(1);
-        errors::bounded(
-            "read the namespace",
-            timeout,
-            kv.get(format!("{}/", config.namespace), Some(probe)),
-        )
+        let namespace = format!("{}/", config.namespace);
+        errors::call("read the namespace", timeout, || {
+            let (mut kv, probe, namespace) = (client.kv_client(), probe.clone(), namespace.clone());
+            async move { kv.get(namespace, Some(probe)).await }
+        })
         .await?;
         let ttl = TtlRange::new(min_ttl, MAX_TTL, Duration::from_secs(1));
         let capabilities = Capabilities::new(BACKEND, FenceSafety::Linearizable, true, ttl)
@@ -208,19 +207,9 @@ impl EtcdAuthority {
         let mut first_error = None;
         for session in self.inner.registry.take_all() {
             session.end();
-            let mut leases = self.inner.client.lease_client();
-            let revoked = errors::bounded(
-                "revoke the session lease",
-                self.timeout(),
-                leases.revoke(session.lease()),
-            )
-            .await;
-            match revoked {
-                Ok(_) => {}
-                Err(e) if errors::is_lease_gone(&e) => {}
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
+            let revoked = errors::revoke(&self.inner.client, session.lease(), self.timeout()).await;
+            if let Err(e) = revoked {
+                first_error.get_or_insert(e);
             }
         }
         first_error.map_or(Ok(()), Err)
@@ -346,16 +335,14 @@ fn on_lease(session: &Session) -> PutOptions {
 /// Grants a 1 s lease and reads back what the server made of it: etcd raises any TTL below its
 /// minimum (derived from the election timeout) to that minimum.
 async fn probe_min_ttl(client: &Client, timeout: Duration) -> Result<Duration> {
-    let mut leases = client.lease_client();
-    let probe = errors::bounded(
-        "probe the server's minimum lease TTL",
-        timeout,
-        leases.grant(1, None),
-    )
+    let probe = errors::call("probe the server's minimum lease TTL", timeout, || {
+        let mut leases = client.lease_client();
+        async move { leases.grant(1, None).await }
+    })
     .await?;
     // Awaited, not spawned: a process that connects and exits at once must not leave the probe
     // lease behind.
-    let _ = tokio::time::timeout(timeout, leases.revoke(probe.id())).await;
+    let _ = errors::revoke(client, probe.id(), timeout).await;
     let secs = u64::try_from(probe.ttl()).unwrap_or(1).max(1);
     Ok(Duration::from_secs(secs))
 }
@@ -495,10 +482,9 @@ impl Authority for EtcdAuthority {
                 )])
                 .or_else([TxnOp::get(prefix.as_str(), Some(oldest()))]);
             let sent = Instant::now();
-            let mut kv = self.inner.client.kv_client();
             // Cancelled here (the future dropped), or failed: dropping `entry` has the session
             // delete the key if the put happened.
-            let response = match errors::bounded("acquire", timeout, kv.txn(txn)).await {
+            let response = match errors::txn(&self.inner.client, "acquire", timeout, txn).await {
                 Ok(r) => r,
                 Err(e) if errors::is_lease_gone(&e) => {
                     // The session's lease expired or was revoked under us: nothing was written;
@@ -561,8 +547,7 @@ impl Authority for EtcdAuthority {
                 ])
                 .or_else([TxnOp::get(name.as_str(), None)]);
             let sent = Instant::now();
-            let mut kv = client.kv_client();
-            let response = match errors::bounded("acquire", timeout, kv.txn(txn)).await {
+            let response = match errors::txn(client, "acquire", timeout, txn).await {
                 Ok(r) => r,
                 Err(e) if errors::is_lease_gone(&e) && restarts < SESSION_RETRIES => {
                     restarts += 1;

@@ -134,6 +134,104 @@ pub(crate) async fn bounded<T>(
     }
 }
 
+/// Whether `error` proves the request never reached any etcd member, so that sending it again
+/// (to another member) cannot apply it twice, whatever it is: the connection to the member the
+/// balancer picked could not be made (a member that is down: "connection refused"), or the
+/// member refused it before doing anything because it has no leader (`require_leader`).
+pub(crate) fn not_sent(error: &etcd_client::Error) -> bool {
+    let status = match error {
+        etcd_client::Error::GRpcStatus(status) => status,
+        etcd_client::Error::TransportError(e) => return refused(e),
+        _ => return false,
+    };
+    if i32::from(status.code()) != code::UNAVAILABLE {
+        return false;
+    }
+    status.message().contains("etcdserver: no leader")
+        || status.message().contains("tcp connect error")
+        || refused(status)
+}
+
+/// Whether a connection refusal is somewhere in `error`'s chain of sources.
+fn refused(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(e) = source {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// Runs one request through the balanced client, bounded by `timeout` in all: a request that
+/// provably never left (see [`not_sent`]: the balancer picked a member that is down) is sent
+/// again, after a short pause, and the balancer picks again among the members, so a client given
+/// several endpoints carries the call to a live one. Anything else is returned as it is: a
+/// request that may have been applied is never sent twice here.
+pub(crate) async fn call<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    mut request: F,
+) -> leasehold_core::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    let give_up = leasehold_core::time::deadline_in(timeout);
+    let mut pause =
+        leasehold_core::Backoff::new(Duration::from_millis(2), Duration::from_millis(100));
+    loop {
+        let left = give_up.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, request()).await {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(error)) if not_sent(&error) => {
+                let delay = pause.next_delay();
+                if leasehold_core::time::deadline_in(delay) >= give_up {
+                    return Err(map(error, what));
+                }
+                tracing::debug!(%error, "{what}: not sent; sending again");
+                tokio::time::sleep(delay).await;
+            }
+            Ok(Err(error)) => return Err(map(error, what)),
+            Err(_) => return Err(Error::request_timeout(BACKEND, what, timeout)),
+        }
+    }
+}
+
+/// One transaction through [`call`].
+pub(crate) async fn txn(
+    client: &etcd_client::Client,
+    what: &str,
+    timeout: Duration,
+    txn: etcd_client::Txn,
+) -> leasehold_core::Result<etcd_client::TxnResponse> {
+    call(what, timeout, || {
+        let (mut kv, txn) = (client.kv_client(), txn.clone());
+        async move { kv.txn(txn).await }
+    })
+    .await
+}
+
+/// Revokes `lease` through [`call`]; a lease etcd does not know (any more) counts as revoked.
+pub(crate) async fn revoke(
+    client: &etcd_client::Client,
+    lease: i64,
+    timeout: Duration,
+) -> leasehold_core::Result<()> {
+    let revoked = call("revoke a lease", timeout, || {
+        let mut leases = client.lease_client();
+        async move { leases.revoke(lease).await }
+    })
+    .await;
+    match revoked {
+        Err(e) if !is_lease_gone(&e) => Err(e),
+        _ => Ok(()),
+    }
+}
+
 /// Whether a mapped error came from etcd saying the lease a request named does not exist.
 pub(crate) fn is_lease_gone(error: &Error) -> bool {
     let source = match error {
@@ -164,7 +262,7 @@ where
         leasehold_core::Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
     loop {
         let left = give_up.saturating_duration_since(tokio::time::Instant::now());
-        match bounded(what, left, request()).await {
+        match call(what, left, &mut request).await {
             Err(e @ Error::Unavailable { .. }) => {
                 let delay = pause.next_delay();
                 if leasehold_core::time::deadline_in(delay) >= give_up {

@@ -225,11 +225,10 @@ async fn grant(ttl: Duration, settings: &SessionSettings) -> Result<Arc<Session>
     })?;
     let mut leases = settings.client.lease_client();
     let sent = Instant::now();
-    let response = errors::bounded(
-        "grant the session lease",
-        settings.request_timeout,
-        leases.grant(secs, None),
-    )
+    let response = errors::call("grant the session lease", settings.request_timeout, || {
+        let mut leases = settings.client.lease_client();
+        async move { leases.grant(secs, None).await }
+    })
     .await?;
     if !response.error().is_empty() {
         return Err(Error::Backend {
@@ -292,20 +291,22 @@ pub(crate) async fn delete_contender(
     let txn = Txn::new()
         .when([guard])
         .and_then([TxnOp::delete(name, None)]);
-    let mut kv = client.kv_client();
-    let response = errors::bounded("delete a contender key", timeout, kv.txn(txn)).await?;
+    let response = errors::txn(client, "delete a contender key", timeout, txn).await?;
     Ok(response.succeeded())
 }
 
 /// Whether etcd says `lease` no longer exists (revoked, or expired). `false` when it exists or
 /// when etcd did not answer within `timeout`.
 pub(crate) async fn lease_gone(client: &Client, lease: i64, timeout: Duration) -> bool {
-    let mut leases = client.lease_client();
+    let asked = errors::call("ask for a lease's time to live", timeout, || {
+        let mut leases = client.lease_client();
+        async move { leases.time_to_live(lease, None).await }
+    })
+    .await;
     // -1 (or "not found") means the lease is gone; 0 is a lease in its last second.
-    match tokio::time::timeout(timeout, leases.time_to_live(lease, None)).await {
-        Ok(Ok(t)) => t.ttl() < 0,
-        Ok(Err(e)) => errors::is_lease_not_found(&e),
-        Err(_) => false,
+    match asked {
+        Ok(t) => t.ttl() < 0,
+        Err(e) => errors::is_lease_gone(&e),
     }
 }
 
@@ -340,8 +341,8 @@ impl SessionTask {
         if ending != Ending::LeaseGone {
             // Frees every key of the session at once; if etcd cannot be reached, the lease
             // expires by itself within its TTL.
-            let mut leases = self.settings.client.lease_client();
-            let _ = tokio::time::timeout(self.settings.request_timeout, leases.revoke(lease)).await;
+            let timeout = self.settings.request_timeout;
+            let _ = errors::revoke(&self.settings.client, lease, timeout).await;
         }
     }
 

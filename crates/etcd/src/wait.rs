@@ -55,8 +55,7 @@ pub(crate) async fn for_turn(
             .with_sort(SortTarget::Create, SortOrder::Descend)
             .with_limit(1);
         let read = Txn::new().and_then([TxnOp::get(name, None), TxnOp::get(prefix, Some(ahead))]);
-        let mut kv = client.kv_client();
-        let response = errors::bounded("look for the key ahead", timeout, kv.txn(read)).await?;
+        let response = errors::txn(client, "look for the key ahead", timeout, read).await?;
         let read_at = response.header().map_or(0, |h| h.revision());
         let mut own_there = false;
         let mut predecessor = None;
@@ -124,12 +123,10 @@ async fn deleted(
     let options = WatchOptions::new()
         .with_start_revision(from_revision)
         .with_filters([WatchFilterType::NoPut]);
-    let mut watch = client.watch_client();
-    let mut stream = errors::bounded(
-        "watch the key ahead",
-        timeout,
-        watch.watch(key, Some(options)),
-    )
+    let mut stream = errors::call("watch a contender key", timeout, || {
+        let (mut watch, key, options) = (client.watch_client(), key.clone(), options.clone());
+        async move { watch.watch(key, Some(options)).await }
+    })
     .await?;
     loop {
         match stream.message().await {
@@ -190,14 +187,11 @@ pub(crate) async fn watch_held(
             // again from that read on.
             Ok(false) | Err(_) => {
                 tokio::time::sleep(pause.next_delay()).await;
-                let mut kv = client.kv_client();
-                match errors::bounded(
-                    "look at a held key",
-                    timeout,
-                    kv.get(held.name.as_str(), None),
-                )
-                .await
-                {
+                let read = errors::read_with_retry("look at a held key", timeout, || {
+                    let (mut kv, name) = (client.kv_client(), held.name.clone());
+                    async move { kv.get(name, None).await }
+                });
+                match read.await {
                     Ok(found) => {
                         from = found.header().map_or(from, |h| h.revision() + 1);
                         found

@@ -424,3 +424,47 @@ async fn a_paused_holder_process_is_fenced_out() {
     );
     let _ = b.release(&grant).await.unwrap();
 }
+
+/// Issue 10 #9: a client given three endpoints carries every call to a live member. The leader
+/// is killed and a new one elected; then 60 rounds of acquire, renew and release through the
+/// same client (which still lists the dead member) must all succeed. Before, calls balanced onto
+/// the dead member failed with "connection refused".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_reach_a_live_member_while_one_is_down() {
+    let cluster = start_cluster().await;
+    let a = EtcdAuthority::connect(&url(&cluster)).await.unwrap();
+    let key = LockKey::new("member-loss").unwrap();
+    let ttl = Duration::from_secs(2);
+    for _ in 0..10 {
+        let g = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+        assert_eq!(a.release(&g).await.unwrap(), Released::Released);
+    }
+    let leader = cluster.leader().unwrap();
+    blocking(&cluster, move |c| c.member(leader).kill())
+        .await
+        .unwrap();
+    blocking(&cluster, |c| c.leader().map(|_| ()))
+        .await
+        .unwrap();
+    let mut failures = Vec::new();
+    for round in 0..60 {
+        match a.try_acquire(&key, ttl).await {
+            Ok(Some(g)) => {
+                if let Err(e) = a.renew(&g, ttl).await {
+                    failures.push(format!("{round}: renew: {e}"));
+                }
+                match a.release(&g).await {
+                    Ok(Released::Released) => {}
+                    other => failures.push(format!("{round}: release: {other:?}")),
+                }
+            }
+            Ok(None) => failures.push(format!("{round}: the free key was held")),
+            Err(e) => failures.push(format!("{round}: acquire: {e}")),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failed calls: {failures:#?}",
+        failures.len()
+    );
+}
