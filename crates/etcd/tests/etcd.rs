@@ -1184,3 +1184,90 @@ async fn close_revokes_every_session_lease_before_returning() {
     assert!(again.is_some(), "usable after close");
     a.close().await.unwrap();
 }
+
+/// The sum of the server's Prometheus counter or gauge `name` over the series whose labels
+/// contain `label` (an empty `label` matches every series).
+async fn metric(server: &EtcdServer, name: &str, label: &str) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(format!("127.0.0.1:{}", server.client_port()))
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.unwrap();
+    body.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(['{', ' ']) && rest.contains(label))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Transactions the server has handled (every acquire, release, and a waiter's look at the key
+/// ahead is one; renewals are reads, keep-alives are lease calls).
+async fn txns(server: &EtcdServer) -> u64 {
+    metric(server, "grpc_server_handled_total", "grpc_method=\"Txn\"").await
+}
+
+/// Issue 10 #5(b): three waiters queue behind a holder, each on its own client. Each release
+/// wakes only the next waiter: the server sees exactly two transactions per hand-off (the
+/// release, and the next waiter's one look at the key ahead of it), and the waiters further
+/// back stay asleep. A waiter watching the holder instead of its predecessor (a herd: every
+/// release wakes every waiter) makes each of them look again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_only_the_next_waiter() {
+    let server = start().await;
+    let raw = raw_client(&server).await;
+    let ttl = Duration::from_secs(10);
+    let key = LockKey::new("herd").unwrap();
+    let holder = EtcdAuthority::connect(&url(&server)).await.unwrap();
+    let prefix = holder.prefix(&key);
+    let mut held = holder.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let mut owner = holder.clone();
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        let client = EtcdAuthority::connect(&url(&server)).await.unwrap();
+        let task = {
+            let (client, key) = (client.clone(), key.clone());
+            tokio::spawn(async move { client.acquire(&key, ttl, ttl).await })
+        };
+        let queued = eventually(ttl / 2, || async {
+            keys_under(&raw, &prefix).await.len() == i + 2
+        })
+        .await;
+        assert!(queued, "waiter {i} did not queue");
+        waiters.push((client, task));
+    }
+    // The holder's key is watched (loss is pushed), and so is each waiter's key ahead.
+    let watching = eventually(ttl / 2, || async {
+        metric(&server, "etcd_debugging_mvcc_watcher_total", "").await >= 4
+    })
+    .await;
+    assert!(watching, "the waiters never watched");
+    // A settle time far above a loopback round trip: a herd would show within it.
+    let settle = ttl / 20;
+    for (i, (client, task)) in waiters.into_iter().enumerate() {
+        tokio::time::sleep(settle).await;
+        let before = txns(&server).await;
+        assert_eq!(owner.release(&held).await.unwrap(), Released::Released);
+        let next = tokio::time::timeout(ttl / 2, task)
+            .await
+            .expect("the next waiter is woken")
+            .unwrap()
+            .expect("the next waiter gets the key");
+        assert!(next.fence() > held.fence());
+        tokio::time::sleep(settle).await;
+        let spent = txns(&server).await - before;
+        assert_eq!(
+            spent, 2,
+            "hand-off {i}: {spent} transactions for one release and one waiter's look; the \
+             others woke too"
+        );
+        (owner, held) = (client, next);
+    }
+    assert_eq!(owner.release(&held).await.unwrap(), Released::Released);
+}
