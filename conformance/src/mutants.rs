@@ -29,8 +29,11 @@ pub enum Mutant {
     FenceRestartsAfterRelease,
     /// Renew extends whatever lease the key has, without checking the owner (a plain `PEXPIRE`).
     RenewWithoutOwnerCheck,
-    /// The local deadline is counted from the response instead of from before the request.
+    /// A grant's local deadline is counted from the response instead of from before the request
+    /// (with a round trip shorter than the safety margin).
     DeadlineAfterResponse,
+    /// A renewal's local deadline is counted from the response.
+    RenewalDeadlineAfterResponse,
     /// A waiter is told it holds the key after its lease already expired (a grant delivered late
     /// with a fresh deadline).
     ExpiredWaiterTold,
@@ -49,12 +52,13 @@ pub enum Mutant {
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 10] = [
+    pub const ALL: [Mutant; 11] = [
         Mutant::UnconditionalRelease,
         Mutant::AcquireIgnoresHolder,
         Mutant::FenceRestartsAfterRelease,
         Mutant::RenewWithoutOwnerCheck,
         Mutant::DeadlineAfterResponse,
+        Mutant::RenewalDeadlineAfterResponse,
         Mutant::ExpiredWaiterTold,
         Mutant::LiesAboutFailoverSafety,
         Mutant::CancelledAttemptKeepsKey,
@@ -74,6 +78,7 @@ impl Mutant {
                 "deadline_counts_from_the_request",
                 "delayed_reply_shortens_the_grant",
             ],
+            Mutant::RenewalDeadlineAfterResponse => &["deadline_counts_from_the_request"],
             Mutant::ExpiredWaiterTold => &["acquire_waits_for_release"],
             Mutant::LiesAboutFailoverSafety => &["fences_survive_failover"],
             Mutant::CancelledAttemptKeepsKey => &["cancelled_try_acquire_leaves_nothing"],
@@ -118,6 +123,11 @@ fn original(grant: &Grant) -> &Grant {
 impl Mutated {
     fn options(&self) -> &ClientOptions {
         self.inner.options()
+    }
+
+    /// The simulated round trip of the deadline mutants: half the safety margin.
+    fn latency(&self, ttl: Duration) -> Duration {
+        self.options().safety_margin.for_ttl(ttl) / 2
     }
 
     fn counters(&self) -> std::sync::MutexGuard<'_, HashMap<LockKey, u64>> {
@@ -181,8 +191,9 @@ impl Mutated {
                 Ok(self.rewrap(&grant, fence, grant.deadline()))
             }
             Mutant::DeadlineAfterResponse if !waited => {
-                // Simulated network latency, then the deadline counted from the response.
-                tokio::time::sleep(ttl / 2).await;
+                // Simulated network latency, shorter than the safety margin (so only a bound
+                // with the margin catches it), then the deadline counted from the response.
+                tokio::time::sleep(self.latency(ttl)).await;
                 let deadline = self.options().safety_margin.deadline(Instant::now(), ttl);
                 Ok(self.rewrap(&grant, grant.fence(), deadline))
             }
@@ -235,6 +246,11 @@ impl Authority for Mutated {
             let sent = Instant::now();
             self.inner.server().unchecked().extend(grant.key(), ttl);
             return Ok(self.options().safety_margin.deadline(sent, ttl));
+        }
+        if self.mutant == Mutant::RenewalDeadlineAfterResponse {
+            self.inner.renew(original(grant), ttl).await?;
+            tokio::time::sleep(self.latency(ttl)).await;
+            return Ok(self.options().safety_margin.deadline(Instant::now(), ttl));
         }
         self.inner.renew(original(grant), ttl).await
     }

@@ -22,34 +22,54 @@ fn latest(sent: Instant, ttl: Duration, slack: Duration) -> Instant {
 ///
 /// On loopback a round trip is far shorter than any margin, so the bound allows only half the
 /// call's own duration as slack: a deadline counted from the reply overshoots by the whole call.
+/// A scheduling hiccup between our clock read and the backend's can exceed that on a loaded
+/// machine, so each check gets three tries and must hold once; a backend that counts from the
+/// reply fails all three.
 pub async fn deadline_counts_from_the_request(ctx: &Context) -> Outcome {
     let a = ctx.connect().await?;
     let key = ctx.key("deadline");
     let ttl = ctx.ttl();
-    let sent = Instant::now();
-    let grant = take(&*a, &key, ttl, "A acquires").await?;
-    let took = sent.elapsed();
-    ensure!(
-        grant.deadline() <= latest(sent, ttl, took / 2),
-        "the grant's deadline is {:?} after the request was sent (TTL {ttl:?}, margin {:?}, the \
-         call took {took:?}): counted from the reply, or without the margin",
-        grant.deadline() - sent,
-        SafetyMargin::default().for_ttl(ttl)
-    );
-    ensure!(
-        grant.deadline() > sent,
-        "the grant's deadline is not after the request"
-    );
-    let renew_sent = Instant::now();
-    let renewed = a.renew(&grant, ttl).await.or_fail("A renews")?;
-    let took = renew_sent.elapsed();
-    ensure!(
-        renewed <= latest(renew_sent, ttl, took / 2),
-        "the renewal's deadline is {:?} after it was sent (TTL {ttl:?}, the call took {took:?})",
-        renewed - renew_sent
-    );
+    let margin = SafetyMargin::default().for_ttl(ttl);
+    let mut overshoots = Vec::new();
+    let mut held = None;
+    for _ in 0..3 {
+        let sent = Instant::now();
+        let grant = take(&*a, &key, ttl, "A acquires").await?;
+        let took = sent.elapsed();
+        ensure!(
+            grant.deadline() > sent,
+            "the grant's deadline is not after the request"
+        );
+        if grant.deadline() <= latest(sent, ttl, took / 2) {
+            held = Some(grant);
+            break;
+        }
+        overshoots.push((grant.deadline() - sent, took));
+        let _ = a.release(&grant).await.or_fail("A releases")?;
+    }
+    let grant = held.ok_or_else(|| {
+        Failure::new(format!(
+            "three grants' deadlines, after the request was sent, and how long the call took: \
+             {overshoots:?} (TTL {ttl:?}, margin {margin:?}): counted from the reply, or without \
+             the margin"
+        ))
+    })?;
+    let mut overshoots = Vec::new();
+    for _ in 0..3 {
+        let renew_sent = Instant::now();
+        let renewed = a.renew(&grant, ttl).await.or_fail("A renews")?;
+        let took = renew_sent.elapsed();
+        if renewed <= latest(renew_sent, ttl, took / 2) {
+            let _ = a.release(&grant).await.or_fail("A releases")?;
+            return Ok(Verdict::Passed);
+        }
+        overshoots.push((renewed - renew_sent, took));
+    }
     let _ = a.release(&grant).await.or_fail("A releases")?;
-    Ok(Verdict::Passed)
+    Err(Failure::new(format!(
+        "three renewals' deadlines, after each was sent, and how long the call took: \
+         {overshoots:?} (TTL {ttl:?}, margin {margin:?}): counted from the reply"
+    )))
 }
 
 /// A reply delayed by an unresponsive server (paused for a third of the TTL while the request is

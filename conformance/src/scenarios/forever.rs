@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use leasehold_core::{Lease, LeaseOptions};
 
-use super::helpers::take;
+use super::helpers::{still_held, take};
 use crate::context::Context;
 use crate::ensure;
 use crate::verdict::{Failure, OrFail, Outcome, Verdict};
@@ -43,9 +43,7 @@ pub async fn duration_max_means_no_limit(ctx: &Context) -> Outcome {
         .or_fail("A acquires with max_hold = MAX")?
         .ok_or_else(|| Failure::new("the key was not free"))?;
     tokio::time::sleep(ttl * 2).await;
-    lease
-        .ensure_valid()
-        .or_fail("a lease with max_hold = MAX two TTLs later")?;
+    still_held(&lease, "a lease with max_hold = MAX two TTLs later").await?;
     let _ = lease.release().await.or_fail("A releases the lease")?;
     let again = take(&*b, &key, ttl, "B after the release").await?;
     let _ = b.release(&again).await.or_fail("B releases")?;

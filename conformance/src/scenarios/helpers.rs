@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use leasehold_core::{Authority, Grant, Instant, LockKey};
+use leasehold_core::{Authority, Grant, Instant, Lease, LeaseState, LockKey};
 
 use crate::context::{poll_until, Context};
 use crate::verdict::{Failure, OrFail};
@@ -43,4 +43,33 @@ pub async fn take(
 /// tolerance (the grant was obtained before now, so this is conservative).
 pub async fn outlive(ctx: &Context, grant: &Grant) {
     tokio::time::sleep(grant.ttl() + ctx.tolerance()).await;
+}
+
+/// `lease` is still ours: held now, or held again within half its TTL if a slow renewal (a
+/// loaded machine, an fsync stall) suspended it for a moment. Lost, or suspended for longer,
+/// fails with `what`.
+pub async fn still_held(lease: &Lease, what: &str) -> Result<(), Failure> {
+    let patience = lease.grant().ttl() / 2;
+    let until = Instant::now() + patience;
+    let mut watch = lease.watch();
+    loop {
+        match lease.state() {
+            LeaseState::Held => return Ok(()),
+            LeaseState::Lost(reason) => {
+                return Err(Failure::new(format!(
+                    "{what}: the lease was lost: {reason}"
+                )))
+            }
+            _ => {
+                if tokio::time::timeout_at(until, watch.changed())
+                    .await
+                    .is_err()
+                {
+                    return Err(Failure::new(format!(
+                        "{what}: the lease stayed suspended for {patience:?}"
+                    )));
+                }
+            }
+        }
+    }
 }

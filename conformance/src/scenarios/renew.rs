@@ -3,7 +3,7 @@
 
 use leasehold_core::{Error, Instant, Lease, LeaseOptions, LostReason};
 
-use super::helpers::{acquire_within, outlive, take};
+use super::helpers::{acquire_within, outlive, still_held, take};
 use crate::context::Context;
 use crate::ensure;
 use crate::verdict::{Failure, OrFail, Outcome, Verdict};
@@ -62,7 +62,7 @@ pub async fn lease_renews_past_ttl(ctx: &Context) -> Outcome {
     let fence = lease.fence();
     let first_deadline = lease.deadline();
     tokio::time::sleep(ttl * 3).await;
-    lease.ensure_valid().or_fail("lease after 3 TTLs")?;
+    still_held(&lease, "A's lease after 3 TTLs").await?;
     ensure!(
         lease.deadline() > first_deadline,
         "renewals did not move the deadline"

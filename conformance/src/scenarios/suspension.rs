@@ -1,29 +1,50 @@
 //! Held, suspended, lost: what a lease does while its authority does not answer.
 
+use std::time::Duration;
+
 use leasehold_core::{Error, Instant, Lease, LeaseOptions, LeaseState};
 
 use crate::context::Context;
 use crate::ensure;
 use crate::verdict::{Failure, OrFail, Outcome, Verdict};
 
-/// The server stops answering for three quarters of the TTL, right after A acquired: A's lease is
-/// suspended (`ensure_valid` fails) before its deadline, and held again, with the same fence and a
-/// later deadline, once a renewal lands after the server resumes. A renewal with unknown outcome
-/// is not a loss.
+/// Waits (polling, a fiftieth of the TTL at a time) until a renewal moves `lease`'s deadline, so
+/// a fault can start at a known point of the renewal schedule.
+async fn after_a_renewal(lease: &Lease, ttl: Duration) -> Result<(), Failure> {
+    let before = lease.deadline();
+    let give_up = Instant::now() + ttl;
+    while lease.deadline() == before {
+        ensure!(
+            Instant::now() < give_up,
+            "no renewal within a TTL ({ttl:?})"
+        );
+        tokio::time::sleep(ttl / 50).await;
+    }
+    Ok(())
+}
+
+/// The server stops answering for 70 % of the TTL, starting right after a renewal: A's lease is
+/// suspended (`ensure_valid` fails) before its deadline, and held again, with the same fence and
+/// a later deadline, once a renewal lands after the server resumes. A renewal with unknown
+/// outcome is not a loss.
+///
+/// The schedule: renewals every tenth of the TTL; the one after the pause starts hangs, and is
+/// suspected at half the time left (about 55 % of the TTL in); the server resumes at 70 %,
+/// leaving about 30 % of the TTL for the answer.
 pub async fn short_outage_suspends_then_holds(ctx: &Context) -> Outcome {
     let a = ctx.connect().await?;
     let key = ctx.key("short-outage");
     // A longer TTL than the suite's, so the windows around the pause are wide in absolute time.
     let ttl = ctx.capabilities().ttl.at_least(ctx.ttl() * 2);
     let options = LeaseOptions::default()
-        .with_renew_fraction(0.15)
+        .with_renew_fraction(0.1)
         .or_fail("renew fraction")?;
     let lease = Lease::try_acquire(a, &key, ttl, options)
         .await
         .or_fail("A acquires")?
         .ok_or_else(|| Failure::new("A could not acquire a free key"))?;
-    let (fence, first_deadline) = (lease.fence(), lease.deadline());
-    let mut states = lease.watch();
+    let fence = lease.fence();
+    after_a_renewal(&lease, ttl).await?;
     match ctx.faults().pause().await {
         Err(Error::Unsupported { .. }) => {
             return Ok(Verdict::NotApplicable(
@@ -33,29 +54,35 @@ pub async fn short_outage_suspends_then_holds(ctx: &Context) -> Outcome {
         other => other.or_fail("pause the server")?,
     }
     let paused = Instant::now();
-    let outage = ttl * 3 / 4;
-    let suspended = tokio::time::timeout(outage, states.changed()).await;
+    let mut states = lease.watch();
+    let outage = ttl * 7 / 10;
+    let suspended = tokio::time::timeout(outage, async {
+        let state = states.changed().await;
+        (state, lease.ensure_valid().is_ok())
+    })
+    .await;
     tokio::time::sleep_until(paused + outage).await;
     ctx.faults().resume().await.or_fail("resume the server")?;
+    // Nothing could renew while the server was paused: this is the deadline to beat.
+    let deadline = lease.deadline();
     match suspended {
-        Ok(LeaseState::Suspended) => {}
-        Ok(other) => {
+        Ok((LeaseState::Suspended, valid)) => {
+            ensure!(!valid, "ensure_valid passed while the lease was suspended")
+        }
+        Ok((other, _)) => {
             return Err(Failure::new(format!(
                 "the lease went {other} during the outage, not suspended"
             )))
         }
         Err(_) => {
             return Err(Failure::new(format!(
-                "the lease was not suspended within {outage:?} of an unanswered renewal (TTL \
+                "the lease was not suspended within {outage:?} of the server stopping (TTL \
                  {ttl:?})"
             )))
         }
     }
-    let held = tokio::time::timeout_at(
-        first_deadline + ctx.capabilities().expiry_slack,
-        states.changed(),
-    )
-    .await;
+    let held =
+        tokio::time::timeout_at(deadline + ctx.capabilities().expiry_slack, states.changed()).await;
     match held {
         Ok(LeaseState::Held) => {}
         Ok(other) => {
@@ -66,7 +93,7 @@ pub async fn short_outage_suspends_then_holds(ctx: &Context) -> Outcome {
         Err(_) => {
             return Err(Failure::new(format!(
                 "the lease was still suspended at its deadline, {:?} after the server resumed",
-                first_deadline.saturating_duration_since(paused + outage)
+                deadline.saturating_duration_since(paused + outage)
             )))
         }
     }
@@ -78,7 +105,7 @@ pub async fn short_outage_suspends_then_holds(ctx: &Context) -> Outcome {
         "the fence changed across the outage"
     );
     ensure!(
-        lease.deadline() > first_deadline,
+        lease.deadline() > deadline,
         "held again but the deadline did not move"
     );
     let _ = lease.release().await.or_fail("A releases")?;
@@ -96,7 +123,6 @@ pub async fn long_outage_loses_at_the_deadline(ctx: &Context) -> Outcome {
         .or_fail("A acquires")?
         .ok_or_else(|| Failure::new("A could not acquire a free key"))?;
     let mut states = lease.watch();
-    let deadline = lease.deadline();
     match ctx.faults().pause().await {
         Err(Error::Unsupported { .. }) => {
             return Ok(Verdict::NotApplicable(
@@ -106,7 +132,7 @@ pub async fn long_outage_loses_at_the_deadline(ctx: &Context) -> Outcome {
         other => other.or_fail("pause the server")?,
     }
     let result = async {
-        let bound = deadline + ctx.tolerance();
+        let bound = lease.deadline() + ctx.tolerance();
         let first = tokio::time::timeout_at(bound, states.changed())
             .await
             .map_err(|_| Failure::new("the lease neither suspended nor lost by its deadline"))?;
@@ -118,6 +144,8 @@ pub async fn long_outage_loses_at_the_deadline(ctx: &Context) -> Outcome {
             .await
             .map_err(|_| Failure::new("lost() did not fire by the deadline plus tolerance"))?;
         let at = Instant::now();
+        // Read after the loss: a renewal answered just before the pause may have moved it.
+        let deadline = lease.deadline();
         ensure!(
             at >= deadline,
             "lost ({lost}) {:?} before the local deadline: an unknown outcome ended the lease",

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use leasehold_core::{Error, Instant, Lease, LeaseOptions, WaitStrategy};
 
-use super::helpers::take;
+use super::helpers::{still_held, take};
 use crate::context::Context;
 use crate::ensure;
 use crate::verdict::{Failure, OrFail, Outcome, Verdict};
@@ -108,7 +108,7 @@ pub async fn acquire_times_out(ctx: &Context) -> Outcome {
         waited <= max_wait + ctx.tolerance(),
         "gave up only after {waited:?} (max_wait {max_wait:?})"
     );
-    holder.ensure_valid().or_fail("the holder is unaffected")?;
+    still_held(&holder, "the holder after the waiter timed out").await?;
     let _ = holder.release().await.or_fail("A releases")?;
     Ok(Verdict::Passed)
 }

@@ -41,7 +41,7 @@ impl Backoff {
     /// The next delay to sleep.
     pub fn next_delay(&mut self) -> Duration {
         let step = self.step;
-        self.step = (self.step * 2).min(self.cap);
+        self.step = self.step.saturating_mul(2).min(self.cap);
         let half = step / 2;
         let jitter_nanos = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
         let jitter = Duration::from_nanos(rand::rng().random_range(0..=jitter_nanos));

@@ -211,8 +211,10 @@ impl Lease {
         }
     }
 
-    /// A watch of the lease's state changes (held, suspended, lost), for a task that must stop
-    /// starting work while the lease is suspended.
+    /// A watch of the lease's state as the renewal task publishes it (held, suspended, lost),
+    /// for a task that must stop starting work while the lease is suspended. Changes in quick
+    /// succession may reach it as one; [`Lease::state`] is the authoritative answer at any
+    /// instant.
     pub fn watch(&self) -> LeaseWatch {
         LeaseWatch::new(self.state.subscribe())
     }
@@ -225,31 +227,34 @@ impl Lease {
     /// pause between this check and the write is exactly what fencing is for).
     pub fn ensure_valid(&self) -> Result<()> {
         let key = self.grant.key().as_str();
-        if let Some(reason) = self.lost_now() {
-            return Err(Error::lease_lost(key, reason));
-        }
-        match &self.state.borrow().state {
+        match self.state() {
+            LeaseState::Held => Ok(()),
             LeaseState::Suspended => Err(Error::LeaseSuspended {
                 key: key.to_string(),
             }),
-            _ => Ok(()),
+            LeaseState::Lost(reason) => Err(Error::lease_lost(key, reason)),
         }
     }
 
     /// Lost, from what is known this instant: the published state, the backend's signal, the
-    /// local deadline. Never waits for the renewal task.
+    /// local deadline. Never waits for the renewal task, and records what it finds, so a loss
+    /// seen here is final: a renewal answered later cannot make the lease held again.
     fn lost_now(&self) -> Option<LostReason> {
-        let published = self.state.borrow();
-        if let LeaseState::Lost(reason) = &published.state {
-            return Some(reason.clone());
-        }
-        if let Some(reason) = self.grant.loss_signal().and_then(|s| s.fired()) {
-            return Some(reason);
-        }
-        if Instant::now() >= published.deadline {
-            return Some(LostReason::DeadlinePassed);
-        }
-        None
+        let found = {
+            let published = self.state.borrow();
+            if let LeaseState::Lost(reason) = &published.state {
+                return Some(reason.clone());
+            }
+            if let Some(reason) = self.grant.loss_signal().and_then(|s| s.fired()) {
+                reason
+            } else if Instant::now() >= published.deadline {
+                LostReason::DeadlinePassed
+            } else {
+                return None;
+            }
+        };
+        mark_lost(&self.state, found.clone());
+        Some(found)
     }
 
     /// Resolves when the lease is lost (or released), with the reason.
@@ -279,9 +284,9 @@ impl Lease {
         }
     }
 
-    /// Whether the lease has been reported lost.
+    /// Whether the lease is lost (reported, or its deadline passed, or its session ended).
     pub fn is_lost(&self) -> bool {
-        self.state.borrow().state.is_lost()
+        self.lost_now().is_some()
     }
 
     /// Stops renewing and releases the lease at the authority (compare-and-release).
@@ -382,9 +387,26 @@ async fn keep(
             }
         }
     };
+    // If the task ends without having published a loss (a backend's renew panicked, the runtime
+    // shut down), `lost()` must still resolve: nobody renews this lease any more.
+    let _guard = LostOnExit(state.clone());
     tokio::select! {
         reason = session_ended => mark_lost(&state, reason),
         () = renew_until_lost(&*authority, &grant, &state, &options) => {}
+    }
+}
+
+struct LostOnExit(Arc<watch::Sender<Published>>);
+
+impl Drop for LostOnExit {
+    fn drop(&mut self) {
+        let ended = Error::Backend {
+            backend: "leasehold",
+            message: "the lease's renewal task ended unexpectedly".into(),
+            retryable: false,
+            source: None,
+        };
+        mark_lost(&self.0, LostReason::RenewalFailed(Arc::new(ended)));
     }
 }
 
@@ -443,40 +465,81 @@ async fn renew_until_lost(
         }
         tokio::time::sleep_until(next).await;
         let sent = Instant::now();
-        // Bound the attempt so an authority that does not answer suspends the lease while there
-        // is still time to retry: half the time left, but not so short that a loaded machine's
-        // slow answer counts as none.
-        let left = deadline.saturating_duration_since(sent);
-        let bound = (left / 2).max(left.min(ttl / 10));
-        match tokio::time::timeout(bound, authority.renew(grant, ttl)).await {
-            Ok(Ok(new_deadline)) => {
+        match attempt(authority, grant, state, ttl, sent, deadline).await {
+            Attempt::Renewed(new_deadline) if Instant::now() < deadline => {
                 last_sent = sent;
                 last_error = None;
                 retry.reset();
                 state.send_modify(|p| p.deadline = new_deadline);
                 mark(state, LeaseState::Held);
             }
-            Ok(Err(Error::LeaseLost { reason, .. })) => {
+            Attempt::Renewed(_) | Attempt::NoAnswer => {
+                // Answered only after the local deadline, or not at all: the lease was already
+                // reported lost by then (loss is final), so give the key back.
+                let reason = match last_error.take() {
+                    Some(error) => LostReason::RenewalFailed(Arc::new(error)),
+                    None => LostReason::DeadlinePassed,
+                };
+                mark_lost(state, reason);
+                give_back(authority, grant).await;
+                return;
+            }
+            Attempt::Failed(Error::LeaseLost { reason, .. }) => {
                 mark_lost(state, reason);
                 return;
             }
-            Ok(Err(error)) if !error.is_retryable() => {
+            Attempt::Failed(error) if !error.is_retryable() => {
                 tracing::warn!(%error, "renewal failed for good; the lease is lost");
                 mark_lost(state, LostReason::RenewalFailed(Arc::new(error)));
                 give_back(authority, grant).await;
                 return;
             }
-            Ok(Err(error)) => {
+            Attempt::Failed(error) => {
                 tracing::debug!(%error, "renewal outcome unknown; retrying until the deadline");
                 last_error = Some(error);
                 mark(state, LeaseState::Suspended);
             }
-            Err(_elapsed) => {
-                last_error = Some(Error::request_timeout(
-                    authority.capabilities().backend,
-                    "renew",
-                    bound,
-                ));
+        }
+    }
+}
+
+/// How one renewal attempt ended.
+enum Attempt {
+    Renewed(Instant),
+    Failed(Error),
+    /// No answer by the local deadline.
+    NoAnswer,
+}
+
+/// One renewal, awaited until the local deadline at most. If it has not answered by half the
+/// time left (but at least a tenth of the TTL, so a loaded machine's slow answer is not taken for
+/// none), its outcome is unknown: the lease is suspended while the request stays in flight, and
+/// an answer that lands before the deadline makes it held again.
+async fn attempt(
+    authority: &dyn Authority,
+    grant: &Grant,
+    state: &watch::Sender<Published>,
+    ttl: Duration,
+    sent: Instant,
+    deadline: Instant,
+) -> Attempt {
+    let left = deadline.saturating_duration_since(sent);
+    let suspect_at = sent + (left / 2).max(left.min(ttl / 10));
+    let renewal = authority.renew(grant, ttl);
+    tokio::pin!(renewal);
+    let mut suspected = false;
+    loop {
+        tokio::select! {
+            biased;
+            result = &mut renewal => {
+                return match result {
+                    Ok(new_deadline) => Attempt::Renewed(new_deadline),
+                    Err(error) => Attempt::Failed(error),
+                };
+            }
+            () = tokio::time::sleep_until(deadline) => return Attempt::NoAnswer,
+            () = tokio::time::sleep_until(suspect_at), if !suspected => {
+                suspected = true;
                 mark(state, LeaseState::Suspended);
             }
         }

@@ -17,7 +17,10 @@ pub const FOREVER: Duration = Duration::from_secs(86_400 * 365 * 30);
 /// "never" instead of a panic.
 pub fn saturating_add(at: Instant, d: Duration) -> Instant {
     let d = d.min(FOREVER);
-    at.checked_add(d).unwrap_or(at)
+    // Near the end of the clock's range, a year is still "never" for any process.
+    at.checked_add(d)
+        .or_else(|| at.checked_add(Duration::from_secs(86_400 * 365)))
+        .unwrap_or(at)
 }
 
 /// `saturating_add(Instant::now(), d)`.

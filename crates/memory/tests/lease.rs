@@ -136,7 +136,10 @@ fn ensure_valid_checks_the_deadline_without_the_renewal_task() {
         l.ensure_valid().unwrap();
         // Block the only runtime thread past the deadline: the lease's task cannot run.
         std::thread::sleep(TTL + TTL / 2);
-        assert!(!l.is_lost(), "the task ran; this test needs it not to");
+        assert!(
+            l.watch().current().is_held(),
+            "the task ran; this test needs it not to"
+        );
         let err = l.ensure_valid().unwrap_err();
         assert!(err.is_lease_lost(), "{err}");
     });
@@ -306,4 +309,111 @@ async fn a_short_renewal_is_retried_before_its_deadline() {
     l.ensure_valid()
         .expect("the lease must survive one short renewal");
     assert!(authority.renewals.load(std::sync::atomic::Ordering::SeqCst) >= 3);
+}
+
+/// A renewal answered only after the local deadline does not make a lost lease held again: loss
+/// is final, and the key is given back.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_answered_after_the_deadline_does_not_revive_the_lease() {
+    use async_trait::async_trait;
+    use leasehold_core::{Capabilities, Grant, Released};
+
+    /// Renewals answer successfully, but only after the grant's deadline.
+    #[derive(Debug)]
+    struct Late(MemoryAuthority);
+
+    #[async_trait]
+    impl Authority for Late {
+        fn capabilities(&self) -> &Capabilities {
+            self.0.capabilities()
+        }
+        async fn try_acquire(
+            &self,
+            key: &LockKey,
+            ttl: Duration,
+        ) -> leasehold_core::Result<Option<Grant>> {
+            self.0.try_acquire(key, ttl).await
+        }
+        async fn acquire(
+            &self,
+            key: &LockKey,
+            ttl: Duration,
+            wait: Duration,
+        ) -> leasehold_core::Result<Grant> {
+            self.0.acquire(key, ttl, wait).await
+        }
+        async fn renew(&self, grant: &Grant, ttl: Duration) -> leasehold_core::Result<Instant> {
+            let sent = Instant::now();
+            tokio::time::sleep_until(grant.deadline()).await;
+            self.0.renew(grant, ttl).await?;
+            Ok(sent + ttl / 2)
+        }
+        async fn release(&self, grant: &Grant) -> leasehold_core::Result<Released> {
+            self.0.release(grant).await
+        }
+    }
+
+    let inner = MemoryAuthority::standalone();
+    let authority = Arc::new(Late(inner.clone()));
+    let l = Lease::try_acquire(authority, &key(), TTL, LeaseOptions::default())
+        .await
+        .unwrap()
+        .unwrap();
+    let reason = l.lost().await;
+    assert!(matches!(reason, LostReason::DeadlinePassed), "{reason:?}");
+    tokio::time::sleep(TTL).await;
+    assert!(l.state().is_lost(), "lost is final: {}", l.state());
+    assert!(l.ensure_valid().is_err());
+    assert!(
+        inner.try_acquire(&key(), TTL).await.unwrap().is_some(),
+        "the lost lease was not given back"
+    );
+}
+
+/// A backend whose renew panics kills the renewal task; `lost()` must still resolve.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_task_that_dies_loses_the_lease() {
+    use async_trait::async_trait;
+    use leasehold_core::{Capabilities, Grant, Released};
+
+    #[derive(Debug)]
+    struct Panics(MemoryAuthority);
+
+    #[async_trait]
+    impl Authority for Panics {
+        fn capabilities(&self) -> &Capabilities {
+            self.0.capabilities()
+        }
+        async fn try_acquire(
+            &self,
+            key: &LockKey,
+            ttl: Duration,
+        ) -> leasehold_core::Result<Option<Grant>> {
+            self.0.try_acquire(key, ttl).await
+        }
+        async fn acquire(
+            &self,
+            key: &LockKey,
+            ttl: Duration,
+            wait: Duration,
+        ) -> leasehold_core::Result<Grant> {
+            self.0.acquire(key, ttl, wait).await
+        }
+        async fn renew(&self, _: &Grant, _: Duration) -> leasehold_core::Result<Instant> {
+            panic!("a backend bug")
+        }
+        async fn release(&self, grant: &Grant) -> leasehold_core::Result<Released> {
+            self.0.release(grant).await
+        }
+    }
+
+    let authority = Arc::new(Panics(MemoryAuthority::standalone()));
+    let l = Lease::try_acquire(authority, &key(), TTL, LeaseOptions::default())
+        .await
+        .unwrap()
+        .unwrap();
+    let reason = tokio::time::timeout(TTL / 2, l.lost())
+        .await
+        .expect("lost() resolves when the renewal task dies");
+    assert!(matches!(reason, LostReason::RenewalFailed(_)), "{reason:?}");
 }
