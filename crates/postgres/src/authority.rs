@@ -2,23 +2,24 @@
 
 use std::fmt;
 use std::future::Future;
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leasehold_core::time::{saturating_add, FOREVER};
 use leasehold_core::{
-    Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Instant, LockKey, LostReason,
-    OwnerToken, Released, Result, TtlRange,
+    Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant, Instant, LockKey,
+    LostReason, OwnerToken, Released, Result, TtlRange,
 };
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{AssertSqlSafe, PgPool, SqlSafeStr, SqlStr};
-use tokio::sync::watch;
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, SqlSafeStr, SqlStr};
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::config::PostgresConfig;
+use crate::config::{FenceSafetyOption, PostgresConfig};
 use crate::errors::{self, BACKEND};
-use crate::notify::{self, Waiters};
+use crate::notify::{self, ListenConfig, Waiters};
 use crate::table::TableName;
 use crate::token::PgFence;
 
@@ -124,15 +125,213 @@ impl Drop for Inner {
     }
 }
 
+/// One try at a lease statement on one pooled connection.
+type Once<'c, T> = Pin<Box<dyn Future<Output = std::result::Result<T, sqlx::Error>> + Send + 'c>>;
+
+/// What one acquisition statement returned: the fence if we won, and (for the waiting form)
+/// the holder's remaining time in milliseconds.
+type Acquired = std::result::Result<(Option<i64>, Option<i64>), sqlx::Error>;
+
+impl Inner {
+    fn timeout(&self) -> Duration {
+        self.config.client.request_timeout
+    }
+
+    /// Runs `once` on a pooled connection. A conflict with a concurrent transaction (SQLSTATE
+    /// 40001 or 40P01, under a `repeatable read` or `serializable` default) changed nothing: it
+    /// is run again, with a fresh snapshot, until `give_up`. A connection that broke or reaches
+    /// a read-only server is closed instead of going back to the pool.
+    async fn run<T>(
+        &self,
+        give_up: Instant,
+        once: impl for<'c> Fn(&'c mut PgConnection) -> Once<'c, T>,
+    ) -> std::result::Result<T, sqlx::Error> {
+        let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(20));
+        loop {
+            let mut conn = self.pool.acquire().await?;
+            match once(&mut conn).await {
+                Ok(v) => return Ok(v),
+                Err(e) if errors::is_conflict(&e) && Instant::now() < give_up => {
+                    drop(conn);
+                    let next = saturating_add(Instant::now(), backoff.next_delay());
+                    tokio::time::sleep_until(next.min(give_up)).await;
+                }
+                Err(e) => {
+                    if errors::discards_connection(&e) {
+                        conn.close_on_drop();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// [`Inner::run`] bounded by `give_up`, with leasehold's errors.
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        give_up: Instant,
+        once: impl for<'c> Fn(&'c mut PgConnection) -> Once<'c, T>,
+    ) -> Result<T> {
+        tokio::time::timeout_at(give_up, self.run(give_up, once))
+            .await
+            .map_err(|_| errors::timed_out(what, self.timeout()))?
+            .map_err(|e| errors::map(e, what, &self.config.table))
+    }
+
+    /// One acquisition statement, for `owner`. Runs in its own task (see
+    /// [`PostgresAuthority::attempt`]), so it is never cut off halfway by a caller.
+    async fn acquire_statement(
+        &self,
+        key: String,
+        owner: String,
+        ttl: Duration,
+        waiting: bool,
+        give_up: Instant,
+    ) -> Acquired {
+        let statement = if waiting {
+            self.statements.acquire_or_remaining.clone()
+        } else {
+            self.statements.acquire.clone()
+        };
+        self.run(give_up, move |c| {
+            let (statement, key, owner) = (statement.clone(), key.clone(), owner.clone());
+            Box::pin(async move {
+                if waiting {
+                    sqlx::query_as::<_, (Option<i64>, Option<i64>)>(statement)
+                        .bind(key)
+                        .bind(owner)
+                        .bind(ttl_ms(ttl))
+                        .fetch_one(c)
+                        .await
+                } else {
+                    // The plain upsert returns the fence alone, or no row.
+                    sqlx::query_scalar::<_, i64>(statement)
+                        .bind(key)
+                        .bind(owner)
+                        .bind(ttl_ms(ttl))
+                        .fetch_optional(c)
+                        .await
+                        .map(|fence| (fence, None))
+                }
+            })
+        })
+        .await
+    }
+
+    /// Releases a lease nobody was told about (its acquisition was cancelled or timed out, or
+    /// its fence could not be used), so that the key is free at once instead of after its TTL.
+    async fn give_back(&self, key: String, owner: String, raw: i64, ttl: Duration) {
+        let give_up = saturating_add(Instant::now(), ttl.max(self.timeout()));
+        let (statement, table) = (self.statements.release.clone(), self.config.table.plain());
+        let released = self
+            .bounded("give back", give_up, move |c| {
+                let (statement, key, owner, table) =
+                    (statement.clone(), key.clone(), owner.clone(), table.clone());
+                Box::pin(async move {
+                    sqlx::query_scalar::<_, i64>(statement)
+                        .bind(key)
+                        .bind(owner)
+                        .bind(raw)
+                        .bind(table)
+                        .fetch_one(c)
+                        .await
+                })
+            })
+            .await;
+        match released {
+            Ok(n) if n > 0 => tracing::debug!("gave back a lease whose acquisition nobody awaited"),
+            Ok(_) => tracing::trace!("a lease nobody awaited had already ended"),
+            Err(error) => {
+                tracing::debug!(%error, "could not give back a lease nobody awaited; it ends at its TTL")
+            }
+        }
+    }
+}
+
+/// An acquisition statement running in its own task, whose answer this side has not taken yet.
+/// Dropped before taking it (the caller was cancelled, or the request timed out), it closes the
+/// channel: a win already sent is given back here, and one sent later fails to arrive and is
+/// given back by the task. Either way exactly one side sees an unclaimed win.
+struct Pending {
+    rx: Option<oneshot::Receiver<Acquired>>,
+    inner: Arc<Inner>,
+    key: String,
+    owner: String,
+    ttl: Duration,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else {
+            return;
+        };
+        rx.close();
+        if let Ok(Ok((Some(raw), _))) = rx.try_recv() {
+            spawn_give_back(&self.inner, &self.key, &self.owner, raw, self.ttl);
+        }
+    }
+}
+
+fn spawn_give_back(inner: &Arc<Inner>, key: &str, owner: &str, raw: i64, ttl: Duration) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let (inner, key, owner) = (inner.clone(), key.to_string(), owner.to_string());
+    runtime.spawn(async move { inner.give_back(key, owner, raw, ttl).await });
+}
+
+/// What one acquisition attempt found.
+enum Attempt {
+    Won(Grant),
+    /// Held by someone else, for this long by the database's clock (`None`: not known, look
+    /// again soon).
+    Held(Option<Duration>),
+}
+
+/// Reads the server's replication settings and declares what its fences promise:
+/// `(fence safety, durable across restart)`.
+///
+/// * `synchronous_commit = off`: a commit is acknowledged before its WAL is written, so even a
+///   crash of this one server can lose the last acquisitions: neither failover-safe nor durable,
+///   whatever the operator says.
+/// * Otherwise a failover loses nothing only where every commit waits for a synchronous standby
+///   to flush it (`synchronous_standby_names` set, `synchronous_commit` `on` or `remote_apply`);
+///   `local` and `remote_write` (a standby's OS crash can lose it) do not count. An operator may
+///   vouch for replication the settings cannot show (`fence_safety=linearizable`), or declare
+///   fences unsafe regardless.
+pub(crate) fn declare(
+    synchronous_commit: &str,
+    synchronous_standby_names: &str,
+    option: FenceSafetyOption,
+) -> (FenceSafety, bool) {
+    if synchronous_commit == "off" {
+        return (FenceSafety::FailoverUnsafe, false);
+    }
+    let waits_for_standby = !synchronous_standby_names.trim().is_empty()
+        && matches!(synchronous_commit, "on" | "remote_apply");
+    let safety = match option {
+        FenceSafetyOption::Linearizable => FenceSafety::Linearizable,
+        FenceSafetyOption::FailoverUnsafe => FenceSafety::FailoverUnsafe,
+        FenceSafetyOption::Auto if waits_for_standby => FenceSafety::Linearizable,
+        FenceSafetyOption::Auto => FenceSafety::FailoverUnsafe,
+    };
+    (safety, true)
+}
+
 /// A PostgreSQL lease table as an [`Authority`].
 ///
 /// * Acquire is one `INSERT ... ON CONFLICT DO UPDATE ... WHERE expires_at <= statement_timestamp()`:
 ///   zero rows means someone else holds the key. The row's `fence` counter goes up with every
-///   acquisition and is the fence.
+///   acquisition and is the fence. The statement runs in its own task: a caller that is
+///   cancelled or times out does not cut it off, and a lease it took for nobody is given back.
 /// * Renew and release are `UPDATE`s matched on key, owner token and fence, and only while the
 ///   lease is live; release expires the row (the counter is kept) and `NOTIFY`s waiters.
-/// * Waiting: one `LISTEN` connection per authority wakes waiters on release; a timer at the
-///   holder's expiry (with jitter) covers holders that vanish.
+/// * Waiting: one `LISTEN` connection per authority, outside the pool and checked every
+///   `listen_check_ms`, wakes waiters on release; a timer at the holder's expiry (with jitter)
+///   covers holders that vanish, and waiters re-try by timer while the listener is down.
+/// * A conflict with a concurrent transaction (a `repeatable read` or `serializable` default)
+///   is retried within the request timeout; a waiter treats it as "held".
 /// * Leases are rows, not session advisory locks, so it works behind a transaction-pooling proxy
 ///   such as PgBouncer.
 ///
@@ -146,6 +345,8 @@ impl fmt::Debug for PostgresAuthority {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresAuthority")
             .field("config", &self.inner.config)
+            .field("fence_safety", &self.inner.capabilities.fence_safety)
+            .field("durable_fences", &self.inner.capabilities.durable_fences)
             .finish_non_exhaustive()
     }
 }
@@ -157,18 +358,39 @@ impl PostgresAuthority {
         Self::with_config(PostgresConfig::from_url(url)?).await
     }
 
-    /// Connects with a parsed configuration.
+    /// Connects with a parsed configuration, and reads what the server's replication settings
+    /// promise for fences (see [`Capabilities::fence_safety`]).
     pub async fn with_config(config: PostgresConfig) -> Result<Self> {
         let timeout = config.client.request_timeout;
-        let pool = PgPoolOptions::new()
-            .max_connections(config.pool_size)
-            .acquire_timeout(timeout)
-            .connect_with(config.connect.clone());
-        let pool = tokio::time::timeout(timeout, pool)
-            .await
-            .map_err(|_| errors::timed_out("connect", timeout))?
-            .map_err(|e| errors::map(e, "connect", &config.table))?;
-        let capabilities = Capabilities::new(BACKEND, FenceSafety::Linearizable, true, TTL);
+        let give_up = saturating_add(Instant::now(), timeout);
+        let connected = async {
+            let pool = PgPoolOptions::new()
+                .max_connections(config.pool_size)
+                .acquire_timeout(timeout.min(FOREVER))
+                .connect_with(config.connect.clone())
+                .await?;
+            let settings: (String, String) = sqlx::query_as(
+                "SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names')",
+            )
+            .fetch_one(&pool)
+            .await?;
+            Ok::<_, sqlx::Error>((pool, settings))
+        };
+        let (pool, (synchronous_commit, standby_names)) =
+            tokio::time::timeout_at(give_up, connected)
+                .await
+                .map_err(|_| errors::timed_out("connect", timeout))?
+                .map_err(|e| errors::map(e, "connect", &config.table))?;
+        let (safety, durable) = declare(&synchronous_commit, &standby_names, config.fence_safety);
+        if config.fence_safety == FenceSafetyOption::Linearizable
+            && safety != FenceSafety::Linearizable
+        {
+            tracing::warn!(
+                synchronous_commit = %synchronous_commit,
+                "fence_safety=linearizable is overridden: with synchronous_commit=off a crash can lose the last commits"
+            );
+        }
+        let capabilities = Capabilities::new(BACKEND, safety, durable, TTL);
         Ok(PostgresAuthority {
             inner: Arc::new(Inner {
                 statements: Statements::new(&config.table),
@@ -197,7 +419,11 @@ impl PostgresAuthority {
                 .await?;
             tx.commit().await
         };
-        self.bounded("migrate", work).await
+        let timeout = self.inner.timeout();
+        tokio::time::timeout(timeout, work)
+            .await
+            .map_err(|_| errors::timed_out("migrate", timeout))?
+            .map_err(|e| errors::map(e, "migrate", table))
     }
 
     /// The connection pool (for guarded writes in the same database).
@@ -210,18 +436,6 @@ impl PostgresAuthority {
         &self.inner.config.table
     }
 
-    async fn bounded<T>(
-        &self,
-        what: &str,
-        work: impl Future<Output = std::result::Result<T, sqlx::Error>>,
-    ) -> Result<T> {
-        let timeout = self.inner.config.client.request_timeout;
-        tokio::time::timeout(timeout, work)
-            .await
-            .map_err(|_| errors::timed_out(what, timeout))?
-            .map_err(|e| errors::map(e, what, &self.inner.config.table))
-    }
-
     fn grant(
         &self,
         key: &LockKey,
@@ -230,38 +444,100 @@ impl PostgresAuthority {
         ttl: Duration,
         sent: Instant,
     ) -> Result<Grant> {
-        let token = PgFence::from_column(raw)?;
+        let token = PgFence::from_column(raw, self.inner.capabilities.fence_safety)?;
         let fence = token.to_fence(BACKEND, self.inner.config.client.epoch)?;
         let deadline = self.inner.config.client.safety_margin.deadline(sent, ttl);
         Ok(Grant::new(key.clone(), owner, fence, ttl, deadline))
     }
 
-    /// Starts the listening connection on first use and waits (bounded) until it listens, so
-    /// the first waiter does not miss a release that happens right away.
-    async fn listening(&self) {
-        let mut ready = {
-            let mut slot = self
-                .inner
-                .listener
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            match &*slot {
-                Some((task, ready)) if !task.is_finished() => ready.clone(),
-                _ => {
-                    let (tx, rx) = watch::channel(false);
-                    let task = tokio::spawn(notify::listen(
-                        self.inner.pool.clone(),
-                        self.inner.waiters.clone(),
-                        self.inner.config.table.plain(),
-                        tx,
-                    ));
-                    *slot = Some((task, rx.clone()));
-                    rx
+    /// One acquisition attempt. The statement runs in a task of its own and this side waits
+    /// for its answer up to the request timeout; whatever happens to this side, a lease the
+    /// statement takes is either handed over or given back (see [`Pending`]).
+    async fn attempt(&self, key: &LockKey, ttl: Duration, waiting: bool) -> Result<Attempt> {
+        let owner = OwnerToken::generate()?;
+        let owner_hex = owner.to_hex();
+        let sent = Instant::now();
+        let give_up = saturating_add(sent, self.inner.timeout());
+        let (tx, rx) = oneshot::channel();
+        {
+            let (inner, key, owner) = (
+                self.inner.clone(),
+                key.as_str().to_string(),
+                owner_hex.clone(),
+            );
+            tokio::spawn(async move {
+                let acquired = inner
+                    .acquire_statement(key.clone(), owner.clone(), ttl, waiting, give_up)
+                    .await;
+                if let Err(Ok((Some(raw), _))) = tx.send(acquired) {
+                    inner.give_back(key, owner, raw, ttl).await;
                 }
-            }
+            });
+        }
+        let mut pending = Pending {
+            rx: Some(rx),
+            inner: self.inner.clone(),
+            key: key.as_str().to_string(),
+            owner: owner_hex,
+            ttl,
         };
-        let timeout = self.inner.config.client.request_timeout;
-        let _ = tokio::time::timeout(timeout, ready.wait_for(|r| *r)).await;
+        let Some(rx) = pending.rx.as_mut() else {
+            unreachable!("set just above")
+        };
+        let acquired = match tokio::time::timeout_at(give_up, rx).await {
+            Err(_) => return Err(errors::timed_out("acquire", self.inner.timeout())),
+            Ok(Err(_)) => {
+                return Err(Error::Backend {
+                    backend: BACKEND,
+                    message: "acquire: the request ended without an answer".into(),
+                    retryable: true,
+                    source: None,
+                })
+            }
+            Ok(Ok(acquired)) => acquired,
+        };
+        // The answer is ours now: nothing is left to give back on drop.
+        pending.rx = None;
+        match acquired {
+            Err(e) if waiting && errors::is_conflict(&e) => Ok(Attempt::Held(None)),
+            Err(e) => Err(errors::map(e, "acquire", &self.inner.config.table)),
+            Ok((Some(raw), _)) => match self.grant(key, owner, raw, ttl, sent) {
+                Ok(grant) => Ok(Attempt::Won(grant)),
+                Err(e) => {
+                    spawn_give_back(&self.inner, key.as_str(), &pending.owner, raw, ttl);
+                    Err(e)
+                }
+            },
+            Ok((None, remaining_ms)) => Ok(Attempt::Held(
+                remaining_ms.map(|ms| Duration::from_millis(ms.max(0) as u64)),
+            )),
+        }
+    }
+
+    /// Starts the listening connection on first use (without waiting for it: when it starts
+    /// listening it wakes every waiter, so a release before that is not missed) and returns
+    /// whether it listens now.
+    fn listening(&self) -> watch::Receiver<bool> {
+        let mut slot = self
+            .inner
+            .listener
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match &*slot {
+            Some((task, ready)) if !task.is_finished() => ready.clone(),
+            _ => {
+                let (tx, rx) = watch::channel(false);
+                let config = ListenConfig {
+                    connect: self.inner.config.connect.clone(),
+                    timeout: self.inner.timeout(),
+                    check_every: self.inner.config.listen_check,
+                    table: self.inner.config.table.plain(),
+                };
+                let task = tokio::spawn(notify::listen(config, self.inner.waiters.clone(), tx));
+                *slot = Some((task, rx.clone()));
+                rx
+            }
+        }
     }
 
     fn owner_matches(grant: &Grant) -> (String, String, i64) {
@@ -286,51 +562,30 @@ impl Authority for PostgresAuthority {
 
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Grant>> {
         TTL.check(ttl)?;
-        let owner = OwnerToken::generate()?;
-        let owner_hex = owner.to_hex();
-        let sent = Instant::now();
-        let fence: Option<i64> = self
-            .bounded(
-                "acquire",
-                sqlx::query_scalar(self.inner.statements.acquire.clone())
-                    .bind(key.as_str())
-                    .bind(&owner_hex)
-                    .bind(ttl_ms(ttl))
-                    .fetch_optional(&self.inner.pool),
-            )
-            .await?;
-        fence
-            .map(|raw| self.grant(key, owner, raw, ttl, sent))
-            .transpose()
+        Ok(match self.attempt(key, ttl, false).await? {
+            Attempt::Won(grant) => Some(grant),
+            Attempt::Held(_) => None,
+        })
     }
 
     async fn acquire(&self, key: &LockKey, ttl: Duration, max_wait: Duration) -> Result<Grant> {
         TTL.check(ttl)?;
         let start = Instant::now();
-        let give_up = start + max_wait;
+        let give_up = saturating_add(start, max_wait);
         let notify = self.inner.waiters.for_key(key.as_str());
-        self.listening().await;
+        let listening = self.listening();
+        // While the listener is down (or an attempt could not tell how long the holder has
+        // left), look again after a short jittered delay.
+        let mut poll = Backoff::new(Duration::from_millis(20), Duration::from_millis(250));
         loop {
             // Register for the release notification before the attempt, so a release between
             // the attempt and the wait is not missed.
             let mut released = pin!(notify.notified());
             released.as_mut().enable();
-            let owner = OwnerToken::generate()?;
-            let owner_hex = owner.to_hex();
-            let sent = Instant::now();
-            let (fence, remaining_ms): (Option<i64>, Option<i64>) = self
-                .bounded(
-                    "acquire",
-                    sqlx::query_as(self.inner.statements.acquire_or_remaining.clone())
-                        .bind(key.as_str())
-                        .bind(&owner_hex)
-                        .bind(ttl_ms(ttl))
-                        .fetch_one(&self.inner.pool),
-                )
-                .await?;
-            if let Some(raw) = fence {
-                return self.grant(key, owner, raw, ttl, sent);
-            }
+            let remaining = match self.attempt(key, ttl, true).await? {
+                Attempt::Won(grant) => return Ok(grant),
+                Attempt::Held(remaining) => remaining,
+            };
             let now = Instant::now();
             if now >= give_up {
                 return Err(Error::Timeout {
@@ -341,14 +596,18 @@ impl Authority for PostgresAuthority {
             // Fallback for a holder that vanishes without releasing: look again when its lease
             // ends by the database's clock (a duration, never compared with our wall clock),
             // with jitter so waiters do not arrive together.
-            let remaining = Duration::from_millis(remaining_ms.unwrap_or(0).max(0) as u64);
             let jitter =
-                leasehold_core::Backoff::new(Duration::from_millis(2), Duration::from_millis(20))
-                    .next_delay();
-            let wake = (now + remaining + jitter).min(give_up);
+                Backoff::new(Duration::from_millis(2), Duration::from_millis(20)).next_delay();
+            let mut wake =
+                saturating_add(now, remaining.unwrap_or_default().saturating_add(jitter));
+            if remaining.is_none() || !*listening.borrow() {
+                wake = wake.min(saturating_add(now, poll.next_delay()));
+            } else {
+                poll.reset();
+            }
             tokio::select! {
                 _ = released => {}
-                _ = tokio::time::sleep_until(wake) => {}
+                _ = tokio::time::sleep_until(wake.min(give_up)) => {}
             }
         }
     }
@@ -357,34 +616,54 @@ impl Authority for PostgresAuthority {
         TTL.check(ttl)?;
         let (key, owner, fence) = Self::owner_matches(grant);
         let sent = Instant::now();
+        let statement = self.inner.statements.renew.clone();
         let done = self
+            .inner
             .bounded(
                 "renew",
-                sqlx::query(self.inner.statements.renew.clone())
-                    .bind(&key)
-                    .bind(&owner)
-                    .bind(fence)
-                    .bind(ttl_ms(ttl))
-                    .execute(&self.inner.pool),
+                saturating_add(sent, self.inner.timeout()),
+                move |c| {
+                    let (statement, key, owner) = (statement.clone(), key.clone(), owner.clone());
+                    Box::pin(async move {
+                        sqlx::query(statement)
+                            .bind(key)
+                            .bind(owner)
+                            .bind(fence)
+                            .bind(ttl_ms(ttl))
+                            .execute(c)
+                            .await
+                    })
+                },
             )
             .await?;
         if done.rows_affected() != 1 {
-            return Err(Error::lease_lost(key, LostReason::Refused));
+            return Err(Error::lease_lost(grant.key().as_str(), LostReason::Refused));
         }
         Ok(self.inner.config.client.safety_margin.deadline(sent, ttl))
     }
 
     async fn release(&self, grant: &Grant) -> Result<Released> {
         let (key, owner, fence) = Self::owner_matches(grant);
+        let statement = self.inner.statements.release.clone();
+        let table = self.inner.config.table.plain();
         let released: i64 = self
+            .inner
             .bounded(
                 "release",
-                sqlx::query_scalar(self.inner.statements.release.clone())
-                    .bind(&key)
-                    .bind(&owner)
-                    .bind(fence)
-                    .bind(self.inner.config.table.plain())
-                    .fetch_one(&self.inner.pool),
+                saturating_add(Instant::now(), self.inner.timeout()),
+                move |c| {
+                    let (statement, key, owner, table) =
+                        (statement.clone(), key.clone(), owner.clone(), table.clone());
+                    Box::pin(async move {
+                        sqlx::query_scalar(statement)
+                            .bind(key)
+                            .bind(owner)
+                            .bind(fence)
+                            .bind(table)
+                            .fetch_one(c)
+                            .await
+                    })
+                },
             )
             .await?;
         Ok(if released > 0 {
@@ -392,5 +671,35 @@ impl Authority for PostgresAuthority {
         } else {
             Released::AlreadyGone
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fences_promise_what_the_replication_settings_say() {
+        use FenceSafety::{FailoverUnsafe as Unsafe, Linearizable as Lin};
+        use FenceSafetyOption::{Auto, FailoverUnsafe, Linearizable};
+        for (commit, standbys, option, want) in [
+            ("on", "", Auto, (Unsafe, true)),
+            ("on", "s1", Auto, (Lin, true)),
+            ("remote_apply", "ANY 1 (s1, s2)", Auto, (Lin, true)),
+            ("remote_write", "s1", Auto, (Unsafe, true)),
+            ("local", "s1", Auto, (Unsafe, true)),
+            ("on", "  ", Auto, (Unsafe, true)),
+            ("off", "s1", Auto, (Unsafe, false)),
+            ("on", "", Linearizable, (Lin, true)),
+            ("local", "", Linearizable, (Lin, true)),
+            ("off", "", Linearizable, (Unsafe, false)),
+            ("on", "s1", FailoverUnsafe, (Unsafe, true)),
+        ] {
+            assert_eq!(
+                declare(commit, standbys, option),
+                want,
+                "{commit} {standbys:?} {option:?}"
+            );
+        }
     }
 }

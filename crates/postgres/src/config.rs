@@ -3,7 +3,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-use leasehold_core::{redact_url, ClientOptions, Error, Result, UrlParams};
+use std::time::Duration;
+
+use leasehold_core::{percent_decode, redact_url, ClientOptions, Error, Result, Secret, UrlParams};
 use sqlx::postgres::PgConnectOptions;
 
 use crate::table::TableName;
@@ -28,17 +30,52 @@ const DRIVER_PARAMS: &[&str] = &[
     "user",
 ];
 
+/// What the operator says about the fences of the connected server (URL `fence_safety`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FenceSafetyOption {
+    /// Read the server's replication settings at connect: fences are linearizable only where
+    /// every commit waits for a synchronous standby (`synchronous_standby_names` set and
+    /// `synchronous_commit` `on` or `remote_apply`). The default.
+    #[default]
+    Auto,
+    /// The operator vouches that a failover never loses a commit (for example a managed service
+    /// that replicates storage synchronously, which the server's settings cannot show).
+    Linearizable,
+    /// Declare fences failover-unsafe whatever the server says.
+    FailoverUnsafe,
+}
+
+impl FromStr for FenceSafetyOption {
+    type Err = ();
+
+    fn from_str(s: &str) -> std::result::Result<Self, ()> {
+        match s {
+            "auto" => Ok(FenceSafetyOption::Auto),
+            "linearizable" => Ok(FenceSafetyOption::Linearizable),
+            "failover-unsafe" => Ok(FenceSafetyOption::FailoverUnsafe),
+            _ => Err(()),
+        }
+    }
+}
+
+/// How often the listening connection is checked by default.
+const LISTEN_CHECK: Duration = Duration::from_secs(2);
+
 /// Settings of a PostgreSQL authority.
 ///
 /// From a URL: `postgres://user:password@host:5432/db?table=locks.leases&pool_size=8&sslmode=require`
 /// plus the common parameters (`epoch`, `safety_margin_ms`, `clock_drift_per_mille`,
-/// `timeout_ms`). The password is kept only inside the driver's options and never printed.
+/// `timeout_ms`). The password (in the user info or as `?password=`) is kept only inside the
+/// driver's options and never printed.
 #[derive(Clone)]
 pub struct PostgresConfig {
     pub(crate) connect: PgConnectOptions,
     pub(crate) redacted_url: String,
     pub(crate) table: TableName,
     pub(crate) pool_size: u32,
+    pub(crate) listen_check: Duration,
+    pub(crate) fence_safety: FenceSafetyOption,
     pub(crate) client: ClientOptions,
 }
 
@@ -49,15 +86,64 @@ impl fmt::Debug for PostgresConfig {
             .field("url", &self.redacted_url)
             .field("table", &self.table)
             .field("pool_size", &self.pool_size)
+            .field("listen_check", &self.listen_check)
+            .field("fence_safety", &self.fence_safety)
             .field("client", &self.client)
             .finish()
     }
 }
 
+/// Whether a query parameter's value is a secret: never printed, whatever its name's spelling.
+fn is_secret(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    ["pass", "secret", "token", "credential"]
+        .iter()
+        .any(|s| name.contains(s))
+}
+
+/// `url` with the user info's password and the value of every secret query parameter
+/// (`password`, `sslpassword`, ...) replaced by `***`: what errors, `Debug` and logs show.
+pub(crate) fn redact(url: &str) -> String {
+    let (before, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let mut out = redact_url(before);
+    if let Some(query) = query {
+        let (query, fragment) = match query.split_once('#') {
+            Some((q, f)) => (q, Some(f)),
+            None => (query, None),
+        };
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((k, _)) if is_secret(k) => format!("{k}=***"),
+                _ => pair.to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&pairs.join("&"));
+        if let Some(f) = fragment {
+            out.push('#');
+            out.push_str(f);
+        }
+    }
+    out
+}
+
+/// Text from the driver or a server that may quote the URL: every secret in it masked.
+pub(crate) fn redact_text(text: &str, secrets: &[&str]) -> String {
+    let mut out = redact(text);
+    for secret in secrets.iter().filter(|s| !s.is_empty()) {
+        out = out.replace(secret, "***");
+    }
+    out
+}
+
 impl PostgresConfig {
     /// Parses a `postgres://` or `postgresql://` URL.
     pub fn from_url(url: &str) -> Result<Self> {
-        let redacted_url = redact_url(url);
+        let redacted_url = redact(url);
         let invalid = |reason: String| Error::InvalidUrl {
             url: redacted_url.clone(),
             reason,
@@ -68,7 +154,14 @@ impl PostgresConfig {
                 "expected a postgres:// or postgresql:// URL".into(),
             ));
         }
-        let mut params = UrlParams::parse(url)?;
+        // Everything below reads the redacted URL; the password is taken from the original.
+        let mut params = UrlParams::parse(&redacted_url)?;
+        let password = query_password(url).map_err(invalid)?;
+        if params.take("password").is_some() && userinfo_has_password(url) {
+            return Err(invalid(
+                "the password is given twice: in the user info and as `password=`".into(),
+            ));
+        }
         let client = params.take_client_options()?;
         let table = match params.take("table") {
             Some(t) => TableName::new(&t)?,
@@ -78,9 +171,25 @@ impl PostgresConfig {
         if pool_size == 0 || pool_size > 1000 {
             return Err(invalid(format!("pool_size {pool_size} is not in 1..=1000")));
         }
+        let listen_check = match params.take_parsed::<u64>("listen_check_ms")? {
+            None => LISTEN_CHECK,
+            Some(0) => return Err(invalid("listen_check_ms must be greater than zero".into())),
+            Some(ms) => Duration::from_millis(ms),
+        };
+        let fence_safety = match params.take("fence_safety") {
+            None => FenceSafetyOption::Auto,
+            Some(v) => v.parse().map_err(|()| {
+                invalid(format!(
+                    "fence_safety `{v}` is not one of auto, linearizable, failover-unsafe"
+                ))
+            })?,
+        };
+        // The driver's parameters, from the original URL (values the redaction left alone).
+        let mut original = UrlParams::parse(url)?;
         let mut driver = Vec::new();
         for name in DRIVER_PARAMS {
-            if let Some(v) = params.take(name) {
+            let _ = params.take(name);
+            if let Some(v) = original.take(name) {
                 driver.push(format!("{name}={v}"));
             }
         }
@@ -91,17 +200,26 @@ impl PostgresConfig {
         } else {
             format!("{base}?{}", driver.join("&"))
         };
-        let connect = PgConnectOptions::from_str(&driver_url).map_err(|e| {
+        let secrets = [
+            password.as_ref().map(Secret::expose).unwrap_or(""),
+            userinfo_password(url).unwrap_or(""),
+        ];
+        let mut connect = PgConnectOptions::from_str(&driver_url).map_err(|e| {
             invalid(format!(
                 "the PostgreSQL driver rejected it: {}",
-                redact_url(&e.to_string())
+                redact_text(&e.to_string(), &secrets)
             ))
         })?;
+        if let Some(password) = &password {
+            connect = connect.password(password.expose());
+        }
         Ok(PostgresConfig {
             connect,
             redacted_url,
             table,
             pool_size,
+            listen_check,
+            fence_safety,
             client,
         })
     }
@@ -123,10 +241,56 @@ impl PostgresConfig {
         self
     }
 
+    /// What fences are declared to promise (see [`FenceSafetyOption`]).
+    pub fn with_fence_safety(mut self, option: FenceSafetyOption) -> Self {
+        self.fence_safety = option;
+        self
+    }
+
+    /// How often the listening connection is checked (a round trip on it; a silent one is
+    /// replaced). Default 2 s.
+    pub fn with_listen_check(mut self, every: Duration) -> Self {
+        self.listen_check = every.max(Duration::from_millis(1));
+        self
+    }
+
     /// The lease table.
     pub fn table(&self) -> &TableName {
         &self.table
     }
+}
+
+/// The user info's password as written (between `user:` and `@`), if any.
+fn userinfo_password(url: &str) -> Option<&str> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let (userinfo, _) = authority.rsplit_once('@')?;
+    userinfo.split_once(':').map(|(_, p)| p)
+}
+
+/// Whether the user info (between `://` and `@`) has a `:password` part.
+fn userinfo_has_password(url: &str) -> bool {
+    userinfo_password(url).is_some()
+}
+
+/// The `password` query parameter, percent-decoded. The reason of an error never quotes it.
+fn query_password(url: &str) -> std::result::Result<Option<Secret>, String> {
+    let Some((_, query)) = url.split_once('?') else {
+        return Ok(None);
+    };
+    let query = query.split('#').next().unwrap_or("");
+    let mut found = None;
+    for pair in query.split('&') {
+        if let Some(("password", v)) = pair.split_once('=') {
+            if found.is_some() {
+                return Err("parameter `password` is given twice".into());
+            }
+            let decoded = percent_decode(v)
+                .ok_or("the `password` parameter is not valid percent-encoded UTF-8")?;
+            found = Some(Secret::new(decoded));
+        }
+    }
+    Ok(found)
 }
 
 #[cfg(test)]

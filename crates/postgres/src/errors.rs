@@ -2,11 +2,42 @@
 
 use std::time::Duration;
 
-use leasehold_core::{redact_url, Error};
+use leasehold_core::Error;
 
+use crate::config::redact;
 use crate::table::TableName;
 
 pub(crate) const BACKEND: &str = "postgres";
+
+/// SQLSTATE read_only_sql_transaction.
+const READ_ONLY: &str = "25006";
+
+/// The SQLSTATE of a driver error from the server, if it is one.
+pub(crate) fn sqlstate(error: &sqlx::Error) -> Option<String> {
+    error
+        .as_database_error()
+        .and_then(|db| db.code().map(|c| c.into_owned()))
+}
+
+/// A transaction the server rolled back for a conflict with a concurrent one (serialization
+/// failure, deadlock): it changed nothing, and the same statement again gets a fresh snapshot.
+/// Happens when `repeatable read` or `serializable` is the database's or role's default.
+pub(crate) fn is_conflict(error: &sqlx::Error) -> bool {
+    matches!(sqlstate(error).as_deref(), Some("40001" | "40P01"))
+}
+
+/// An error after which this connection should not be reused: it is broken, or it reaches a
+/// server that no longer takes writes (a demoted primary; a new connection may reach the new
+/// one).
+pub(crate) fn discards_connection(error: &sqlx::Error) -> bool {
+    match sqlstate(error) {
+        Some(code) => code == READ_ONLY || code.starts_with("08") || code.starts_with("57"),
+        None => matches!(
+            error,
+            sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_)
+        ),
+    }
+}
 
 /// Maps a driver error met while doing `what`.
 pub(crate) fn map(error: sqlx::Error, what: &str, table: &TableName) -> Error {
@@ -38,7 +69,14 @@ pub(crate) fn map(error: sqlx::Error, what: &str, table: &TableName) -> Error {
             },
             // connection exceptions, operator intervention (shutdown, crash recovery, cannot
             // connect now), insufficient resources: the server is not serving us right now.
-            c if c.starts_with("08") || c.starts_with("57") || c.starts_with("53") => {
+            // read_only_sql_transaction: a primary demoted to a standby (or a server put in
+            // read-only mode) does not take writes now; another (the new primary) may, as with
+            // Redis's READONLY.
+            c if c.starts_with("08")
+                || c.starts_with("57")
+                || c.starts_with("53")
+                || c == READ_ONLY =>
+            {
                 Error::Unavailable {
                     backend: BACKEND,
                     message,
@@ -60,7 +98,7 @@ pub(crate) fn map(error: sqlx::Error, what: &str, table: &TableName) -> Error {
             },
         };
     }
-    let message = redact_url(&format!("{what}: {error}"));
+    let message = redact(&format!("{what}: {error}"));
     match error {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)

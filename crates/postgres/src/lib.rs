@@ -25,6 +25,6 @@ mod table;
 mod token;
 
 pub use authority::{schema_sql, PostgresAuthority};
-pub use config::PostgresConfig;
+pub use config::{FenceSafetyOption, PostgresConfig};
 pub use table::{TableName, DEFAULT_TABLE};
 pub use token::PgFence;

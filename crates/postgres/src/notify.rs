@@ -4,10 +4,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leasehold_core::time::{deadline_in, FOREVER};
 use leasehold_core::Backoff;
-use sqlx::postgres::PgListener;
-use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::{watch, Notify};
+
+use crate::config::redact;
 
 /// The channel every leasehold release is announced on. The payload is `<table> <key>` (keys
 /// have no spaces), so one channel serves every lease table of a database.
@@ -44,26 +46,67 @@ impl Waiters {
     }
 }
 
-/// Runs the listening connection until aborted. `ready` turns true while LISTEN is active.
+/// What the listening connection needs: how to connect, and how long to wait.
+#[derive(Clone)]
+pub(crate) struct ListenConfig {
+    pub connect: PgConnectOptions,
+    /// How long connecting, `LISTEN` and each health check may take.
+    pub timeout: Duration,
+    /// How often the connection is checked with a round trip.
+    pub check_every: Duration,
+    /// The lease table, as it appears in notification payloads.
+    pub table: String,
+}
+
+/// The text of the health check, recognisable in `pg_stat_activity`.
+const CHECK: &str = "SELECT 'leasehold listener'";
+
+/// Runs the listening connection until aborted. `ready` is true while LISTEN is active and the
+/// last health check answered.
+///
+/// The connection is its own, never one of the authority's pool: a waiter must not take the
+/// connection that renewals need (with `pool_size=1`, it would take the only one). Each
+/// (re)connection gets a fresh one-connection pool, so that a silent connection being given up
+/// cannot hold the slot its replacement needs.
+///
+/// Every `check_every` a round trip on the connection checks that it still answers: a NAT or
+/// load balancer that dropped the flow, or a frozen backend, gives no error, only silence. A
+/// connection that fails the check, or any error, is replaced; meanwhile `ready` is false and
+/// waiters re-try by timer.
 pub(crate) async fn listen(
-    pool: PgPool,
+    config: ListenConfig,
     waiters: Arc<Waiters>,
-    table: String,
     ready: watch::Sender<bool>,
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+    let limit = config.timeout.min(FOREVER);
     loop {
-        let listener = async {
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .test_before_acquire(false)
+            .acquire_timeout(limit)
+            .connect_lazy_with(config.connect.clone());
+        let connected = tokio::time::timeout(limit, async {
             let mut l = PgListener::connect_with(&pool).await?;
+            l.ignore_pool_close_event(true);
+            // A lost connection is replaced here, by a new pool, not inside the listener.
+            l.eager_reconnect(false);
             l.listen(CHANNEL).await?;
             Ok::<_, sqlx::Error>(l)
-        }
+        })
         .await;
-        let mut listener = match listener {
-            Ok(l) => l,
-            Err(error) => {
-                tracing::debug!(%error, "LISTEN failed; waiters fall back to timers");
-                ready.send_replace(false);
+        let mut listener = match connected {
+            Ok(Ok(l)) => l,
+            Ok(Err(error)) => {
+                tracing::debug!(error = %redact(&error.to_string()), "LISTEN failed; waiters re-try by timer");
+                tokio::time::sleep(backoff.next_delay()).await;
+                continue;
+            }
+            Err(_) => {
+                tracing::debug!("LISTEN got no answer in time; waiters re-try by timer");
                 tokio::time::sleep(backoff.next_delay()).await;
                 continue;
             }
@@ -72,26 +115,49 @@ pub(crate) async fn listen(
         // Anything released before LISTEN took effect was missed: let waiters look again.
         waiters.wake_all();
         backoff.reset();
+        let mut next_check = deadline_in(config.check_every);
         loop {
-            match listener.try_recv().await {
-                Ok(Some(n)) => {
-                    if let Some((t, key)) = n.payload().split_once(' ') {
-                        if t == table {
-                            waiters.wake(key);
+            tokio::select! {
+                // try_recv is cancel-safe: a notification half read stays in the buffer.
+                received = listener.try_recv() => match received {
+                    Ok(Some(n)) => {
+                        if let Some((t, key)) = n.payload().split_once(' ') {
+                            if t == config.table {
+                                waiters.wake(key);
+                            }
+                        }
+                    }
+                    Ok(None) => {
+                        tracing::debug!("the listening connection was lost");
+                        break;
+                    }
+                    Err(error) => {
+                        tracing::debug!(error = %redact(&error.to_string()), "the listening connection failed");
+                        break;
+                    }
+                },
+                _ = tokio::time::sleep_until(next_check) => {
+                    let check = sqlx::query(CHECK).execute(&mut listener);
+                    match tokio::time::timeout(limit, check).await {
+                        Ok(Ok(_)) => next_check = deadline_in(config.check_every),
+                        Ok(Err(error)) => {
+                            tracing::debug!(error = %redact(&error.to_string()), "the listening connection failed its check");
+                            break;
+                        }
+                        Err(_) => {
+                            tracing::debug!("the listening connection did not answer its check in time");
+                            break;
                         }
                     }
                 }
-                // The connection dropped and was re-established (LISTEN included): releases
-                // in between were missed.
-                Ok(None) => waiters.wake_all(),
-                Err(error) => {
-                    tracing::debug!(%error, "the listening connection failed");
-                    ready.send_replace(false);
-                    waiters.wake_all();
-                    break;
-                }
             }
         }
+        // Releases may have been missed: waiters look again, then re-try by timer until a new
+        // connection listens.
+        ready.send_replace(false);
+        waiters.wake_all();
+        drop(listener);
+        drop(pool);
         tokio::time::sleep(backoff.next_delay()).await;
     }
 }

@@ -1,25 +1,36 @@
 //! The PostgreSQL fence: the lease row's counter.
 
+use std::cmp::Ordering;
+use std::hash::{Hash, Hasher};
+
 use leasehold_core::{Error, FenceSafety, FencingToken, Result};
 
 use crate::errors::BACKEND;
 
 /// The lease row's `fence` column: raised by one on every successful acquisition of the key and
-/// never lowered (release and expiry keep the row). Linearizable, because one row in one
-/// database orders every acquisition of its key; durable, because it is a committed row.
+/// never lowered (release and expiry keep the row). One row in one database orders every
+/// acquisition of its key, and it is a committed row.
 ///
 /// It can go backwards only if the database itself does: a restore from a backup or a
-/// point-in-time recovery rewinds the counter. Raise the deployment epoch after such a restore.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PgFence(u64);
+/// point-in-time recovery rewinds the counter (raise the deployment epoch after one), and so can
+/// a failover to a standby that had not received the last commits, or a crash with
+/// `synchronous_commit = off`. What the connected server promises is read at connect and carried
+/// by every fence (see docs/postgres.md).
+///
+/// Ordered, compared and hashed by the counter alone.
+#[derive(Clone, Copy, Debug)]
+pub struct PgFence {
+    raw: u64,
+    safety: FenceSafety,
+}
 
 impl PgFence {
-    /// Reads the `bigint` column.
-    pub fn from_column(raw: i64) -> Result<Self> {
+    /// Reads the `bigint` column of a server whose fences have `safety`.
+    pub fn from_column(raw: i64, safety: FenceSafety) -> Result<Self> {
         u64::try_from(raw)
             .ok()
             .filter(|r| *r > 0)
-            .map(PgFence)
+            .map(|raw| PgFence { raw, safety })
             .ok_or(Error::FenceOutOfRange {
                 backend: BACKEND,
                 raw: raw as u64,
@@ -27,12 +38,38 @@ impl PgFence {
     }
 }
 
+impl PartialEq for PgFence {
+    fn eq(&self, other: &Self) -> bool {
+        self.raw == other.raw
+    }
+}
+
+impl Eq for PgFence {}
+
+impl PartialOrd for PgFence {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for PgFence {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.raw.cmp(&other.raw)
+    }
+}
+
+impl Hash for PgFence {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.raw.hash(state);
+    }
+}
+
 impl FencingToken for PgFence {
     fn raw(&self) -> u64 {
-        self.0
+        self.raw
     }
 
     fn safety(&self) -> FenceSafety {
-        FenceSafety::Linearizable
+        self.safety
     }
 }
