@@ -99,8 +99,12 @@ impl ZkAuthority {
 
     /// Connects with a parsed configuration.
     pub async fn with_config(mut config: ZkConfig) -> Result<Self> {
-        let (ttl, tick) = session::prepare(&config).await?;
-        config.touch_lag = tick / 2;
+        let session::Prepared {
+            range: ttl,
+            tick,
+            followers,
+        } = session::prepare(&config).await?;
+        config.half_tick = followers.then_some(tick / 2);
         let capabilities = Capabilities::new(BACKEND, FenceSafety::Linearizable, true, ttl)
             .with_wait(WaitStrategy::Notification)
             .with_renew_with_other_ttl(false)
@@ -281,6 +285,7 @@ impl Authority for ZkAuthority {
         // to the request timeout: no renewal succeeds without that proof, and a blip does not
         // fail it.
         let client = &session.client;
+        session.note_send();
         let checked = session::read(&self.inner.config, "renew", || {
             let confirmed = session::confirm(client, &held.path);
             let stat = client.check_stat(&held.path);
@@ -310,7 +315,10 @@ impl Authority for ZkAuthority {
         if !held.extend(saturating_add(sent, ttl)) {
             return Err(Error::lease_lost(key, LostReason::Refused));
         }
-        Ok(self.inner.config.deadline(sent, ttl))
+        Ok(self
+            .inner
+            .config
+            .deadline(sent, ttl, session.quiet_before(sent)))
     }
 
     async fn release(&self, grant: &Grant) -> Result<Released> {

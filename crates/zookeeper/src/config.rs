@@ -63,11 +63,10 @@ pub struct ZkConfig {
     pub(crate) client: ClientOptions,
     pub(crate) ttl_range: Option<TtlRange>,
     pub(crate) server_version: Option<(u32, u32, u32)>,
-    /// How much earlier than (a request's send time + TTL) the leader may expire the session:
-    /// it learns of a client's requests to a follower from that follower's replies to its
-    /// pings, sent every half tick, and a write it commits does not touch the session. Set on
-    /// connect to half the estimated tick.
-    pub(crate) touch_lag: Duration,
+    /// Half the server's (estimated) tick, how often a leader pings its followers, when the
+    /// servers have followers (`None` for a standalone server). Set on connect; see
+    /// [`ZkConfig::deadline`].
+    pub(crate) half_tick: Option<Duration>,
     pub(crate) redacted_url: String,
 }
 
@@ -176,7 +175,7 @@ impl ZkConfig {
             client,
             ttl_range: None,
             server_version: None,
-            touch_lag: Duration::ZERO,
+            half_tick: None,
             redacted_url,
         })
     }
@@ -239,11 +238,25 @@ impl ZkConfig {
         self
     }
 
-    /// The local deadline of a lease whose session the leader knew alive after `sent`.
-    pub(crate) fn deadline(&self, sent: Instant, ttl: Duration) -> Instant {
+    /// The local deadline of a lease whose session the leader knew alive after `sent` (it
+    /// committed a write of that session sent then), the session having been quiet for at most
+    /// `quiet` before.
+    ///
+    /// The leader expires a session a TTL after it last *touched* it, and a write it commits
+    /// does not touch it: a client talking to a follower is touched when that follower reports
+    /// the sessions it heard from, in its replies to the leader's pings, every half tick. If the
+    /// follower is cut off right after our request, that report never comes, and the last touch
+    /// is from the last report that did, which covered our session only if it sent something
+    /// since the report before. So the leader may expire the session up to half a tick plus the
+    /// quiet time before `sent` earlier than (sent + TTL). A standalone server touches a session
+    /// on every request it receives.
+    pub(crate) fn deadline(&self, sent: Instant, ttl: Duration, quiet: Duration) -> Instant {
+        let touch_lag = self
+            .half_tick
+            .map_or(Duration::ZERO, |half| half.saturating_add(quiet));
         self.client
             .safety_margin
-            .deadline(sent, ttl.saturating_sub(self.touch_lag))
+            .deadline(sent, ttl.saturating_sub(touch_lag))
     }
 
     /// Whether lock keys' parents are containers: asked for, and the server knows them (3.5.3

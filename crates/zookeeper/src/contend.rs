@@ -143,7 +143,7 @@ impl Contender {
         let client = self.session.client.clone();
         let prefix_path = self.path(&self.prefix);
         for _ in 0..CREATE_TRIES {
-            let sent = Instant::now();
+            let sent = self.session.note_send();
             let mut create: PendingCreate = {
                 let (client, path) = (client.clone(), prefix_path.clone());
                 let options =
@@ -249,7 +249,7 @@ impl Contender {
     /// Lists the parent's children; when my node is known, behind a [`session::confirm`] of it
     /// in the same round trip, so that the listing is not a cut-off follower's stale copy.
     async fn list(&self) -> std::result::Result<Listing, Failed> {
-        let sent = Instant::now();
+        let sent = self.session.note_send();
         let client = &self.session.client;
         let mine = self
             .node
@@ -305,7 +305,7 @@ impl Contender {
         }
         let path = self.path(&node.name);
         let client = &self.session.client;
-        let sent = Instant::now();
+        let sent = self.session.note_send();
         match session::read(&self.config, "confirm the contender node", || {
             session::confirm(client, &path)
         })
@@ -399,7 +399,9 @@ impl Contender {
             // A late duplicate may still appear: sweep for it, keeping my node.
             self.sweep_duplicates(node.name.clone());
         }
-        let deadline = self.config.deadline(sent, ttl);
+        let deadline = self
+            .config
+            .deadline(sent, ttl, self.session.quiet_before(sent));
         Ok(
             Grant::new(self.key.clone(), self.owner, fence, ttl, deadline)
                 .with_backend_state(held)
@@ -503,7 +505,7 @@ impl Contender {
                 return Err(self.time_out(started).await);
             }
             let client = self.session.client.clone();
-            let sent = Instant::now();
+            let sent = self.session.note_send();
             // With only the predecessor ahead, also watch my own node, in the same round trip
             // (sent first). ZooKeeper delivers one session's events in transaction order, so
             // if the predecessor's deletion arrives while my own watch has not fired, my node

@@ -8,7 +8,7 @@
 //! TTL refused with `InvalidTtl`, never rounded. Applications should use few distinct TTLs:
 //! each costs a session and its heartbeats.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,6 +32,9 @@ pub(crate) const MAX_SESSIONS: usize = 8;
 const MIN_PROBE: Duration = Duration::from_millis(250);
 /// The fallback when [`MIN_PROBE`] is too short to connect in.
 const MIN_PROBE_SLOW: Duration = Duration::from_secs(2);
+/// How many recent send instants a session keeps.
+const SENDS_KEPT: usize = 16;
+
 /// The session timeout asked for to learn the server's maximum; longer TTLs are not offered.
 const MAX_PROBE: Duration = Duration::from_secs(24 * 3600);
 /// The longest session timeout the protocol can carry: 32-bit milliseconds, under 25 days.
@@ -47,6 +50,9 @@ pub(crate) struct Session {
     /// Fired when the session ends (expired, closed, refused): every grant on it carries it, so
     /// a lease knows it is lost the moment the client hears of the end, not at its next renewal.
     pub loss: LossSignal,
+    /// When this client last sent requests on the session (the latest few): any request keeps
+    /// the session alive, see [`Session::quiet_before`].
+    sends: Mutex<VecDeque<Instant>>,
     /// Leases and contenders on this session; it is not closed to make room while any is.
     /// Shared by count, not by a reference to the session, so that a lease never keeps its
     /// session open after the authority is gone.
@@ -73,6 +79,30 @@ impl Session {
     pub fn enter(&self) -> Active {
         self.active.fetch_add(1, Ordering::AcqRel);
         Active(self.active.clone())
+    }
+
+    /// Notes a request sent now, and returns now.
+    pub fn note_send(&self) -> Instant {
+        let now = Instant::now();
+        let mut sends = self.sends.lock().unwrap_or_else(|e| e.into_inner());
+        if sends.len() >= SENDS_KEPT {
+            sends.pop_front();
+        }
+        sends.push_back(now);
+        now
+    }
+
+    /// How long the session may have been quiet (no request sent) just before `at`: since the
+    /// latest noted send before it, and at most a fifth of the TTL, because the client pings a
+    /// session idle for `3/20` of its timeout (checked every `1/20`).
+    pub fn quiet_before(&self, at: Instant) -> Duration {
+        let cap = self.ttl / 5;
+        let sends = self.sends.lock().unwrap_or_else(|e| e.into_inner());
+        sends
+            .iter()
+            .filter(|s| **s < at)
+            .max()
+            .map_or(cap, |last| at.duration_since(*last).min(cap))
     }
 
     fn is_idle(&self) -> bool {
@@ -187,6 +217,7 @@ async fn open(config: &ZkConfig, timeout: Duration) -> Result<Session> {
         ttl: granted,
         id,
         loss,
+        sends: Mutex::new(VecDeque::with_capacity(SENDS_KEPT)),
         active: Arc::new(AtomicUsize::new(0)),
     })
 }
@@ -227,7 +258,7 @@ pub(crate) fn acls(config: &ZkConfig) -> Acls<'static> {
 ///
 /// Returns the range and the server's tick, estimated as half its minimum session timeout
 /// (ZooKeeper's default `minSessionTimeout`), which is how late it may notice an expiry.
-pub(crate) async fn prepare(config: &ZkConfig) -> Result<(TtlRange, Duration)> {
+pub(crate) async fn prepare(config: &ZkConfig) -> Result<Prepared> {
     let (range, admin) = match config.ttl_range {
         Some(range) => {
             // A declared range may reach further than a session timeout can: offer no more.
@@ -262,7 +293,39 @@ pub(crate) async fn prepare(config: &ZkConfig) -> Result<(TtlRange, Duration)> {
         }
     };
     ensure_chroot(config, &admin.client).await?;
-    Ok((range, range.min / 2))
+    let followers = has_followers(config, &admin.client).await;
+    Ok(Prepared {
+        range,
+        tick: range.min / 2,
+        followers,
+    })
+}
+
+/// What connecting learned about the servers.
+pub(crate) struct Prepared {
+    /// The TTLs (session timeouts) they grant.
+    pub range: TtlRange,
+    /// Their tick, estimated as half the minimum session timeout.
+    pub tick: Duration,
+    /// Whether there are followers: an ensemble of more than one voting member (or unknown).
+    pub followers: bool,
+}
+
+/// Whether the servers form an ensemble with followers: `/zookeeper/config` lists more than one
+/// voting member (a standalone server leaves it empty). Unknown (unreadable, a server before
+/// 3.5) counts as yes, the cautious answer.
+async fn has_followers(config: &ZkConfig, client: &Client) -> bool {
+    match tokio::time::timeout(config.client.request_timeout, client.get_config()).await {
+        Ok(Ok((data, _))) => {
+            let text = String::from_utf8_lossy(&data);
+            let voters = text
+                .lines()
+                .filter(|l| l.starts_with("server.") && !l.contains(":observer"))
+                .count();
+            voters > 1
+        }
+        _ => true,
+    }
 }
 
 /// The server's minimum session timeout, or [`MIN_PROBE`] if it allows shorter ones.
