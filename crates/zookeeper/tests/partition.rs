@@ -96,10 +96,7 @@ impl Ensemble {
         // Addresses and uids nobody else on the machine uses: from this process's id.
         let pid = std::process::id();
         let run = RUNS.fetch_add(1, Ordering::Relaxed) as u32;
-        let (a, b) = (
-            100 + (pid % 100) as u8,
-            ((pid / 100) % 250) as u8 + run as u8,
-        );
+        let (a, b) = (100 + (pid % 100) as u8, ((pid / 100 + run) % 250) as u8 + 1);
         let addrs: Vec<Ipv4Addr> = (2..5).map(|d| Ipv4Addr::new(127, a, b, d)).collect();
         let uid_base = 50_000 + (pid % 5_000) * 3;
         let ports = free_ports(9).map_err(|e| e.to_string())?;
