@@ -315,6 +315,7 @@ async fn a_silent_listener_is_noticed_and_replaced() {
         .expect("the release did not reach the waiter within TTL/4")
         .unwrap()
         .unwrap();
+    println!("hand-off {:?} after the release", released_at.elapsed());
     assert!(released_at.elapsed() < ttl / 4);
     // The waiter's listener moved to a new backend.
     listener_pid_except(&admin, pid, ttl / 4).await;
