@@ -744,3 +744,253 @@ async fn a_read_only_server_is_unavailable_and_retryable() {
     assert_eq!(ro.release(&g).await.unwrap(), Released::Released);
     assert_eq!(a.release(&held).await.unwrap(), Released::Released);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Item 21, end to end: a real failover to an asynchronous standby reissues a fence, and the
+// conformance scenario shows it as declared. Vouching for linearizable fences on the same
+// setup is caught as a failure: what the code before this fix declared for every server.
+
+mod failover {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+    use leasehold_conformance::scenarios::{self, run_selected};
+    use leasehold_conformance::servers::postgres::postgres_bin_dir;
+    use leasehold_conformance::servers::process::{server_dir, CommandSpec, ManagedProcess};
+    use leasehold_conformance::servers::{free_port, PostgresServer};
+    use leasehold_conformance::{harness_error, Connector, Context, Faults, Verdict};
+
+    use super::*;
+
+    /// A primary (the harness's server) and an asynchronous streaming standby of it.
+    struct Pair {
+        primary: Arc<PostgresServer>,
+        standby: ManagedProcess,
+        standby_port: u16,
+        /// Where clients connect: the primary until the failover completes.
+        url: Mutex<String>,
+        options: String,
+    }
+
+    impl Pair {
+        fn primary_url(&self) -> String {
+            format!("{}?timeout_ms=1000{}", self.primary.url(), self.options)
+        }
+
+        fn standby_url(&self) -> String {
+            format!(
+                "postgres://leasehold@127.0.0.1:{}/postgres?timeout_ms=1000{}",
+                self.standby_port, self.options
+            )
+        }
+    }
+
+    async fn pair(options: &str) -> Arc<Pair> {
+        let primary = start().await;
+        connect(&url(&primary)).await.migrate().await.unwrap();
+        let data = primary.data_dir().to_path_buf();
+        let owner = std::fs::metadata(&data).unwrap();
+        let user = (owner.uid(), owner.gid());
+        let port = primary.port();
+        let (standby, standby_port) = tokio::task::spawn_blocking(move || {
+            let bin = postgres_bin_dir().unwrap();
+            let dir = server_dir("postgres-standby").unwrap();
+            std::os::unix::fs::chown(dir.path(), Some(user.0), Some(user.1)).unwrap();
+            let standby_data = dir.path().join("data");
+            let status = Command::new(bin.join("pg_basebackup"))
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                    "-U",
+                    "leasehold",
+                ])
+                .arg("-D")
+                .arg(&standby_data)
+                .args(["-R", "-X", "stream", "--no-sync"])
+                .env("HOME", dir.path())
+                .current_dir(dir.path())
+                .stdin(Stdio::null())
+                .uid(user.0)
+                .gid(user.1)
+                .status()
+                .unwrap();
+            assert!(status.success(), "pg_basebackup: {status}");
+            let standby_port = free_port().unwrap();
+            let args: Vec<String> = vec![
+                "-D".into(),
+                standby_data.display().to_string(),
+                "-p".into(),
+                standby_port.to_string(),
+                "-k".into(),
+                dir.path().display().to_string(),
+                "-c".into(),
+                "listen_addresses=127.0.0.1".into(),
+                "-c".into(),
+                "fsync=off".into(),
+            ];
+            let mut spec = CommandSpec::new(bin.join("postgres"), args);
+            spec.user = Some(user);
+            spec.stop_signal = "INT";
+            (
+                ManagedProcess::spawn("postgres-standby", dir, spec).unwrap(),
+                standby_port,
+            )
+        })
+        .await
+        .unwrap();
+        let pair = Arc::new(Pair {
+            url: Mutex::new(String::new()),
+            primary,
+            standby,
+            standby_port,
+            options: options.to_string(),
+        });
+        *pair.url.lock().unwrap() = pair.primary_url();
+        // The standby serves reads once it is consistent.
+        let started = Instant::now();
+        while PostgresAuthority::connect(&pair.standby_url())
+            .await
+            .is_err()
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "the standby did not start: {}",
+                pair.standby.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        pair
+    }
+
+    async fn sql_on(url: &str, statement: &str) {
+        let pool = sqlx::PgPool::connect(url.split('?').next().unwrap())
+            .await
+            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(statement.to_string()))
+            .execute(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+        pool.close().await;
+    }
+
+    struct Clients(Arc<Pair>);
+
+    #[async_trait]
+    impl Connector for Clients {
+        async fn connect(&self) -> leasehold_core::Result<Arc<dyn Authority>> {
+            let url = self.0.url.lock().unwrap().clone();
+            Ok(Arc::new(PostgresAuthority::connect(&url).await?))
+        }
+    }
+
+    struct Failover(Arc<Pair>);
+
+    #[async_trait]
+    impl Faults for Failover {
+        /// Lets the standby catch up, then cuts its replication: the primary (asynchronous)
+        /// still commits, and the standby never sees it.
+        async fn begin_failover(&self) -> leasehold_core::Result<()> {
+            let (primary, standby) = (self.0.primary_url(), self.0.standby_url());
+            let p = sqlx::PgPool::connect(primary.split('?').next().unwrap())
+                .await
+                .map_err(harness_error)?;
+            let s = sqlx::PgPool::connect(standby.split('?').next().unwrap())
+                .await
+                .map_err(harness_error)?;
+            let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+                .fetch_one(&p)
+                .await
+                .map_err(harness_error)?;
+            let started = Instant::now();
+            loop {
+                let caught_up: bool = sqlx::query_scalar(
+                    "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::pg_lsn, false)",
+                )
+                .bind(&lsn)
+                .fetch_one(&s)
+                .await
+                .map_err(harness_error)?;
+                if caught_up {
+                    break;
+                }
+                assert!(started.elapsed() < Duration::from_secs(10), "no catch-up");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            sqlx::query("ALTER SYSTEM SET primary_conninfo = ''")
+                .execute(&s)
+                .await
+                .map_err(harness_error)?;
+            sqlx::query("SELECT pg_reload_conf()")
+                .execute(&s)
+                .await
+                .map_err(harness_error)?;
+            let started = Instant::now();
+            loop {
+                let receiving: i64 =
+                    sqlx::query_scalar("SELECT count(*) FROM pg_stat_wal_receiver")
+                        .fetch_one(&s)
+                        .await
+                        .map_err(harness_error)?;
+                if receiving == 0 {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "still replicating"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            p.close().await;
+            s.close().await;
+            Ok(())
+        }
+
+        /// The old primary dies; the standby is promoted and clients connect to it.
+        async fn complete_failover(&self) -> leasehold_core::Result<()> {
+            let primary = self.0.primary.clone();
+            tokio::task::spawn_blocking(move || primary.kill())
+                .await
+                .unwrap()
+                .map_err(harness_error)?;
+            sql_on(&self.0.standby_url(), "SELECT pg_promote()").await;
+            *self.0.url.lock().unwrap() = self.0.standby_url();
+            Ok(())
+        }
+    }
+
+    async fn failover_verdict(options: &str) -> (FenceSafety, Result<Verdict, String>) {
+        let pair = pair(options).await;
+        let ctx = Context::new(Arc::new(Clients(pair.clone())))
+            .await
+            .unwrap()
+            .with_faults(Arc::new(Failover(pair.clone())));
+        let selected: Vec<_> = scenarios::all()
+            .into_iter()
+            .filter(|s| s.name == "fences_survive_failover")
+            .collect();
+        assert_eq!(selected.len(), 1);
+        let report = run_selected("postgres failover", &ctx, &selected).await;
+        println!("{report}");
+        let outcome = report.lines[0].outcome.clone().map_err(|f| f.to_string());
+        (ctx.capabilities().fence_safety, outcome)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failover_to_an_async_standby_reissues_a_fence_as_declared() {
+        let (safety, outcome) = failover_verdict("").await;
+        assert_eq!(safety, FenceSafety::FailoverUnsafe);
+        assert!(
+            matches!(outcome, Ok(Verdict::Declared(_))),
+            "the failover must reissue a fence, and it must be declared: {outcome:?}"
+        );
+        // The same setup, declared linearizable (as every server was before): caught.
+        let (safety, outcome) = failover_verdict("&fence_safety=linearizable").await;
+        assert_eq!(safety, FenceSafety::Linearizable);
+        assert!(outcome.is_err(), "an overclaim must fail: {outcome:?}");
+    }
+}
