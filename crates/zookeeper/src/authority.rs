@@ -63,12 +63,15 @@ impl Inner {
 ///   reply carries no trustworthy `Stat`.
 /// * **TTL**: the session timeout. One session per distinct TTL (see the crate docs); a TTL the
 ///   server does not grant exactly is `InvalidTtl`. The session's heartbeat keeps the lease at
-///   the server while the process lives; `renew` confirms the node still exists on a live
-///   session and extends the grant's tenure on this side, so a grant nobody renews is also
-///   deleted after its TTL.
-/// * **Lost**: the session expired (`SessionEnded`), the node was deleted (`Refused`), or no
-///   renewal was confirmed before the local deadline (a disconnection, Curator's SUSPENDED,
-///   stops renewals from succeeding until the session answers again).
+///   the server while the process lives; `renew` confirms, through a write the leader commits
+///   (never a follower's possibly stale read), that the node still exists on a live session,
+///   and extends the grant's tenure on this side, so a grant nobody renews is also deleted
+///   after its TTL. A grant after waiting rests on such a write too.
+/// * **Lost**: the session expired (`SessionEnded`, pushed to every grant on the session
+///   through its [`LossSignal`](leasehold_core::LossSignal) as soon as the client hears of it),
+///   the node was deleted (`Refused`), or no renewal was confirmed before the local deadline (a
+///   disconnection, Curator's SUSPENDED, stops renewals from succeeding until the session
+///   answers again).
 ///
 /// A grant lives no longer than the authority that issued it: dropping the authority closes
 /// its sessions, and ZooKeeper deletes their nodes at once. Clones share the sessions.

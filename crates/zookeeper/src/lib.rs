@@ -28,7 +28,8 @@
 //!   (2 to 20 `tickTime`s by default). Connecting measures that range and declares it in
 //!   [`Capabilities::ttl`](leasehold_core::Capabilities::ttl); a TTL outside it, or one the
 //!   server then does not grant exactly, is `InvalidTtl`. Nothing is rounded.
-//! * renewal is the session's heartbeat plus a check that the node still exists; a grant that is
+//! * renewal is the session's heartbeat plus a check, committed by the leader, that the node
+//!   still exists; a grant that is
 //!   not renewed within its TTL is deleted by the authority too (see `held.rs`), so the TTL
 //!   means the same as on every other backend.
 //!
