@@ -224,7 +224,20 @@ async fn waiting(
     tokio::task::JoinHandle<leasehold_core::Result<leasehold_core::Grant>>,
     i32,
 ) {
-    let waiter = connect(&url(server)).await;
+    waiting_at(&url(server), admin, k, ttl).await
+}
+
+/// [`waiting`] for a client of `url`.
+async fn waiting_at(
+    url: &str,
+    admin: &PostgresAuthority,
+    k: &LockKey,
+    ttl: Duration,
+) -> (
+    tokio::task::JoinHandle<leasehold_core::Result<leasehold_core::Grant>>,
+    i32,
+) {
+    let waiter = connect(url).await;
     let task = {
         let k = k.clone();
         tokio::spawn(async move { waiter.acquire(&k, ttl, ttl * 2).await })
@@ -268,6 +281,45 @@ async fn a_terminated_listener_is_replaced() {
         .unwrap();
     assert!(released_at.elapsed() < ttl / 4);
     let _ = admin.release(&got).await;
+}
+
+/// While the listening connection is down and cannot come back (the database refuses new
+/// connections), a waiter re-tries by timer: a release reaches it long before the holder's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_retries_by_timer_while_its_listener_is_down() {
+    let server = start().await;
+    let admin = connect(&url(&server)).await;
+    exec(&admin, "CREATE DATABASE waitdb").await;
+    let waitdb = format!(
+        "postgres://leasehold@127.0.0.1:{}/waitdb?timeout_ms=1000",
+        server.port()
+    );
+    let holder = connect(&waitdb).await;
+    holder.migrate().await.unwrap();
+    let ttl = Duration::from_secs(20);
+    let k = key("listener-down");
+    let held = holder.try_acquire(&k, ttl).await.unwrap().unwrap();
+    let (waiter, pid) = waiting_at(&waitdb, &admin, &k, ttl).await;
+    // Connections already open keep working; the listener cannot open a new one.
+    exec(&admin, "ALTER DATABASE waitdb ALLOW_CONNECTIONS false").await;
+    let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(admin.pool())
+        .await
+        .unwrap();
+    assert!(ended);
+    // Long after the loss was noticed (which wakes waiters once), the release.
+    tokio::time::sleep(ttl / 20).await;
+    let released_at = Instant::now();
+    let _ = holder.release(&held).await.unwrap();
+    let got = tokio::time::timeout(ttl / 8, waiter)
+        .await
+        .expect("the release did not reach the waiter within TTL/8")
+        .unwrap()
+        .unwrap();
+    println!("hand-off {:?} after the release", released_at.elapsed());
+    exec(&admin, "ALTER DATABASE waitdb ALLOW_CONNECTIONS true").await;
+    let _ = holder.release(&got).await;
 }
 
 /// Stops (SIGCONT) a stopped backend when dropped, so a failing test leaves a usable server.
