@@ -14,7 +14,7 @@ use leasehold_core::{
     Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Instant, LockKey, LossSignal,
     LostReason, OwnerToken, Released, Result, TtlRange, WaitStrategy,
 };
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 use crate::config::{EtcdConfig, TlsFiles};
 use crate::contenders::Withdrawal;
@@ -379,6 +379,8 @@ struct Booked {
     owner: OwnerToken,
     revision: Option<i64>,
     armed: bool,
+    /// The write is in flight in its own task, which settles the key if we are dropped.
+    in_flight: bool,
 }
 
 impl Booked {
@@ -391,6 +393,41 @@ impl Booked {
             owner,
             revision: None,
             armed: true,
+            in_flight: false,
+        })
+    }
+
+    /// Sends `txn`, the transaction that writes this key, in a task of its own, so that dropping
+    /// the caller's future cannot lose its answer. If the caller is gone when the answer comes,
+    /// the task settles the key knowing the outcome: deleted by its create revision if it was
+    /// written, forgotten if not. (A delete sent while the write is still in flight could reach
+    /// etcd first, find nothing, and leave the key to land behind it on our kept-alive lease.)
+    async fn write(
+        &mut self,
+        client: &Client,
+        what: &'static str,
+        timeout: Duration,
+        txn: Txn,
+    ) -> Result<TxnResponse> {
+        let (tx, rx) = oneshot::channel();
+        let (client, session) = (client.clone(), self.session.clone());
+        let (name, owner) = (self.name.clone(), self.owner);
+        self.in_flight = true;
+        tokio::spawn(async move {
+            let result = errors::txn(&client, what, timeout, txn).await;
+            if let Err(result) = tx.send(result) {
+                settle_abandoned(&session, &name, owner, result);
+            }
+        });
+        let result = rx.await;
+        self.in_flight = false;
+        result.unwrap_or_else(|_| {
+            Err(Error::Backend {
+                backend: BACKEND,
+                message: format!("{what}: the request's task ended without an answer"),
+                retryable: true,
+                source: None,
+            })
         })
     }
 
@@ -437,9 +474,25 @@ impl Booked {
     }
 }
 
+/// Settles the key of an acquire that was dropped while its write was in flight, now that the
+/// write's outcome is known.
+fn settle_abandoned(session: &Session, name: &str, owner: OwnerToken, result: Result<TxnResponse>) {
+    match result {
+        Ok(written) if written.succeeded() => {
+            let revision = written.header().map(|h| h.revision());
+            session.withdraw_later(name, owner, revision);
+        }
+        // The compare failed: nothing was written.
+        Ok(_) => session.contenders.forget(name, owner),
+        Err(e) if errors::is_lease_gone(&e) => session.contenders.forget(name, owner),
+        // Unknown outcome, a whole request timeout after it was sent: delete by owner token.
+        Err(_) => session.withdraw_later(name, owner, None),
+    }
+}
+
 impl Drop for Booked {
     fn drop(&mut self) {
-        if self.armed {
+        if self.armed && !self.in_flight {
             // Cancelled or failed mid-request: the session's task deletes the key if it exists
             // (no runtime needed here, and it retries until etcd confirms).
             self.session
@@ -464,7 +517,7 @@ impl Authority for EtcdAuthority {
             // A fresh owner token for every write: it is the key's value, and what a delete of
             // a key whose write got no answer compares.
             let owner = OwnerToken::generate()?;
-            let Some(entry) = Booked::reserve(&session, &prefix, owner) else {
+            let Some(mut entry) = Booked::reserve(&session, &prefix, owner) else {
                 // The session ended between the lookup and the reservation.
                 tokio::task::yield_now().await;
                 continue;
@@ -482,9 +535,12 @@ impl Authority for EtcdAuthority {
                 )])
                 .or_else([TxnOp::get(prefix.as_str(), Some(oldest()))]);
             let sent = Instant::now();
-            // Cancelled here (the future dropped), or failed: dropping `entry` has the session
-            // delete the key if the put happened.
-            let response = match errors::txn(&self.inner.client, "acquire", timeout, txn).await {
+            // Cancelled here (the future dropped), or failed: the write's task or dropping
+            // `entry` has the session delete the key if the put happened.
+            let response = match entry
+                .write(&self.inner.client, "acquire", timeout, txn)
+                .await
+            {
                 Ok(r) => r,
                 Err(e) if errors::is_lease_gone(&e) => {
                     // The session's lease expired or was revoked under us: nothing was written;
@@ -547,7 +603,7 @@ impl Authority for EtcdAuthority {
                 ])
                 .or_else([TxnOp::get(name.as_str(), None)]);
             let sent = Instant::now();
-            let response = match errors::txn(client, "acquire", timeout, txn).await {
+            let response = match entry.write(client, "acquire", timeout, txn).await {
                 Ok(r) => r,
                 Err(e) if errors::is_lease_gone(&e) && restarts < SESSION_RETRIES => {
                     restarts += 1;
@@ -657,12 +713,29 @@ impl Authority for EtcdAuthority {
             return lost(LostReason::Refused);
         }
         let wanted = self.inner.config.client.safety_margin.deadline(sent, ttl);
-        if c.session.deadline() < saturating_add(sent, ttl / 2) {
+        // Against the time of the answer, not of the request: a read sent just before an
+        // outage and answered after it must not vouch for a lease the keep-alive has not
+        // extended since.
+        if c.session.deadline() < deadline_in(ttl / 2) {
             // The session's keep-alive is late (normally its deadline is at least two thirds
             // of a TTL ahead): after an outage it may still be backing off while this read
             // already succeeded. Have it extend the lease now, so a renewal that succeeds also
             // moves the deadline.
             c.session.refresh(self.timeout()).await;
+            if !c.session.is_ended() && c.session.deadline() < deadline_in(ttl / 3) {
+                // The key is there, but etcd has not confirmed extending the lease within a
+                // request timeout: the renewal's outcome is unknown, not a success that leaves
+                // the deadline where it was.
+                return Err(Error::Unavailable {
+                    backend: BACKEND,
+                    message: format!(
+                        "renew `{}`: no keep-alive extended the session lease within {:?}",
+                        grant.key(),
+                        self.timeout()
+                    ),
+                    source: None,
+                });
+            }
         }
         let deadline = wanted.min(c.session.deadline());
         if c.session.is_ended() {

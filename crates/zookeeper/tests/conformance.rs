@@ -8,7 +8,7 @@ use std::sync::Arc;
 use leasehold_conformance::scenarios::run_all;
 use leasehold_conformance::{Context, Verdict};
 
-use common::{standalone, url, Clients, StandaloneFaults};
+use common::{standalone, url, Clients, StandaloneFaults, ZkResidue, IDLE_CLEANUP};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_the_conformance_suite_with_faults() {
@@ -17,6 +17,11 @@ async fn passes_the_conformance_suite_with_faults() {
     let ctx = Context::new(Arc::new(Clients(url.clone())))
         .await
         .unwrap()
+        .with_idle_cleanup(IDLE_CLEANUP)
+        .with_residue(Arc::new(ZkResidue {
+            hosts: server.connect_string(),
+            url: url.clone(),
+        }))
         .with_faults(Arc::new(StandaloneFaults { server, url }));
     assert_eq!(
         ctx.ttl().as_millis(),

@@ -102,6 +102,11 @@ async fn passes_the_conformance_suite_on_an_ensemble_with_a_leader_crash() {
     let ctx = Context::new(Arc::new(Clients(url.clone())))
         .await
         .unwrap()
+        .with_idle_cleanup(common::IDLE_CLEANUP)
+        .with_residue(Arc::new(common::ZkResidue {
+            hosts: ensemble.connect_string(),
+            url: url.clone(),
+        }))
         .with_faults(Arc::new(EnsembleFaults {
             ensemble,
             url,

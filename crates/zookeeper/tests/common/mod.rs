@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leasehold_conformance::servers::ZK_CONTAINER_CHECK_INTERVAL;
 use leasehold_conformance::servers::{ZkEnsemble, ZkServer};
-use leasehold_conformance::{Connector, Faults};
+use leasehold_conformance::{Connector, Faults, Residue};
 use leasehold_core::{Authority, LockKey};
-use leasehold_zookeeper::{names, ZkAuthority};
+use leasehold_zookeeper::{names, ZkAuthority, ZkConfig};
 
 /// Requests give up after one second, so an unresponsive server is noticed within a TTL.
 pub const PARAMS: &str = "timeout_ms=1000";
@@ -51,6 +52,34 @@ pub async fn contenders(raw: &zookeeper_client::Client, parent: &str) -> Vec<Str
         Err(e) => panic!("list {parent}: {e}"),
     };
     names::queue(&children)
+}
+
+/// How long a key must sit idle before the harness server has certainly reaped its empty
+/// container parent: three of the server's container checks.
+pub const IDLE_CLEANUP: Duration =
+    Duration::from_millis(ZK_CONTAINER_CHECK_INTERVAL.as_millis() as u64 * 3);
+
+/// Contender nodes of ours left under a key's parent (the parent itself may stay, or be reaped).
+pub struct ZkResidue {
+    /// The servers, for a raw client.
+    pub hosts: String,
+    /// The authority's URL, for its chroot.
+    pub url: String,
+}
+
+#[async_trait]
+impl Residue for ZkResidue {
+    async fn leftovers(&self, key: &LockKey) -> leasehold_core::Result<Vec<String>> {
+        let config = ZkConfig::from_url(&self.url)?;
+        let name = names::node_name_for_key(key);
+        let parent = match config.chroot() {
+            "/" => format!("/{name}"),
+            chroot => format!("{chroot}/{name}"),
+        };
+        let raw = raw(&self.hosts).await;
+        let left = contenders(&raw, &parent).await;
+        Ok(left.into_iter().map(|n| format!("{parent}/{n}")).collect())
+    }
 }
 
 pub struct Clients(pub String);
