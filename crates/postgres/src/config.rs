@@ -298,6 +298,41 @@ mod tests {
     use super::*;
 
     #[test]
+    fn secrets_are_masked_and_the_query_password_is_read() {
+        assert_eq!(
+            redact("postgres://u:hunter2@h/db?sslpassword=hunter2&table=t&Password=x#f"),
+            "postgres://u:***@h/db?sslpassword=***&table=t&Password=***#f"
+        );
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(
+            query_password("postgres://u@h/db?a=1&password=p%40ss%20w").unwrap(),
+            Some(Secret::new("p@ss w"))
+        );
+        assert_eq!(query_password("postgres://u@h/db?a=1").unwrap(), None);
+        for bad in [
+            "postgres://h?password=a&password=b",
+            "postgres://h?password=%zz",
+        ] {
+            let reason = query_password(bad).unwrap_err();
+            assert!(
+                !reason.contains("%zz") && !reason.contains("=a"),
+                "{reason}"
+            );
+        }
+        assert_eq!(userinfo_password("postgres://u:p@h/db?x=@"), Some("p"));
+        assert_eq!(userinfo_password("postgres://u@h/db?password=p"), None);
+        let c = PostgresConfig::from_url(
+            "postgres://u@h/db?password=hunter2&fence_safety=linearizable&listen_check_ms=500",
+        )
+        .unwrap();
+        assert_eq!(c.connect.get_username(), "u");
+        assert_eq!(c.fence_safety, FenceSafetyOption::Linearizable);
+        assert_eq!(c.listen_check, Duration::from_millis(500));
+        assert!(!format!("{c:?}").contains("hunter2"));
+        assert!(PostgresConfig::from_url("postgres://h/db?listen_check_ms=0").is_err());
+    }
+
+    #[test]
     fn parses_ours_and_the_drivers_and_rejects_the_rest() {
         let c = PostgresConfig::from_url(
             "postgres://u:hunter2@db:5433/app?table=locks.leases&pool_size=4&epoch=1&sslmode=disable&application_name=x",
