@@ -12,6 +12,7 @@ use etcd_client::{Txn, TxnOp};
 use leasehold_conformance::harness_error;
 use leasehold_conformance::resource::{check_history, Recorder};
 use leasehold_conformance::scenarios::{self, run_selected};
+use leasehold_conformance::servers::etcd::ETCD_ELECTION_TIMEOUT;
 use leasehold_conformance::servers::{self, EtcdCluster};
 use leasehold_conformance::{Connector, Context, Faults, Verdict};
 use leasehold_core::{
@@ -29,8 +30,25 @@ async fn start_cluster() -> Arc<EtcdCluster> {
     Arc::new(cluster)
 }
 
+/// The request timeout of every client in these tests (`timeout_ms` in [`url`]).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+
 fn url(cluster: &EtcdCluster) -> String {
-    format!("etcd://{}?timeout_ms=1000", cluster.endpoints().join(","))
+    format!(
+        "etcd://{}?timeout_ms={}",
+        cluster.endpoints().join(","),
+        REQUEST_TIMEOUT.as_millis()
+    )
+}
+
+/// How long after a holder's lease stopped being kept alive another client can be holding the
+/// key, derived from the TTL and the harness's settings, not guessed: the lease lasts its `ttl`
+/// at etcd (counted from its last keep-alive, or from a new leader's promotion, which extends
+/// every lease by one election timeout), etcd's lessor notices within its expiry slack, an
+/// election may be under way (two election timeouts), and the taker's request lands within one
+/// request timeout.
+fn handover(ttl: Duration, authority: &EtcdAuthority) -> Duration {
+    ttl + authority.capabilities().expiry_slack + ETCD_ELECTION_TIMEOUT * 3 + REQUEST_TIMEOUT
 }
 
 async fn blocking<T: Send + 'static>(
@@ -146,7 +164,7 @@ async fn a_leader_crash_never_makes_two_holders() {
     };
     assert!(a_writes > 0);
     // Whoever held it, the next grant's fence is greater than everything before.
-    let (after, _) = take_within(&b, &key, ttl, ttl * 3)
+    let (after, _) = take_within(&b, &key, ttl, handover(ttl, &b))
         .await
         .expect("the key frees after the failover");
     assert!(after.fence() > a_fence);
@@ -259,7 +277,9 @@ async fn all_members_restarted_fences_keep_increasing() {
     })
     .await
     .unwrap();
-    let reason = tokio::time::timeout(ttl * 2, lease.lost())
+    // A's local deadline is at most a TTL after its last renewal, which came before the kill;
+    // lost() fires at that deadline (plus a request timeout for a renewal in flight then).
+    let reason = tokio::time::timeout(ttl + REQUEST_TIMEOUT, lease.lost())
         .await
         .expect("lost() fires while every member is down");
     assert!(
@@ -274,7 +294,7 @@ async fn all_members_restarted_fences_keep_increasing() {
         .unwrap();
     let restarted = Instant::now();
     let b = EtcdAuthority::connect(&url).await.unwrap();
-    let (after, at) = take_within(&b, &key, ttl, ttl * 3 + Duration::from_secs(2))
+    let (after, at) = take_within(&b, &key, ttl, handover(ttl, &b))
         .await
         .expect("the key frees after the restart");
     eprintln!("free {:?} after the restart", at - restarted);
@@ -364,7 +384,7 @@ async fn a_paused_holder_process_is_fenced_out() {
     let key = LockKey::new(CHILD_KEY).unwrap();
     let ttl = Duration::from_secs(1);
     // The child's lease lasts a TTL from its last keep-alive; etcd notices within its slack.
-    let (grant, at) = take_within(&b, &key, ttl, ttl * 4)
+    let (grant, at) = take_within(&b, &key, ttl, handover(ttl, &b))
         .await
         .expect("B gets the key once the frozen holder's lease expires");
     eprintln!("B took the key {:?} after the freeze", at - frozen);
