@@ -12,6 +12,9 @@
 //! * [`servers`]: a harness that starts etcd, ZooKeeper, Redis and PostgreSQL from Debian's
 //!   packages as plain processes on free loopback ports, and faults them.
 //! * [`resource`]: a recording fenced resource and the history checker.
+//! * [`workload`]: the fault workload's history (one JSON line per event) and its checker:
+//!   lost acknowledgements, stale writes accepted, reissued fences, overlapping holders,
+//!   availability and hand-off latency, from a run's history and the resource's final state.
 //!
 //! A backend's test calls the whole suite in one line:
 //! ```ignore
@@ -28,6 +31,7 @@ pub mod resource;
 pub mod scenarios;
 pub mod servers;
 mod verdict;
+pub mod workload;
 
 pub use context::{poll_until, Connector, Context, InMemoryResources, Residue, ResourceFactory};
 pub use faults::{harness_call, harness_error, Faults, NoFaults};

@@ -1,0 +1,969 @@
+//! The checker on hand-made histories, and the history format's round trip.
+
+use leasehold_core::FenceSafety;
+use proptest::prelude::*;
+
+use super::*;
+use crate::resource::check_history;
+use crate::Verdict;
+
+/// Builds a history by hand: events at explicit times, with shorthands for the workload's
+/// steps.
+#[derive(Default)]
+struct Script {
+    events: Vec<Event>,
+}
+
+impl Script {
+    fn at(&mut self, t: Nanos, what: What) -> &mut Self {
+        self.events.push(Event::new(t, what));
+        self
+    }
+
+    fn run(&mut self, fenced: bool, failover_unsafe: bool) -> &mut Self {
+        self.at(
+            0,
+            What::Run {
+                seed: 7,
+                backend: "hand-made".into(),
+                fenced,
+                failover_unsafe,
+            },
+        )
+    }
+
+    fn acquire_invoke(&mut self, t: Nanos, worker: WorkerId, key: &str) -> &mut Self {
+        self.at(
+            t,
+            What::AcquireInvoke {
+                worker,
+                key: key.into(),
+                ttl_ns: 1_000,
+                max_wait_ns: Some(10_000),
+            },
+        )
+    }
+
+    fn acquire_ok(
+        &mut self,
+        t: Nanos,
+        worker: WorkerId,
+        key: &str,
+        fence: u64,
+        deadline: Option<Nanos>,
+    ) -> &mut Self {
+        self.at(
+            t,
+            What::AcquireOk {
+                worker,
+                key: key.into(),
+                fence,
+                deadline,
+            },
+        )
+    }
+
+    /// Acquire invoked at `t`, granted at `t + 10`, deadline `t + 1000`.
+    fn acquire(&mut self, t: Nanos, worker: WorkerId, key: &str, fence: u64) -> &mut Self {
+        self.acquire_invoke(t, worker, key)
+            .acquire_ok(t + 10, worker, key, fence, Some(t + 1_000))
+    }
+
+    /// A claiming read invoked at `t` returning `elements` at `t + 10`.
+    fn read(
+        &mut self,
+        t: Nanos,
+        worker: WorkerId,
+        key: &str,
+        fence: u64,
+        elements: &[u64],
+    ) -> &mut Self {
+        self.at(
+            t,
+            What::ReadInvoke {
+                worker,
+                key: key.into(),
+                fence: Some(fence),
+            },
+        )
+        .at(
+            t + 10,
+            What::ReadOk {
+                worker,
+                key: key.into(),
+                fence: Some(fence),
+                elements: elements.to_vec(),
+            },
+        )
+    }
+
+    fn write_invoke(
+        &mut self,
+        t: Nanos,
+        worker: WorkerId,
+        key: &str,
+        fence: u64,
+        element: u64,
+    ) -> &mut Self {
+        self.at(
+            t,
+            What::WriteInvoke {
+                worker,
+                key: key.into(),
+                fence,
+                element,
+            },
+        )
+    }
+
+    fn write_ok(
+        &mut self,
+        t: Nanos,
+        worker: WorkerId,
+        key: &str,
+        fence: u64,
+        element: u64,
+    ) -> &mut Self {
+        self.at(
+            t,
+            What::WriteOk {
+                worker,
+                key: key.into(),
+                fence,
+                element,
+                prior: None,
+            },
+        )
+    }
+
+    /// A write invoked at `t` and accepted at `t + 10`.
+    fn write(
+        &mut self,
+        t: Nanos,
+        worker: WorkerId,
+        key: &str,
+        fence: u64,
+        element: u64,
+    ) -> &mut Self {
+        self.write_invoke(t, worker, key, fence, element).write_ok(
+            t + 10,
+            worker,
+            key,
+            fence,
+            element,
+        )
+    }
+
+    /// A release invoked at `t`, done at `t + 10`.
+    fn release(&mut self, t: Nanos, worker: WorkerId, key: &str, fence: u64) -> &mut Self {
+        self.at(
+            t,
+            What::ReleaseInvoke {
+                worker,
+                key: key.into(),
+                fence,
+            },
+        )
+        .at(
+            t + 10,
+            What::ReleaseOk {
+                worker,
+                key: key.into(),
+                fence,
+            },
+        )
+    }
+
+    fn fault(
+        &mut self,
+        t: Nanos,
+        end: Nanos,
+        fault: u64,
+        kind: FaultKind,
+        worker: WorkerId,
+    ) -> &mut Self {
+        self.at(
+            t,
+            What::FaultStart {
+                fault,
+                kind,
+                worker: Some(worker),
+                node: None,
+            },
+        );
+        self.at(
+            end,
+            What::FaultEnd {
+                fault,
+                kind,
+                worker: Some(worker),
+                node: None,
+            },
+        )
+    }
+
+    fn history(&self) -> History {
+        let mut events = self.events.clone();
+        events.sort_by_key(|e| e.t);
+        History::new(events)
+    }
+}
+
+fn fenced() -> CheckOptions {
+    CheckOptions::fenced(FenceSafety::Linearizable)
+}
+
+fn only(key: &str, elements: &[u64], last_fence: u64) -> FinalState {
+    FinalState::new().with(
+        key,
+        KeyState::new(elements.iter().copied(), Some(last_fence)),
+    )
+}
+
+fn kinds(v: &RunVerdict, severity: Severity) -> Vec<&FindingKind> {
+    v.findings_of(severity).map(|f| &f.kind).collect()
+}
+
+/// Two workers take turns on one key; the second was already waiting when the first released.
+fn clean_script() -> Script {
+    let mut s = Script::default();
+    s.run(true, false)
+        .acquire(100, 1, "k0", 1)
+        .acquire_invoke(150, 2, "k0")
+        .read(200, 1, "k0", 1, &[])
+        .write(300, 1, "k0", 1, 10)
+        .release(400, 1, "k0", 1)
+        .acquire_ok(450, 2, "k0", 2, Some(1_450))
+        .read(500, 2, "k0", 2, &[10])
+        .write(600, 2, "k0", 2, 20)
+        .release(700, 2, "k0", 2);
+    s
+}
+
+#[test]
+fn clean_history_passes() {
+    let h = clean_script().history();
+    let v = check(&h, &only("k0", &[10, 20], 2), &fenced());
+    assert_eq!(v.status, Status::Passed, "{v}");
+    assert!(v.findings.is_empty(), "{v}");
+    assert!(v.slice.is_none());
+    assert_eq!(v.seed, Some(7));
+    let f = &v.figures;
+    assert_eq!((f.acquires, f.acquired), (2, 2));
+    assert_eq!((f.writes, f.writes_acknowledged), (2, 2));
+    assert_eq!(
+        (f.lost_acks, f.stale_accepted, f.fences_reissued),
+        (0, 0, 0)
+    );
+    assert_eq!(f.overlapping_holders, 0);
+    assert_eq!(
+        f.handoff.samples(),
+        &[50],
+        "release at 400, waiter granted at 450"
+    );
+    assert_eq!(f.acquire_latency.samples(), &[10, 300]);
+    // Held 110..400 and 450..700 of the span 0..710.
+    let share = f.availability["k0"];
+    assert!((share - 540.0 / 710.0).abs() < 1e-9, "availability {share}");
+    assert_eq!(v.outcome(), Ok(Verdict::Passed));
+    // The same history, recorded with its own final state, judges the same.
+    let mut s = clean_script();
+    s.at(
+        800,
+        What::Final {
+            key: "k0".into(),
+            elements: vec![10, 20],
+            last_fence: Some(2),
+        },
+    );
+    let recorded = check_recorded(&s.history()).expect("has a run line");
+    assert_eq!(recorded.status, Status::Passed, "{recorded}");
+}
+
+#[test]
+fn lost_ack_is_found() {
+    let h = clean_script().history();
+    // The resource lost element 10, acknowledged at line 8.
+    let v = check(&h, &only("k0", &[20], 2), &fenced());
+    assert_eq!(v.status, Status::Failed);
+    assert_eq!(v.figures.lost_acks, 1);
+    assert_eq!(
+        kinds(&v, Severity::Failure),
+        [&FindingKind::LostAck {
+            element: 10,
+            fence: 1
+        }]
+    );
+    let first = v.first_failure().expect("a failure");
+    assert!(matches!(
+        h.events()[first.at].what,
+        What::WriteOk { element: 10, .. }
+    ));
+    let slice = v.slice.as_ref().expect("a failure prints its slice");
+    assert_eq!(slice.focus, first.at);
+    assert!(slice.events.iter().any(|(i, _)| *i == first.at));
+    let text = v.outcome().expect_err("fails").0;
+    assert!(text.contains("seed 7"), "{text}");
+    assert!(
+        text.contains(&format!(">> line {:>6}", first.at + 1)),
+        "{text}"
+    );
+    assert!(text.contains("acknowledged element lost"), "{text}");
+}
+
+#[test]
+fn stale_accept_is_found() {
+    // Worker 1 claims with fence 1, is paused past its lease; worker 2 gets fence 2, claims,
+    // writes; worker 1 wakes and the resource accepts its write with fence 1 anyway.
+    let mut s = Script::default();
+    s.run(true, false)
+        .acquire(100, 1, "k0", 1)
+        .read(200, 1, "k0", 1, &[])
+        .fault(250, 2_000, 1, FaultKind::PauseWorker, 1)
+        .acquire(1_200, 2, "k0", 2)
+        .read(1_300, 2, "k0", 2, &[])
+        .write(1_400, 2, "k0", 2, 20)
+        .release(1_500, 2, "k0", 2)
+        .write(2_100, 1, "k0", 1, 10);
+    let h = s.history();
+    let v = check(&h, &only("k0", &[10], 2), &fenced());
+    assert_eq!(v.status, Status::Failed, "{v}");
+    assert_eq!(v.figures.stale_accepted, 1);
+    let failures = kinds(&v, Severity::Failure);
+    assert!(failures.contains(&&FindingKind::StaleAccepted {
+        element: Some(10),
+        fence: 1,
+        newer: 2
+    }));
+    // Worker 1's stale write overwrote worker 2's element.
+    assert!(failures.contains(&&FindingKind::LostAck {
+        element: 20,
+        fence: 2
+    }));
+    // The in-process resource checker agrees on the same accesses.
+    assert!(check_history(&h.accesses("k0")).is_err());
+    assert!(check_history(&clean_script().history().accesses("k0")).is_ok());
+
+    // In the unfenced control the same history is the nemesis working.
+    let control = check(
+        &h,
+        &only("k0", &[10], 2),
+        &CheckOptions::unfenced_control(FenceSafety::Linearizable),
+    );
+    assert_eq!(control.status, Status::Passed, "{control}");
+    assert_eq!(control.figures.lost_acks, 1);
+    assert_eq!(kinds(&control, Severity::Control).len(), 2);
+    assert!(control.reasons.iter().any(|r| r.starts_with("control")));
+}
+
+#[test]
+fn concurrent_writes_are_not_blamed_without_the_resource_saying_so() {
+    // Worker 1's write with fence 1 was in flight while worker 2's fence 2 was accepted: the
+    // resource may have taken them in either order, so no stale accept can be claimed...
+    let mut s = Script::default();
+    s.run(true, false)
+        .acquire(100, 1, "k0", 1)
+        .write_invoke(200, 1, "k0", 1, 10)
+        .acquire(300, 2, "k0", 2)
+        .write(400, 2, "k0", 2, 20)
+        .write_ok(500, 1, "k0", 1, 10);
+    let finals = only("k0", &[10, 20], 2);
+    let v = check(&s.history(), &finals, &fenced());
+    assert_eq!(v.figures.stale_accepted, 0, "{v}");
+    // ...unless the resource reports the last_fence it held when it accepted.
+    let mut events = s.history().events().to_vec();
+    if let Some(What::WriteOk { prior, .. }) = events.last_mut().map(|e| &mut e.what) {
+        *prior = Some(2);
+    }
+    let v = check(&History::new(events), &finals, &fenced());
+    assert_eq!(v.figures.stale_accepted, 1, "{v}");
+}
+
+#[test]
+fn reissued_fence_is_found() {
+    // Fence 5 is granted twice, then fence 4 after both (a failover to a replica that missed
+    // the increments).
+    let mut s = Script::default();
+    s.run(true, false)
+        .acquire(100, 1, "k0", 5)
+        .release(200, 1, "k0", 5)
+        .acquire(300, 2, "k0", 5)
+        .release(400, 2, "k0", 5)
+        .acquire(500, 3, "k0", 4)
+        .release(600, 3, "k0", 4);
+    let h = s.history();
+    let finals = only("k0", &[], 5);
+    let v = check(&h, &finals, &fenced());
+    assert_eq!(v.status, Status::Failed, "{v}");
+    assert_eq!(v.figures.fences_reissued, 2);
+    assert_eq!(
+        kinds(&v, Severity::Failure),
+        [
+            &FindingKind::ReissuedFence {
+                fence: 5,
+                earlier: 5,
+                earlier_at: 2
+            },
+            &FindingKind::ReissuedFence {
+                fence: 4,
+                earlier: 5,
+                earlier_at: 2
+            }
+        ]
+    );
+
+    // A backend that declares failover-unsafe fences shows the same as declared.
+    let declared = check(
+        &h,
+        &finals,
+        &CheckOptions::fenced(FenceSafety::FailoverUnsafe),
+    );
+    assert_eq!(declared.status, Status::Declared, "{declared}");
+    assert!(declared.passed());
+    assert_eq!(kinds(&declared, Severity::Declared).len(), 2);
+    assert!(
+        matches!(declared.outcome(), Ok(Verdict::Declared(why)) if why.contains("fence reissued"))
+    );
+    // The run line carries the declaration too.
+    let mut s2 = Script {
+        events: h.events().to_vec(),
+    };
+    s2.events[0].what = What::Run {
+        seed: 7,
+        backend: "redis".into(),
+        fenced: true,
+        failover_unsafe: true,
+    };
+    let from_run = CheckOptions::from_history(&s2.history()).expect("a run line");
+    assert_eq!(from_run, CheckOptions::fenced(FenceSafety::FailoverUnsafe));
+}
+
+#[test]
+fn concurrent_grants_out_of_order_are_not_reissues() {
+    // Both acquires were in flight together; the reply for the smaller fence arrived last.
+    let mut s = Script::default();
+    s.run(true, false)
+        .acquire_invoke(100, 1, "k0")
+        .acquire_invoke(110, 2, "k0")
+        .acquire_ok(200, 2, "k0", 8, None)
+        .acquire_ok(210, 1, "k0", 7, None);
+    let v = check(&s.history(), &only("k0", &[], 8), &fenced());
+    assert_eq!(v.figures.fences_reissued, 0, "{v}");
+    assert_eq!(v.status, Status::Passed, "{v}");
+}
+
+#[test]
+fn lost_ack_through_a_declared_reissue_is_declared() {
+    // Two holders with the same fence both write; the second overwrites the first's element.
+    let mut s = Script::default();
+    s.run(true, true)
+        .acquire(100, 1, "k0", 3)
+        .read(200, 1, "k0", 3, &[])
+        .acquire(300, 2, "k0", 3)
+        .read(400, 2, "k0", 3, &[])
+        .write(500, 1, "k0", 3, 10)
+        .write(600, 2, "k0", 3, 20);
+    let h = s.history();
+    let finals = only("k0", &[20], 3);
+    let declared = check(
+        &h,
+        &finals,
+        &CheckOptions::fenced(FenceSafety::FailoverUnsafe),
+    );
+    assert_eq!(declared.status, Status::Declared, "{declared}");
+    assert_eq!(declared.figures.lost_acks, 1);
+    let linearizable = check(&h, &finals, &fenced());
+    assert_eq!(linearizable.status, Status::Failed);
+    assert_eq!(kinds(&linearizable, Severity::Failure).len(), 2);
+}
+
+#[test]
+fn overlapping_holders_are_measured() {
+    // Worker 1 holds fence 1 with deadline 1100 and is paused; its lease ends at the authority
+    // and worker 2 is granted at 1510; worker 1 wakes at 3000, sees the loss at 3050, and its
+    // late write is refused: the fence working.
+    let mut s = Script::default();
+    s.run(true, false)
+        .acquire(100, 1, "k0", 1)
+        .read(200, 1, "k0", 1, &[])
+        .fault(300, 3_000, 1, FaultKind::PauseWorker, 1)
+        .acquire(1_500, 2, "k0", 2)
+        .read(1_600, 2, "k0", 2, &[])
+        .write(1_700, 2, "k0", 2, 20)
+        .write_invoke(3_010, 1, "k0", 1, 10)
+        .at(
+            3_020,
+            What::WriteStale {
+                worker: 1,
+                key: "k0".into(),
+                fence: 1,
+                element: 10,
+                newest: 2,
+            },
+        )
+        .at(
+            3_050,
+            What::Lost {
+                worker: 1,
+                key: "k0".into(),
+                fence: 1,
+                reason: "the local deadline passed".into(),
+            },
+        )
+        .release(3_100, 2, "k0", 2);
+    let h = s.history();
+    let v = check(&h, &only("k0", &[20], 2), &fenced());
+    assert_eq!(v.status, Status::Passed, "{v}");
+    let f = &v.figures;
+    assert_eq!(f.writes_refused_stale, 1);
+    assert_eq!(f.overlapping_holders, 1);
+    assert_eq!(f.longest_stale_window_ns, 3_050 - 1_510);
+    let o = f.longest_overlap.as_ref().expect("an overlap");
+    assert_eq!((o.older, o.newer), ((1, 1), (2, 2)));
+    assert_eq!(
+        f.valid_overlaps, 0,
+        "worker 1's deadline passed before the hand-over"
+    );
+    assert_eq!(f.faults.get(&FaultKind::PauseWorker), Some(&1));
+
+    // Had worker 1's deadline been later than the grant to worker 2, the valid windows overlap.
+    let ws = windows::windows(&h);
+    assert_eq!(ws[0].end_cause, WindowEnd::Lost);
+    assert_eq!((ws[0].end, ws[0].valid_end), (3_050, 1_100));
+    let mut late = ws.clone();
+    late[0].valid_end = 2_000;
+    assert_eq!(windows::overlaps(&late, true)[0].ns, 2_000 - 1_510);
+}
+
+#[test]
+fn killed_holder_window_ends_at_the_kill() {
+    let mut s = Script::default();
+    s.run(true, false)
+        .acquire(100, 1, "k0", 1)
+        .fault(500, 600, 1, FaultKind::KillWorker, 1)
+        .acquire(1_200, 2, "k0", 2);
+    let ws = windows::windows(&s.history());
+    assert_eq!((ws[0].end, ws[0].end_cause), (500, WindowEnd::Killed));
+    // Worker 2's window is never closed: it ends at its deadline, cut to the history's end.
+    assert_eq!((ws[1].end, ws[1].end_cause), (1_210, WindowEnd::Deadline));
+}
+
+#[test]
+fn integrity_findings_fail_the_run() {
+    let mut s = Script::default();
+    s.run(true, false)
+        .acquire(100, 1, "k0", 1)
+        .read(150, 1, "k0", 1, &[])
+        .write(200, 1, "k0", 1, 10)
+        .write_invoke(300, 1, "k0", 1, 10)
+        .at(
+            400,
+            What::WriteStale {
+                worker: 1,
+                key: "k0".into(),
+                fence: 1,
+                element: 11,
+                newest: 2,
+            },
+        )
+        .write_invoke(450, 1, "k1", 1, 12)
+        .at(
+            500,
+            What::FaultStart {
+                fault: 9,
+                kind: FaultKind::KillLeader,
+                worker: None,
+                node: Some("etcd-1".into()),
+            },
+        );
+    let mut h = s.history();
+    h.push(Event::new(
+        450,
+        What::ReleaseInvoke {
+            worker: 1,
+            key: "k0".into(),
+            fence: 1,
+        },
+    ));
+    // k1 has no final row; k0 holds the refused 11 and a 99 nobody wrote; last_fence went back.
+    let finals = FinalState::new().with("k0", KeyState::new([10, 11, 99], Some(0)));
+    let v = check(&h, &finals, &fenced());
+    assert_eq!(v.status, Status::Failed);
+    let labels: Vec<&str> = v
+        .findings_of(Severity::Failure)
+        .map(|f| f.kind.label())
+        .collect();
+    for expected in [
+        "element written twice",
+        "refused write present in the set",
+        "no final state for a written key",
+        "fault never healed",
+        "history out of time order",
+        "element no write carried",
+        "resource last_fence behind",
+    ] {
+        assert!(
+            labels.contains(&expected),
+            "{expected} missing from {labels:?}"
+        );
+    }
+    // Reasons group by kind, with the first instance's line.
+    assert!(
+        v.reasons.iter().all(|r| r.starts_with("FAIL: 1 x")),
+        "{:?}",
+        v.reasons
+    );
+}
+
+#[test]
+fn unknown_writes_are_neither_lost_nor_blamed() {
+    let mut s = Script::default();
+    s.run(true, false)
+        .acquire(100, 1, "k0", 1)
+        .read(150, 1, "k0", 1, &[])
+        .write_invoke(200, 1, "k0", 1, 10)
+        .at(
+            210,
+            What::WriteUnknown {
+                worker: 1,
+                key: "k0".into(),
+                fence: 1,
+                element: 10,
+                error: "connection reset".into(),
+            },
+        )
+        .write_invoke(300, 1, "k0", 1, 11);
+    let v = check(&s.history(), &only("k0", &[10], 1), &fenced());
+    assert_eq!(v.status, Status::Passed, "{v}");
+    assert_eq!(
+        (v.figures.writes_unknown, v.figures.unknown_recovered),
+        (2, 1)
+    );
+}
+
+#[test]
+fn unfenced_control_without_losses_fails() {
+    let mut s = clean_script();
+    s.events[0].what = What::Run {
+        seed: 7,
+        backend: "hand-made".into(),
+        fenced: false,
+        failover_unsafe: false,
+    };
+    let h = s.history();
+    let options = CheckOptions::from_history(&h).expect("a run line");
+    assert!(!options.fenced);
+    let v = check(&h, &only("k0", &[10, 20], 2), &options);
+    assert_eq!(v.status, Status::Failed);
+    assert_eq!(
+        kinds(&v, Severity::Failure),
+        [&FindingKind::ControlLostNothing]
+    );
+    assert!(v.to_string().contains("unfenced control"));
+}
+
+#[test]
+fn slice_shows_the_key_and_faults_around_the_focus() {
+    let mut s = Script::default();
+    s.run(true, false)
+        .acquire(100, 1, "k0", 1)
+        .acquire(110, 2, "k1", 1)
+        .fault(120, 130, 1, FaultKind::PauseLeader, 0)
+        .write(200, 1, "k0", 1, 10)
+        .write(210, 2, "k1", 1, 11);
+    let h = s.history();
+    let focus = h
+        .events()
+        .iter()
+        .position(|e| matches!(e.what, What::WriteOk { element: 10, .. }))
+        .expect("the write");
+    let slice = h.slice_around(focus, Some("k0"), 10, 10);
+    assert_eq!(slice.focus, focus);
+    assert!(slice
+        .events
+        .iter()
+        .all(|(_, e)| e.key() == Some("k0") || e.what.is_fault()));
+    assert_eq!(slice.events.len(), 6, "{slice}");
+    let text = slice.to_string();
+    assert_eq!(text.lines().filter(|l| l.starts_with(">>")).count(), 1);
+    assert_eq!(
+        h.slice_around(focus, None, 1, 1).events.len(),
+        3,
+        "without a key, the neighbours are taken as they come"
+    );
+}
+
+#[test]
+fn malformed_line_is_a_typed_error_with_its_line_number() {
+    let good = clean_script().history().to_jsonl();
+    let mut lines: Vec<&str> = good.lines().collect();
+    lines.insert(2, r#"{"t":5,"event":"acquire_ok","worker":1}"#);
+    let text = lines.join("\n") + "\n";
+    match History::from_jsonl(&text) {
+        Err(HistoryError::Malformed { line: 3, .. }) => {}
+        other => panic!("expected a malformed line 3, got {other:?}"),
+    }
+    for (bad, line) in [
+        ("not json\n", 1),
+        ("{\"t\":1,\"event\":\"no_such_event\"}\n", 1),
+        (
+            "{\"t\":-1,\"event\":\"acquire_timeout\",\"worker\":1,\"key\":\"k\"}\n",
+            1,
+        ),
+        (
+            "{\"t\":1,\"event\":\"acquire_timeout\",\"worker\":1,\"key\":\"k\"}\n\n",
+            2,
+        ),
+    ] {
+        let err = History::from_jsonl(bad).expect_err(bad);
+        assert!(
+            matches!(err, HistoryError::Malformed { .. }),
+            "{bad}: {err}"
+        );
+        assert_eq!(err.line(), line, "{bad}: {err}");
+        assert!(err.to_string().contains(&format!("line {line}")));
+    }
+    // A writer killed mid-line leaves a last line without its newline.
+    let cut = &good[..good.len() - 5];
+    let err = History::from_jsonl(cut).expect_err("cut short");
+    assert!(matches!(err, HistoryError::Truncated { .. }), "{err}");
+    assert_eq!(err.line(), good.lines().count());
+    // A complete last line without a newline is fine.
+    let parsed = History::from_jsonl(good.trim_end()).expect("parses");
+    assert_eq!(parsed, clean_script().history());
+    assert_eq!(History::from_jsonl("").expect("empty"), History::default());
+}
+
+#[test]
+fn writer_and_merge_keep_processes_apart_and_time_ordered() {
+    let mut w1 = HistoryWriter::new(Vec::new());
+    let mut w2 = HistoryWriter::new(Vec::new());
+    let e = |t, worker| {
+        Event::new(
+            t,
+            What::AcquireTimeout {
+                worker,
+                key: "k".into(),
+            },
+        )
+    };
+    for ev in [e(10, 1), e(30, 1), e(50, 1)] {
+        w1.record(&ev).expect("written");
+    }
+    for ev in [e(20, 2), e(30, 2)] {
+        w2.record(&ev).expect("written");
+    }
+    let a = History::read(w1.into_inner().as_slice()).expect("parses");
+    let b = History::read(w2.into_inner().as_slice()).expect("parses");
+    let merged = History::merge([a, b]);
+    let order: Vec<(Nanos, Option<WorkerId>)> =
+        merged.events().iter().map(|e| (e.t, e.worker())).collect();
+    assert_eq!(
+        order,
+        [
+            (10, Some(1)),
+            (20, Some(2)),
+            (30, Some(1)),
+            (30, Some(2)),
+            (50, Some(1))
+        ]
+    );
+}
+
+fn text() -> impl Strategy<Value = String> {
+    proptest::collection::vec(any::<char>(), 0..8).prop_map(String::from_iter)
+}
+
+fn fault_kind() -> impl Strategy<Value = FaultKind> {
+    prop_oneof![
+        Just(FaultKind::PauseWorker),
+        Just(FaultKind::KillWorker),
+        Just(FaultKind::KillAuthority),
+        Just(FaultKind::KillMember),
+        Just(FaultKind::KillLeader),
+        Just(FaultKind::IsolateMember),
+        Just(FaultKind::PauseLeader),
+        Just(FaultKind::PromoteReplica),
+    ]
+}
+
+fn what() -> impl Strategy<Value = What> {
+    let w = any::<WorkerId>;
+    let f = any::<u64>;
+    let of = any::<Option<u64>>;
+    let elements = || proptest::collection::vec(any::<u64>(), 0..5);
+    prop_oneof![
+        (f(), text(), any::<bool>(), any::<bool>()).prop_map(|(seed, backend, fenced, u)| {
+            What::Run {
+                seed,
+                backend,
+                fenced,
+                failover_unsafe: u,
+            }
+        }),
+        (w(), text(), f(), of()).prop_map(|(worker, key, ttl_ns, max_wait_ns)| {
+            What::AcquireInvoke {
+                worker,
+                key,
+                ttl_ns,
+                max_wait_ns,
+            }
+        }),
+        (w(), text(), f(), of()).prop_map(|(worker, key, fence, deadline)| What::AcquireOk {
+            worker,
+            key,
+            fence,
+            deadline
+        }),
+        (w(), text(), text()).prop_map(|(worker, key, error)| What::AcquireFail {
+            worker,
+            key,
+            error
+        }),
+        (w(), text()).prop_map(|(worker, key)| What::AcquireTimeout { worker, key }),
+        (w(), text()).prop_map(|(worker, key)| What::AcquireCancelled { worker, key }),
+        (w(), text(), f(), f()).prop_map(|(worker, key, fence, deadline)| What::Renewed {
+            worker,
+            key,
+            fence,
+            deadline
+        }),
+        (w(), text(), f(), text()).prop_map(|(worker, key, fence, reason)| What::Lost {
+            worker,
+            key,
+            fence,
+            reason
+        }),
+        (w(), text(), of()).prop_map(|(worker, key, fence)| What::ReadInvoke {
+            worker,
+            key,
+            fence
+        }),
+        (w(), text(), of(), elements()).prop_map(|(worker, key, fence, elements)| {
+            What::ReadOk {
+                worker,
+                key,
+                fence,
+                elements,
+            }
+        }),
+        (w(), text(), f(), f()).prop_map(|(worker, key, fence, newest)| What::ReadStale {
+            worker,
+            key,
+            fence,
+            newest
+        }),
+        (w(), text(), of(), text()).prop_map(|(worker, key, fence, error)| What::ReadFail {
+            worker,
+            key,
+            fence,
+            error
+        }),
+        (w(), text(), f(), f()).prop_map(|(worker, key, fence, element)| What::WriteInvoke {
+            worker,
+            key,
+            fence,
+            element
+        }),
+        (w(), text(), f(), f(), of()).prop_map(|(worker, key, fence, element, prior)| {
+            What::WriteOk {
+                worker,
+                key,
+                fence,
+                element,
+                prior,
+            }
+        }),
+        (w(), text(), f(), f(), f()).prop_map(|(worker, key, fence, element, newest)| {
+            What::WriteStale {
+                worker,
+                key,
+                fence,
+                element,
+                newest,
+            }
+        }),
+        (w(), text(), f(), f(), text()).prop_map(|(worker, key, fence, element, error)| {
+            What::WriteUnknown {
+                worker,
+                key,
+                fence,
+                element,
+                error,
+            }
+        }),
+        (w(), text(), f()).prop_map(|(worker, key, fence)| What::ReleaseInvoke {
+            worker,
+            key,
+            fence
+        }),
+        (w(), text(), f()).prop_map(|(worker, key, fence)| What::ReleaseOk { worker, key, fence }),
+        (w(), text(), f(), text()).prop_map(|(worker, key, fence, error)| What::ReleaseFail {
+            worker,
+            key,
+            fence,
+            error
+        }),
+        (
+            f(),
+            fault_kind(),
+            any::<Option<WorkerId>>(),
+            proptest::option::of(text())
+        )
+            .prop_map(|(fault, kind, worker, node)| What::FaultStart {
+                fault,
+                kind,
+                worker,
+                node
+            }),
+        (
+            f(),
+            fault_kind(),
+            any::<Option<WorkerId>>(),
+            proptest::option::of(text())
+        )
+            .prop_map(|(fault, kind, worker, node)| What::FaultEnd {
+                fault,
+                kind,
+                worker,
+                node
+            }),
+        (text(), elements(), of()).prop_map(|(key, elements, last_fence)| What::Final {
+            key,
+            elements,
+            last_fence
+        }),
+    ]
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    (any::<u64>(), what()).prop_map(|(t, what)| Event::new(t, what))
+}
+
+proptest! {
+    #[test]
+    fn serialize_then_parse_round_trips_exactly(
+        events in proptest::collection::vec(event(), 0..20)
+    ) {
+        let history = History::new(events);
+        let text = history.to_jsonl();
+        prop_assert_eq!(text.lines().count(), history.len());
+        let parsed = History::from_jsonl(&text).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(&parsed, &history);
+        let mut written = Vec::new();
+        history.write_to(&mut written).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(written, text.into_bytes());
+    }
+
+    #[test]
+    fn the_checker_never_panics_on_arbitrary_histories(
+        events in proptest::collection::vec(event(), 0..40)
+    ) {
+        let history = History::new(events);
+        let finals = history.final_state();
+        for options in [fenced(), CheckOptions::unfenced_control(FenceSafety::FailoverUnsafe)] {
+            let verdict = check(&history, &finals, &options);
+            let _ = verdict.to_string();
+        }
+    }
+}
