@@ -64,9 +64,10 @@ pub async fn short_outage_suspends_then_holds(ctx: &Context) -> Outcome {
     })
     .await;
     tokio::time::sleep_until(paused + outage).await;
-    ctx.faults().resume().await.or_fail("resume the server")?;
-    // Nothing could renew while the server was paused: this is the deadline to beat.
+    // Nothing could renew while the server was paused: this is the deadline to beat. Read before
+    // resuming, as a renewal in flight may land the moment the server answers again.
     let deadline = lease.deadline();
+    ctx.faults().resume().await.or_fail("resume the server")?;
     match suspended {
         Ok((LeaseState::Suspended, valid)) => {
             ensure!(!valid, "ensure_valid passed while the lease was suspended")

@@ -62,7 +62,7 @@ pub use lost::LostReason;
 pub use margin::SafetyMargin;
 pub use options::{percent_decode, ClientOptions, UrlParams};
 pub use owner::OwnerToken;
-pub use redact::{redact_url, Secret};
+pub use redact::{is_secret_param, redact_url, Secret};
 pub use resource::{FencedRegister, FencedResource, Guarded};
 pub use ttl::TtlRange;
 

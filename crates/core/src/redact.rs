@@ -30,11 +30,46 @@ impl fmt::Display for Secret {
     }
 }
 
-/// `url` with any password replaced by `***`, safe for errors and logs.
+/// Query parameters whose names contain one of these are secrets (`?password=`, `sslpassword`,
+/// `auth_token`, `client_secret`, ...).
+const SECRET_PARAMS: [&str; 4] = ["pass", "secret", "token", "credential"];
+
+/// Whether a URL query parameter of this name carries a secret.
+pub fn is_secret_param(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    SECRET_PARAMS.iter().any(|s| name.contains(s))
+}
+
+/// `url` with any password replaced by `***`, safe for errors and logs: the user-info password,
+/// and the value of every query parameter whose name says it is a secret (`?password=`).
 ///
 /// Works on text that does not parse as a URL too: everything between `://` and the last `@`
 /// of the authority part after the first `:` is masked.
 pub fn redact_url(url: &str) -> String {
+    mask_query(&redact_userinfo(url))
+}
+
+/// Masks the values of secret query parameters, working on the text alone.
+fn mask_query(url: &str) -> String {
+    let Some(q) = url.find('?') else {
+        return url.to_string();
+    };
+    let (head, rest) = url.split_at(q + 1);
+    let (query, fragment) = match rest.find('#') {
+        Some(h) => rest.split_at(h),
+        None => (rest, ""),
+    };
+    let masked: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if is_secret_param(name) => format!("{name}=***"),
+            _ => pair.to_string(),
+        })
+        .collect();
+    format!("{head}{}{fragment}", masked.join("&"))
+}
+
+fn redact_userinfo(url: &str) -> String {
     if let Ok(mut parsed) = url::Url::parse(url) {
         if parsed.password().is_some() && parsed.set_password(Some("***")).is_ok() {
             return parsed.to_string();
@@ -84,6 +119,18 @@ mod tests {
             ),
             ("memory://x", "memory://x"),
             ("not a url", "not a url"),
+            (
+                "postgres://u@h/db?password=hunter2&sslmode=require",
+                "postgres://u@h/db?password=***&sslmode=require",
+            ),
+            (
+                "postgres://u@h1,h2/db?sslmode=verify-full&SSLPassword=hunter2#x",
+                "postgres://u@h1,h2/db?sslmode=verify-full&SSLPassword=***#x",
+            ),
+            (
+                "etcd://h:2379?auth_token=hunter2",
+                "etcd://h:2379?auth_token=***",
+            ),
         ] {
             let got = redact_url(url);
             assert!(!got.contains("hunter2"), "{got}");

@@ -93,42 +93,10 @@ impl fmt::Debug for PostgresConfig {
     }
 }
 
-/// Whether a query parameter's value is a secret: never printed, whatever its name's spelling.
-fn is_secret(name: &str) -> bool {
-    let name = name.to_ascii_lowercase();
-    ["pass", "secret", "token", "credential"]
-        .iter()
-        .any(|s| name.contains(s))
-}
-
 /// `url` with the user info's password and the value of every secret query parameter
 /// (`password`, `sslpassword`, ...) replaced by `***`: what errors, `Debug` and logs show.
 pub(crate) fn redact(url: &str) -> String {
-    let (before, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
-    };
-    let mut out = redact_url(before);
-    if let Some(query) = query {
-        let (query, fragment) = match query.split_once('#') {
-            Some((q, f)) => (q, Some(f)),
-            None => (query, None),
-        };
-        let pairs: Vec<String> = query
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
-                Some((k, _)) if is_secret(k) => format!("{k}=***"),
-                _ => pair.to_string(),
-            })
-            .collect();
-        out.push('?');
-        out.push_str(&pairs.join("&"));
-        if let Some(f) = fragment {
-            out.push('#');
-            out.push_str(f);
-        }
-    }
-    out
+    redact_url(url)
 }
 
 /// Text from the driver or a server that may quote the URL: every secret in it masked.
