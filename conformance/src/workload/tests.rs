@@ -525,6 +525,12 @@ fn overlapping_holders_are_measured() {
         "worker 1's deadline passed before the hand-over"
     );
     assert_eq!(f.faults.get(&FaultKind::PauseWorker), Some(&1));
+    // The report reads stored figures back.
+    let stored = serde_json::to_string(f).expect("figures serialize");
+    let back: Figures = serde_json::from_str(&stored).expect("figures parse");
+    assert_eq!(back.longest_overlap, f.longest_overlap);
+    assert_eq!(back.faults, f.faults);
+    assert_eq!(back.handoff, f.handoff);
 
     // Had worker 1's deadline been later than the grant to worker 2, the valid windows overlap.
     let ws = windows::windows(&h);
@@ -768,6 +774,21 @@ fn writer_and_merge_keep_processes_apart_and_time_ordered() {
             (50, Some(1))
         ]
     );
+}
+
+#[test]
+fn the_documented_example_is_a_valid_history() {
+    let page = include_str!("../../../docs/workload.md");
+    let lines: String = page
+        .lines()
+        .filter(|l| l.starts_with("{\"t\""))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let h = History::from_jsonl(&lines).expect("the example in docs/workload.md parses");
+    assert_eq!(h.len(), 10);
+    let v = check_recorded(&h).expect("it has a run line");
+    assert_eq!(v.figures.writes_acknowledged, 1);
+    assert_eq!(v.figures.lost_acks, 0);
 }
 
 fn text() -> impl Strategy<Value = String> {
