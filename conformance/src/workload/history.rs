@@ -18,10 +18,10 @@ use crate::resource::{Access, Op};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum HistoryError {
-    /// Reading the file failed.
+    /// Opening or reading the file failed.
     #[error("reading the history at line {line}: {source}")]
     Io {
-        /// The line being read (1-based).
+        /// The line being read (1-based); 0 when the file could not be opened.
         line: usize,
         /// The I/O error.
         #[source]
