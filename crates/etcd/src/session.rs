@@ -53,6 +53,11 @@ impl Session {
         self.lease
     }
 
+    /// The lease's TTL.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
     /// Until when the lease lasts, by our clock.
     pub fn deadline(&self) -> Instant {
         self.liveness.borrow().deadline
