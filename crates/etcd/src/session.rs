@@ -199,24 +199,39 @@ impl Registry {
         if let Some(session) = self.live(secs) {
             return Ok(session);
         }
-        // One grant per TTL even when many acquires arrive at once on a new authority.
-        let _creating = self.creating.lock().await;
-        if let Some(session) = self.live(secs) {
-            return Ok(session);
-        }
-        // Boxed: the rare path should not make every acquire's future bigger.
-        let session = Box::pin(grant(ttl, settings)).await?;
-        self.by_ttl
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(secs, session.clone());
-        let task = SessionTask {
-            session: session.clone(),
-            registry: self.clone(),
-            settings: settings.clone(),
-        };
-        tokio::spawn(task.run());
-        Ok(session)
+        // The grant runs in a task of its own: a caller dropped while it is in flight must not
+        // leave a lease that nobody knows to live out its TTL at the server. The session is
+        // registered whatever happens to the caller (reused by the next acquire, or revoked once
+        // idle).
+        let (registry, settings) = (self.clone(), settings.clone());
+        let created = tokio::spawn(async move {
+            // One grant per TTL even when many acquires arrive at once on a new authority.
+            let _creating = registry.creating.lock().await;
+            if let Some(session) = registry.live(secs) {
+                return Ok(session);
+            }
+            let session = grant(ttl, &settings).await?;
+            registry
+                .by_ttl
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(secs, session.clone());
+            let task = SessionTask {
+                session: session.clone(),
+                registry: registry.clone(),
+                settings,
+            };
+            tokio::spawn(task.run());
+            Ok(session)
+        });
+        created.await.unwrap_or_else(|e| {
+            Err(Error::Backend {
+                backend: BACKEND,
+                message: format!("starting a session: {e}"),
+                retryable: true,
+                source: None,
+            })
+        })
     }
 }
 

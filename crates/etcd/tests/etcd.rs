@@ -1279,3 +1279,53 @@ async fn a_release_wakes_only_the_next_waiter() {
     }
     assert_eq!(owner.release(&held).await.unwrap(), Released::Released);
 }
+
+/// The first acquire of a fresh authority grants its session's lease. Dropped while that grant
+/// is in flight (30 fresh authorities, each cut at a random point around one round trip), it
+/// must not leave a lease that nobody knows to live out its TTL at the server: the grant
+/// completes in the background and the session is registered (reused by the next acquire, or
+/// revoked when idle or closed), so every lease at the server is some client's session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_session_grants_leave_no_unknown_lease() {
+    let server = start().await;
+    let raw = raw_client(&server).await;
+    let ttl = Duration::from_secs(5);
+    let key = LockKey::new("cancelled-grant").unwrap();
+    let probe = EtcdAuthority::connect(&url(&server)).await.unwrap();
+    let sent = Instant::now();
+    let g = probe.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let round_trip = sent.elapsed();
+    let _ = probe.release(&g).await.unwrap();
+    probe.close().await.unwrap();
+    // Each attempt on a fresh authority, so that each starts with the grant of its session.
+    let mut cancelled = 0;
+    let mut clients = Vec::new();
+    for cut in cuts(round_trip / 2, 30) {
+        let a = EtcdAuthority::connect(&url(&server)).await.unwrap();
+        match tokio::time::timeout(cut, a.try_acquire(&key, ttl)).await {
+            Ok(result) => {
+                if let Some(g) = result.unwrap() {
+                    let _ = a.release(&g).await.unwrap();
+                }
+            }
+            Err(_) => cancelled += 1,
+        }
+        clients.push(a);
+    }
+    let sessions: usize = clients.iter().map(|a| a.session_leases().len()).sum();
+    eprintln!("{cancelled} cancelled, round trip {round_trip:?}, {sessions} sessions");
+    assert!(cancelled > 0, "no acquire was cut short");
+    // Every lease at the server is a session some client knows (and will revoke or reuse).
+    let settled = eventually(REQUEST_TIMEOUT, || async {
+        let known: usize = clients.iter().map(|a| a.session_leases().len()).sum();
+        raw.lease_client().leases().await.unwrap().leases().len() <= known
+    })
+    .await;
+    let left = raw.lease_client().leases().await.unwrap().leases().len();
+    let known: usize = clients.iter().map(|a| a.session_leases().len()).sum();
+    assert!(
+        settled,
+        "{left} leases at the server, {known} of them sessions: the others were granted for \
+         dropped acquires and nobody knows them"
+    );
+}
