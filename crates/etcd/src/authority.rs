@@ -204,11 +204,22 @@ impl EtcdAuthority {
     /// The authority stays usable; a later acquire starts a new session. Fails with the first
     /// error met (`Unavailable` if etcd did not answer: the leases then expire within their TTL).
     pub async fn close(&self) -> Result<()> {
+        // Each revoke in a task of its own: the sessions are ended (their tasks will not revoke
+        // any more), so a caller dropped mid-way must not stop the revokes.
+        let revokes: Vec<_> = self
+            .inner
+            .registry
+            .take_all()
+            .into_iter()
+            .map(|session| {
+                session.end();
+                let (client, timeout) = (self.inner.client.clone(), self.timeout());
+                tokio::spawn(async move { errors::revoke(&client, session.lease(), timeout).await })
+            })
+            .collect();
         let mut first_error = None;
-        for session in self.inner.registry.take_all() {
-            session.end();
-            let revoked = errors::revoke(&self.inner.client, session.lease(), self.timeout()).await;
-            if let Err(e) = revoked {
+        for revoke in revokes {
+            if let Ok(Err(e)) = revoke.await {
                 first_error.get_or_insert(e);
             }
         }

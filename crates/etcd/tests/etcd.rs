@@ -1329,3 +1329,35 @@ async fn cancelled_session_grants_leave_no_unknown_lease() {
          dropped acquires and nobody knows them"
     );
 }
+
+/// `close()` dropped at its first await (a caller's timeout) still revokes every session lease
+/// (two here, one per TTL), within one request timeout, not at the end of their TTLs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_close_still_revokes() {
+    let server = start().await;
+    let raw = raw_client(&server).await;
+    let a = EtcdAuthority::connect(&url(&server)).await.unwrap();
+    let mut grants = Vec::new();
+    for (name, ttl) in [("dropped-close/5", 5), ("dropped-close/6", 6)] {
+        let ttl = Duration::from_secs(ttl);
+        let key = LockKey::new(name).unwrap();
+        grants.push(a.try_acquire(&key, ttl).await.unwrap().unwrap());
+    }
+    let sessions = a.session_leases();
+    assert_eq!(sessions.len(), 2);
+    let dropped = tokio::time::timeout(Duration::ZERO, a.close()).await;
+    assert!(dropped.is_err(), "close finished without waiting");
+    let revoked = eventually(REQUEST_TIMEOUT, || async {
+        for session in &sessions {
+            if lease_alive(&raw, *session).await {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    assert!(revoked, "a session lease outlived a dropped close");
+    for g in &grants {
+        assert!(g.loss_signal().unwrap().fired().is_some());
+    }
+}
