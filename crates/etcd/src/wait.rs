@@ -170,13 +170,14 @@ pub(crate) async fn watch_held(
     };
     let mut liveness = session.subscribe();
     // Most grants on a hot path are released within milliseconds: open the watch only after a
-    // twentieth of the TTL, so those never pay for it. Nothing is missed meanwhile: the watch
-    // starts from the key's creation and replays a deletion that happened before it opened.
+    // twentieth of the TTL (at most 250 ms), so those never pay for it. Nothing is missed
+    // meanwhile: the watch starts from the key's creation and replays a deletion that happened
+    // before it opened.
     tokio::select! {
         biased;
         _ = liveness.wait_for(|l| l.ended) => return,
         _ = loss.wait() => return,
-        () = tokio::time::sleep(session.ttl() / 20) => {}
+        () = tokio::time::sleep((session.ttl() / 20).min(Duration::from_millis(250))) => {}
     }
     let mut pause = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
     let mut from = revision + 1;
