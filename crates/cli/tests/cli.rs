@@ -303,8 +303,12 @@ fn etcd_runs_leave_no_lease_behind() {
 
     // While one run holds the key, a second finds it held (75); neither leaves a lease.
     let dir = leasehold_conformance::servers::process::server_dir("cli-etcd").unwrap();
-    let done = dir.path().join("done");
-    let wait = format!("while [ ! -e {} ]; do sleep 0.05; done", done.display());
+    let (holding, done) = (dir.path().join("holding"), dir.path().join("done"));
+    let wait = format!(
+        "touch {}; while [ ! -e {} ]; do sleep 0.05; done",
+        holding.display(),
+        done.display()
+    );
     let mut holder = Command::new(env!("CARGO_BIN_EXE_leasehold"))
         .args([
             "run", "--url", &url, "--key", "job:etcd", "--ttl", "30s", "--",
@@ -314,6 +318,14 @@ fn etcd_runs_leave_no_lease_behind() {
         .spawn()
         .unwrap();
     let started = Instant::now();
+    // Only once the holder's command runs (so it holds the key) does the second run try.
+    while !holding.exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the holder never ran"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let held = loop {
         let out = leasehold(&["run", "--url", &url, "--key", "job:etcd", "--", "true"]);
         if code(&out) == 75 {
