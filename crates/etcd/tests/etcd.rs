@@ -16,7 +16,7 @@ use leasehold_conformance::servers::{
     self, etcdctl_command, CommandSpec, EtcdServer, ManagedProcess, READY_TIMEOUT,
 };
 use leasehold_conformance::{harness_call, harness_error};
-use leasehold_conformance::{Connector, Context, Faults, Verdict};
+use leasehold_conformance::{Connector, Context, Faults, Residue, Verdict};
 use leasehold_core::{
     Authority, Error, Instant, Lease, LeaseOptions, LockKey, LostReason, Released,
 };
@@ -154,6 +154,36 @@ impl Faults for EtcdFaults {
     }
 }
 
+/// Contender keys of ours left under a key's prefix, with the lease each is attached to.
+struct EtcdResidue(String);
+
+#[async_trait]
+impl Residue for EtcdResidue {
+    async fn leftovers(&self, key: &LockKey) -> leasehold_core::Result<Vec<String>> {
+        let authority = EtcdAuthority::connect(&self.0).await?;
+        let prefix = authority.prefix(key);
+        let mut kv = authority.client().kv_client();
+        let found = kv
+            .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(harness_error)?;
+        let left = found
+            .kvs()
+            .iter()
+            .map(|kv| {
+                format!(
+                    "{} (lease {:x}, create revision {})",
+                    kv.key_str().unwrap_or("?"),
+                    kv.lease(),
+                    kv.create_revision()
+                )
+            })
+            .collect();
+        authority.close().await?;
+        Ok(left)
+    }
+}
+
 /// With `LEASEHOLD_ETCD_ENDPOINTS` set (external mode, e.g. docker compose) the suite runs there
 /// without faults; otherwise against a managed single node with restart, pause and revoke.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -171,6 +201,7 @@ async fn passes_the_conformance_suite_with_faults() {
     let ctx = Context::new(Arc::new(Clients(url.clone())))
         .await
         .unwrap()
+        .with_residue(Arc::new(EtcdResidue(url.clone())))
         .with_faults(Arc::new(EtcdFaults { server, url }));
     assert_eq!(
         ctx.ttl(),
