@@ -9,8 +9,9 @@
 //!   [`Report`] that also shows the backend's declared weaknesses.
 //! * [`mutants`]: deliberately broken authorities. The suite is only worth something if each of
 //!   them fails at least one scenario, and a test checks that it does.
-//! * [`servers`]: a harness that starts etcd, ZooKeeper, Redis and PostgreSQL from Debian's
-//!   packages as plain processes on free loopback ports, and faults them.
+//! * [`servers`]: the `leasehold-servers` crate, re-exported: a harness that starts etcd,
+//!   ZooKeeper, Redis and PostgreSQL from Debian's packages as plain processes on free loopback
+//!   ports, and faults them.
 //! * [`resource`]: a recording fenced resource and the history checker.
 //! * [`workload`]: the fault workload's history (one JSON line per event) and its checker:
 //!   lost acknowledgements, stale writes accepted, reissued fences, overlapping holders,
@@ -29,9 +30,12 @@ pub mod memory;
 pub mod mutants;
 pub mod resource;
 pub mod scenarios;
-pub mod servers;
 mod verdict;
 pub mod workload;
+
+/// The server harness, from its own crate (`leasehold-servers`), re-exported under the name the
+/// suite has always used.
+pub use leasehold_servers as servers;
 
 pub use context::{poll_until, Connector, Context, InMemoryResources, Residue, ResourceFactory};
 pub use faults::{harness_call, harness_error, Faults, NoFaults};

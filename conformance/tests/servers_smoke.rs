@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use leasehold_conformance::servers::{
+use leasehold_servers::{
     EtcdCluster, EtcdServer, PostgresServer, RedisServer, ZkEnsemble, ZkServer,
 };
 use sqlx::Connection;

@@ -3,7 +3,7 @@
 
 use std::any::Any;
 
-use leasehold_conformance::servers::{EtcdServer, PostgresServer, RedisServer, ZkServer};
+use leasehold_servers::{EtcdServer, PostgresServer, RedisServer, ZkServer};
 
 use crate::BoxError;
 

@@ -4,8 +4,8 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use leasehold::{Authority, LockKey};
-use leasehold_conformance::servers::RedisServer;
 use leasehold_redis::{KeyLayout, RedisAuthority};
+use leasehold_servers::RedisServer;
 
 fn leasehold(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_leasehold"))
@@ -257,7 +257,7 @@ fn version_prints_the_package_version() {
 }
 
 /// The etcd leases on the server, by `etcdctl lease list`.
-fn etcd_leases(server: &leasehold_conformance::servers::EtcdServer) -> Vec<String> {
+fn etcd_leases(server: &leasehold_servers::EtcdServer) -> Vec<String> {
     let out = server
         .etcdctl()
         .unwrap()
@@ -283,7 +283,7 @@ fn etcd_leases(server: &leasehold_conformance::servers::EtcdServer) -> Vec<Strin
 /// lease still granted, to live out its TTL.)
 #[test]
 fn etcd_runs_leave_no_lease_behind() {
-    let server = leasehold_conformance::servers::EtcdServer::start().unwrap();
+    let server = leasehold_servers::EtcdServer::start().unwrap();
     let url = format!("etcd://{}?timeout_ms=1000", server.endpoint());
     let ran = leasehold(&[
         "run",
@@ -302,7 +302,7 @@ fn etcd_runs_leave_no_lease_behind() {
     assert_eq!(etcd_leases(&server), Vec::<String>::new(), "after a run");
 
     // While one run holds the key, a second finds it held (75); neither leaves a lease.
-    let dir = leasehold_conformance::servers::process::server_dir("cli-etcd").unwrap();
+    let dir = leasehold_servers::process::server_dir("cli-etcd").unwrap();
     let (holding, done) = (dir.path().join("holding"), dir.path().join("done"));
     let wait = format!(
         "touch {}; while [ ! -e {} ]; do sleep 0.05; done",

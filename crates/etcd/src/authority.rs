@@ -794,7 +794,7 @@ impl Authority for EtcdAuthority {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use leasehold_conformance::servers::EtcdServer;
+    use leasehold_servers::EtcdServer;
 
     /// Issue 10 #7 against a real etcd: acquisition 1's write got no answer, so the session
     /// deletes its key without knowing its revision. One delete attempt is answered and the

@@ -12,8 +12,6 @@ use etcd_client::{Txn, TxnOp};
 use leasehold_conformance::harness_error;
 use leasehold_conformance::resource::{check_history, Recorder};
 use leasehold_conformance::scenarios::{self, run_selected};
-use leasehold_conformance::servers::etcd::ETCD_ELECTION_TIMEOUT;
-use leasehold_conformance::servers::{self, EtcdCluster};
 use leasehold_conformance::{Connector, Context, Faults, Verdict};
 use leasehold_core::{
     Authority, FencedRegister, FencedResource, Guarded, Instant, Lease, LeaseOptions, LockKey,
@@ -21,6 +19,8 @@ use leasehold_core::{
 };
 use leasehold_etcd::guarded::still_holds;
 use leasehold_etcd::EtcdAuthority;
+use leasehold_servers::etcd::ETCD_ELECTION_TIMEOUT;
+use leasehold_servers::{self as servers, EtcdCluster};
 
 async fn start_cluster() -> Arc<EtcdCluster> {
     let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(3))

@@ -12,9 +12,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{Client, GetOptions, Txn, TxnOp};
 use leasehold_conformance::scenarios::run_all;
-use leasehold_conformance::servers::{
-    self, etcdctl_command, CommandSpec, EtcdServer, ManagedProcess, READY_TIMEOUT,
-};
 use leasehold_conformance::{harness_call, harness_error};
 use leasehold_conformance::{Connector, Context, Faults, Residue, Verdict};
 use leasehold_core::{
@@ -22,6 +19,9 @@ use leasehold_core::{
 };
 use leasehold_etcd::guarded::{contender_key, still_holds};
 use leasehold_etcd::EtcdAuthority;
+use leasehold_servers::{
+    self as servers, etcdctl_command, CommandSpec, EtcdServer, ManagedProcess, READY_TIMEOUT,
+};
 
 /// The request timeout of every client in these tests (`timeout_ms` in [`url`]): requests give
 /// up after one second, so an unresponsive server is noticed within a TTL.

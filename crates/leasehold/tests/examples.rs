@@ -38,7 +38,7 @@ fn billing_charges_once_and_refuses_the_paused_worker() {
 #[cfg(feature = "postgres")]
 #[test]
 fn invoice_is_paid_once_in_a_real_postgres() {
-    let server = leasehold_conformance::servers::PostgresServer::start().unwrap();
+    let server = leasehold_servers::PostgresServer::start().unwrap();
     let out = run("invoice", &[&server.url()]);
     assert!(out.contains("charge REFUSED"), "{out}");
     assert!(out.contains("charged exactly once."), "{out}");
@@ -48,7 +48,7 @@ fn invoice_is_paid_once_in_a_real_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_picks_postgres_by_scheme_and_hides_the_password() {
     let server = tokio::task::spawn_blocking(|| {
-        leasehold_conformance::servers::PostgresServer::start_with_password("pw-s3cret")
+        leasehold_servers::PostgresServer::start_with_password("pw-s3cret")
     })
     .await
     .unwrap()

@@ -8,11 +8,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_conformance::servers::PostgresServer;
 use leasehold_core::{
     Authority, Error, FenceSafety, Instant, Lease, LeaseOptions, LockKey, Released,
 };
 use leasehold_postgres::PostgresAuthority;
+use leasehold_servers::PostgresServer;
 
 /// Requests give up after one second.
 fn url(server: &PostgresServer) -> String {
@@ -509,7 +509,7 @@ async fn a_password_in_the_query_string_is_used_and_never_printed() {
     let shown = format!("{config:?}");
     assert!(!shown.contains("hunter2"), "{shown}");
     // An unreachable server with the password in the query: Unavailable, nothing printed.
-    let port = leasehold_conformance::servers::free_port().unwrap();
+    let port = leasehold_servers::free_port().unwrap();
     let err = PostgresAuthority::connect(&format!(
         "postgres://leasehold@127.0.0.1:{port}/postgres?password=hunter%32&timeout_ms=500"
     ))
@@ -816,10 +816,10 @@ mod failover {
 
     use async_trait::async_trait;
     use leasehold_conformance::scenarios::{self, run_selected};
-    use leasehold_conformance::servers::postgres::postgres_bin_dir;
-    use leasehold_conformance::servers::process::{server_dir, CommandSpec, ManagedProcess};
-    use leasehold_conformance::servers::{free_port, PostgresServer};
     use leasehold_conformance::{harness_error, Connector, Context, Faults, Verdict};
+    use leasehold_servers::postgres::postgres_bin_dir;
+    use leasehold_servers::process::{server_dir, CommandSpec, ManagedProcess};
+    use leasehold_servers::{free_port, PostgresServer};
 
     use super::*;
 

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_conformance::scenarios::{self, run_all, run_selected};
-use leasehold_conformance::servers::PostgresServer;
 use leasehold_conformance::{harness_call, harness_error};
 use leasehold_conformance::{Connector, Context, Faults, Residue, ResourceFactory, Verdict};
 use leasehold_core::{
@@ -15,6 +14,7 @@ use leasehold_core::{
 };
 use leasehold_postgres::guarded::{Claimed, FencedTable, Guarded, PgFencedRegister};
 use leasehold_postgres::PostgresAuthority;
+use leasehold_servers::PostgresServer;
 
 /// Requests give up after one second, so an unresponsive server is noticed within a TTL.
 fn url(server: &PostgresServer) -> String {
@@ -47,7 +47,7 @@ struct PgFaults {
 impl PgFaults {
     async fn blocking(
         &self,
-        f: impl FnOnce(&PostgresServer) -> leasehold_conformance::servers::Result<()> + Send + 'static,
+        f: impl FnOnce(&PostgresServer) -> leasehold_servers::Result<()> + Send + 'static,
     ) -> leasehold_core::Result<()> {
         let server = self.server.clone();
         harness_call(move || f(&server)).await
@@ -121,7 +121,7 @@ impl ResourceFactory for PgRegisters {
 /// that server without faults, which then show as not applicable; otherwise against a managed one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_the_conformance_suite_with_faults() {
-    if let Some(external) = leasehold_conformance::servers::external::postgres_url() {
+    if let Some(external) = leasehold_servers::external::postgres_url() {
         let sep = if external.contains('?') { '&' } else { '?' };
         let url = format!("{external}{sep}timeout_ms=1000");
         PostgresAuthority::connect(&url)
@@ -420,7 +420,7 @@ async fn bad_input_gets_typed_errors() {
     assert!(matches!(err, Error::InvalidConfig { .. }), "{err:?}");
 
     // An unreachable server: Unavailable within the timeout, retryable.
-    let port = leasehold_conformance::servers::free_port().unwrap();
+    let port = leasehold_servers::free_port().unwrap();
     let started = Instant::now();
     let err = PostgresAuthority::connect(&format!(
         "postgres://leasehold@127.0.0.1:{port}/postgres?timeout_ms=500"
@@ -456,7 +456,7 @@ async fn bad_input_gets_typed_errors() {
 /// session is really encrypted; without the CA the certificate is refused with a typed error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_through_the_url() {
-    use leasehold_conformance::servers::test_tls_file;
+    use leasehold_servers::test_tls_file;
     let server = start().await;
     // Hand the server the test certificate (readable by the server's user only) and turn TLS on.
     let data = server.data_dir().to_path_buf();

@@ -12,12 +12,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_conformance::harness_error;
 use leasehold_conformance::scenarios::{self, run_all};
-use leasehold_conformance::servers::{free_port, RedisServer};
 use leasehold_conformance::{Connector, Context, Faults, Residue, Verdict};
 use leasehold_core::{
     Authority, Capabilities, Error, Fence, FenceSafety, Grant, Instant, LockKey, Released,
 };
 use leasehold_redis::{KeyLayout, RedisAuthority};
+use leasehold_servers::{free_port, RedisServer};
 use redis::aio::MultiplexedConnection;
 
 /// Requests give up after one second, so an unresponsive server is noticed within a TTL.
@@ -117,7 +117,7 @@ impl RedisFaults {
 
     async fn on_current(
         &self,
-        f: impl FnOnce(&RedisServer) -> leasehold_conformance::servers::Result<()> + Send + 'static,
+        f: impl FnOnce(&RedisServer) -> leasehold_servers::Result<()> + Send + 'static,
     ) -> leasehold_core::Result<()> {
         let server = self.current();
         blocking(move || f(&server)).await.map_err(harness_error)
@@ -229,7 +229,7 @@ impl Residue for RedisResidue {
 /// primary and replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_the_conformance_suite_with_faults() {
-    if let Some(external) = leasehold_conformance::servers::external::redis_url() {
+    if let Some(external) = leasehold_servers::external::redis_url() {
         let sep = if external.contains('?') { '&' } else { '?' };
         let url = Arc::new(Mutex::new(format!("{external}{sep}timeout_ms=1000")));
         let ctx = Context::new(Arc::new(Clients(url))).await.unwrap();
@@ -1040,18 +1040,16 @@ async fn a_broken_fence_counter_fails_the_acquisition_and_holds_nothing() {
 /// process management, since its Redis servers are plain-text).
 struct TlsRedis {
     port: u16,
-    _process: leasehold_conformance::servers::ManagedProcess,
+    _process: leasehold_servers::ManagedProcess,
 }
 
 fn tls_file(name: &str) -> String {
-    leasehold_conformance::servers::test_tls_file(name)
-        .display()
-        .to_string()
+    leasehold_servers::test_tls_file(name).display().to_string()
 }
 
 fn start_tls_redis() -> TlsRedis {
-    use leasehold_conformance::servers::process::{find_program, server_dir};
-    use leasehold_conformance::servers::{CommandSpec, ManagedProcess, READY_TIMEOUT};
+    use leasehold_servers::process::{find_program, server_dir};
+    use leasehold_servers::{CommandSpec, ManagedProcess, READY_TIMEOUT};
     let program = find_program("redis-server").expect("redis-server must be installed");
     let port = free_port().unwrap();
     let dir = server_dir("redis-tls").unwrap();
@@ -1588,13 +1586,13 @@ async fn an_evicting_maxmemory_policy_is_warned_about_and_fences_are_not_declare
 /// starts servers, and crashed (SIGKILL) and restarted on the same data by its `restart` fault.
 struct PersistentRedis {
     port: u16,
-    process: leasehold_conformance::servers::ManagedProcess,
+    process: leasehold_servers::ManagedProcess,
 }
 
 impl PersistentRedis {
     fn start() -> Self {
-        use leasehold_conformance::servers::process::{find_program, server_dir};
-        use leasehold_conformance::servers::{CommandSpec, ManagedProcess, READY_TIMEOUT};
+        use leasehold_servers::process::{find_program, server_dir};
+        use leasehold_servers::{CommandSpec, ManagedProcess, READY_TIMEOUT};
         let program = find_program("redis-server").expect("redis-server must be installed");
         let port = free_port().unwrap();
         let dir = server_dir("redis-aof").unwrap();
@@ -1623,7 +1621,7 @@ impl PersistentRedis {
     }
 
     fn ping(&self) -> Result<(), String> {
-        let answer = leasehold_conformance::servers::redis::resp_command(
+        let answer = leasehold_servers::redis::resp_command(
             self.port,
             None,
             &["PING"],
@@ -1636,13 +1634,11 @@ impl PersistentRedis {
         }
     }
 
-    fn crash_and_restart(&self) -> leasehold_conformance::servers::Result<()> {
+    fn crash_and_restart(&self) -> leasehold_servers::Result<()> {
         self.process.kill()?;
         self.process.respawn()?;
         self.process
-            .wait_ready(leasehold_conformance::servers::READY_TIMEOUT, || {
-                self.ping()
-            })
+            .wait_ready(leasehold_servers::READY_TIMEOUT, || self.ping())
     }
 }
 

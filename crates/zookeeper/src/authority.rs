@@ -359,7 +359,7 @@ impl Authority for ZkAuthority {
 
 #[cfg(test)]
 mod tests {
-    use leasehold_conformance::servers::ZkServer;
+    use leasehold_servers::ZkServer;
     use tokio::net::{TcpListener, TcpStream};
     use tokio::sync::watch;
 

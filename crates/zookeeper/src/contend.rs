@@ -623,7 +623,7 @@ async fn bounded_raw<T>(
 
 #[cfg(test)]
 mod tests {
-    use leasehold_conformance::servers::ZkServer;
+    use leasehold_servers::ZkServer;
     use zookeeper_client::Acls;
 
     use super::*;

@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_conformance::scenarios::run_all;
-use leasehold_conformance::servers::ZkEnsemble;
 use leasehold_conformance::{Context, Faults, Verdict};
 use leasehold_core::{
     Authority, Error, FencedRegister, FencedResource, Guarded, Instant, Lease, LeaseOptions,
     LockKey, LostReason,
 };
+use leasehold_servers::ZkEnsemble;
 use leasehold_zookeeper::ZkAuthority;
 
 use common::{blocking, ensemble, Clients};
@@ -33,9 +33,7 @@ struct EnsembleFaults {
 impl EnsembleFaults {
     async fn each(
         &self,
-        f: fn(
-            &leasehold_conformance::servers::ZkServer,
-        ) -> leasehold_conformance::servers::Result<()>,
+        f: fn(&leasehold_servers::ZkServer) -> leasehold_servers::Result<()>,
     ) -> leasehold_core::Result<()> {
         let e = self.ensemble.clone();
         blocking(move || e.members().iter().try_for_each(f)).await

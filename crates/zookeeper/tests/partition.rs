@@ -21,9 +21,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold_conformance::servers::process::find_program;
-use leasehold_conformance::servers::{free_ports, CommandSpec, ManagedProcess, READY_TIMEOUT};
 use leasehold_core::{Authority, Error, Instant, LockKey};
+use leasehold_servers::process::find_program;
+use leasehold_servers::{free_ports, CommandSpec, ManagedProcess, READY_TIMEOUT};
 use leasehold_zookeeper::ZkAuthority;
 
 /// Runs a blocking harness step off the runtime; its error fails the test.
@@ -113,11 +113,8 @@ impl Ensemble {
         let mut members = Vec::new();
         for (i, addr) in addrs.iter().enumerate() {
             let uid = uid_base + i as u32;
-            let dir = leasehold_conformance::servers::process::server_dir(&format!(
-                "zk-partition-{}",
-                i + 1
-            ))
-            .map_err(|e| e.to_string())?;
+            let dir = leasehold_servers::process::server_dir(&format!("zk-partition-{}", i + 1))
+                .map_err(|e| e.to_string())?;
             let data = dir.path().join("data");
             std::fs::create_dir_all(&data).map_err(|e| e.to_string())?;
             let config = format!(

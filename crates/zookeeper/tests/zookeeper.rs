@@ -8,8 +8,8 @@ mod common;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use leasehold_conformance::servers::{free_port, ZkServer, ZK_CONTAINER_CHECK_INTERVAL};
 use leasehold_core::{Authority, Epoch, Error, Instant, LockKey, LostReason, TtlRange};
+use leasehold_servers::{free_port, ZkServer, ZK_CONTAINER_CHECK_INTERVAL};
 use leasehold_zookeeper::{names, ZkAuthority, ZkConfig};
 use zookeeper_client::{Acls, CreateMode, LockOptions, LockPrefix};
 

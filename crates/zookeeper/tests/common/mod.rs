@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_conformance::servers::ZK_CONTAINER_CHECK_INTERVAL;
-use leasehold_conformance::servers::{ZkEnsemble, ZkServer};
 use leasehold_conformance::{Connector, Faults, Residue};
 use leasehold_core::{Authority, LockKey};
+use leasehold_servers::ZK_CONTAINER_CHECK_INTERVAL;
+use leasehold_servers::{ZkEnsemble, ZkServer};
 use leasehold_zookeeper::{names, ZkAuthority, ZkConfig};
 
 /// Requests give up after one second, so an unresponsive server is noticed within a TTL.

@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::servers::error::{HarnessError, Result};
-use crate::servers::ports::free_ports;
-use crate::servers::process::{
+use crate::error::{HarnessError, Result};
+use crate::ports::free_ports;
+use crate::process::{
     delegate_faults, restart_and_wait, retry_on_port_clash, run_to_completion, server_dir,
     tail_of_file, CommandSpec, ManagedProcess, READY_TIMEOUT,
 };
@@ -125,7 +125,7 @@ impl PostgresServer {
     pub fn url_with_password(&self, password: &str) -> String {
         format!(
             "postgres://{PG_USER}:{}@127.0.0.1:{}/{PG_DATABASE}",
-            crate::servers::redis::url_encode(password),
+            crate::redis::url_encode(password),
             self.port
         )
     }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::servers::error::{HarnessError, Result};
+use crate::error::{HarnessError, Result};
 
 /// How long a start or restart waits for a server to serve before it reports an error.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -658,24 +658,24 @@ macro_rules! delegate_faults {
     ($ty:ident) => {
         impl $ty {
             /// Crashes the server: SIGKILL to it (and its child processes), then reap it.
-            pub fn kill(&self) -> $crate::servers::Result<()> {
+            pub fn kill(&self) -> $crate::Result<()> {
                 self.process.kill()
             }
 
             /// Freezes the server with SIGSTOP: it keeps its sockets but answers nothing, which
             /// is what a partition looks like from a client.
-            pub fn pause(&self) -> $crate::servers::Result<()> {
+            pub fn pause(&self) -> $crate::Result<()> {
                 self.process.pause()
             }
 
             /// Undoes [`Self::pause`] with SIGCONT.
-            pub fn resume(&self) -> $crate::servers::Result<()> {
+            pub fn resume(&self) -> $crate::Result<()> {
                 self.process.resume()
             }
 
             /// Shuts the server down cleanly (SIGKILL if it takes longer than
-            /// [`STOP_GRACE`](crate::servers::STOP_GRACE)).
-            pub fn stop(&self) -> $crate::servers::Result<()> {
+            /// [`STOP_GRACE`](crate::STOP_GRACE)).
+            pub fn stop(&self) -> $crate::Result<()> {
                 self.process.stop()
             }
 
@@ -690,7 +690,7 @@ macro_rules! delegate_faults {
             }
 
             /// The underlying process, for its dir, log path and lower-level control.
-            pub fn process(&self) -> &$crate::servers::ManagedProcess {
+            pub fn process(&self) -> &$crate::ManagedProcess {
                 &self.process
             }
         }

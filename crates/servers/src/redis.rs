@@ -6,9 +6,9 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::time::Duration;
 
-use crate::servers::error::{HarnessError, Result};
-use crate::servers::ports::free_ports;
-use crate::servers::process::{
+use crate::error::{HarnessError, Result};
+use crate::ports::free_ports;
+use crate::process::{
     delegate_faults, require_program, restart_and_wait, retry_on_port_clash, server_dir,
     CommandSpec, ManagedProcess, READY_TIMEOUT,
 };

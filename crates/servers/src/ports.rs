@@ -13,7 +13,7 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::sync::{Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::servers::error::{HarnessError, Result};
+use crate::error::{HarnessError, Result};
 
 /// The lowest port the harness picks (well above the well-known and registered defaults it
 /// could clash with, such as 2181, 2379, 5432, 6379).

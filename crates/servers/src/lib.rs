@@ -1,3 +1,5 @@
+//! # leasehold-servers
+//!
 //! A harness that runs real etcd, ZooKeeper, Redis and PostgreSQL servers for tests, from
 //! Debian's packages (`etcd-server etcd-client zookeeper redis-server postgresql`), as plain
 //! processes on free loopback ports with their data in temp dirs, and faults them.
@@ -24,6 +26,10 @@
 //! client must make progress meanwhile.
 //!
 //! [`external`] reads endpoints of servers started by someone else (e.g. docker compose).
+//!
+//! leasehold's conformance suite, every backend's tests, the bench and the fault workload use
+//! it; an application can use it the same way to test its own locking against real servers.
+#![deny(missing_docs)]
 
 pub mod error;
 pub mod etcd;
