@@ -48,7 +48,7 @@ pub use process::{CommandSpec, ManagedProcess, READY_TIMEOUT, STOP_GRACE};
 pub use redis::RedisServer;
 pub use zookeeper::{ZkEnsemble, ZkServer, ZK_CONTAINER_CHECK_INTERVAL};
 
-/// A file of the test-only TLS material in `conformance/tls/` (a throwaway CA, and a server
+/// A file of the test-only TLS material in `crates/servers/tls/` (a throwaway CA, and a server
 /// certificate for `127.0.0.1` and `localhost`), for backends' TLS tests.
 pub fn test_tls_file(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
