@@ -39,8 +39,8 @@ fn cut(span: Duration) -> Duration {
     Duration::from_nanos(rand::rng().random_range(0..=nanos))
 }
 
-/// After the drops: the key frees within a TTL (plus the tolerance) for another client and then
-/// at once for the client that dropped them, and (where the harness can look) nothing of ours is
+/// After the drops: the key frees within two TTLs (plus the tolerance) for another client and
+/// then at once for the client that dropped them, and (where the harness can look) nothing of ours is
 /// left at the authority once every grant is released.
 async fn nothing_left_behind(
     ctx: &Context,
@@ -52,7 +52,12 @@ async fn nothing_left_behind(
     let ttl = ctx.ttl();
     let other = ctx.connect().await?;
     let since = Instant::now();
-    let within = ttl + ctx.tolerance();
+    // An attempt in flight when dropped may still take the key; the contract lets that lease run
+    // out within a TTL. Backends that clean up by request (etcd deletes an orphan contender key
+    // from its session's task) also need those requests answered, which a loaded machine with
+    // hundreds of them queued can delay: two TTLs plus the tolerance. A holder left behind for
+    // good (the etcd defect this scenario was written for) stays far longer.
+    let within = ttl * 2 + ctx.tolerance();
     let (g, _) = acquire_within(ctx, &*other, key, ttl, since, within)
         .await?
         .ok_or_else(|| {
