@@ -430,7 +430,17 @@ impl Booked {
                 settle_abandoned(&session, &name, owner, result);
             }
         });
-        let result = rx.await;
+        let mut answer = Answer {
+            rx: Some(rx),
+            session: self.session.clone(),
+            name: self.name.clone(),
+            owner: self.owner,
+        };
+        let result = match answer.rx.as_mut() {
+            Some(rx) => rx.await,
+            None => unreachable!("set just above"),
+        };
+        answer.rx = None;
         self.in_flight = false;
         result.unwrap_or_else(|_| {
             Err(Error::Backend {
@@ -498,6 +508,29 @@ fn settle_abandoned(session: &Session, name: &str, owner: OwnerToken, result: Re
         Err(e) if errors::is_lease_gone(&e) => session.contenders.forget(name, owner),
         // Unknown outcome, a whole request timeout after it was sent: delete by owner token.
         Err(_) => session.withdraw_later(name, owner, None),
+    }
+}
+
+/// The answer to a contender write, not taken yet. Dropped before taking it (the caller's future
+/// was dropped between the task sending the answer and the caller reading it), it closes the
+/// channel and settles an answer already sent; one sent later fails to arrive and the task
+/// settles it. Either way exactly one side settles the key, and none is left on the lease.
+struct Answer {
+    rx: Option<oneshot::Receiver<Result<TxnResponse>>>,
+    session: Arc<Session>,
+    name: String,
+    owner: OwnerToken,
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else {
+            return;
+        };
+        rx.close();
+        if let Ok(result) = rx.try_recv() {
+            settle_abandoned(&self.session, &self.name, self.owner, result);
+        }
     }
 }
 
