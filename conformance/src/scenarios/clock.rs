@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use leasehold_core::{Error, Instant, SafetyMargin};
+use leasehold_core::{Instant, SafetyMargin};
 
-use super::helpers::take;
+use super::helpers::{paused, take, NO_PAUSE};
 use crate::context::Context;
 use crate::ensure;
 use crate::verdict::{Failure, OrFail, Outcome, Verdict};
@@ -85,13 +85,8 @@ pub async fn delayed_reply_shortens_the_grant(ctx: &Context) -> Outcome {
         .release(&warm)
         .await
         .or_fail("A releases the warm-up grant")?;
-    match ctx.faults().pause().await {
-        Err(Error::Unsupported { .. }) => {
-            return Ok(Verdict::NotApplicable(
-                "the harness cannot pause the server".into(),
-            ))
-        }
-        other => other.or_fail("pause the server")?,
+    if !paused(ctx).await? {
+        return Ok(Verdict::NotApplicable(NO_PAUSE.into()));
     }
     let pause = ttl / 3;
     let sent = Instant::now();

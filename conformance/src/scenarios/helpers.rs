@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use leasehold_core::{Authority, Grant, Instant, Lease, LeaseState, LockKey};
+use leasehold_core::{Authority, Error, Grant, Instant, Lease, LeaseState, LockKey};
 
 use crate::context::{poll_until, Context};
 use crate::verdict::{Failure, OrFail};
@@ -71,5 +71,17 @@ pub async fn still_held(lease: &Lease, what: &str) -> Result<(), Failure> {
                 }
             }
         }
+    }
+}
+
+/// Why a scenario that needs the pause fault does not apply.
+pub const NO_PAUSE: &str = "the harness cannot pause the server";
+
+/// Makes the server unresponsive (SIGSTOP). `Ok(false)` when the harness cannot: the scenario
+/// then reports "not applicable" with [`NO_PAUSE`].
+pub async fn paused(ctx: &Context) -> Result<bool, Failure> {
+    match ctx.faults().pause().await {
+        Err(Error::Unsupported { .. }) => Ok(false),
+        other => other.or_fail("pause the server").map(|()| true),
     }
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use leasehold_core::{Error, Instant, Lease, LeaseOptions, LostReason};
 
-use super::helpers::acquire_within;
+use super::helpers::{acquire_within, paused, NO_PAUSE};
 use crate::context::Context;
 use crate::ensure;
 use crate::verdict::{Failure, OrFail, Outcome, Verdict};
@@ -20,13 +20,8 @@ pub async fn unresponsive_authority(ctx: &Context) -> Outcome {
         .await
         .or_fail("A acquires")?
         .ok_or_else(|| Failure::new("A could not acquire a free key"))?;
-    match ctx.faults().pause().await {
-        Err(Error::Unsupported { .. }) => {
-            return Ok(Verdict::NotApplicable(
-                "the harness cannot pause the server".into(),
-            ))
-        }
-        other => other.or_fail("pause the server")?,
+    if !paused(ctx).await? {
+        return Ok(Verdict::NotApplicable(NO_PAUSE.into()));
     }
     let result = async {
         let probe = {

@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
-use leasehold_core::{Error, Instant, Lease, LeaseOptions, LeaseState};
+use leasehold_core::{Instant, Lease, LeaseOptions, LeaseState};
 
+use super::helpers::{paused, NO_PAUSE};
 use crate::context::Context;
 use crate::ensure;
 use crate::verdict::{Failure, OrFail, Outcome, Verdict};
@@ -47,13 +48,8 @@ pub async fn short_outage_suspends_then_holds(ctx: &Context) -> Outcome {
         .ok_or_else(|| Failure::new("A could not acquire a free key"))?;
     let fence = lease.fence();
     after_a_renewal(&lease, ttl).await?;
-    match ctx.faults().pause().await {
-        Err(Error::Unsupported { .. }) => {
-            return Ok(Verdict::NotApplicable(
-                "the harness cannot pause the server".into(),
-            ))
-        }
-        other => other.or_fail("pause the server")?,
+    if !paused(ctx).await? {
+        return Ok(Verdict::NotApplicable(NO_PAUSE.into()));
     }
     let paused = Instant::now();
     let mut states = lease.watch();
@@ -126,13 +122,8 @@ pub async fn long_outage_loses_at_the_deadline(ctx: &Context) -> Outcome {
         .or_fail("A acquires")?
         .ok_or_else(|| Failure::new("A could not acquire a free key"))?;
     let mut states = lease.watch();
-    match ctx.faults().pause().await {
-        Err(Error::Unsupported { .. }) => {
-            return Ok(Verdict::NotApplicable(
-                "the harness cannot pause the server".into(),
-            ))
-        }
-        other => other.or_fail("pause the server")?,
+    if !paused(ctx).await? {
+        return Ok(Verdict::NotApplicable(NO_PAUSE.into()));
     }
     let result = async {
         let bound = lease.deadline() + ctx.tolerance();

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{
-    Authority, ClientOptions, Error, Instant, Lease, LeaseOptions, LeaseState, LockKey, LossSignal,
-    LostReason,
+    Authority, Capabilities, ClientOptions, Error, Grant, Instant, Lease, LeaseOptions, LeaseState,
+    LockKey, LossSignal, LostReason, Released,
 };
 use leasehold_memory::{MemoryAuthority, MemoryServer};
 
@@ -21,6 +21,62 @@ async fn lease(a: &MemoryAuthority, options: LeaseOptions) -> Lease {
         .await
         .unwrap()
         .unwrap()
+}
+
+type RenewFuture<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = leasehold_core::Result<Instant>> + Send + 'a>,
+>;
+
+/// The reference authority with its `renew` replaced: a backend whose renewals misbehave.
+struct RenewedBy<F> {
+    inner: MemoryAuthority,
+    renew: F,
+}
+
+impl<F> std::fmt::Debug for RenewedBy<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RenewedBy")
+    }
+}
+
+impl<F> RenewedBy<F>
+where
+    F: for<'a> Fn(&'a MemoryAuthority, &'a Grant, Duration) -> RenewFuture<'a> + Send + Sync,
+{
+    fn new(inner: MemoryAuthority, renew: F) -> Arc<Self> {
+        Arc::new(RenewedBy { inner, renew })
+    }
+}
+
+#[async_trait::async_trait]
+impl<F> Authority for RenewedBy<F>
+where
+    F: for<'a> Fn(&'a MemoryAuthority, &'a Grant, Duration) -> RenewFuture<'a> + Send + Sync,
+{
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+    ) -> leasehold_core::Result<Option<Grant>> {
+        self.inner.try_acquire(key, ttl).await
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        wait: Duration,
+    ) -> leasehold_core::Result<Grant> {
+        self.inner.acquire(key, ttl, wait).await
+    }
+    async fn renew(&self, grant: &Grant, ttl: Duration) -> leasehold_core::Result<Instant> {
+        (self.renew)(&self.inner, grant, ttl).await
+    }
+    async fn release(&self, grant: &Grant) -> leasehold_core::Result<Released> {
+        self.inner.release(grant).await
+    }
 }
 
 /// A renewal that cannot reach the authority has an unknown outcome: the lease is suspended (no
@@ -251,55 +307,20 @@ fn renew_fraction_must_be_inside_zero_and_one() {
 /// followed by another attempt before that deadline, not by giving up on the lease.
 #[tokio::test(start_paused = true)]
 async fn a_short_renewal_is_retried_before_its_deadline() {
-    use async_trait::async_trait;
-    use leasehold_core::{Capabilities, Grant, Released};
-
-    /// Answers the first renewal with a deadline only TTL/5 ahead.
-    #[derive(Debug)]
-    struct Lagging {
-        inner: MemoryAuthority,
-        renewals: std::sync::atomic::AtomicUsize,
-    }
-
-    #[async_trait]
-    impl Authority for Lagging {
-        fn capabilities(&self) -> &Capabilities {
-            self.inner.capabilities()
-        }
-        async fn try_acquire(
-            &self,
-            key: &LockKey,
-            ttl: Duration,
-        ) -> leasehold_core::Result<Option<Grant>> {
-            self.inner.try_acquire(key, ttl).await
-        }
-        async fn acquire(
-            &self,
-            key: &LockKey,
-            ttl: Duration,
-            wait: Duration,
-        ) -> leasehold_core::Result<Grant> {
-            self.inner.acquire(key, ttl, wait).await
-        }
-        async fn renew(&self, grant: &Grant, ttl: Duration) -> leasehold_core::Result<Instant> {
-            let n = self
-                .renewals
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let deadline = self.inner.renew(grant, ttl).await?;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    // Answers the first renewal with a deadline only TTL/5 ahead.
+    let renewals = Arc::new(AtomicUsize::new(0));
+    let counted = renewals.clone();
+    let authority = RenewedBy::new(MemoryAuthority::standalone(), move |inner, grant, ttl| {
+        let n = counted.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            let deadline = inner.renew(grant, ttl).await?;
             Ok(if n == 0 {
                 Instant::now() + ttl / 5
             } else {
                 deadline
             })
-        }
-        async fn release(&self, grant: &Grant) -> leasehold_core::Result<Released> {
-            self.inner.release(grant).await
-        }
-    }
-
-    let authority = Arc::new(Lagging {
-        inner: MemoryAuthority::standalone(),
-        renewals: Default::default(),
+        })
     });
     let l = Lease::try_acquire(authority.clone(), &key(), TTL, LeaseOptions::default())
         .await
@@ -308,53 +329,23 @@ async fn a_short_renewal_is_retried_before_its_deadline() {
     tokio::time::sleep(TTL * 3).await;
     l.ensure_valid()
         .expect("the lease must survive one short renewal");
-    assert!(authority.renewals.load(std::sync::atomic::Ordering::SeqCst) >= 3);
+    assert!(renewals.load(Ordering::SeqCst) >= 3);
 }
 
 /// A renewal answered only after the local deadline does not make a lost lease held again: loss
 /// is final, and the key is given back.
 #[tokio::test(start_paused = true)]
 async fn a_renewal_answered_after_the_deadline_does_not_revive_the_lease() {
-    use async_trait::async_trait;
-    use leasehold_core::{Capabilities, Grant, Released};
-
-    /// Renewals answer successfully, but only after the grant's deadline.
-    #[derive(Debug)]
-    struct Late(MemoryAuthority);
-
-    #[async_trait]
-    impl Authority for Late {
-        fn capabilities(&self) -> &Capabilities {
-            self.0.capabilities()
-        }
-        async fn try_acquire(
-            &self,
-            key: &LockKey,
-            ttl: Duration,
-        ) -> leasehold_core::Result<Option<Grant>> {
-            self.0.try_acquire(key, ttl).await
-        }
-        async fn acquire(
-            &self,
-            key: &LockKey,
-            ttl: Duration,
-            wait: Duration,
-        ) -> leasehold_core::Result<Grant> {
-            self.0.acquire(key, ttl, wait).await
-        }
-        async fn renew(&self, grant: &Grant, ttl: Duration) -> leasehold_core::Result<Instant> {
+    // Renewals answer successfully, but only after the grant's deadline.
+    let inner = MemoryAuthority::standalone();
+    let authority = RenewedBy::new(inner.clone(), |inner, grant, ttl| {
+        Box::pin(async move {
             let sent = Instant::now();
             tokio::time::sleep_until(grant.deadline()).await;
-            self.0.renew(grant, ttl).await?;
+            inner.renew(grant, ttl).await?;
             Ok(sent + ttl / 2)
-        }
-        async fn release(&self, grant: &Grant) -> leasehold_core::Result<Released> {
-            self.0.release(grant).await
-        }
-    }
-
-    let inner = MemoryAuthority::standalone();
-    let authority = Arc::new(Late(inner.clone()));
+        })
+    });
     let l = Lease::try_acquire(authority, &key(), TTL, LeaseOptions::default())
         .await
         .unwrap()
@@ -373,41 +364,9 @@ async fn a_renewal_answered_after_the_deadline_does_not_revive_the_lease() {
 /// A backend whose renew panics kills the renewal task; `lost()` must still resolve.
 #[tokio::test(start_paused = true)]
 async fn a_renewal_task_that_dies_loses_the_lease() {
-    use async_trait::async_trait;
-    use leasehold_core::{Capabilities, Grant, Released};
-
-    #[derive(Debug)]
-    struct Panics(MemoryAuthority);
-
-    #[async_trait]
-    impl Authority for Panics {
-        fn capabilities(&self) -> &Capabilities {
-            self.0.capabilities()
-        }
-        async fn try_acquire(
-            &self,
-            key: &LockKey,
-            ttl: Duration,
-        ) -> leasehold_core::Result<Option<Grant>> {
-            self.0.try_acquire(key, ttl).await
-        }
-        async fn acquire(
-            &self,
-            key: &LockKey,
-            ttl: Duration,
-            wait: Duration,
-        ) -> leasehold_core::Result<Grant> {
-            self.0.acquire(key, ttl, wait).await
-        }
-        async fn renew(&self, _: &Grant, _: Duration) -> leasehold_core::Result<Instant> {
-            panic!("a backend bug")
-        }
-        async fn release(&self, grant: &Grant) -> leasehold_core::Result<Released> {
-            self.0.release(grant).await
-        }
-    }
-
-    let authority = Arc::new(Panics(MemoryAuthority::standalone()));
+    let authority = RenewedBy::new(MemoryAuthority::standalone(), |_, _, _| {
+        Box::pin(async { panic!("a backend bug") })
+    });
     let l = Lease::try_acquire(authority, &key(), TTL, LeaseOptions::default())
         .await
         .unwrap()
