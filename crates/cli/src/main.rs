@@ -26,8 +26,7 @@ use std::process::ExitCode;
 
 use std::sync::Arc;
 
-use leasehold::etcd::EtcdAuthority;
-use leasehold::{Authority, Error, Instrumented, Lease, LeaseOptions, LockKey};
+use leasehold::{Authority, Error, Lease, LeaseOptions, LockKey};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::args::{RunArgs, USAGE, VERSION};
@@ -117,49 +116,24 @@ fn chain(e: &Error) -> String {
     text
 }
 
-/// A connected authority, and what must be closed before the process exits.
-struct Connected {
-    authority: Arc<dyn Authority>,
-    /// etcd keeps a session lease per authority, revoked by a background task when the authority
-    /// is dropped; an exiting runtime never runs that task, so the lease would live out its TTL.
-    etcd: Option<EtcdAuthority>,
-}
-
-async fn connect(url: &str) -> leasehold::Result<Connected> {
-    let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
-    if matches!(scheme.as_deref(), Some("etcd" | "etcds")) {
-        let etcd = EtcdAuthority::connect(url).await?;
-        let authority: Arc<dyn Authority> = Arc::new(Instrumented::new(Arc::new(etcd.clone())));
-        return Ok(Connected {
-            authority,
-            etcd: Some(etcd),
-        });
-    }
-    Ok(Connected {
-        authority: leasehold::connect(url).await?,
-        etcd: None,
-    })
-}
-
 async fn run(args: RunArgs) -> u8 {
     let key = match LockKey::new(&args.key) {
         Ok(k) => k,
         Err(e) => return failed(&e),
     };
-    let Connected { authority, etcd } = match connect(&args.url).await {
-        Ok(c) => c,
+    let authority = match leasehold::connect(&args.url).await {
+        Ok(a) => a,
         Err(e) => return failed(&e),
     };
-    let code = run_under_lease(&args, key, authority).await;
-    if let Some(etcd) = etcd {
-        // Whatever happened, nothing of ours outlives the process: revoke the session lease
-        // (and with it any key still there) and wait for etcd's answer.
-        if let Err(e) = etcd.close().await {
-            say!(
-                "leasehold: revoking the etcd session lease failed (its TTL will end it): {}",
-                chain(&e)
-            );
-        }
+    let code = run_under_lease(&args, key, authority.clone()).await;
+    // Whatever happened, nothing of ours outlives the process: close what the authority keeps
+    // for this client (etcd's session lease, and with it any key still there) and wait for the
+    // answer.
+    if let Err(e) = authority.close().await {
+        say!(
+            "leasehold: closing the authority failed (what it keeps ends with its TTL): {}",
+            chain(&e)
+        );
     }
     code
 }

@@ -94,4 +94,19 @@ pub trait Authority: Send + Sync + fmt::Debug {
     ///   harmless.
     /// * Wakes waiters where the backend waits by notification.
     async fn release(&self, grant: &Grant) -> Result<Released>;
+
+    /// Ends what this client keeps at the authority on behalf of all its leases (an etcd
+    /// session lease, say), and waits for the answer. Call it before a process exits: dropping
+    /// an authority cleans up from a background task, which an exiting runtime may never run.
+    ///
+    /// # Contract
+    /// * Afterwards nothing of this client remains at the authority, or (when the authority did
+    ///   not answer: the error says so) it ends within its TTL by itself.
+    /// * Leases held through this client are lost (their loss signal fires, where they have one).
+    /// * The client stays usable; a later acquire starts afresh.
+    /// * The default does nothing: a backend whose leases are plain keys or rows with a TTL has
+    ///   nothing beyond them to end.
+    async fn close(&self) -> Result<()> {
+        Ok(())
+    }
 }

@@ -124,4 +124,12 @@ impl Authority for Instrumented {
         );
         result
     }
+
+    async fn close(&self) -> Result<()> {
+        let span = tracing::info_span!(
+            "leasehold.close",
+            backend = self.inner.capabilities().backend,
+        );
+        self.inner.close().instrument(span).await
+    }
 }

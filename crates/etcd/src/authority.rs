@@ -822,6 +822,11 @@ impl Authority for EtcdAuthority {
             }
         }
     }
+
+    /// Revokes every session lease ([`EtcdAuthority::close`]).
+    async fn close(&self) -> Result<()> {
+        EtcdAuthority::close(self).await
+    }
 }
 
 #[cfg(test)]
