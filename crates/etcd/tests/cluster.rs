@@ -201,6 +201,30 @@ impl Faults for ClusterFaults {
             blocking(&self.cluster, move |c| c.member(i).restart())
                 .await
                 .map_err(harness_error)?;
+            // "Complete" means every member serves writes again: the restarted member must have
+            // rejoined and learnt the leader, or a client balanced onto it hears "no leader"
+            // for longer than its request timeout (seen on a loaded machine). A lease grant
+            // through that member alone proves it; bounded by ten election timeouts.
+            let alone = format!(
+                "etcd://{}?timeout_ms={}",
+                self.cluster.member(i).endpoint(),
+                REQUEST_TIMEOUT.as_millis()
+            );
+            let give_up = tokio::time::Instant::now() + ETCD_ELECTION_TIMEOUT * 10;
+            loop {
+                match EtcdAuthority::connect(&alone).await {
+                    Ok(probe) => {
+                        let _ = probe.close().await;
+                        break;
+                    }
+                    Err(e) if tokio::time::Instant::now() >= give_up => {
+                        return Err(harness_error(format!(
+                            "the restarted member did not serve: {e}"
+                        )))
+                    }
+                    Err(_) => tokio::time::sleep(ETCD_ELECTION_TIMEOUT / 5).await,
+                }
+            }
         }
         Ok(())
     }
