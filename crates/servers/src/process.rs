@@ -604,25 +604,33 @@ struct SpawnJob {
 /// Forks `command` on the long-lived spawner thread (see the module docs).
 fn spawn_on_spawner_thread(command: Command) -> io::Result<Child> {
     static SPAWNER: OnceLock<mpsc::Sender<SpawnJob>> = OnceLock::new();
+    static SPAWNER_FAILED: OnceLock<String> = OnceLock::new();
     let spawner = SPAWNER.get_or_init(|| {
         let (jobs, inbox) = mpsc::channel::<SpawnJob>();
-        thread::Builder::new()
+        let started = thread::Builder::new()
             .name("leasehold-harness-spawner".into())
             .spawn(move || {
                 for mut job in inbox {
                     let _ = job.reply.send(job.command.spawn());
                 }
-            })
-            .expect("the harness cannot start its spawner thread");
+            });
+        if let Err(e) = started {
+            // The inbox is dropped with the closure, so every send below fails and says why.
+            let _ = SPAWNER_FAILED.set(e.to_string());
+        }
         jobs
     });
+    let gone = || {
+        io::Error::other(match SPAWNER_FAILED.get() {
+            Some(why) => format!("the harness could not start its spawner thread: {why}"),
+            None => "the harness spawner thread is gone".to_string(),
+        })
+    };
     let (reply, answer) = mpsc::channel();
     spawner
         .send(SpawnJob { command, reply })
-        .map_err(|_| io::Error::other("the harness spawner thread is gone"))?;
-    answer
-        .recv()
-        .map_err(|_| io::Error::other("the harness spawner thread is gone"))?
+        .map_err(|_| gone())?;
+    answer.recv().map_err(|_| gone())?
 }
 
 /// Makes the kernel SIGKILL the child when the thread that forked it (the spawner thread, which
@@ -704,14 +712,14 @@ pub(crate) fn retry_on_port_clash<T>(
     tries: usize,
     mut attempt: impl FnMut() -> Result<T>,
 ) -> Result<T> {
-    let mut last = None;
-    for _ in 0..tries {
+    // At least one try, so the last result is always a real one.
+    for _ in 1..tries.max(1) {
         match attempt() {
-            Err(e) if e.is_port_in_use() => last = Some(e),
+            Err(e) if e.is_port_in_use() => {}
             other => return other,
         }
     }
-    Err(last.expect("tries > 0"))
+    attempt()
 }
 
 /// Respawns and waits for readiness, retrying a few times when the (same) port is still taken.
