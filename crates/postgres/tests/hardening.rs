@@ -14,18 +14,9 @@ use leasehold_core::{
 use leasehold_postgres::PostgresAuthority;
 use leasehold_servers::PostgresServer;
 
-/// Requests give up after one second.
-fn url(server: &PostgresServer) -> String {
-    format!("{}?timeout_ms=1000", server.url())
-}
+mod common;
 
-async fn start() -> Arc<PostgresServer> {
-    let server = tokio::task::spawn_blocking(PostgresServer::start)
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("PostgreSQL must start for these tests: {e}"));
-    Arc::new(server)
-}
+use common::{start, url};
 
 async fn connect(url: &str) -> PostgresAuthority {
     PostgresAuthority::connect(url)
@@ -809,25 +800,19 @@ async fn a_read_only_server_is_unavailable_and_retryable() {
 // setup is caught as a failure: what the code before this fix declared for every server.
 
 mod failover {
-    use std::os::unix::fs::MetadataExt;
-    use std::os::unix::process::CommandExt;
-    use std::process::{Command, Stdio};
     use std::sync::Mutex;
 
     use async_trait::async_trait;
     use leasehold_conformance::scenarios::{self, run_selected};
     use leasehold_conformance::{harness_error, Connector, Context, Faults, Verdict};
-    use leasehold_servers::postgres::postgres_bin_dir;
-    use leasehold_servers::process::{server_dir, CommandSpec, ManagedProcess};
-    use leasehold_servers::{free_port, PostgresServer};
+    use leasehold_servers::PostgresServer;
 
     use super::*;
 
     /// A primary (the harness's server) and an asynchronous streaming standby of it.
     struct Pair {
         primary: Arc<PostgresServer>,
-        standby: ManagedProcess,
-        standby_port: u16,
+        standby: PostgresServer,
         /// Where clients connect: the primary until the failover completes.
         url: Mutex<String>,
         options: String,
@@ -839,73 +824,24 @@ mod failover {
         }
 
         fn standby_url(&self) -> String {
-            format!(
-                "postgres://leasehold@127.0.0.1:{}/postgres?timeout_ms=1000{}",
-                self.standby_port, self.options
-            )
+            format!("{}?timeout_ms=1000{}", self.standby.url(), self.options)
         }
     }
 
     async fn pair(options: &str) -> Arc<Pair> {
         let primary = start().await;
         connect(&url(&primary)).await.migrate().await.unwrap();
-        let data = primary.data_dir().to_path_buf();
-        let owner = std::fs::metadata(&data).unwrap();
-        let user = (owner.uid(), owner.gid());
-        let port = primary.port();
-        let (standby, standby_port) = tokio::task::spawn_blocking(move || {
-            let bin = postgres_bin_dir().unwrap();
-            let dir = server_dir("postgres-standby").unwrap();
-            std::os::unix::fs::chown(dir.path(), Some(user.0), Some(user.1)).unwrap();
-            let standby_data = dir.path().join("data");
-            let status = Command::new(bin.join("pg_basebackup"))
-                .args([
-                    "-h",
-                    "127.0.0.1",
-                    "-p",
-                    &port.to_string(),
-                    "-U",
-                    "leasehold",
-                ])
-                .arg("-D")
-                .arg(&standby_data)
-                .args(["-R", "-X", "stream", "--no-sync"])
-                .env("HOME", dir.path())
-                .current_dir(dir.path())
-                .stdin(Stdio::null())
-                .uid(user.0)
-                .gid(user.1)
-                .status()
-                .unwrap();
-            assert!(status.success(), "pg_basebackup: {status}");
-            let standby_port = free_port().unwrap();
-            let args: Vec<String> = vec![
-                "-D".into(),
-                standby_data.display().to_string(),
-                "-p".into(),
-                standby_port.to_string(),
-                "-k".into(),
-                dir.path().display().to_string(),
-                "-c".into(),
-                "listen_addresses=127.0.0.1".into(),
-                "-c".into(),
-                "fsync=off".into(),
-            ];
-            let mut spec = CommandSpec::new(bin.join("postgres"), args);
-            spec.user = Some(user);
-            spec.stop_signal = "INT";
-            (
-                ManagedProcess::spawn("postgres-standby", dir, spec).unwrap(),
-                standby_port,
-            )
-        })
-        .await
-        .unwrap();
+        let standby = {
+            let primary = primary.clone();
+            tokio::task::spawn_blocking(move || PostgresServer::start_standby_of(&primary))
+                .await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("the standby must start for this test: {e}"))
+        };
         let pair = Arc::new(Pair {
             url: Mutex::new(String::new()),
             primary,
             standby,
-            standby_port,
             options: options.to_string(),
         });
         *pair.url.lock().unwrap() = pair.primary_url();
@@ -918,7 +854,7 @@ mod failover {
             assert!(
                 started.elapsed() < Duration::from_secs(20),
                 "the standby did not start: {}",
-                pair.standby.logs()
+                pair.standby.process().logs()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

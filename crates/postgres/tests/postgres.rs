@@ -16,18 +16,9 @@ use leasehold_postgres::guarded::{Claimed, FencedTable, Guarded, PgFencedRegiste
 use leasehold_postgres::PostgresAuthority;
 use leasehold_servers::PostgresServer;
 
-/// Requests give up after one second, so an unresponsive server is noticed within a TTL.
-fn url(server: &PostgresServer) -> String {
-    format!("{}?timeout_ms=1000", server.url())
-}
+mod common;
 
-async fn start() -> Arc<PostgresServer> {
-    let server = tokio::task::spawn_blocking(PostgresServer::start)
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("PostgreSQL must start for these tests: {e}"));
-    Arc::new(server)
-}
+use common::{start, url};
 
 struct Clients(String);
 

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use tempfile::TempDir;
+
 use crate::error::{HarnessError, Result};
 use crate::ports::free_ports;
 use crate::process::{
@@ -73,44 +75,76 @@ impl PostgresServer {
         let user = run_as()?;
         // A port clash is rare: the retry simply creates a new cluster (initdb takes < 1 s).
         retry_on_port_clash(5, || {
-            let dir = server_dir("postgres")?;
-            if let Some((uid, gid)) = user {
-                std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).map_err(|e| {
-                    HarnessError::io(format!("handing {} to postgres", dir.path().display()), e)
-                })?;
-            }
+            let dir = owned_server_dir("postgres", user)?;
             let data_dir = dir.path().join("data");
             initdb(&bin, dir.path(), &data_dir, password.as_deref(), user)?;
-            let port = free_ports(1)?[0];
-            let args: Vec<String> = vec![
-                "-D".into(),
-                data_dir.display().to_string(),
-                "-p".into(),
-                port.to_string(),
-                // The Unix socket goes into the temp dir, not /var/run/postgresql.
-                "-k".into(),
-                dir.path().display().to_string(),
-                "-c".into(),
-                "listen_addresses=127.0.0.1".into(),
-                "-c".into(),
-                "fsync=off".into(),
-            ];
-            let mut spec = CommandSpec::new(bin.join("postgres"), args);
-            spec.user = user;
-            // SIGTERM is a "smart" shutdown that waits for every client to disconnect.
-            spec.stop_signal = "INT";
-            let process = ManagedProcess::spawn("postgres", dir, spec)?;
-            let server = PostgresServer {
-                port,
-                password: password.clone(),
-                data_dir,
-                process,
-            };
-            server
-                .process
-                .wait_ready(READY_TIMEOUT, || server.accepting())?;
-            Ok(server)
+            Self::serve(&bin, "postgres", dir, data_dir, user, password.clone())
         })
+    }
+
+    /// An asynchronous streaming standby of `primary` (`pg_basebackup -R`, so it follows the
+    /// primary until promoted), on its own free port: the failover fault of tests that need
+    /// PostgreSQL's replication. Waits until it accepts connections.
+    pub fn start_standby_of(primary: &PostgresServer) -> Result<Self> {
+        let bin = postgres_bin_dir()?;
+        let user = run_as()?;
+        retry_on_port_clash(5, || {
+            let dir = owned_server_dir("postgres-standby", user)?;
+            let data_dir = dir.path().join("data");
+            let mut command = Command::new(bin.join("pg_basebackup"));
+            command
+                .args(["-h", "127.0.0.1", "-p", &primary.port.to_string()])
+                .args(["-U", PG_USER, "-R", "-X", "stream", "--no-sync"])
+                .arg("-D")
+                .arg(&data_dir)
+                .env("HOME", dir.path());
+            if let Some(password) = &primary.password {
+                command.env("PGPASSWORD", password);
+            }
+            run_logged(command, "pg_basebackup", dir.path(), user)?;
+            let password = primary.password.clone();
+            Self::serve(&bin, "postgres-standby", dir, data_dir, user, password)
+        })
+    }
+
+    /// Starts `postgres` on the cluster in `data_dir` on a free port and waits until it accepts.
+    fn serve(
+        bin: &Path,
+        name: &str,
+        dir: TempDir,
+        data_dir: PathBuf,
+        user: Option<(u32, u32)>,
+        password: Option<String>,
+    ) -> Result<Self> {
+        let port = free_ports(1)?[0];
+        let args: Vec<String> = vec![
+            "-D".into(),
+            data_dir.display().to_string(),
+            "-p".into(),
+            port.to_string(),
+            // The Unix socket goes into the temp dir, not /var/run/postgresql.
+            "-k".into(),
+            dir.path().display().to_string(),
+            "-c".into(),
+            "listen_addresses=127.0.0.1".into(),
+            "-c".into(),
+            "fsync=off".into(),
+        ];
+        let mut spec = CommandSpec::new(bin.join("postgres"), args);
+        spec.user = user;
+        // SIGTERM is a "smart" shutdown that waits for every client to disconnect.
+        spec.stop_signal = "INT";
+        let process = ManagedProcess::spawn(name, dir, spec)?;
+        let server = PostgresServer {
+            port,
+            password,
+            data_dir,
+            process,
+        };
+        server
+            .process
+            .wait_ready(READY_TIMEOUT, || server.accepting())?;
+        Ok(server)
     }
 
     /// `postgres://leasehold@127.0.0.1:PORT/postgres`, with the password when there is one.
@@ -218,21 +252,14 @@ fn initdb(
     password: Option<&str>,
     user: Option<(u32, u32)>,
 ) -> Result<()> {
-    let log_path = dir.join("initdb.log");
-    let log = File::create(&log_path)
-        .map_err(|e| HarnessError::io(format!("creating {}", log_path.display()), e))?;
-    let log_err = log
-        .try_clone()
-        .map_err(|e| HarnessError::io("duplicating the initdb log handle", e))?;
     let mut command = Command::new(bin.join("initdb"));
-    command
-        .arg("-D")
-        .arg(data_dir)
-        .args(["-U", PG_USER, "--no-sync", "--encoding=UTF8", "--locale=C"])
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_err);
+    command.arg("-D").arg(data_dir).args([
+        "-U",
+        PG_USER,
+        "--no-sync",
+        "--encoding=UTF8",
+        "--locale=C",
+    ]);
     match password {
         None => {
             command.arg("--auth=trust");
@@ -251,16 +278,49 @@ fn initdb(
                 .arg(format!("--pwfile={}", pwfile.display()));
         }
     }
+    run_logged(command, "initdb", dir, user)
+}
+
+/// A temp dir for a server, handed to the `postgres` user when we run as root.
+fn owned_server_dir(name: &str, user: Option<(u32, u32)>) -> Result<TempDir> {
+    let dir = server_dir(name)?;
+    if let Some((uid, gid)) = user {
+        std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).map_err(|e| {
+            HarnessError::io(format!("handing {} to postgres", dir.path().display()), e)
+        })?;
+    }
+    Ok(dir)
+}
+
+/// Runs one of PostgreSQL's tools (`initdb`, `pg_basebackup`) in `dir` as `user`, its output in
+/// `dir/<tool>.log`; a failure carries the log's tail.
+fn run_logged(
+    mut command: Command,
+    tool: &str,
+    dir: &Path,
+    user: Option<(u32, u32)>,
+) -> Result<()> {
+    let log_path = dir.join(format!("{tool}.log"));
+    let log = File::create(&log_path)
+        .map_err(|e| HarnessError::io(format!("creating {}", log_path.display()), e))?;
+    let log_err = log
+        .try_clone()
+        .map_err(|e| HarnessError::io(format!("duplicating the {tool} log handle"), e))?;
+    command
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err);
     if let Some((uid, gid)) = user {
         command.uid(uid).gid(gid);
     }
-    let status = run_to_completion(command)
-        .map_err(|e| HarnessError::io(format!("running {}", bin.join("initdb").display()), e))?;
+    let status =
+        run_to_completion(command).map_err(|e| HarnessError::io(format!("running {tool}"), e))?;
     if status.success() {
         Ok(())
     } else {
         Err(HarnessError::Exited {
-            server: "postgres initdb".into(),
+            server: format!("postgres {tool}"),
             status: status.to_string(),
             log_tail: format!(
                 "--- {} ---\n{}",
