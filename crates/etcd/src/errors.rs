@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use leasehold_core::{redact_url, Error};
+use leasehold_core::{redact_url, Backoff, Error};
 
 pub(crate) const BACKEND: &str = "etcd";
 
@@ -174,6 +174,30 @@ fn refused(error: &(dyn std::error::Error + 'static)) -> bool {
 pub(crate) async fn call<T, F, Fut>(
     what: &str,
     timeout: Duration,
+    request: F,
+) -> leasehold_core::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    send(what, timeout, Resend::NotSent, request).await
+}
+
+/// Which failed requests [`send`] sends again.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Resend {
+    /// Only those that provably never left: safe for any request.
+    NotSent,
+    /// Any that found the cluster unavailable: only for requests that change nothing.
+    Unavailable,
+}
+
+/// The loop behind [`call`] and [`read_with_retry`]: send, and send again after a short,
+/// growing pause while `resend` allows it and `timeout` has time left.
+async fn send<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    resend: Resend,
     mut request: F,
 ) -> leasehold_core::Result<T>
 where
@@ -181,23 +205,27 @@ where
     Fut: Future<Output = Result<T, etcd_client::Error>>,
 {
     let give_up = leasehold_core::time::deadline_in(timeout);
-    let mut pause =
-        leasehold_core::Backoff::new(Duration::from_millis(2), Duration::from_millis(100));
+    let mut pause = match resend {
+        Resend::NotSent => Backoff::new(Duration::from_millis(2), Duration::from_millis(100)),
+        Resend::Unavailable => Backoff::new(Duration::from_millis(10), Duration::from_millis(200)),
+    };
     loop {
         let left = give_up.saturating_duration_since(tokio::time::Instant::now());
-        match tokio::time::timeout(left, request()).await {
+        let raw = match tokio::time::timeout(left, request()).await {
             Ok(Ok(value)) => return Ok(value),
-            Ok(Err(error)) if not_sent(&error) => {
-                let delay = pause.next_delay();
-                if leasehold_core::time::deadline_in(delay) >= give_up {
-                    return Err(map(error, what));
-                }
-                tracing::debug!(%error, "{what}: not sent; sending again");
-                tokio::time::sleep(delay).await;
-            }
-            Ok(Err(error)) => return Err(map(error, what)),
+            Ok(Err(raw)) => raw,
             Err(_) => return Err(Error::request_timeout(BACKEND, what, timeout)),
+        };
+        let never_left = not_sent(&raw);
+        let error = map(raw, what);
+        let again = never_left
+            || (resend == Resend::Unavailable && matches!(error, Error::Unavailable { .. }));
+        let delay = pause.next_delay();
+        if !again || leasehold_core::time::deadline_in(delay) >= give_up {
+            return Err(error);
         }
+        tracing::debug!(%error, "{what}: sending again");
+        tokio::time::sleep(delay).await;
     }
 }
 
@@ -251,27 +279,11 @@ pub(crate) fn is_lease_gone(error: &Error) -> bool {
 pub(crate) async fn read_with_retry<T, F, Fut>(
     what: &str,
     timeout: Duration,
-    mut request: F,
+    request: F,
 ) -> leasehold_core::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, etcd_client::Error>>,
 {
-    let give_up = leasehold_core::time::deadline_in(timeout);
-    let mut pause =
-        leasehold_core::Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
-    loop {
-        let left = give_up.saturating_duration_since(tokio::time::Instant::now());
-        match call(what, left, &mut request).await {
-            Err(e @ Error::Unavailable { .. }) => {
-                let delay = pause.next_delay();
-                if leasehold_core::time::deadline_in(delay) >= give_up {
-                    return Err(e);
-                }
-                tracing::debug!(error = %e, "{what}: retrying");
-                tokio::time::sleep(delay).await;
-            }
-            other => return other,
-        }
-    }
+    send(what, timeout, Resend::Unavailable, request).await
 }
