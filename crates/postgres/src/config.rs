@@ -93,15 +93,9 @@ impl fmt::Debug for PostgresConfig {
     }
 }
 
-/// `url` with the user info's password and the value of every secret query parameter
-/// (`password`, `sslpassword`, ...) replaced by `***`: what errors, `Debug` and logs show.
-pub(crate) fn redact(url: &str) -> String {
-    redact_url(url)
-}
-
 /// Text from the driver or a server that may quote the URL: every secret in it masked.
 pub(crate) fn redact_text(text: &str, secrets: &[&str]) -> String {
-    let mut out = redact(text);
+    let mut out = redact_url(text);
     for secret in secrets.iter().filter(|s| !s.is_empty()) {
         out = out.replace(secret, "***");
     }
@@ -111,7 +105,7 @@ pub(crate) fn redact_text(text: &str, secrets: &[&str]) -> String {
 impl PostgresConfig {
     /// Parses a `postgres://` or `postgresql://` URL.
     pub fn from_url(url: &str) -> Result<Self> {
-        let redacted_url = redact(url);
+        let redacted_url = redact_url(url);
         let invalid = |reason: String| Error::InvalidUrl {
             url: redacted_url.clone(),
             reason,
@@ -268,10 +262,10 @@ mod tests {
     #[test]
     fn secrets_are_masked_and_the_query_password_is_read() {
         assert_eq!(
-            redact("postgres://u:hunter2@h/db?sslpassword=hunter2&table=t&Password=x#f"),
+            redact_url("postgres://u:hunter2@h/db?sslpassword=hunter2&table=t&Password=x#f"),
             "postgres://u:***@h/db?sslpassword=***&table=t&Password=***#f"
         );
-        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(
             query_password("postgres://u@h/db?a=1&password=p%40ss%20w").unwrap(),
             Some(Secret::new("p@ss w"))

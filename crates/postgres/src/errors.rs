@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use leasehold_core::Error;
 
-use crate::config::redact;
 use crate::table::TableName;
+use leasehold_core::redact_url;
 
 pub(crate) const BACKEND: &str = "postgres";
 
@@ -98,7 +98,7 @@ pub(crate) fn map(error: sqlx::Error, what: &str, table: &TableName) -> Error {
             },
         };
     }
-    let message = redact(&format!("{what}: {error}"));
+    let message = redact_url(&format!("{what}: {error}"));
     match error {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)

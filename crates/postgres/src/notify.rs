@@ -9,7 +9,7 @@ use leasehold_core::Backoff;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::{watch, Notify};
 
-use crate::config::redact;
+use leasehold_core::redact_url;
 
 /// The channel every leasehold release is announced on. The payload is `<table> <key>` (keys
 /// have no spaces), so one channel serves every lease table of a database.
@@ -101,7 +101,7 @@ pub(crate) async fn listen(
         let mut listener = match connected {
             Ok(Ok(l)) => l,
             Ok(Err(error)) => {
-                tracing::debug!(error = %redact(&error.to_string()), "LISTEN failed; waiters re-try by timer");
+                tracing::debug!(error = %redact_url(&error.to_string()), "LISTEN failed; waiters re-try by timer");
                 tokio::time::sleep(backoff.next_delay()).await;
                 continue;
             }
@@ -132,7 +132,7 @@ pub(crate) async fn listen(
                         break;
                     }
                     Err(error) => {
-                        tracing::debug!(error = %redact(&error.to_string()), "the listening connection failed");
+                        tracing::debug!(error = %redact_url(&error.to_string()), "the listening connection failed");
                         break;
                     }
                 },
@@ -141,7 +141,7 @@ pub(crate) async fn listen(
                     match tokio::time::timeout(limit, check).await {
                         Ok(Ok(_)) => next_check = deadline_in(config.check_every),
                         Ok(Err(error)) => {
-                            tracing::debug!(error = %redact(&error.to_string()), "the listening connection failed its check");
+                            tracing::debug!(error = %redact_url(&error.to_string()), "the listening connection failed its check");
                             break;
                         }
                         Err(_) => {
