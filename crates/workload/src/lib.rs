@@ -1,0 +1,8 @@
+//! The fault workload (issue 11): Jepsen's lock-set run with fences, on real servers, with worker
+//! processes that a seeded nemesis pauses and kills. See `docs/workload.md`.
+//!
+//! The history and the checker live in `leasehold_conformance::workload`; this crate runs the
+//! workload and renders the report. It is a crate of its own because it needs every backend,
+//! and every backend's tests depend on `leasehold-conformance`.
+
+pub mod report;
