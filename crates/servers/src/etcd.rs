@@ -8,6 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::error::{HarnessError, Result};
+use crate::partition::{chown_tree, not_isolatable, own_identity, Isolatable, MemberIdentity};
 use crate::ports::free_ports;
 use crate::process::{
     delegate_faults, require_program, restart_and_wait, retry_on_port_clash, server_dir,
@@ -38,6 +39,9 @@ pub fn etcdctl_command(endpoints: &[String]) -> Result<Command> {
 /// One etcd process: a single-node cluster or a member of an [`EtcdCluster`].
 #[derive(Debug)]
 pub struct EtcdServer {
+    addr: Ipv4Addr,
+    /// `Some` when it runs under a uid of its own (see [`EtcdCluster::start_isolatable`]).
+    uid: Option<u32>,
     client_port: u16,
     peer_port: u16,
     process: ManagedProcess,
@@ -53,6 +57,8 @@ impl EtcdServer {
             let ports = free_ports(2)?;
             let member = MemberPlan {
                 name: "etcd".into(),
+                addr: Ipv4Addr::LOCALHOST,
+                uid: None,
                 client_port: ports[0],
                 peer_port: ports[1],
             };
@@ -66,14 +72,18 @@ impl EtcdServer {
     fn spawn(member: &MemberPlan, cluster: &[MemberPlan], token: &str) -> Result<Self> {
         let etcd = require_program(&member.name, "etcd")?;
         let dir = server_dir(&member.name)?;
+        if let Some(uid) = member.uid {
+            // etcd creates its data dir inside: the dir must be the member's.
+            chown_tree(dir.path(), uid)?;
+        }
         let data = dir.path().join("data");
         let initial_cluster = cluster
             .iter()
-            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .map(|m| format!("{}=http://{}:{}", m.name, m.addr, m.peer_port))
             .collect::<Vec<_>>()
             .join(",");
-        let client_url = format!("http://127.0.0.1:{}", member.client_port);
-        let peer_url = format!("http://127.0.0.1:{}", member.peer_port);
+        let client_url = format!("http://{}:{}", member.addr, member.client_port);
+        let peer_url = format!("http://{}:{}", member.addr, member.peer_port);
         // On a restart the data dir already holds the member and its cluster, and etcd ignores
         // the --initial-* flags: the same command line rejoins.
         let args: Vec<String> = vec![
@@ -91,21 +101,35 @@ impl EtcdServer {
             "--logger=zap".into(),
             "--log-outputs=stderr".into(),
         ];
-        let spec = CommandSpec::new(etcd, args);
+        let mut spec = CommandSpec::new(etcd, args);
+        spec.user = member.uid.map(|uid| (uid, uid));
         let process = ManagedProcess::spawn(member.name.clone(), dir, spec)?;
         Ok(EtcdServer {
+            addr: member.addr,
+            uid: member.uid,
             client_port: member.client_port,
             peer_port: member.peer_port,
             process,
         })
     }
 
-    /// The client endpoint, `127.0.0.1:PORT`, as etcd clients take it.
+    /// The client endpoint, `ADDR:PORT`, as etcd clients take it (`ADDR` is `127.0.0.1`, or the
+    /// member's own address when started by [`EtcdCluster::start_isolatable`]).
     pub fn endpoint(&self) -> String {
-        format!("127.0.0.1:{}", self.client_port)
+        format!("{}:{}", self.addr, self.client_port)
     }
 
-    /// The client URL, `http://127.0.0.1:PORT`.
+    /// The loopback address all its ports listen on.
+    pub fn addr(&self) -> Ipv4Addr {
+        self.addr
+    }
+
+    /// The uid it runs under, `None` when it runs as the test's user.
+    pub fn uid(&self) -> Option<u32> {
+        self.uid
+    }
+
+    /// The client URL, `http://ADDR:PORT`.
     pub fn url(&self) -> String {
         format!("http://{}", self.endpoint())
     }
@@ -143,6 +167,7 @@ impl EtcdServer {
 
     fn health(&self) -> std::result::Result<(), String> {
         let body = http(
+            self.addr,
             self.client_port,
             "GET",
             "/health",
@@ -156,9 +181,27 @@ impl EtcdServer {
         }
     }
 
+    /// Whether this member knows a leader, by its maintenance status. A member cut off from its
+    /// quorum says no within about two election timeouts (once it campaigns), while it still
+    /// answers its clients.
+    pub fn has_leader(&self) -> Result<bool> {
+        let body = http(
+            self.addr,
+            self.client_port,
+            "POST",
+            "/v3/maintenance/status",
+            "{}",
+            Duration::from_secs(1),
+        )
+        .map_err(|e| HarnessError::server(self.process.name(), e))?;
+        // The gateway leaves out zero fields: no `leader` is no leader.
+        Ok(json_string_field(&body, "leader").is_some_and(|leader| leader != "0"))
+    }
+
     /// `(member id, leader id)` from the maintenance status endpoint.
     fn status(&self) -> std::result::Result<(String, String), String> {
         let body = http(
+            self.addr,
             self.client_port,
             "POST",
             "/v3/maintenance/status",
@@ -177,6 +220,8 @@ impl EtcdServer {
 #[derive(Debug, Clone)]
 struct MemberPlan {
     name: String,
+    addr: Ipv4Addr,
+    uid: Option<u32>,
     client_port: u16,
     peer_port: u16,
 }
@@ -192,20 +237,51 @@ pub struct EtcdCluster {
 }
 
 impl EtcdCluster {
-    /// Starts `size` members (3 for a quorum that survives one crash) and waits until every one
-    /// is healthy. Panics if `size` is 0.
+    /// Starts `size` members (3 for a quorum that survives one crash) on `127.0.0.1` and waits
+    /// until every one is healthy. Panics if `size` is 0.
     pub fn start(size: usize) -> Result<Self> {
         assert!(size > 0, "an etcd cluster needs at least one member");
+        Self::start_members(size, false)
+    }
+
+    /// Like [`EtcdCluster::start`], but each member listens on a loopback address of its own
+    /// (unique per process and call) and runs under a uid of its own, so that a
+    /// [`Partition`](crate::Partition) can cut it off from the others while clients still reach
+    /// it. Everything else (faults, restarts, `leader()`) works the same; endpoints name the
+    /// members' addresses. Needs root (to run members as other uids).
+    pub fn start_isolatable(size: usize) -> Result<Self> {
+        if size == 0 {
+            return Err(HarnessError::server(
+                "etcd cluster",
+                "a cluster needs at least one member",
+            ));
+        }
+        Self::start_members(size, true)
+    }
+
+    fn start_members(size: usize, isolatable: bool) -> Result<Self> {
         retry_on_port_clash(5, || {
             let ports = free_ports(2 * size)?;
-            let plan: Vec<MemberPlan> = (0..size)
-                .map(|i| MemberPlan {
+            let mut plan = Vec::with_capacity(size);
+            for i in 0..size {
+                let (addr, uid) = if isolatable {
+                    let (addr, uid) = own_identity()?;
+                    (addr, Some(uid))
+                } else {
+                    (Ipv4Addr::LOCALHOST, None)
+                };
+                plan.push(MemberPlan {
                     name: format!("etcd-{i}"),
+                    addr,
+                    uid,
                     client_port: ports[2 * i],
                     peer_port: ports[2 * i + 1],
-                })
-                .collect();
-            let token = cluster_token(&plan[0]);
+                });
+            }
+            let Some(first) = plan.first() else {
+                return Err(HarnessError::server("etcd cluster", "no members planned"));
+            };
+            let token = cluster_token(first);
             let members = plan
                 .iter()
                 .map(|m| EtcdServer::spawn(m, &plan, &token))
@@ -217,7 +293,7 @@ impl EtcdCluster {
         })
     }
 
-    /// The client endpoints of all members, `127.0.0.1:PORT` each.
+    /// The client endpoints of all members, `ADDR:PORT` each.
     pub fn endpoints(&self) -> Vec<String> {
         self.members.iter().map(EtcdServer::endpoint).collect()
     }
@@ -288,22 +364,37 @@ impl EtcdCluster {
     }
 }
 
+impl Isolatable for EtcdServer {
+    fn identity(&self) -> Result<MemberIdentity> {
+        let uid = self
+            .uid
+            .ok_or_else(|| not_isolatable(self.process.name()))?;
+        Ok(MemberIdentity {
+            name: self.process.name().to_string(),
+            addr: self.addr,
+            uid,
+            client_port: self.client_port,
+        })
+    }
+}
+
 /// A minimal HTTP/1.0 request over loopback, returning the body; errors are check messages.
 fn http(
+    ip: Ipv4Addr,
     port: u16,
     method: &str,
     path: &str,
     body: &str,
     timeout: Duration,
 ) -> std::result::Result<String, String> {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let addr = SocketAddr::from((ip, port));
     let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
     stream
         .set_read_timeout(Some(timeout))
         .and_then(|_| stream.set_write_timeout(Some(timeout)))
         .map_err(|e| e.to_string())?;
     let request = format!(
-        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+        "{method} {path} HTTP/1.0\r\nHost: {ip}:{port}\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\n\r\n{body}",
         body.len()
     );

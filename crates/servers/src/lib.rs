@@ -12,6 +12,11 @@
 //! * Fault: every server has `kill` (SIGKILL), `pause` (SIGSTOP), `resume` (SIGCONT), `stop`
 //!   (polite, then SIGKILL) and `restart` (same command line, data dir and ports; waits until it
 //!   serves). Clusters tell their `leader()`.
+//! * Isolate: [`EtcdCluster::start_isolatable`] and [`ZkEnsemble::start_isolatable`] start each
+//!   member on a loopback address and uid of its own; [`Partition::isolate`] then cuts one member
+//!   off from the others with nftables while its clients still reach it (a follower that serves
+//!   stale state or none), and heals on [`Partition::heal`] or drop. Needs root and `nft`; see
+//!   [`partition`].
 //! * Clean up: dropping a server kills it and deletes its temp dir (printing its log tail if the
 //!   thread is panicking). Children get `PR_SET_PDEATHSIG`, so none outlives the test process,
 //!   also not a server held in a `static` for all tests of a binary:
@@ -34,6 +39,7 @@
 pub mod error;
 pub mod etcd;
 pub mod external;
+pub mod partition;
 pub mod ports;
 pub mod postgres;
 pub mod process;
@@ -42,11 +48,12 @@ pub mod zookeeper;
 
 pub use error::{HarnessError, Result};
 pub use etcd::{etcdctl_command, etcdctl_path, EtcdCluster, EtcdServer};
+pub use partition::{Isolatable, MemberIdentity, Partition};
 pub use ports::{free_port, free_ports};
 pub use postgres::PostgresServer;
 pub use process::{CommandSpec, ManagedProcess, READY_TIMEOUT, STOP_GRACE};
 pub use redis::RedisServer;
-pub use zookeeper::{ZkEnsemble, ZkServer, ZK_CONTAINER_CHECK_INTERVAL};
+pub use zookeeper::{ZkConfig, ZkEnsemble, ZkServer, ZK_CONTAINER_CHECK_INTERVAL};
 
 /// A file of the test-only TLS material in `crates/servers/tls/` (a throwaway CA, and a server
 /// certificate for `127.0.0.1` and `localhost`), for backends' TLS tests.

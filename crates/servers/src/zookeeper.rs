@@ -10,6 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::error::{HarnessError, Result};
+use crate::partition::{chown_tree, not_isolatable, own_identity, Isolatable, MemberIdentity};
 use crate::ports::free_ports;
 use crate::process::{
     delegate_faults, require_program, restart_and_wait, retry_on_port_clash, server_dir,
@@ -29,6 +30,10 @@ pub const ZK_MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(60);
 /// the key is idle. A key idle for twice this (plus a tick) has certainly been reaped.
 pub const ZK_CONTAINER_CHECK_INTERVAL: Duration = Duration::from_millis(500);
 
+/// The longest pause between leader-election rounds of an isolatable member (ZooKeeper's
+/// default is a minute), so that a healed member rejoins within about this long.
+const ISOLATABLE_MAX_NOTIFICATION_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Debian's ZooKeeper jar; its manifest's `Class-Path` names the other jars it needs.
 const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
 
@@ -45,11 +50,83 @@ const JVM_FLAGS: &[&str] = &[
     "-Dzookeeper.jmx.log4j.disable=true",
 ];
 
+/// How long an ensemble member waits for its initial sync with the leader, in ticks.
+pub const ZK_INIT_LIMIT: u32 = 25;
+
+/// How long a follower waits to hear from its leader before it gives up and stops serving, in
+/// ticks (ZooKeeper's `syncLimit`): 2 s with the default tick.
+pub const ZK_SYNC_LIMIT: u32 = 10;
+
+/// How an ensemble is set up. [`ZkEnsemble::start`] uses the defaults ([`ZK_TICK_TIME`],
+/// [`ZK_INIT_LIMIT`], [`ZK_SYNC_LIMIT`], members on `127.0.0.1`); a test that times a follower's
+/// stale window sets its own `tick_time` and `sync_limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ZkConfig {
+    /// ZooKeeper's `tickTime`; session timeouts are clamped to at least 2x of it.
+    pub tick_time: Duration,
+    /// `initLimit`, in ticks.
+    pub init_limit: u32,
+    /// `syncLimit`, in ticks: a follower cut off from its leader keeps serving its last state
+    /// for about `sync_limit x tick_time`.
+    pub sync_limit: u32,
+    /// Each member on a loopback address and uid of its own, so that a
+    /// [`Partition`](crate::Partition) can cut it off (see [`ZkEnsemble::start_isolatable`]).
+    pub isolatable: bool,
+}
+
+impl Default for ZkConfig {
+    fn default() -> Self {
+        ZkConfig {
+            tick_time: ZK_TICK_TIME,
+            init_limit: ZK_INIT_LIMIT,
+            sync_limit: ZK_SYNC_LIMIT,
+            isolatable: false,
+        }
+    }
+}
+
+impl ZkConfig {
+    /// Sets `tickTime`.
+    pub fn tick_time(mut self, tick_time: Duration) -> Self {
+        self.tick_time = tick_time;
+        self
+    }
+
+    /// Sets `initLimit` (ticks).
+    pub fn init_limit(mut self, ticks: u32) -> Self {
+        self.init_limit = ticks;
+        self
+    }
+
+    /// Sets `syncLimit` (ticks).
+    pub fn sync_limit(mut self, ticks: u32) -> Self {
+        self.sync_limit = ticks;
+        self
+    }
+
+    /// Gives each member its own loopback address and uid.
+    pub fn isolatable(mut self) -> Self {
+        self.isolatable = true;
+        self
+    }
+
+    /// How long a follower cut off from its leader keeps serving: `sync_limit x tick_time`.
+    pub fn sync_timeout(&self) -> Duration {
+        self.tick_time.saturating_mul(self.sync_limit)
+    }
+}
+
 /// Sends a four-letter word (`srvr`, `ruok`, `stat`, `mntr`) to `127.0.0.1:port` and returns the
 /// answer.
 pub fn four_letter_word(port: u16, word: &str) -> std::io::Result<String> {
+    four_letter_word_at(SocketAddr::from((Ipv4Addr::LOCALHOST, port)), word)
+}
+
+/// Sends a four-letter word to `addr` (a member on an address of its own) and returns the
+/// answer.
+pub fn four_letter_word_at(addr: SocketAddr, word: &str) -> std::io::Result<String> {
     let timeout = Duration::from_secs(1);
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
@@ -62,10 +139,25 @@ pub fn four_letter_word(port: u16, word: &str) -> std::io::Result<String> {
 /// One ZooKeeper process: standalone, or a member of a [`ZkEnsemble`].
 #[derive(Debug)]
 pub struct ZkServer {
+    addr: Ipv4Addr,
+    /// `Some` when it runs under a uid of its own (see [`ZkEnsemble::start_isolatable`]).
+    uid: Option<u32>,
     client_port: u16,
+    tick_time: Duration,
     /// `None` when standalone, else its `myid`.
     myid: Option<usize>,
     process: ManagedProcess,
+}
+
+/// Address, uid and ports of one ensemble member, chosen before any member starts.
+#[derive(Debug, Clone)]
+struct ZkMemberPlan {
+    myid: usize,
+    addr: Ipv4Addr,
+    uid: Option<u32>,
+    client_port: u16,
+    quorum_port: u16,
+    election_port: u16,
 }
 
 delegate_faults!(ZkServer);
@@ -76,15 +168,29 @@ impl ZkServer {
     pub fn start() -> Result<Self> {
         retry_on_port_clash(5, || {
             let client_port = free_ports(1)?[0];
-            let server = ZkServer::spawn(client_port, None, &[])?;
+            let member = ZkMemberPlan {
+                myid: 0,
+                addr: Ipv4Addr::LOCALHOST,
+                uid: None,
+                client_port,
+                quorum_port: 0,
+                election_port: 0,
+            };
+            let server = ZkServer::spawn(&member, None, &ZkConfig::default())?;
             server.wait_ready()?;
             Ok(server)
         })
     }
 
-    /// `quorum` holds `(myid, quorum port, election port)` of every member; empty when
-    /// standalone.
-    fn spawn(client_port: u16, myid: Option<usize>, quorum: &[(usize, u16, u16)]) -> Result<Self> {
+    /// `ensemble` holds every member's plan, `None` when standalone (then only the member's
+    /// address, uid and client port count).
+    fn spawn(
+        member: &ZkMemberPlan,
+        ensemble: Option<&[ZkMemberPlan]>,
+        config: &ZkConfig,
+    ) -> Result<Self> {
+        let myid = ensemble.map(|_| member.myid);
+        let client_port = member.client_port;
         let name = match myid {
             Some(id) => format!("zookeeper-{id}"),
             None => "zookeeper".to_string(),
@@ -97,31 +203,39 @@ impl ZkServer {
         let data = dir.path().join("data");
         fs::create_dir_all(&data)
             .map_err(|e| HarnessError::io(format!("creating {}", data.display()), e))?;
-        let mut config = format!(
+        let mut zoo_cfg = format!(
             "tickTime={tick}\n\
-             initLimit=25\n\
-             syncLimit=10\n\
+             initLimit={init_limit}\n\
+             syncLimit={sync_limit}\n\
              dataDir={data}\n\
              clientPort={client_port}\n\
-             clientPortAddress=127.0.0.1\n\
+             clientPortAddress={addr}\n\
              maxSessionTimeout={max_session}\n\
              admin.enableServer=false\n\
              4lw.commands.whitelist=ruok,srvr,stat,mntr\n\
              forceSync=no\n",
-            tick = ZK_TICK_TIME.as_millis(),
+            tick = config.tick_time.as_millis(),
+            init_limit = config.init_limit,
+            sync_limit = config.sync_limit,
             data = data.display(),
+            addr = member.addr,
             max_session = ZK_MAX_SESSION_TIMEOUT.as_millis(),
         );
-        for (id, quorum_port, election_port) in quorum {
+        for m in ensemble.unwrap_or_default() {
             let _ = writeln!(
-                config,
-                "server.{id}=127.0.0.1:{quorum_port}:{election_port}"
+                zoo_cfg,
+                "server.{}={}:{}:{}",
+                m.myid, m.addr, m.quorum_port, m.election_port
             );
         }
         let config_path = dir.path().join("zoo.cfg");
-        write_file(&config_path, &config)?;
+        write_file(&config_path, &zoo_cfg)?;
         if let Some(id) = myid {
             write_file(&data.join("myid"), &format!("{id}\n"))?;
+        }
+        if let Some(uid) = member.uid {
+            // ZooKeeper writes its snapshots and logs under the data dir.
+            chown_tree(dir.path(), uid)?;
         }
         let main_class = if myid.is_some() {
             "org.apache.zookeeper.server.quorum.QuorumPeerMain"
@@ -137,23 +251,53 @@ impl ZkServer {
             "-Dznode.container.checkIntervalMs={}",
             ZK_CONTAINER_CHECK_INTERVAL.as_millis()
         ));
+        if member.uid.is_some() {
+            // A uid without a passwd entry has no home; the JVM would use "?".
+            args.push(format!("-Duser.home={}", dir.path().display()));
+            // A member cut off keeps looking for a leader, doubling the pause between rounds up
+            // to a minute: healed, it would rejoin that late.
+            args.push(format!(
+                "-Dzookeeper.fastleader.maxNotificationInterval={}",
+                ISOLATABLE_MAX_NOTIFICATION_INTERVAL.as_millis()
+            ));
+        }
         args.extend([
             "-cp".to_string(),
             class_path,
             main_class.to_string(),
             config_path.display().to_string(),
         ]);
-        let process = ManagedProcess::spawn(name, dir, CommandSpec::new(java, args))?;
+        let mut spec = CommandSpec::new(java, args);
+        spec.user = member.uid.map(|uid| (uid, uid));
+        let process = ManagedProcess::spawn(name, dir, spec)?;
         Ok(ZkServer {
+            addr: member.addr,
+            uid: member.uid,
             client_port,
+            tick_time: config.tick_time,
             myid,
             process,
         })
     }
 
-    /// The connect string for this server alone, `127.0.0.1:PORT`.
+    /// The connect string for this server alone, `ADDR:PORT` (`ADDR` is `127.0.0.1`, or the
+    /// member's own address when started by [`ZkEnsemble::start_isolatable`]).
     pub fn connect_string(&self) -> String {
-        format!("127.0.0.1:{}", self.client_port)
+        format!("{}:{}", self.addr, self.client_port)
+    }
+
+    /// The loopback address all its ports listen on.
+    pub fn addr(&self) -> Ipv4Addr {
+        self.addr
+    }
+
+    /// The uid it runs under, `None` when it runs as the test's user.
+    pub fn uid(&self) -> Option<u32> {
+        self.uid
+    }
+
+    fn client_addr(&self) -> SocketAddr {
+        SocketAddr::from((self.addr, self.client_port))
     }
 
     /// The client port.
@@ -163,7 +307,7 @@ impl ZkServer {
 
     /// The server's `tickTime`; session timeouts are clamped to 2x of it at least.
     pub fn tick_time(&self) -> Duration {
-        ZK_TICK_TIME
+        self.tick_time
     }
 
     /// The server's `myid` in an ensemble, `None` when standalone.
@@ -173,7 +317,7 @@ impl ZkServer {
 
     /// Sends a four-letter word (`srvr`, `ruok`, `stat`, `mntr`) and returns the answer.
     pub fn four_letter_word(&self, word: &str) -> Result<String> {
-        four_letter_word(self.client_port, word).map_err(|e| {
+        four_letter_word_at(self.client_addr(), word).map_err(|e| {
             HarnessError::io(format!("sending `{word}` to {}", self.process.name()), e)
         })
     }
@@ -181,7 +325,7 @@ impl ZkServer {
     /// The server's mode as `srvr` reports it (`standalone`, `leader`, `follower`), `None` when
     /// it does not serve.
     pub fn mode(&self) -> Option<String> {
-        let answer = four_letter_word(self.client_port, "srvr").ok()?;
+        let answer = four_letter_word_at(self.client_addr(), "srvr").ok()?;
         answer
             .lines()
             .find_map(|line| line.strip_prefix("Mode:"))
@@ -200,7 +344,7 @@ impl ZkServer {
     }
 
     fn serving(&self) -> std::result::Result<(), String> {
-        let answer = four_letter_word(self.client_port, "srvr").map_err(|e| e.to_string())?;
+        let answer = four_letter_word_at(self.client_addr(), "srvr").map_err(|e| e.to_string())?;
         let mode = answer
             .lines()
             .find_map(|line| line.strip_prefix("Mode:"))
@@ -220,29 +364,66 @@ fn write_file(path: &PathBuf, text: &str) -> Result<()> {
 #[derive(Debug)]
 pub struct ZkEnsemble {
     members: Vec<ZkServer>,
+    config: ZkConfig,
 }
 
 impl ZkEnsemble {
-    /// Starts `size` members (3 for a quorum that survives one crash) and waits until each one
-    /// serves as leader or follower. Panics if `size` is 0.
+    /// Starts `size` members (3 for a quorum that survives one crash) on `127.0.0.1` and waits
+    /// until each one serves as leader or follower. Panics if `size` is 0.
     pub fn start(size: usize) -> Result<Self> {
         assert!(size > 0, "a ZooKeeper ensemble needs at least one member");
+        Self::start_with(size, ZkConfig::default())
+    }
+
+    /// Like [`ZkEnsemble::start`], but each member listens on a loopback address of its own
+    /// (unique per process and call) and runs under a uid of its own, so that a
+    /// [`Partition`](crate::Partition) can cut it off from the others while clients still reach
+    /// it. Everything else (faults, restarts, `leader()`) works the same; the connect strings
+    /// name the members' addresses. Needs root (to run members as other uids).
+    pub fn start_isolatable(size: usize) -> Result<Self> {
+        Self::start_with(size, ZkConfig::default().isolatable())
+    }
+
+    /// Starts `size` members set up as `config` says and waits until each one serves as leader
+    /// or follower.
+    pub fn start_with(size: usize, config: ZkConfig) -> Result<Self> {
+        if size == 0 {
+            return Err(HarnessError::server(
+                "zookeeper ensemble",
+                "an ensemble needs at least one member",
+            ));
+        }
         retry_on_port_clash(5, || {
             let ports = free_ports(3 * size)?;
-            let quorum: Vec<(usize, u16, u16)> = (0..size)
-                .map(|i| (i + 1, ports[3 * i + 1], ports[3 * i + 2]))
-                .collect();
-            let members = (0..size)
-                .map(|i| ZkServer::spawn(ports[3 * i], Some(i + 1), &quorum))
+            let mut plan = Vec::with_capacity(size);
+            for i in 0..size {
+                let (addr, uid) = if config.isolatable {
+                    let (addr, uid) = own_identity()?;
+                    (addr, Some(uid))
+                } else {
+                    (Ipv4Addr::LOCALHOST, None)
+                };
+                plan.push(ZkMemberPlan {
+                    myid: i + 1,
+                    addr,
+                    uid,
+                    client_port: ports[3 * i],
+                    quorum_port: ports[3 * i + 1],
+                    election_port: ports[3 * i + 2],
+                });
+            }
+            let members = plan
+                .iter()
+                .map(|m| ZkServer::spawn(m, Some(&plan), &config))
                 .collect::<Result<Vec<_>>>()?;
             for member in &members {
                 member.wait_ready()?;
             }
-            Ok(ZkEnsemble { members })
+            Ok(ZkEnsemble { members, config })
         })
     }
 
-    /// The connect string naming every member, `127.0.0.1:P1,127.0.0.1:P2,...`.
+    /// The connect string naming every member, `ADDR1:P1,ADDR2:P2,...`.
     pub fn connect_string(&self) -> String {
         self.members
             .iter()
@@ -273,7 +454,12 @@ impl ZkEnsemble {
 
     /// The ensemble's `tickTime`.
     pub fn tick_time(&self) -> Duration {
-        ZK_TICK_TIME
+        self.config.tick_time
+    }
+
+    /// How the ensemble was set up.
+    pub fn config(&self) -> ZkConfig {
+        self.config
     }
 
     /// Which member (0-based) leads, by `srvr`'s `Mode:`; waits (up to 10 s) while an election is
@@ -313,5 +499,19 @@ impl ZkEnsemble {
             self.members[i].wait_ready()?;
         }
         Ok(())
+    }
+}
+
+impl Isolatable for ZkServer {
+    fn identity(&self) -> Result<MemberIdentity> {
+        let uid = self
+            .uid
+            .ok_or_else(|| not_isolatable(self.process.name()))?;
+        Ok(MemberIdentity {
+            name: self.process.name().to_string(),
+            addr: self.addr,
+            uid,
+            client_port: self.client_port,
+        })
     }
 }

@@ -5,25 +5,17 @@
 //! it and hand their locks on. A lease renewed (or granted) by a read from that follower would be
 //! valid on two clients at once.
 //!
-//! The ensemble here is built for that cut: each member listens on its own loopback address
-//! (127.a.b.2, .3, .4: `lo` carries all of 127/8) and runs under its own uid, so nftables can
-//! drop the traffic between one member and the others (by its address for what others send it,
-//! by its uid for what it sends: connections a member opens leave from 127.0.0.1) while clients
-//! still reach its client port. The rules live in a table of this test run's own, deleted when
-//! the test ends, also when it fails.
+//! The ensemble here is built for that cut ([`ZkEnsemble::start_with`] with an isolatable
+//! [`ZkConfig`]): each member listens on its own loopback address and runs under its own uid, so
+//! a [`Partition`] can drop the traffic between one member and the others while clients still
+//! reach its client port. The partition's nftables table is deleted when the test ends, also
+//! when it fails.
 
-use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::path::Path;
-use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_core::{Authority, Error, Instant, LockKey};
-use leasehold_servers::process::find_program;
-use leasehold_servers::{free_ports, CommandSpec, ManagedProcess, READY_TIMEOUT};
+use leasehold_servers::{Partition, ZkConfig, ZkEnsemble};
 use leasehold_zookeeper::ZkAuthority;
 
 /// Runs a blocking harness step off the runtime; its error fails the test.
@@ -43,210 +35,14 @@ async fn off<T: Send + 'static>(
 const TICK: Duration = Duration::from_millis(100);
 const SYNC_LIMIT: u32 = 50;
 
-const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
-const SLF4J_SIMPLE_JAR: &str = "/usr/share/java/slf4j-simple.jar";
-
-/// One member: its own address, ports and uid.
-struct Member {
-    addr: Ipv4Addr,
-    client_port: u16,
-    uid: u32,
-    process: ManagedProcess,
-}
-
-impl Member {
-    fn connect_string(&self) -> String {
-        format!("{}:{}", self.addr, self.client_port)
-    }
-
-    fn mode(&self) -> Option<String> {
-        let answer = four_letter_word(self.addr, self.client_port, "srvr").ok()?;
-        answer
-            .lines()
-            .find_map(|line| line.strip_prefix("Mode:"))
-            .map(|mode| mode.trim().to_string())
-    }
-}
-
-fn four_letter_word(addr: Ipv4Addr, port: u16, word: &str) -> std::io::Result<String> {
-    let timeout = Duration::from_secs(1);
-    let mut stream = TcpStream::connect_timeout(&SocketAddr::from((addr, port)), timeout)?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.write_all(word.as_bytes())?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer)?;
-    Ok(answer)
-}
-
-/// A 3-member ensemble on per-member loopback addresses.
-struct Ensemble {
-    members: Vec<Member>,
-}
-
-static RUNS: AtomicUsize = AtomicUsize::new(0);
-
-impl Ensemble {
-    fn start() -> Result<Self, String> {
-        let java = find_program("java").ok_or("java is not installed")?;
-        if !Path::new(ZOOKEEPER_JAR).is_file() {
-            return Err(format!(
-                "{ZOOKEEPER_JAR} is missing (apt-get install zookeeper)"
-            ));
-        }
-        // Addresses and uids nobody else on the machine uses: from this process's id.
-        let pid = std::process::id();
-        let run = RUNS.fetch_add(1, Ordering::Relaxed) as u32;
-        let (a, b) = (100 + (pid % 100) as u8, ((pid / 100 + run) % 250) as u8 + 1);
-        let addrs: Vec<Ipv4Addr> = (2..5).map(|d| Ipv4Addr::new(127, a, b, d)).collect();
-        let uid_base = 50_000 + (pid % 5_000) * 3;
-        let ports = free_ports(9).map_err(|e| e.to_string())?;
-        let mut servers = String::new();
-        for (i, addr) in addrs.iter().enumerate() {
-            let _ = writeln!(
-                servers,
-                "server.{}={addr}:{}:{}",
-                i + 1,
-                ports[3 * i + 1],
-                ports[3 * i + 2]
-            );
-        }
-        let mut members = Vec::new();
-        for (i, addr) in addrs.iter().enumerate() {
-            let uid = uid_base + i as u32;
-            let dir = leasehold_servers::process::server_dir(&format!("zk-partition-{}", i + 1))
-                .map_err(|e| e.to_string())?;
-            let data = dir.path().join("data");
-            std::fs::create_dir_all(&data).map_err(|e| e.to_string())?;
-            let config = format!(
-                "tickTime={tick}\ninitLimit=50\nsyncLimit={SYNC_LIMIT}\ndataDir={data}\n\
-                 clientPort={port}\nclientPortAddress={addr}\nmaxSessionTimeout=20000\n\
-                 admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,stat,mntr\n\
-                 forceSync=no\n{servers}",
-                tick = TICK.as_millis(),
-                data = data.display(),
-                port = ports[3 * i],
-            );
-            let config_path = dir.path().join("zoo.cfg");
-            std::fs::write(&config_path, config).map_err(|e| e.to_string())?;
-            std::fs::write(data.join("myid"), format!("{}\n", i + 1)).map_err(|e| e.to_string())?;
-            for path in [dir.path(), data.as_path()] {
-                std::os::unix::fs::chown(path, Some(uid), Some(uid)).map_err(|e| e.to_string())?;
-            }
-            let class_path = if Path::new(SLF4J_SIMPLE_JAR).is_file() {
-                format!("{ZOOKEEPER_JAR}:{SLF4J_SIMPLE_JAR}")
-            } else {
-                ZOOKEEPER_JAR.to_string()
-            };
-            let mut spec = CommandSpec::new(
-                java.clone(),
-                [
-                    "-Xmx256m",
-                    "-XX:+UseSerialGC",
-                    "-XX:TieredStopAtLevel=1",
-                    "-XX:-UsePerfData",
-                    "-Djava.net.preferIPv4Stack=true",
-                    "-Duser.home=/tmp",
-                    "-cp",
-                    &class_path,
-                    "org.apache.zookeeper.server.quorum.QuorumPeerMain",
-                    &config_path.display().to_string(),
-                ],
-            );
-            spec.user = Some((uid, uid));
-            let process = ManagedProcess::spawn(format!("zookeeper-{}", i + 1), dir, spec)
-                .map_err(|e| e.to_string())?;
-            members.push(Member {
-                addr: *addr,
-                client_port: ports[3 * i],
-                uid,
-                process,
-            });
-        }
-        let ensemble = Ensemble { members };
-        for member in &ensemble.members {
-            member
-                .process
-                .wait_ready(READY_TIMEOUT, || match member.mode().as_deref() {
-                    Some("leader" | "follower") => Ok(()),
-                    other => Err(format!("mode {other:?}")),
-                })
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(ensemble)
-    }
-
-    fn leader(&self) -> Option<usize> {
-        self.members
-            .iter()
-            .position(|m| m.mode().as_deref() == Some("leader"))
-    }
-}
-
-/// nftables rules that cut one member off from the others but not from its clients. The table
-/// is deleted on drop.
-struct Partition {
-    table: String,
-}
-
-fn nft(args: &[&str]) -> Result<(), String> {
-    let nft = find_program("nft").ok_or("nft is not installed (apt-get install nftables)")?;
-    let out = Command::new(nft)
-        .args(args)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "nft {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
-}
-
-impl Partition {
-    fn isolate(member: &Member) -> Result<Self, String> {
-        let table = format!(
-            "leasehold_zk_{}_{}",
-            std::process::id(),
-            RUNS.fetch_add(1, Ordering::Relaxed)
-        );
-        nft(&["add", "table", "inet", &table])?;
-        let partition = Partition { table };
-        let t = partition.table.as_str();
-        let port = member.client_port.to_string();
-        let uid = member.uid.to_string();
-        let addr = member.addr.to_string();
-        nft(&[
-            "add",
-            "chain",
-            "inet",
-            t,
-            "out",
-            "{ type filter hook output priority 0; }",
-        ])?;
-        // What the member sends from any port but its client port (its own connections to the
-        // others leave from 127.0.0.1, so they are told apart by the uid).
-        nft(&[
-            "add", "rule", "inet", t, "out", "meta", "skuid", &uid, "tcp", "sport", "!=", &port,
-            "drop",
-        ])?;
-        // What anyone sends to the member's quorum and election ports.
-        nft(&[
-            "add", "rule", "inet", t, "out", "ip", "daddr", &addr, "tcp", "dport", "!=", &port,
-            "drop",
-        ])?;
-        Ok(partition)
-    }
-}
-
-impl Drop for Partition {
-    fn drop(&mut self) {
-        if let Err(e) = nft(&["delete", "table", "inet", &self.table]) {
-            eprintln!("could not delete nftables table {}: {e}", self.table);
-        }
-    }
+/// A 3-member ensemble whose members a [`Partition`] can cut off.
+fn start_ensemble() -> Result<ZkEnsemble, String> {
+    let config = ZkConfig::default()
+        .tick_time(TICK)
+        .init_limit(50)
+        .sync_limit(SYNC_LIMIT)
+        .isolatable();
+    ZkEnsemble::start_with(3, config).map_err(|e| e.to_string())
 }
 
 fn key(name: &str) -> LockKey {
@@ -259,22 +55,22 @@ fn key(name: &str) -> LockKey {
 /// renewal may succeed with a deadline past the moment B holds the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_cut_off_from_its_quorum_cannot_renew_a_lease_the_leader_expired() {
-    let ensemble = Arc::new(off("start the partition ensemble", Ensemble::start).await);
+    let ensemble = Arc::new(off("start the partition ensemble", start_ensemble).await);
     let e = ensemble.clone();
     let leader = off("find the leader", move || {
-        e.leader().ok_or("no leader".into())
+        e.leader().map_err(|e| e.to_string())
     })
     .await;
     let f = (0..3).find(|&i| i != leader).unwrap();
     let rest: Vec<String> = (0..3)
         .filter(|&i| i != f)
-        .map(|i| ensemble.members[i].connect_string())
+        .map(|i| ensemble.member(i).connect_string())
         .collect();
     let ttl = Duration::from_secs(1);
     let params = format!("timeout_ms={}", ttl.as_millis() / 3);
     let a = ZkAuthority::connect(&format!(
         "zk://{}/partition?{params}",
-        ensemble.members[f].connect_string()
+        ensemble.member(f).connect_string()
     ))
     .await
     .unwrap();
@@ -324,7 +120,10 @@ async fn a_follower_cut_off_from_its_quorum_cannot_renew_a_lease_the_leader_expi
     successes.changed().await.unwrap();
     let partition = {
         let e = ensemble.clone();
-        off("cut F off", move || Partition::isolate(&e.members[f])).await
+        off("cut F off", move || {
+            Partition::isolate(e.member(f)).map_err(|e| e.to_string())
+        })
+        .await
     };
     let cut = Instant::now();
     let b_result = b.acquire(&k, ttl, ttl * 4).await;
