@@ -1,0 +1,442 @@
+use std::fmt::Write;
+
+use leasehold_conformance::workload::History;
+
+use super::{render, ReportRun};
+
+const S: u64 = 1_000_000_000;
+const MS: u64 = 1_000_000;
+
+/// Two workers on one key; worker 1 is paused while holding, worker 2 takes the key, and
+/// worker 1's late write is refused. Then a normal hand-off from 1 to 2.
+fn fenced_history(header: bool) -> History {
+    let mut lines = Vec::new();
+    if header {
+        lines.push(r#"{"t":0,"event":"run","seed":7,"backend":"memory","fenced":true,"failover_unsafe":false}"#.to_string());
+    }
+    let ev = |t: u64, rest: &str| format!(r#"{{"t":{t},{rest}}}"#);
+    let at = |ms: u64| S + ms * MS;
+    lines.extend([
+        ev(
+            at(0),
+            r#""event":"acquire_invoke","worker":1,"key":"k0","ttl_ns":500000000"#,
+        ),
+        ev(
+            at(10),
+            &format!(
+                r#""event":"acquire_ok","worker":1,"key":"k0","fence":1,"deadline":{}"#,
+                at(500)
+            ),
+        ),
+        ev(
+            at(20),
+            r#""event":"read_invoke","worker":1,"key":"k0","fence":1"#,
+        ),
+        ev(
+            at(30),
+            r#""event":"read_ok","worker":1,"key":"k0","fence":1,"elements":[]"#,
+        ),
+        ev(
+            at(40),
+            r#""event":"fault_start","fault":1,"kind":"pause_worker","worker":1"#,
+        ),
+        ev(
+            at(50),
+            r#""event":"acquire_invoke","worker":2,"key":"k0","ttl_ns":500000000"#,
+        ),
+        ev(
+            at(600),
+            &format!(
+                r#""event":"acquire_ok","worker":2,"key":"k0","fence":2,"deadline":{}"#,
+                at(1100)
+            ),
+        ),
+        ev(
+            at(610),
+            r#""event":"read_invoke","worker":2,"key":"k0","fence":2"#,
+        ),
+        ev(
+            at(620),
+            r#""event":"read_ok","worker":2,"key":"k0","fence":2,"elements":[]"#,
+        ),
+        ev(
+            at(630),
+            r#""event":"write_invoke","worker":2,"key":"k0","fence":2,"element":200"#,
+        ),
+        ev(
+            at(640),
+            r#""event":"write_ok","worker":2,"key":"k0","fence":2,"element":200,"prior":2"#,
+        ),
+        ev(
+            at(650),
+            r#""event":"release_invoke","worker":2,"key":"k0","fence":2"#,
+        ),
+        ev(
+            at(660),
+            r#""event":"release_ok","worker":2,"key":"k0","fence":2"#,
+        ),
+        ev(
+            at(1000),
+            r#""event":"fault_start","fault":2,"kind":"kill_authority","node":"n1""#,
+        ),
+        ev(
+            at(1000),
+            r#""event":"fault_end","fault":1,"kind":"pause_worker","worker":1"#,
+        ),
+        ev(
+            at(1010),
+            r#""event":"write_invoke","worker":1,"key":"k0","fence":1,"element":100"#,
+        ),
+        ev(
+            at(1020),
+            r#""event":"write_stale","worker":1,"key":"k0","fence":1,"element":100,"newest":2"#,
+        ),
+        ev(
+            at(1030),
+            r#""event":"lost","worker":1,"key":"k0","fence":1,"reason":"expired""#,
+        ),
+        ev(
+            at(1200),
+            r#""event":"fault_end","fault":2,"kind":"kill_authority","node":"n1""#,
+        ),
+        ev(
+            at(1240),
+            r#""event":"acquire_invoke","worker":1,"key":"k0","ttl_ns":500000000"#,
+        ),
+        ev(
+            at(1250),
+            r#""event":"acquire_invoke","worker":2,"key":"k0","ttl_ns":500000000"#,
+        ),
+        ev(
+            at(1260),
+            &format!(
+                r#""event":"acquire_ok","worker":1,"key":"k0","fence":3,"deadline":{}"#,
+                at(1760)
+            ),
+        ),
+        ev(
+            at(1270),
+            r#""event":"read_invoke","worker":1,"key":"k0","fence":3"#,
+        ),
+        ev(
+            at(1280),
+            r#""event":"read_ok","worker":1,"key":"k0","fence":3,"elements":[200]"#,
+        ),
+        ev(
+            at(1290),
+            r#""event":"write_invoke","worker":1,"key":"k0","fence":3,"element":101"#,
+        ),
+        ev(
+            at(1300),
+            r#""event":"write_ok","worker":1,"key":"k0","fence":3,"element":101,"prior":3"#,
+        ),
+        ev(
+            at(1310),
+            r#""event":"release_invoke","worker":1,"key":"k0","fence":3"#,
+        ),
+        ev(
+            at(1320),
+            r#""event":"release_ok","worker":1,"key":"k0","fence":3"#,
+        ),
+        ev(
+            at(1360),
+            &format!(
+                r#""event":"acquire_ok","worker":2,"key":"k0","fence":4,"deadline":{}"#,
+                at(1860)
+            ),
+        ),
+        ev(
+            at(1370),
+            r#""event":"release_invoke","worker":2,"key":"k0","fence":4"#,
+        ),
+        ev(
+            at(1380),
+            r#""event":"release_ok","worker":2,"key":"k0","fence":4"#,
+        ),
+        ev(
+            at(2000),
+            r#""event":"final","key":"k0","elements":[200,101],"last_fence":3"#,
+        ),
+    ]);
+    History::from_jsonl(&(lines.join("\n") + "\n")).expect("the test history parses")
+}
+
+/// The unfenced control: worker 1's late write overwrites worker 2's acknowledged one.
+fn control_history() -> History {
+    let at = |ms: u64| S + ms * MS;
+    let text = [
+        r#"{"t":0,"event":"run","seed":7,"backend":"memory","fenced":false,"failover_unsafe":false}"#.to_string(),
+        format!(r#"{{"t":{},"event":"acquire_invoke","worker":1,"key":"k0","ttl_ns":500000000}}"#, at(0)),
+        format!(r#"{{"t":{},"event":"acquire_ok","worker":1,"key":"k0","fence":1}}"#, at(10)),
+        format!(r#"{{"t":{},"event":"read_invoke","worker":1,"key":"k0"}}"#, at(20)),
+        format!(r#"{{"t":{},"event":"read_ok","worker":1,"key":"k0","elements":[]}}"#, at(30)),
+        format!(r#"{{"t":{},"event":"fault_start","fault":1,"kind":"pause_worker","worker":1}}"#, at(40)),
+        format!(r#"{{"t":{},"event":"acquire_invoke","worker":2,"key":"k0","ttl_ns":500000000}}"#, at(50)),
+        format!(r#"{{"t":{},"event":"acquire_ok","worker":2,"key":"k0","fence":2}}"#, at(600)),
+        format!(r#"{{"t":{},"event":"read_invoke","worker":2,"key":"k0"}}"#, at(610)),
+        format!(r#"{{"t":{},"event":"read_ok","worker":2,"key":"k0","elements":[]}}"#, at(620)),
+        format!(r#"{{"t":{},"event":"write_invoke","worker":2,"key":"k0","fence":2,"element":200}}"#, at(630)),
+        format!(r#"{{"t":{},"event":"write_ok","worker":2,"key":"k0","fence":2,"element":200}}"#, at(640)),
+        format!(r#"{{"t":{},"event":"release_invoke","worker":2,"key":"k0","fence":2}}"#, at(650)),
+        format!(r#"{{"t":{},"event":"fault_end","fault":1,"kind":"pause_worker","worker":1}}"#, at(1000)),
+        format!(r#"{{"t":{},"event":"write_invoke","worker":1,"key":"k0","fence":1,"element":100}}"#, at(1010)),
+        format!(r#"{{"t":{},"event":"write_ok","worker":1,"key":"k0","fence":1,"element":100}}"#, at(1020)),
+        format!(r#"{{"t":{},"event":"release_invoke","worker":1,"key":"k0","fence":1}}"#, at(1030)),
+        format!(r#"{{"t":{},"event":"final","key":"k0","elements":[100],"last_fence":2}}"#, at(2000)),
+    ]
+    .join("\n");
+    History::from_jsonl(&(text + "\n")).expect("the control history parses")
+}
+
+fn run(label: &str, history: History) -> ReportRun {
+    ReportRun {
+        label: label.to_string(),
+        history,
+    }
+}
+
+fn read(dir: &std::path::Path, name: &str) -> String {
+    std::fs::read_to_string(dir.join(name)).expect("the report file exists")
+}
+
+#[test]
+fn readme_has_the_figures_row_and_the_control_comparison() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runs = [
+        run("memory fenced", fenced_history(true)),
+        run("memory control", control_history()),
+    ];
+    render(&runs, "Two hand-made histories.", dir.path()).expect("render");
+    let md = read(dir.path(), "README.md");
+    assert!(
+        md.contains("| memory fenced | memory | fenced | pass | 2 | 0 of 2 | 0 | 1 | 0 | 0 | 1 |"),
+        "{md}"
+    );
+    assert!(
+        md.contains(
+            "| memory control | memory | unfenced control | pass | 2 | 1 of 2 (50.0%) | 1 |"
+        ),
+        "{md}"
+    );
+    assert!(
+        md.contains("fences kept every acknowledged write; without them 1 of 2 (50.0%) were lost"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| run | pause_worker | kill_authority | total |"),
+        "{md}"
+    );
+    assert!(md.contains("| memory fenced | 1 | 1 | 2 |"), "{md}");
+    assert!(md.contains("## How the runs were made\n\nTwo hand-made histories."));
+    // Fenced first within a backend, whatever the order given.
+    let fenced_at = md.find("### memory fenced").expect("fenced verdict");
+    let control_at = md.find("### memory control").expect("control verdict");
+    assert!(fenced_at < control_at);
+}
+
+#[test]
+fn html_is_one_page_with_every_plot_and_nothing_external() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runs = [run("memory fenced", fenced_history(true))];
+    render(&runs, "how <b>escaped</b>", dir.path()).expect("render");
+    let html = read(dir.path(), "report.html");
+
+    assert_eq!(
+        html.matches("<svg").count(),
+        4,
+        "timeline, fences, two histograms"
+    );
+    for text in [
+        "Timeline: who held a key, faults, writes",
+        "Fences granted over time, per key",
+        "hand-off latency",
+        "acquire latency",
+        "seconds since the run started",
+        "milliseconds",
+        "worker 1",
+        "worker 2",
+        "held past its deadline",
+        "worker paused",
+        "kill_authority",
+        "key k0",
+    ] {
+        assert!(html.contains(text), "report.html lacks {text:?}");
+    }
+    assert!(html.contains("how &lt;b&gt;escaped&lt;/b&gt;"));
+    let lower = html.to_lowercase();
+    for external in [
+        "src=\"http",
+        "href=\"http",
+        "src='http",
+        "href='http",
+        "url(",
+        "@import",
+        "<script",
+        "<link",
+        "<img",
+    ] {
+        assert!(
+            !lower.contains(external),
+            "report.html references {external:?}"
+        );
+    }
+}
+
+#[test]
+fn a_history_without_header_is_a_row_not_an_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runs = [
+        run("headless", fenced_history(false)),
+        run("empty", History::default()),
+    ];
+    render(&runs, "", dir.path()).expect("render without headers");
+    let md = read(dir.path(), "README.md");
+    assert!(
+        md.contains("| headless | ? | ? | not judged: no run header | — |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| empty | ? | ? | not judged: no run header |"),
+        "{md}"
+    );
+    let html = read(dir.path(), "report.html");
+    assert!(html.contains("not judged: no run header"));
+    assert_eq!(html.matches("<svg").count(), 8);
+}
+
+#[test]
+fn no_runs_still_renders() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    render(&[], "nothing ran", dir.path().join("nested/out").as_path()).expect("render");
+    assert!(read(&dir.path().join("nested/out"), "README.md").contains("No runs."));
+}
+
+#[test]
+fn unwritable_output_is_an_io_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").expect("write");
+    let err = render(&[], "", &file.join("sub")).expect_err("a file is in the way");
+    assert!(matches!(err, super::ReportError::Io { .. }), "{err}");
+}
+
+/// Ten minutes, eight workers on two keys, tens of thousands of events, with pauses, kills
+/// and server faults.
+fn long_history() -> History {
+    let mut text = String::from(
+        r#"{"t":0,"event":"run","seed":1,"backend":"memory","fenced":true,"failover_unsafe":false}"#,
+    );
+    text.push('\n');
+    let mut fence = [0u64; 2];
+    let mut element = 0u64;
+    let mut t = S;
+    let mut fault = 0u64;
+    let end = S + 600 * S;
+    let mut step = 0u64;
+    while t < end {
+        let worker = (step % 8) as u32;
+        let k = (step % 2) as usize;
+        fence[k] += 1;
+        element += 1;
+        let f = fence[k];
+        for (dt, line) in [
+            (
+                0,
+                format!(
+                    r#""event":"acquire_invoke","worker":{worker},"key":"k{k}","ttl_ns":500000000"#
+                ),
+            ),
+            (
+                2 * MS,
+                format!(
+                    r#""event":"acquire_ok","worker":{worker},"key":"k{k}","fence":{f},"deadline":{}"#,
+                    t + 502 * MS
+                ),
+            ),
+            (
+                3 * MS,
+                format!(
+                    r#""event":"write_invoke","worker":{worker},"key":"k{k}","fence":{f},"element":{element}"#
+                ),
+            ),
+            (
+                4 * MS,
+                format!(
+                    r#""event":"write_ok","worker":{worker},"key":"k{k}","fence":{f},"element":{element}"#
+                ),
+            ),
+            (
+                5 * MS,
+                format!(r#""event":"release_invoke","worker":{worker},"key":"k{k}","fence":{f}"#),
+            ),
+            (
+                6 * MS,
+                format!(r#""event":"release_ok","worker":{worker},"key":"k{k}","fence":{f}"#),
+            ),
+        ] {
+            let _ = writeln!(text, r#"{{"t":{},{line}}}"#, t + dt);
+        }
+        if step.is_multiple_of(500) {
+            fault += 1;
+            let kind = ["pause_worker", "kill_worker", "kill_authority"][(fault % 3) as usize];
+            let _ = writeln!(
+                text,
+                r#"{{"t":{},"event":"fault_start","fault":{fault},"kind":"{kind}","worker":{worker}}}"#,
+                t + 7 * MS
+            );
+            let _ = writeln!(
+                text,
+                r#"{{"t":{},"event":"fault_end","fault":{fault},"kind":"{kind}","worker":{worker}}}"#,
+                t + 8 * MS
+            );
+        }
+        t += 20 * MS;
+        step += 1;
+    }
+    let _ = writeln!(
+        text,
+        r#"{{"t":{t},"event":"final","key":"k0","elements":[],"last_fence":{}}}"#,
+        fence[0]
+    );
+    History::from_jsonl(&text).expect("parses")
+}
+
+/// The page must stay small enough to open.
+#[test]
+fn a_long_run_keeps_the_page_small() {
+    let history = long_history();
+    assert!(history.len() > 150_000);
+    let dir = tempfile::tempdir().expect("tempdir");
+    render(&[run("long", history)], "", dir.path()).expect("render");
+    let size = std::fs::metadata(dir.path().join("report.html"))
+        .expect("html")
+        .len();
+    assert!(size < 1_500_000, "report.html is {size} bytes");
+}
+
+#[test]
+fn a_reissued_fence_is_declared_and_circled() {
+    let text = [
+        r#"{"t":0,"event":"run","seed":3,"backend":"redis","fenced":true,"failover_unsafe":true}"#,
+        r#"{"t":1000000000,"event":"acquire_invoke","worker":1,"key":"k0","ttl_ns":500000000}"#,
+        r#"{"t":1010000000,"event":"acquire_ok","worker":1,"key":"k0","fence":5}"#,
+        r#"{"t":1020000000,"event":"release_invoke","worker":1,"key":"k0","fence":5}"#,
+        r#"{"t":1030000000,"event":"release_ok","worker":1,"key":"k0","fence":5}"#,
+        r#"{"t":1040000000,"event":"acquire_invoke","worker":2,"key":"k0","ttl_ns":500000000}"#,
+        r#"{"t":1050000000,"event":"acquire_ok","worker":2,"key":"k0","fence":5}"#,
+        r#"{"t":1060000000,"event":"release_invoke","worker":2,"key":"k0","fence":5}"#,
+        r#"{"t":2000000000,"event":"final","key":"k0","elements":[]}"#,
+    ]
+    .join("\n");
+    let history = History::from_jsonl(&(text + "\n")).expect("parses");
+    let dir = tempfile::tempdir().expect("tempdir");
+    render(&[run("redis failover", history)], "", dir.path()).expect("render");
+    let md = read(dir.path(), "README.md");
+    assert!(
+        md.contains("| redis failover | redis | fenced | declared |"),
+        "{md}"
+    );
+    assert!(md.contains("declared: 1 x fence reissued"), "{md}");
+    let html = read(dir.path(), "report.html");
+    assert!(html.contains("fence reissued (1)"));
+}
