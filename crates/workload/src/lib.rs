@@ -5,4 +5,9 @@
 //! workload and renders the report. It is a crate of its own because it needs every backend,
 //! and every backend's tests depend on `leasehold-conformance`.
 
+pub mod deployment;
+pub mod forwarder;
 pub mod report;
+pub mod resource;
+pub mod runner;
+pub mod worker;

@@ -1,3 +1,325 @@
-//! `leasehold-workload`: runs the fault workload, re-executes itself as a worker, renders the report.
+//! `leasehold-workload`: runs the fault workload, re-executes itself as a worker, checks stored
+//! histories and renders the report.
+//!
+//! ```text
+//! leasehold-workload run --backend etcd --duration 60s --seed 7      # both arms, 3-node etcd
+//! leasehold-workload check target/workload/etcd-fenced.history.jsonl
+//! leasehold-workload report --out docs/report target/workload/*.history.jsonl
+//! ```
+//!
+//! Exit status: 0 when every run passed (declared weaknesses pass, labelled), 1 when a run
+//! failed, 2 for a usage error.
 
-fn main() {}
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_conformance::workload::{check_recorded, History};
+use leasehold_workload::deployment::Backend;
+use leasehold_workload::report::{render, ReportRun};
+use leasehold_workload::resource::PgSets;
+use leasehold_workload::runner::{run, Arm, RunOptions};
+use leasehold_workload::worker::{Log, PauseBy, Worker, WorkerConfig};
+
+const USAGE: &str = "usage:
+  leasehold-workload run --backend etcd|zookeeper|postgres|redis [--nodes N] [--duration 60s]
+      [--seed N] [--workers N] [--keys N] [--arms fenced,control] [--url AUTHORITY_URL]
+      [--resource-url POSTGRES_URL] [--out DIR] [--pause-probability P] [--cancel-probability P]
+      [--fault-gap 1s..3s]
+  leasehold-workload check HISTORY...
+  leasehold-workload report --out DIR [--how TEXT] HISTORY...
+The runner starts the servers itself (Debian packages) unless --url / --resource-url name them.";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("leasehold-workload: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LEASEHOLD_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    match args.first().map(String::as_str) {
+        Some("run") => runtime.block_on(run_command(&args[1..])),
+        Some("worker") => runtime.block_on(worker_command(&args[1..])),
+        Some("check") => check_command(&args[1..]),
+        Some("report") => report_command(&args[1..]),
+        Some("-h" | "--help" | "help") => {
+            println!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        _ => usage("expected a command"),
+    }
+}
+
+fn usage(problem: &str) -> ExitCode {
+    eprintln!("leasehold-workload: {problem}\n{USAGE}");
+    ExitCode::from(2)
+}
+
+/// `500ms`, `20s`, `10m`.
+fn parse_duration(text: &str) -> Option<Duration> {
+    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit())?);
+    let n: u64 = number.parse().ok()?;
+    match unit {
+        "ms" => Some(Duration::from_millis(n)),
+        "s" => Some(Duration::from_secs(n)),
+        "m" => Some(Duration::from_secs(n.checked_mul(60)?)),
+        _ => None,
+    }
+}
+
+fn parse_probability(text: &str) -> Option<f64> {
+    text.parse::<f64>().ok().filter(|p| (0.0..=1.0).contains(p))
+}
+
+async fn run_command(args: &[String]) -> ExitCode {
+    let mut backend = None;
+    let mut options = RunOptions::new(
+        Backend::Etcd,
+        Duration::from_secs(60),
+        7,
+        PathBuf::from("target/workload"),
+    );
+    let mut nodes = None;
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let Some(value) = it.next() else {
+            return usage(&format!("{flag} needs a value"));
+        };
+        let ok = match flag.as_str() {
+            "--backend" => Backend::parse(value).map(|b| backend = Some(b)).is_some(),
+            "--nodes" => value.parse().ok().map(|n| nodes = Some(n)).is_some(),
+            "--duration" => parse_duration(value)
+                .map(|d| options.duration = d)
+                .is_some(),
+            "--seed" => value.parse().ok().map(|s| options.seed = s).is_some(),
+            "--workers" => value
+                .parse()
+                .ok()
+                .filter(|&n| (1..=256).contains(&n))
+                .map(|n| options.workers = n)
+                .is_some(),
+            "--keys" => value
+                .parse()
+                .ok()
+                .filter(|&n| n >= 1)
+                .map(|n| options.keys = n)
+                .is_some(),
+            "--arms" => {
+                let arms: Option<Vec<Arm>> = value
+                    .split(',')
+                    .map(|a| match a {
+                        "fenced" => Some(Arm::Fenced),
+                        "control" => Some(Arm::Control),
+                        _ => None,
+                    })
+                    .collect();
+                arms.map(|a| options.arms = a).is_some()
+            }
+            "--url" => {
+                options.authority_url = Some(value.clone());
+                true
+            }
+            "--resource-url" => {
+                options.resource_url = Some(value.clone());
+                true
+            }
+            "--out" => {
+                options.out = PathBuf::from(value);
+                true
+            }
+            "--pause-probability" => parse_probability(value)
+                .map(|p| options.pause_probability = p)
+                .is_some(),
+            "--cancel-probability" => parse_probability(value)
+                .map(|p| options.cancel_probability = p)
+                .is_some(),
+            "--fault-gap" => value
+                .split_once("..")
+                .and_then(|(lo, hi)| Some((parse_duration(lo)?, parse_duration(hi)?)))
+                .filter(|(lo, hi)| lo <= hi)
+                .map(|gap| options.fault_gap = gap)
+                .is_some(),
+            _ => return usage(&format!("unknown flag {flag}")),
+        };
+        if !ok {
+            return usage(&format!("invalid value {value:?} for {flag}"));
+        }
+    }
+    let Some(backend) = backend else {
+        return usage("--backend is required");
+    };
+    options.backend = backend;
+    options.nodes = nodes.unwrap_or(backend.default_nodes());
+    match run(&options).await {
+        Ok(results) => {
+            let mut failed = false;
+            for result in results {
+                println!("{}", result.verdict);
+                println!("history: {}\n", result.history_path.display());
+                failed |= !result.verdict.passed();
+            }
+            if failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!("leasehold-workload: the run could not complete: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn worker_command(args: &[String]) -> ExitCode {
+    let Some(config) = args
+        .first()
+        .and_then(|json| serde_json::from_str::<WorkerConfig>(json).ok())
+    else {
+        return usage("worker needs its configuration as JSON");
+    };
+    match worker(config).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("worker: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn worker(config: WorkerConfig) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let log = Log::open(&config.history)?;
+    // The authority may be down right now (the worker was restarted during a fault).
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
+    let authority = loop {
+        match leasehold::connect(&config.authority_url).await {
+            Ok(a) => break a,
+            Err(e) if tokio::time::Instant::now() >= give_up => return Err(Box::new(e)),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    let resource = Arc::new(PgSets::connect(&config.resource_url, &config.run).await?);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut terminate = signal(SignalKind::terminate())?;
+    tokio::spawn(async move {
+        terminate.recv().await;
+        let _ = stop_tx.send(true);
+    });
+    Worker::new(
+        config,
+        authority.clone(),
+        resource,
+        log,
+        PauseBy::Signal,
+        std::process::id(),
+    )
+    .run(stop_rx)
+    .await;
+    let _ = authority.close().await;
+    Ok(())
+}
+
+fn read_histories(paths: &[String]) -> Result<Vec<(String, History)>, String> {
+    paths
+        .iter()
+        .map(|p| {
+            History::read_file(p)
+                .map(|h| (p.clone(), h))
+                .map_err(|e| format!("{p}: {e}"))
+        })
+        .collect()
+}
+
+fn check_command(args: &[String]) -> ExitCode {
+    if args.is_empty() {
+        return usage("check needs a history");
+    }
+    let histories = match read_histories(args) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("leasehold-workload: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut failed = false;
+    for (path, history) in histories {
+        match check_recorded(&history) {
+            Some(verdict) => {
+                println!("{path}:\n{verdict}");
+                failed |= !verdict.passed();
+            }
+            None => {
+                eprintln!("{path}: no run line; not a workload history");
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn report_command(args: &[String]) -> ExitCode {
+    let mut out = None;
+    let mut how = String::new();
+    let mut paths = Vec::new();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--out" => out = it.next().map(PathBuf::from),
+            "--how" => how = it.next().cloned().unwrap_or_default(),
+            _ => paths.push(arg.clone()),
+        }
+    }
+    let Some(out) = out else {
+        return usage("report needs --out DIR");
+    };
+    if paths.is_empty() {
+        return usage("report needs histories");
+    }
+    let runs = match read_histories(&paths) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("leasehold-workload: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runs: Vec<ReportRun> = runs
+        .into_iter()
+        .map(|(path, history)| ReportRun {
+            label: std::path::Path::new(&path)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .map(|n| n.trim_end_matches(".history.jsonl").to_string())
+                .unwrap_or(path),
+            history,
+        })
+        .collect();
+    match render(&runs, &how, &out) {
+        Ok(()) => {
+            println!("report written to {}", out.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("leasehold-workload: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! The protected resource: per key, a set of numbers and the greatest fence it accepted.
+//!
+//! It stands for the database, the payment API or the file that a lease protects. It lives on its
+//! own PostgreSQL server, apart from the authority under test, so faults of the authority never
+//! touch it. With fences, a read is also a *claim*: it raises `last_fence` to the reader's fence
+//! or is refused, so an older holder's write that arrives between the new holder's read and write
+//! is refused too (see `docs/workload.md`, "claim before reading"). The unfenced control reads and
+//! writes without looking at fences, as a lock-only application would.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Row};
+
+/// What a claim or a write met.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome<T> {
+    /// Done: the read set, or for a write the `last_fence` just before it (when fenced).
+    Done(T),
+    /// Refused: the resource had accepted `newest`, greater than the fence presented.
+    Stale {
+        /// The resource's `last_fence`.
+        newest: u64,
+    },
+}
+
+/// The resource's rows: per key, the set and `last_fence`.
+pub type Rows = BTreeMap<String, (Vec<u64>, Option<u64>)>;
+
+/// Errors of the resource, displayed into the history.
+pub type ResourceError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The resource as the workers and the runner use it.
+#[async_trait]
+pub trait SetResource: Send + Sync {
+    /// Reads `key`'s set. With `fence`, first raises `last_fence` to it in the same transaction,
+    /// or refuses if a greater fence was accepted.
+    async fn read(&self, key: &str, fence: Option<u64>)
+        -> Result<Outcome<Vec<u64>>, ResourceError>;
+
+    /// Replaces `key`'s set with `elements`. With `fence`, only if no greater fence was accepted;
+    /// returns the `last_fence` held just before. Without, writes whatever the fences say.
+    async fn write(
+        &self,
+        key: &str,
+        elements: &[u64],
+        fence: u64,
+        fenced: bool,
+    ) -> Result<Outcome<Option<u64>>, ResourceError>;
+
+    /// Every key's set and `last_fence`, after the run.
+    async fn final_state(&self) -> Result<Rows, ResourceError>;
+}
+
+/// The resource as a table on a PostgreSQL server. Rows are namespaced by run, so one server can
+/// hold the fenced run and its control side by side.
+#[derive(Debug, Clone)]
+pub struct PgSets {
+    pool: PgPool,
+    run: String,
+}
+
+const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS leasehold_workload_sets (
+    run text NOT NULL,
+    key text NOT NULL,
+    elements bigint[] NOT NULL DEFAULT '{}',
+    last_fence bigint,
+    PRIMARY KEY (run, key))";
+
+fn to_db(n: u64) -> Result<i64, ResourceError> {
+    i64::try_from(n).map_err(|_| format!("{n} does not fit a bigint").into())
+}
+
+fn from_db(n: i64) -> Result<u64, ResourceError> {
+    u64::try_from(n).map_err(|_| format!("negative value {n} in the resource").into())
+}
+
+impl PgSets {
+    /// Connects to `url` (a small pool; each worker process has its own) and creates the table.
+    pub async fn connect(url: &str, run: &str) -> Result<Self, ResourceError> {
+        let options: PgConnectOptions = url.parse()?;
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(std::time::Duration::from_secs(10))
+            .connect_with(options)
+            .await?;
+        sqlx::query(SCHEMA).execute(&pool).await?;
+        Ok(PgSets {
+            pool,
+            run: run.to_string(),
+        })
+    }
+
+    async fn newest(&self, key: &str) -> Result<u64, ResourceError> {
+        let row = sqlx::query(
+            "SELECT last_fence FROM leasehold_workload_sets WHERE run = $1 AND key = $2",
+        )
+        .bind(&self.run)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await?;
+        let newest: Option<i64> = match row {
+            Some(row) => row.try_get(0)?,
+            None => None,
+        };
+        newest.map(from_db).transpose().map(|n| n.unwrap_or(0))
+    }
+}
+
+#[async_trait]
+impl SetResource for PgSets {
+    async fn read(
+        &self,
+        key: &str,
+        fence: Option<u64>,
+    ) -> Result<Outcome<Vec<u64>>, ResourceError> {
+        let row = match fence {
+            // One statement: the claim and the read are atomic, and a refused claim reads nothing.
+            Some(fence) => {
+                sqlx::query(
+                    "INSERT INTO leasehold_workload_sets AS s (run, key, last_fence)
+                     VALUES ($1, $2, $3)
+                     ON CONFLICT (run, key) DO UPDATE SET last_fence = EXCLUDED.last_fence
+                       WHERE s.last_fence IS NULL OR s.last_fence <= EXCLUDED.last_fence
+                     RETURNING elements",
+                )
+                .bind(&self.run)
+                .bind(key)
+                .bind(to_db(fence)?)
+                .fetch_optional(&self.pool)
+                .await?
+            }
+            None => {
+                sqlx::query(
+                    "SELECT elements FROM leasehold_workload_sets WHERE run = $1 AND key = $2",
+                )
+                .bind(&self.run)
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await?
+            }
+        };
+        match row {
+            Some(row) => {
+                let elements: Vec<i64> = row.try_get(0)?;
+                Ok(Outcome::Done(
+                    elements
+                        .into_iter()
+                        .map(from_db)
+                        .collect::<Result<_, _>>()?,
+                ))
+            }
+            None if fence.is_some() => Ok(Outcome::Stale {
+                newest: self.newest(key).await?,
+            }),
+            None => Ok(Outcome::Done(Vec::new())),
+        }
+    }
+
+    async fn write(
+        &self,
+        key: &str,
+        elements: &[u64],
+        fence: u64,
+        fenced: bool,
+    ) -> Result<Outcome<Option<u64>>, ResourceError> {
+        let elements = elements
+            .iter()
+            .map(|&e| to_db(e))
+            .collect::<Result<Vec<_>, _>>()?;
+        let fence_db = to_db(fence)?;
+        if !fenced {
+            // The control: the write lands whatever fence it carries (last_fence is kept only so
+            // the final state shows the newest fence that wrote).
+            sqlx::query(
+                "INSERT INTO leasehold_workload_sets AS s (run, key, elements, last_fence)
+                 VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (run, key) DO UPDATE SET elements = EXCLUDED.elements,
+                   last_fence = GREATEST(s.last_fence, EXCLUDED.last_fence)",
+            )
+            .bind(&self.run)
+            .bind(key)
+            .bind(&elements)
+            .bind(fence_db)
+            .execute(&self.pool)
+            .await?;
+            return Ok(Outcome::Done(None));
+        }
+        // The guarded write: lock the row, compare, write, in one transaction, and report the
+        // fence held before so the checker can judge each accept exactly.
+        let mut tx = self.pool.begin().await?;
+        let prior: Option<Option<i64>> = sqlx::query_scalar(
+            "SELECT last_fence FROM leasehold_workload_sets WHERE run = $1 AND key = $2 FOR UPDATE",
+        )
+        .bind(&self.run)
+        .bind(key)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let prior = prior.flatten().map(from_db).transpose()?;
+        if let Some(newest) = prior.filter(|&p| p > fence) {
+            tx.rollback().await?;
+            return Ok(Outcome::Stale { newest });
+        }
+        sqlx::query(
+            "INSERT INTO leasehold_workload_sets AS s (run, key, elements, last_fence)
+             VALUES ($1, $2, $3, $4)
+             ON CONFLICT (run, key) DO UPDATE SET elements = EXCLUDED.elements,
+               last_fence = EXCLUDED.last_fence",
+        )
+        .bind(&self.run)
+        .bind(key)
+        .bind(&elements)
+        .bind(fence_db)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Outcome::Done(prior))
+    }
+
+    async fn final_state(&self) -> Result<Rows, ResourceError> {
+        let rows = sqlx::query(
+            "SELECT key, elements, last_fence FROM leasehold_workload_sets WHERE run = $1",
+        )
+        .bind(&self.run)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = BTreeMap::new();
+        for row in rows {
+            let key: String = row.try_get(0)?;
+            let elements: Vec<i64> = row.try_get(1)?;
+            let last: Option<i64> = row.try_get(2)?;
+            out.insert(
+                key,
+                (
+                    elements
+                        .into_iter()
+                        .map(from_db)
+                        .collect::<Result<_, _>>()?,
+                    last.map(from_db).transpose()?,
+                ),
+            );
+        }
+        Ok(out)
+    }
+}
+
+/// The resource in memory, for runs whose workers are tasks of one process (the in-process
+/// reference authority and its mutants).
+#[derive(Debug, Default)]
+pub struct MemorySets {
+    rows: Mutex<Rows>,
+}
+
+impl MemorySets {
+    fn rows(&self) -> std::sync::MutexGuard<'_, Rows> {
+        self.rows.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[async_trait]
+impl SetResource for MemorySets {
+    async fn read(
+        &self,
+        key: &str,
+        fence: Option<u64>,
+    ) -> Result<Outcome<Vec<u64>>, ResourceError> {
+        let mut rows = self.rows();
+        let row = rows.entry(key.to_string()).or_default();
+        if let Some(fence) = fence {
+            if let Some(newest) = row.1.filter(|&n| n > fence) {
+                return Ok(Outcome::Stale { newest });
+            }
+            row.1 = Some(fence);
+        }
+        Ok(Outcome::Done(row.0.clone()))
+    }
+
+    async fn write(
+        &self,
+        key: &str,
+        elements: &[u64],
+        fence: u64,
+        fenced: bool,
+    ) -> Result<Outcome<Option<u64>>, ResourceError> {
+        let mut rows = self.rows();
+        let row = rows.entry(key.to_string()).or_default();
+        let prior = row.1;
+        if fenced {
+            if let Some(newest) = prior.filter(|&p| p > fence) {
+                return Ok(Outcome::Stale { newest });
+            }
+            row.1 = Some(fence);
+        } else {
+            row.1 = Some(prior.map_or(fence, |p| p.max(fence)));
+        }
+        row.0 = elements.to_vec();
+        Ok(Outcome::Done(if fenced { prior } else { None }))
+    }
+
+    async fn final_state(&self) -> Result<Rows, ResourceError> {
+        Ok(self.rows().clone())
+    }
+}

@@ -1,0 +1,658 @@
+//! The runner: starts the servers and the worker processes, runs the nemesis for the run's
+//! duration, heals everything, stops the workers, reads the resource's final state, merges the
+//! histories and judges them.
+//!
+//! A run has one or two *arms* on the same servers at the same time: the fenced run and the
+//! unfenced control, each with its own workers, lock keys and resource rows. They share the
+//! server faults, so the control's losses and the fenced run's zero are measured under the same
+//! nemesis.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_conformance::workload::clock::now_ns;
+use leasehold_conformance::workload::{
+    check_recorded, Event, FaultKind, History, RunVerdict, What, WorkerId,
+};
+use leasehold_core::{Authority, FenceSafety, LockKey};
+use leasehold_servers::{CommandSpec, ManagedProcess, PostgresServer};
+use rand::rngs::StdRng;
+use rand::seq::{IndexedRandom, SliceRandom};
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+use crate::deployment::{Backend, Deployment};
+use crate::resource::{PgSets, SetResource};
+use crate::worker::{Log, WorkerConfig};
+
+/// Errors of a run (not findings: those are in the verdict).
+pub type RunError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The fenced run or the unfenced control.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arm {
+    /// Writes carry the fence; the resource refuses older ones.
+    Fenced,
+    /// Writes ignore the fence: must lose updates under pauses, or the nemesis is too weak.
+    Control,
+}
+
+impl Arm {
+    /// `fenced` or `control`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arm::Fenced => "fenced",
+            Arm::Control => "control",
+        }
+    }
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// The backend under test.
+    pub backend: Backend,
+    /// Servers (3 for etcd and ZooKeeper clusters).
+    pub nodes: usize,
+    /// An authority started by someone else; then only worker faults are injected.
+    pub authority_url: Option<String>,
+    /// A resource server started by someone else (else one is started).
+    pub resource_url: Option<String>,
+    /// How long the nemesis runs.
+    pub duration: Duration,
+    /// Seeds the nemesis and every worker.
+    pub seed: u64,
+    /// Worker processes per arm.
+    pub workers: u32,
+    /// Lock keys per arm.
+    pub keys: usize,
+    /// The arms to run side by side.
+    pub arms: Vec<Arm>,
+    /// Where histories and the verdicts go.
+    pub out: PathBuf,
+    /// Chance that a round pauses between its validity check and its write.
+    pub pause_probability: f64,
+    /// Chance that an acquire is dropped at a random moment.
+    pub cancel_probability: f64,
+    /// The gap between two nemesis faults, drawn uniformly from this range.
+    pub fault_gap: (Duration, Duration),
+}
+
+impl RunOptions {
+    /// Defaults for `backend`: both arms, 4 workers each, 2 keys, a fault every 1-3 s.
+    pub fn new(backend: Backend, duration: Duration, seed: u64, out: PathBuf) -> RunOptions {
+        RunOptions {
+            backend,
+            nodes: backend.default_nodes(),
+            authority_url: None,
+            resource_url: None,
+            duration,
+            seed,
+            workers: 4,
+            keys: 2,
+            arms: vec![Arm::Fenced, Arm::Control],
+            out,
+            pause_probability: 0.2,
+            cancel_probability: 0.1,
+            fault_gap: (Duration::from_millis(1000), Duration::from_millis(3000)),
+        }
+    }
+}
+
+/// One arm's outcome.
+#[derive(Debug)]
+pub struct ArmResult {
+    /// Which arm.
+    pub arm: Arm,
+    /// The merged history.
+    pub history_path: PathBuf,
+    /// The checker's verdict.
+    pub verdict: RunVerdict,
+}
+
+/// A worker process and its nemesis state.
+struct WorkerProc {
+    id: WorkerId,
+    process: Arc<ManagedProcess>,
+    /// Paused (by itself or the nemesis): the fault's id and when to resume.
+    paused: Option<(u64, Instant)>,
+    /// Killed: the fault's id and when to start its replacement.
+    killed: Option<(u64, Instant)>,
+}
+
+struct Nemesis {
+    log: Log,
+    rng: StdRng,
+    next_fault: Arc<AtomicU64>,
+    /// How long a paused worker stays paused: past the longest TTL.
+    pause_for: (Duration, Duration),
+}
+
+impl Nemesis {
+    fn fault_id(&self) -> u64 {
+        self.next_fault.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn start(&self, fault: u64, kind: FaultKind, worker: Option<WorkerId>, node: Option<String>) {
+        self.log.record(What::FaultStart {
+            fault,
+            kind,
+            worker,
+            node,
+        });
+    }
+
+    fn end(&self, fault: u64, kind: FaultKind, worker: Option<WorkerId>, node: Option<String>) {
+        self.log.record(What::FaultEnd {
+            fault,
+            kind,
+            worker,
+            node,
+        });
+    }
+
+    fn pause_duration(&mut self) -> Duration {
+        let (lo, hi) = self.pause_for;
+        Duration::from_millis(
+            self.rng
+                .random_range(lo.as_millis() as u64..=hi.as_millis() as u64),
+        )
+    }
+
+    /// Notices workers that stopped themselves at their pause point, and pauses, resumes,
+    /// kills and restarts workers as scheduled.
+    async fn tend(&mut self, workers: &mut [WorkerProc]) {
+        let now = Instant::now();
+        for w in workers.iter_mut() {
+            if w.paused.is_none() && w.killed.is_none() && is_stopped(&w.process) {
+                let fault = self.fault_id();
+                self.start(fault, FaultKind::PauseWorker, Some(w.id), None);
+                w.paused = Some((fault, now + self.pause_duration()));
+            }
+            if let Some((fault, at)) = w.paused {
+                if now >= at {
+                    if let Err(e) = w.process.resume() {
+                        eprintln!("nemesis: cannot resume worker {}: {e}", w.id);
+                    }
+                    self.end(fault, FaultKind::PauseWorker, Some(w.id), None);
+                    w.paused = None;
+                }
+            }
+            if let Some((fault, at)) = w.killed {
+                if now >= at {
+                    let process = w.process.clone();
+                    match tokio::task::spawn_blocking(move || process.respawn()).await {
+                        Ok(Ok(())) => {
+                            self.end(fault, FaultKind::KillWorker, Some(w.id), None);
+                            w.killed = None;
+                        }
+                        Ok(Err(e)) => eprintln!("nemesis: cannot restart worker {}: {e}", w.id),
+                        Err(e) => eprintln!("nemesis: cannot restart worker {}: {e}", w.id),
+                    }
+                }
+            }
+        }
+    }
+
+    fn pause_worker(&mut self, workers: &mut [WorkerProc], among: Option<&[WorkerId]>) {
+        let idle: Vec<usize> = (0..workers.len())
+            .filter(|&i| among.is_none_or(|ids| ids.contains(&workers[i].id)))
+            .filter(|&i| workers[i].paused.is_none() && workers[i].killed.is_none())
+            .collect();
+        let Some(&i) = idle.choose(&mut self.rng) else {
+            return;
+        };
+        let w = &mut workers[i];
+        let fault = self.fault_id();
+        self.start(fault, FaultKind::PauseWorker, Some(w.id), None);
+        if let Err(e) = w.process.pause() {
+            eprintln!("nemesis: cannot pause worker {}: {e}", w.id);
+        }
+        w.paused = Some((fault, Instant::now() + self.pause_duration()));
+    }
+
+    fn kill_worker(&mut self, workers: &mut [WorkerProc], among: Option<&[WorkerId]>) {
+        let idle: Vec<usize> = (0..workers.len())
+            .filter(|&i| among.is_none_or(|ids| ids.contains(&workers[i].id)))
+            .filter(|&i| workers[i].killed.is_none())
+            .collect();
+        let Some(&i) = idle.choose(&mut self.rng) else {
+            return;
+        };
+        let restart_in = Duration::from_millis(self.rng.random_range(200..=1000));
+        let w = &mut workers[i];
+        let fault = self.fault_id();
+        self.start(fault, FaultKind::KillWorker, Some(w.id), None);
+        if let Err(e) = w.process.kill() {
+            eprintln!("nemesis: cannot kill worker {}: {e}", w.id);
+        }
+        // A paused worker that is killed stays down until its replacement starts.
+        if let Some((paused, _)) = w.paused.take() {
+            self.end(paused, FaultKind::PauseWorker, Some(w.id), None);
+        }
+        w.killed = Some((fault, Instant::now() + restart_in));
+    }
+}
+
+/// Sends `SIG<name>` through the shell's kill built-in (no `unsafe` in this crate).
+async fn signal(pid: u32, name: &str) {
+    let sent = tokio::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg("kill -s \"$0\" \"$1\"")
+        .arg(name)
+        .arg(pid.to_string())
+        .status()
+        .await;
+    if let Err(e) = sent {
+        eprintln!("cannot send SIG{name} to {pid}: {e}");
+    }
+}
+
+/// Whether a process is stopped (`T` in `/proc/PID/stat`).
+fn is_stopped(process: &ManagedProcess) -> bool {
+    let Some(pid) = process.pid() else {
+        return false;
+    };
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    stat.rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next())
+        .is_some_and(|state| state == "T")
+}
+
+/// The TTLs workers ask for: 1-3 s, inside the backend's range and on its granularity.
+fn ttl_bounds(authority: &dyn Authority) -> (u64, u64, u64) {
+    let range = authority.capabilities().ttl;
+    let step = range.granularity.as_millis().max(1) as u64;
+    let min = (range.min.as_millis() as u64).max(1000).div_ceil(step) * step;
+    let max = ((range.max.as_millis() as u64).min(3000) / step * step).max(min);
+    (min, max, step)
+}
+
+async fn connect_retrying(url: &str, within: Duration) -> Result<Arc<dyn Authority>, RunError> {
+    let give_up = Instant::now() + within;
+    loop {
+        match leasehold::connect(url).await {
+            Ok(a) => return Ok(a),
+            Err(e) if Instant::now() < give_up => {
+                tracing::debug!("connect: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(Box::new(e)),
+        }
+    }
+}
+
+/// Waits until the authority grants a fresh key again after the faults healed.
+async fn wait_for_recovery(url: &str, ttl: Duration, within: Duration) -> Result<(), RunError> {
+    let give_up = Instant::now() + within;
+    let key = LockKey::new(format!("workload/recovery/{}", now_ns()))?;
+    let mut last = String::new();
+    while Instant::now() < give_up {
+        if let Ok(Ok(authority)) =
+            tokio::time::timeout(Duration::from_secs(5), leasehold::connect(url)).await
+        {
+            match tokio::time::timeout(Duration::from_secs(5), authority.try_acquire(&key, ttl))
+                .await
+            {
+                Ok(Ok(Some(grant))) => {
+                    let _ = authority.release(&grant).await;
+                    let _ = authority.close().await;
+                    return Ok(());
+                }
+                Ok(Ok(None)) => last = "the recovery key is held".into(),
+                Ok(Err(e)) => last = e.to_string(),
+                Err(_) => last = "try_acquire timed out".into(),
+            }
+            let _ = authority.close().await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(format!("the authority did not recover within {within:?}: {last}").into())
+}
+
+/// Runs the workload as `options` say; one result per arm.
+pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
+    std::fs::create_dir_all(&options.out)?;
+    let _resource_server;
+    let resource_url = match &options.resource_url {
+        Some(url) => url.clone(),
+        None => {
+            let server = tokio::task::spawn_blocking(PostgresServer::start).await??;
+            let url = server.url();
+            _resource_server = server;
+            url
+        }
+    };
+    let deployment = match &options.authority_url {
+        Some(_) => None,
+        None => Some(Deployment::start(options.backend, options.nodes).await?),
+    };
+    let url = match (&options.authority_url, &deployment) {
+        (Some(url), _) => url.clone(),
+        (None, Some(d)) => d.url(),
+        (None, None) => return Err("no authority".into()),
+    };
+    if options.backend == Backend::Postgres {
+        // The lease table is the operator's to create; the runner is the operator here.
+        leasehold_postgres::PostgresAuthority::connect(&url)
+            .await?
+            .migrate()
+            .await?;
+    }
+    let probe = connect_retrying(&url, Duration::from_secs(30)).await?;
+    let (ttl_min, ttl_max, ttl_step) = ttl_bounds(probe.as_ref());
+    let failover_unsafe = probe.capabilities().fence_safety == FenceSafety::FailoverUnsafe
+        || !probe.capabilities().durable_fences;
+    let _ = probe.close().await;
+    drop(probe);
+
+    let started = now_ns();
+    let exe = std::env::current_exe()?;
+    let nemesis_path = options.out.join("nemesis.jsonl");
+    let _ = std::fs::remove_file(&nemesis_path);
+    let mut nemesis = Nemesis {
+        log: Log::open(&nemesis_path)?,
+        rng: StdRng::seed_from_u64(options.seed),
+        next_fault: Arc::new(AtomicU64::new(1)),
+        pause_for: (
+            Duration::from_millis(ttl_max * 3 / 2),
+            Duration::from_millis(ttl_max * 3),
+        ),
+    };
+
+    // The workers of every arm.
+    let mut workers = Vec::new();
+    let mut arm_workers: Vec<(Arm, String, Vec<WorkerId>, Vec<PathBuf>)> = Vec::new();
+    let mut next_id: WorkerId = 0;
+    for &arm in &options.arms {
+        let run = format!("{}-{}-{started}", options.backend.name(), arm.name());
+        let keys: Vec<String> = (0..options.keys)
+            .map(|k| format!("workload/{}/{started}/k{k}", arm.name()))
+            .collect();
+        let mut ids = Vec::new();
+        let mut files = Vec::new();
+        for _ in 0..options.workers {
+            let id = next_id;
+            next_id += 1;
+            let history = options
+                .out
+                .join(format!("{}-worker-{id}.jsonl", arm.name()));
+            let _ = std::fs::remove_file(&history);
+            let config = WorkerConfig {
+                worker: id,
+                authority_url: url.clone(),
+                resource_url: resource_url.clone(),
+                run: run.clone(),
+                keys: keys.clone(),
+                fenced: arm == Arm::Fenced,
+                seed: options.seed,
+                ttl_min_ms: ttl_min,
+                ttl_max_ms: ttl_max,
+                ttl_step_ms: ttl_step,
+                pause_probability: options.pause_probability,
+                cancel_probability: options.cancel_probability,
+                history: history.clone(),
+            };
+            let spec = CommandSpec::new(
+                exe.clone(),
+                ["worker".to_string(), serde_json::to_string(&config)?],
+            );
+            let name = format!("worker-{id}");
+            let dir = leasehold_servers::process::server_dir(&name)?;
+            let process =
+                tokio::task::spawn_blocking(move || ManagedProcess::spawn(name, dir, spec))
+                    .await??;
+            workers.push(WorkerProc {
+                id,
+                process: Arc::new(process),
+                paused: None,
+                killed: None,
+            });
+            ids.push(id);
+            files.push(history);
+        }
+        arm_workers.push((arm, run, ids, files));
+    }
+
+    // The nemesis: worker faults in this loop, server faults in a task of their own (a restart
+    // takes seconds, and paused workers must be resumed on time meanwhile).
+    let mut kinds: Vec<FaultKind> = vec![FaultKind::PauseWorker, FaultKind::KillWorker];
+    if let Some(d) = &deployment {
+        kinds.extend(d.faults());
+    }
+    // The first pass makes sure every kind happens (worker faults once per arm); then faults
+    // are drawn at random.
+    let mut schedule: Vec<(FaultKind, Option<usize>)> = Vec::new();
+    for &kind in &kinds {
+        match kind {
+            FaultKind::PauseWorker | FaultKind::KillWorker => {
+                schedule.extend((0..arm_workers.len()).map(|arm| (kind, Some(arm))))
+            }
+            kind => schedule.push((kind, None)),
+        }
+    }
+    schedule.shuffle(&mut nemesis.rng);
+    schedule.reverse();
+    let gap = |rng: &mut StdRng| {
+        let (lo, hi) = options.fault_gap;
+        Duration::from_millis(rng.random_range(lo.as_millis() as u64..=hi.as_millis() as u64))
+    };
+    let end = Instant::now() + options.duration;
+    let mut next_at = Instant::now() + gap(&mut nemesis.rng);
+    let mut server_fault: Option<tokio::task::JoinHandle<()>> = None;
+    while Instant::now() < end {
+        nemesis.tend(&mut workers).await;
+        let server_busy = server_fault.as_ref().is_some_and(|t| !t.is_finished());
+        if Instant::now() >= next_at {
+            let (kind, arm) = schedule.last().copied().unwrap_or_else(|| {
+                // Worker pauses are the fault that makes stale writes; weigh them up, and
+                // leave servers quiet spells (etcd refreshes every lease at each new leader,
+                // so a leader fault every other second would keep every paused holder's
+                // lease alive).
+                if nemesis.rng.random_bool(0.5) {
+                    (FaultKind::PauseWorker, None)
+                } else {
+                    (kinds[nemesis.rng.random_range(0..kinds.len())], None)
+                }
+            });
+            let among = arm.map(|a| arm_workers[a].2.as_slice());
+            let worker_fault = matches!(kind, FaultKind::PauseWorker | FaultKind::KillWorker);
+            // A server fault waits for the one in progress to heal; worker faults go on.
+            if worker_fault || !server_busy {
+                schedule.pop();
+                match kind {
+                    FaultKind::PauseWorker => nemesis.pause_worker(&mut workers, among),
+                    FaultKind::KillWorker => nemesis.kill_worker(&mut workers, among),
+                    kind => {
+                        if let Some(d) = &deployment {
+                            let hold = gap(&mut nemesis.rng);
+                            let seed = nemesis.rng.random();
+                            server_fault = Some(tokio::spawn(server_fault_task(
+                                d.clone(),
+                                kind,
+                                hold,
+                                seed,
+                                nemesis.log.clone(),
+                                nemesis.fault_id(),
+                            )));
+                        }
+                    }
+                }
+                next_at = Instant::now() + gap(&mut nemesis.rng);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Heal everything: the server fault ends on its own; wait until the authority serves, put
+    // killed workers back, then stop every worker. A worker finishes its round first and may
+    // pause itself once more on the way: from now on pauses end at once.
+    if let Some(task) = server_fault {
+        task.await?;
+    }
+    wait_for_recovery(
+        &url,
+        Duration::from_millis(ttl_min),
+        Duration::from_secs(60),
+    )
+    .await?;
+    nemesis.pause_for = (Duration::ZERO, Duration::ZERO);
+    for w in workers.iter_mut() {
+        if let Some((_, at)) = w.paused.as_mut() {
+            *at = Instant::now();
+        }
+        if let Some((_, at)) = w.killed.as_mut() {
+            *at = Instant::now();
+        }
+    }
+    while workers.iter().any(|w| w.killed.is_some()) {
+        nemesis.tend(&mut workers).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for w in &workers {
+        if let Some(pid) = w.process.pid() {
+            signal(pid, "TERM").await;
+        }
+    }
+    let give_up = Instant::now() + Duration::from_secs(30);
+    while workers.iter().any(|w| w.process.is_running()) && Instant::now() < give_up {
+        nemesis.tend(&mut workers).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for w in &workers {
+        if w.process.is_running() {
+            eprintln!("worker {} did not stop within 30 s; killing it", w.id);
+            let _ = w.process.kill();
+        }
+    }
+    let nemesis_events = History::read_file(&nemesis_path)?;
+
+    let mut results = Vec::new();
+    for (arm, run, ids, files) in arm_workers {
+        let resource = PgSets::connect(&resource_url, &run).await?;
+        let finals = resource.final_state().await?;
+        let mut parts = Vec::new();
+        for file in &files {
+            if file.exists() {
+                parts.push(History::read_file(file)?);
+            }
+        }
+        let ids: BTreeSet<WorkerId> = ids.into_iter().collect();
+        parts.push(History::new(
+            nemesis_events
+                .events()
+                .iter()
+                .filter(|e| e.what.fault_worker().is_none_or(|w| ids.contains(&w)))
+                .cloned()
+                .collect(),
+        ));
+        let merged = History::merge(parts);
+        let mut history = History::new(vec![Event::new(
+            started,
+            What::Run {
+                seed: options.seed,
+                backend: options.backend.name().to_string(),
+                fenced: arm == Arm::Fenced,
+                failover_unsafe,
+            },
+        )]);
+        for event in merged.events() {
+            history.push(event.clone());
+        }
+        let at = now_ns();
+        for (key, (elements, last_fence)) in finals {
+            history.push(Event::new(
+                at,
+                What::Final {
+                    key,
+                    elements,
+                    last_fence,
+                },
+            ));
+        }
+        let history_path = options.out.join(format!(
+            "{}-{}.history.jsonl",
+            options.backend.name(),
+            arm.name()
+        ));
+        history.write_to(std::io::BufWriter::new(std::fs::File::create(
+            &history_path,
+        )?))?;
+        let verdict = check_recorded(&history).ok_or("the merged history has no run line")?;
+        results.push(ArmResult {
+            arm,
+            history_path,
+            verdict,
+        });
+    }
+    for file in arm_files_to_remove(&options.out) {
+        let _ = std::fs::remove_file(file);
+    }
+    Ok(results)
+}
+
+/// The per-worker files, once merged.
+fn arm_files_to_remove(out: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(out)
+        .map(|dir| {
+            dir.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.contains("-worker-") || n == "nemesis.jsonl")
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// One server fault: inject, hold, heal (waiting until the servers serve again).
+async fn server_fault_task(
+    deployment: Arc<Deployment>,
+    kind: FaultKind,
+    hold: Duration,
+    seed: u64,
+    log: Log,
+    fault: u64,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let injected = match deployment.inject(kind, &mut rng).await {
+        Ok(injected) => injected,
+        Err(e) => {
+            eprintln!("nemesis: {kind:?} could not be injected: {e}");
+            return;
+        }
+    };
+    let node = injected.node.clone();
+    log.record(What::FaultStart {
+        fault,
+        kind,
+        worker: None,
+        node: node.clone(),
+    });
+    tokio::time::sleep(hold).await;
+    // Heal, retrying: a fault must never outlive the run. One that cannot be healed has no end
+    // in the history, and the checker fails the run for it.
+    for attempt in 1..=5 {
+        match deployment.heal(&injected).await {
+            Ok(()) => {
+                log.record(What::FaultEnd {
+                    fault,
+                    kind,
+                    worker: None,
+                    node,
+                });
+                return;
+            }
+            Err(e) => {
+                eprintln!("nemesis: healing {kind:?} failed (attempt {attempt}): {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! The short seeded workload run per backend that `./scripts/test` includes: both arms side by
+//! side on real servers for about 20 s, every fault kind of the backend at least once. It fails
+//! on any acknowledged write lost or stale write accepted in the fenced arm, and on a control arm
+//! that lost nothing (the nemesis would be too weak to prove anything).
+//!
+//! The runs take turns (one lock): each starts a cluster, a resource server and eight worker
+//! processes, and two at once on two cores would measure the machine, not the backend.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Mutex;
+
+use leasehold_conformance::workload::{check_recorded, FaultKind, History, Status};
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The seed of every short run; a failure prints it with the command that reproduces the run.
+const SEED: u64 = 11;
+
+fn short_run(backend: &str, server_faults: &[FaultKind]) {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("workload-{backend}"));
+    let _ = std::fs::remove_dir_all(&out);
+    let args = [
+        "run",
+        "--backend",
+        backend,
+        "--duration",
+        "20s",
+        "--seed",
+        &SEED.to_string(),
+        "--fault-gap",
+        "500ms..1500ms",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let output = Command::new(env!("CARGO_BIN_EXE_leasehold-workload"))
+        .args(args)
+        .output()
+        .expect("the workload binary runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{stdout}");
+    eprintln!("{stderr}");
+    assert!(
+        output.status.success(),
+        "the {backend} workload failed; reproduce with: cargo run -p leasehold-workload -- {}",
+        args.join(" ")
+    );
+
+    for arm in ["fenced", "control"] {
+        let path = out.join(format!("{backend}-{arm}.history.jsonl"));
+        let history = History::read_file(&path).expect("the merged history reads back");
+        let verdict = check_recorded(&history).expect("the history has its run line");
+        assert_ne!(verdict.status, Status::Failed, "{verdict}");
+        let figures = &verdict.figures;
+        assert!(
+            figures.writes_acknowledged > 0,
+            "{arm}: no write was acknowledged:\n{verdict}"
+        );
+        if arm == "fenced" {
+            assert_eq!(figures.lost_acks, 0, "{verdict}");
+            assert_eq!(figures.stale_accepted, 0, "{verdict}");
+        } else {
+            assert!(
+                figures.lost_acks > 0,
+                "the control lost nothing:\n{verdict}"
+            );
+        }
+        let seen: BTreeSet<FaultKind> = figures.faults.keys().copied().collect();
+        for kind in [FaultKind::PauseWorker, FaultKind::KillWorker]
+            .iter()
+            .chain(server_faults)
+        {
+            assert!(
+                seen.contains(kind),
+                "{arm}: no {kind:?} fault in the run: {seen:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn etcd_three_members() {
+    short_run(
+        "etcd",
+        &[
+            FaultKind::KillMember,
+            FaultKind::KillLeader,
+            FaultKind::PauseLeader,
+        ],
+    );
+}
+
+#[test]
+fn zookeeper_three_members() {
+    short_run(
+        "zookeeper",
+        &[
+            FaultKind::KillMember,
+            FaultKind::KillLeader,
+            FaultKind::PauseLeader,
+        ],
+    );
+}
+
+#[test]
+fn postgres() {
+    short_run("postgres", &[FaultKind::KillAuthority]);
+}
+
+#[test]
+fn redis_primary_and_replica() {
+    short_run(
+        "redis",
+        &[FaultKind::KillAuthority, FaultKind::PromoteReplica],
+    );
+}
