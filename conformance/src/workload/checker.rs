@@ -94,12 +94,44 @@ struct WriteTrack {
 /// The greatest fence seen so far and the event that showed it.
 type Highest = Option<(u64, usize)>;
 
+/// The greatest fence completed, and the greatest completed strictly before the latest
+/// completion's time: events of different processes at the same time are in no known order, so
+/// an operation invoked at the very time another completed is concurrent with it, not after.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    all: Highest,
+    settled: Highest,
+    tick: Nanos,
+}
+
+impl Tally {
+    /// A completion of `fence` at event `i`, time `t` (events come in time order).
+    fn record(&mut self, fence: u64, i: usize, t: Nanos) {
+        if t > self.tick {
+            self.settled = self.all;
+            self.tick = t;
+        }
+        if self.all.is_none_or(|(f, _)| fence > f) {
+            self.all = Some((fence, i));
+        }
+    }
+
+    /// The greatest fence completed strictly before `t`.
+    fn before(&self, t: Nanos) -> Highest {
+        if t > self.tick {
+            self.all
+        } else {
+            self.settled
+        }
+    }
+}
+
 #[derive(Default)]
 struct KeyTrack {
     /// The greatest fence the resource is known to have accepted (completed accepts only).
-    accepted: Highest,
+    accepted: Tally,
     /// The greatest fence granted (completed grants only).
-    granted: Highest,
+    granted: Tally,
     /// Every fence granted, and where first.
     grants: HashMap<u64, usize>,
     /// Fences found reissued.
@@ -168,7 +200,9 @@ impl Pass<'_> {
                 }
             }
             FindingKind::StaleAccepted { .. } if !fenced => Severity::Control,
-            FindingKind::ReissuedFence { .. } if declared => Severity::Declared,
+            FindingKind::ReissuedFence { .. } | FindingKind::ExclusionBroken { .. } if declared => {
+                Severity::Declared
+            }
             _ => Severity::Failure,
         };
         self.findings.push(Finding {
@@ -214,7 +248,7 @@ impl Pass<'_> {
             What::Run { .. } | What::Final { .. } | What::Renewed { .. } => {}
             What::AcquireInvoke { worker, key, .. } => {
                 self.figures.acquires += 1;
-                let granted = self.key(key).granted;
+                let granted = self.key(key).granted.before(t);
                 self.acquiring.insert((*worker, key.clone()), (t, granted));
             }
             What::AcquireOk {
@@ -238,7 +272,7 @@ impl Pass<'_> {
                 key,
                 fence: Some(_),
             } => {
-                let accepted = self.key(key).accepted;
+                let accepted = self.key(key).accepted.before(t);
                 self.claiming.insert((*worker, key.clone()), accepted);
             }
             What::ReadInvoke { .. } => {}
@@ -277,7 +311,7 @@ impl Pass<'_> {
                         },
                     );
                 } else {
-                    let accepted = self.key(key).accepted;
+                    let accepted = self.key(key).accepted.before(t);
                     self.writes.insert(
                         *element,
                         (
@@ -349,9 +383,7 @@ impl Pass<'_> {
                 .filter(|&(f, _)| f >= fence),
         };
         track.grants.entry(fence).or_insert(i);
-        if track.granted.is_none_or(|(f, _)| fence > f) {
-            track.granted = Some((fence, i));
-        }
+        track.granted.record(fence, i, t);
         if let Some(released) = track.release_started.take() {
             if invoked < released {
                 self.figures.handoff.push(t.saturating_sub(released));
@@ -421,10 +453,9 @@ impl Pass<'_> {
         let newer = prior
             .filter(|&p| p > fence)
             .or_else(|| before.map(|(f, _)| f).filter(|&f| f > fence));
+        let t = self.history.events().get(i).map_or(0, |e| e.t);
         let track = self.key(key);
-        if track.accepted.is_none_or(|(f, _)| fence > f) {
-            track.accepted = Some((fence, i));
-        }
+        track.accepted.record(fence, i, t);
         if let Some(newer) = newer {
             self.figures.stale_accepted += 1;
             self.find(
@@ -515,7 +546,7 @@ impl Pass<'_> {
             .keys
             .iter()
             .filter_map(|(key, track)| {
-                let (accepted, at) = track.accepted?;
+                let (accepted, at) = track.accepted.all?;
                 let state = finals.get(key)?;
                 (state.last_fence.is_none_or(|l| l < accepted))
                     .then(|| (key.clone(), accepted, at, state.last_fence))
@@ -541,8 +572,29 @@ impl Pass<'_> {
             self.figures.longest_stale_window_ns = longest.ns;
             self.figures.longest_overlap = Some(longest.clone());
         }
-        self.figures.valid_overlaps = windows::overlaps(&ws, true).len() as u64;
+        let valid = windows::overlaps(&ws, true);
+        self.figures.valid_overlaps = valid.len() as u64;
+        for o in valid {
+            self.find(
+                o.at,
+                Some(&o.key),
+                FindingKind::ExclusionBroken {
+                    older: o.older,
+                    newer: o.newer,
+                    overlap_ns: o.ns,
+                },
+            );
+        }
         self.figures.availability = windows::availability(self.history, &ws);
+        for stuck in super::stuck::stuck_keys(self.history, &ws) {
+            self.find(
+                stuck.at,
+                Some(&stuck.key),
+                FindingKind::KeyStuck {
+                    waited_ns: stuck.waited_ns,
+                },
+            );
+        }
     }
 
     fn finish(mut self) -> RunVerdict {

@@ -61,8 +61,9 @@ pub struct Figures {
     /// The overlap that was longest.
     pub longest_overlap: Option<Overlap>,
     /// Pairs of holders whose *valid* windows (cut at their own deadlines) overlapped: the key
-    /// was handed on while a lease was still valid by its holder's clock. Shown, not judged:
-    /// the fence, not the lease, is what keeps the data safe.
+    /// was handed on while a lease was still valid by its holder's clock. Each is an
+    /// exclusion failure of the authority (declared on failover-unsafe backends): on one
+    /// machine every process reads the same monotonic clock, so no tolerance is needed.
     pub valid_overlaps: u64,
     /// Per key, the share of the span during which some holder's lease was valid.
     pub availability: BTreeMap<String, f64>,

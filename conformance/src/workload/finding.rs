@@ -4,7 +4,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::event::{FaultKind, Nanos};
+use super::event::{FaultKind, Nanos, WorkerId};
 
 /// How a finding bears on the verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -108,6 +108,25 @@ pub enum FindingKind {
         /// This event's time.
         t: Nanos,
     },
+    /// The authority granted the key while an earlier holder's lease was still valid by that
+    /// holder's own clock (its local deadline, taken before its request and less the safety
+    /// margin, had not passed, and it had not released). Exclusion is the authority's part of
+    /// the bargain: a certain violation on one machine, where every process reads the same
+    /// monotonic clock.
+    ExclusionBroken {
+        /// The earlier holder's worker and fence.
+        older: (WorkerId, u64),
+        /// The later holder's worker and fence.
+        newer: (WorkerId, u64),
+        /// How long both leases were valid.
+        overlap_ns: Nanos,
+    },
+    /// Acquires waited on a key that nobody held, with no fault to explain it, for longer than
+    /// two TTLs and a second (see [`super::stuck`]): the key was booked for no holder.
+    KeyStuck {
+        /// How long acquires waited in that stretch.
+        waited_ns: Nanos,
+    },
     /// The unfenced control lost no acknowledged write: the nemesis is too weak to show what
     /// the fence prevents.
     ControlLostNothing,
@@ -127,6 +146,8 @@ impl FindingKind {
             FindingKind::MissingFinalState => "no final state for a written key",
             FindingKind::UnhealedFault { .. } => "fault never healed",
             FindingKind::OutOfOrder { .. } => "history out of time order",
+            FindingKind::ExclusionBroken { .. } => "key granted while another lease was valid",
+            FindingKind::KeyStuck { .. } => "key blocked with no holder",
             FindingKind::ControlLostNothing => "unfenced control lost nothing",
         }
     }
@@ -205,6 +226,25 @@ impl fmt::Display for FindingKind {
             FindingKind::OutOfOrder { previous, t } => {
                 write!(f, "time {t} is before the previous event's {previous}")
             }
+            FindingKind::ExclusionBroken {
+                older,
+                newer,
+                overlap_ns,
+            } => write!(
+                f,
+                "worker {} was granted fence {} while worker {}'s lease (fence {}) was valid for \
+                 {:?} more",
+                newer.0,
+                newer.1,
+                older.0,
+                older.1,
+                std::time::Duration::from_nanos(*overlap_ns)
+            ),
+            FindingKind::KeyStuck { waited_ns } => write!(
+                f,
+                "acquires waited {:?} for a key nobody held, with no fault in progress",
+                std::time::Duration::from_nanos(*waited_ns)
+            ),
             FindingKind::ControlLostNothing => write!(
                 f,
                 "the unfenced control lost no acknowledged element: the nemesis is too weak"

@@ -20,6 +20,7 @@ pub mod final_state;
 pub mod finding;
 pub mod history;
 pub mod latency;
+pub mod stuck;
 pub mod verdict;
 pub mod windows;
 

@@ -9,7 +9,7 @@ use crate::Verdict;
 
 /// Builds a history by hand: events at explicit times, with shorthands for the workload's
 /// steps.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Script {
     events: Vec<Event>,
 }
@@ -379,6 +379,36 @@ fn concurrent_writes_are_not_blamed_without_the_resource_saying_so() {
     assert_eq!(v.figures.stale_accepted, 1, "{v}");
 }
 
+/// Events of different processes with the same time are in no known order (a merge puts them
+/// in the order of its inputs; on a coarse or paused clock ties are common). Worker 1's write
+/// invoked at the instant worker 2's claim of fence 2 completed is concurrent with it, not
+/// after it, wherever the merge put the lines.
+#[test]
+fn operations_at_the_same_instant_are_concurrent() {
+    let mut s = Script::default();
+    s.run(true, false)
+        .acquire(100, 1, "k0", 1)
+        .read(200, 1, "k0", 1, &[])
+        .acquire(300, 2, "k0", 2)
+        .read(390, 2, "k0", 2, &[])
+        // Worker 2's claim completed at 400; worker 1's write invoked at 400 too.
+        .write_invoke(400, 1, "k0", 1, 10)
+        .write_ok(410, 1, "k0", 1, 10);
+    let v = check(&s.history(), &only("k0", &[10], 2), &fenced());
+    assert_eq!(v.figures.stale_accepted, 0, "{v}");
+    // One nanosecond later it is after the claim, and stale.
+    let mut late = Script::default();
+    late.run(true, false)
+        .acquire(100, 1, "k0", 1)
+        .read(200, 1, "k0", 1, &[])
+        .acquire(300, 2, "k0", 2)
+        .read(390, 2, "k0", 2, &[])
+        .write_invoke(401, 1, "k0", 1, 10)
+        .write_ok(410, 1, "k0", 1, 10);
+    let v = check(&late.history(), &only("k0", &[10], 2), &fenced());
+    assert_eq!(v.figures.stale_accepted, 1, "{v}");
+}
+
 #[test]
 fn reissued_fence_is_found() {
     // Fence 5 is granted twice, then fence 4 after both (a failover to a replica that missed
@@ -474,7 +504,8 @@ fn lost_ack_through_a_declared_reissue_is_declared() {
     assert_eq!(declared.figures.lost_acks, 1);
     let linearizable = check(&h, &finals, &fenced());
     assert_eq!(linearizable.status, Status::Failed);
-    assert_eq!(kinds(&linearizable, Severity::Failure).len(), 2);
+    // The reissued fence, the lost write, and the key granted while worker 1's lease was valid.
+    assert_eq!(kinds(&linearizable, Severity::Failure).len(), 3);
 }
 
 #[test]
@@ -539,6 +570,111 @@ fn overlapping_holders_are_measured() {
     let mut late = ws.clone();
     late[0].valid_end = 2_000;
     assert_eq!(windows::overlaps(&late, true)[0].ns, 2_000 - 1_510);
+}
+
+/// The authority handed the key to worker 2 while worker 1's lease was still valid by worker
+/// 1's own clock (deadline 1100, worker 2 granted at 510): exclusion broken by the authority,
+/// whatever the fences then saved. A failure on a backend that declares linearizable fences,
+/// declared on one that declares failover-unsafe fences, and in the control as well.
+#[test]
+fn a_key_granted_while_another_lease_is_valid_breaks_exclusion() {
+    let script = |fenced: bool, failover_unsafe: bool| {
+        let mut s = Script::default();
+        s.run(fenced, failover_unsafe)
+            .acquire(100, 1, "k0", 1)
+            .acquire(500, 2, "k0", 2)
+            .read(600, 2, "k0", 2, &[])
+            .write(700, 2, "k0", 2, 20)
+            .release(800, 2, "k0", 2)
+            .release(900, 1, "k0", 1);
+        s.history()
+    };
+    let v = check(&script(true, false), &only("k0", &[20], 2), &fenced());
+    assert_eq!(v.status, Status::Failed, "{v}");
+    assert_eq!(v.figures.valid_overlaps, 1);
+    let broken: Vec<_> = kinds(&v, Severity::Failure)
+        .into_iter()
+        .filter(|k| matches!(k, FindingKind::ExclusionBroken { .. }))
+        .collect();
+    assert_eq!(
+        broken,
+        [&FindingKind::ExclusionBroken {
+            older: (1, 1),
+            newer: (2, 2),
+            // Until worker 2 released: both valid from its grant to then.
+            overlap_ns: 800 - 510,
+        }]
+    );
+
+    let declared = script(true, true);
+    let v = check(
+        &declared,
+        &only("k0", &[20], 2),
+        &CheckOptions::fenced(FenceSafety::FailoverUnsafe),
+    );
+    assert_eq!(v.status, Status::Declared, "{v}");
+
+    // Not a finding of the control's kind: the control is about fences, exclusion is the
+    // authority's, fenced or not.
+    let control = script(false, false);
+    let v = check(
+        &control,
+        &only("k0", &[20], 2),
+        &CheckOptions::unfenced_control(FenceSafety::Linearizable),
+    );
+    assert!(
+        v.findings.iter().any(|f| f.severity == Severity::Failure
+            && matches!(f.kind, FindingKind::ExclusionBroken { .. })),
+        "{v}"
+    );
+}
+
+/// A key nobody holds while workers keep waiting for it, with no fault to explain it, for far
+/// longer than any lease could last: something (a cancelled attempt's grant kept alive by its
+/// client) blocks the key. Waits around faults, and short gaps after a holder's deadline, are
+/// not blamed.
+#[test]
+fn a_key_blocked_without_a_holder_is_stuck() {
+    // TTLs are 1_000 here (Script's acquire_invoke), so the bound is 2 x 1_000 + 1 s.
+    let second = 1_000_000_000;
+    let mut s = Script::default();
+    s.run(true, false)
+        .acquire(100, 1, "k0", 1)
+        .release(500, 1, "k0", 1);
+    // From 600 on, workers 2 and 3 wait in turn and time out, and nobody is granted.
+    let mut t = 600;
+    for round in 0..8u64 {
+        let worker = 2 + (round % 2) as WorkerId;
+        s.acquire_invoke(t, worker, "k0").at(
+            t + second / 2,
+            What::AcquireTimeout {
+                worker,
+                key: "k0".into(),
+            },
+        );
+        t += second / 2 + 1_000;
+    }
+    let v = check(&s.history(), &FinalState::new(), &fenced());
+    let stuck: Vec<_> = kinds(&v, Severity::Failure)
+        .into_iter()
+        .filter(|k| matches!(k, FindingKind::KeyStuck { .. }))
+        .collect();
+    assert_eq!(stuck.len(), 1, "{v}");
+    let FindingKind::KeyStuck { waited_ns } = stuck[0] else {
+        unreachable!()
+    };
+    assert!(*waited_ns >= 4 * second - 1_000_000, "{v}");
+
+    // The same waits while the authority was down are the fault's, not a stuck key.
+    let mut excused = s.clone();
+    excused.fault(550, t, 9, FaultKind::KillAuthority, 0);
+    let v = check(&excused.history(), &FinalState::new(), &fenced());
+    assert!(
+        !v.findings
+            .iter()
+            .any(|f| matches!(f.kind, FindingKind::KeyStuck { .. })),
+        "{v}"
+    );
 }
 
 #[test]
