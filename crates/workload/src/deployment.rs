@@ -6,12 +6,12 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_conformance::workload::FaultKind;
 use leasehold_servers::{
-    EtcdCluster, EtcdServer, PostgresServer, RedisServer, ZkEnsemble, ZkServer,
+    EtcdCluster, EtcdServer, Partition, PostgresServer, RedisServer, ZkEnsemble, ZkServer,
 };
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -89,6 +89,8 @@ struct RedisPair {
 pub struct Deployment {
     backend: Backend,
     servers: Servers,
+    /// The member cut off from the others, while an isolation fault lasts.
+    partition: Mutex<Option<Partition>>,
 }
 
 impl std::fmt::Debug for Deployment {
@@ -111,6 +113,8 @@ pub struct Injected {
 enum Heal {
     Restart(usize),
     Resume(usize),
+    /// Remove the partition's rules.
+    Rejoin,
     /// The replica at this index was promoted; the other becomes its replica.
     Demote(usize),
 }
@@ -130,13 +134,13 @@ impl Deployment {
     pub async fn start(backend: Backend, nodes: usize) -> Result<Arc<Deployment>, DeploymentError> {
         let servers = match backend {
             Backend::Etcd if nodes > 1 => Servers::EtcdCluster(
-                blocking(move || EtcdCluster::start(nodes).map_err(boxed)).await?,
+                blocking(move || EtcdCluster::start_isolatable(nodes).map_err(boxed)).await?,
             ),
             Backend::Etcd => Servers::Etcd(Box::new(
                 blocking(|| EtcdServer::start().map_err(boxed)).await?,
             )),
             Backend::Zookeeper if nodes > 1 => Servers::ZkEnsemble(
-                blocking(move || ZkEnsemble::start(nodes).map_err(boxed)).await?,
+                blocking(move || ZkEnsemble::start_isolatable(nodes).map_err(boxed)).await?,
             ),
             Backend::Zookeeper => Servers::Zk(Box::new(
                 blocking(|| ZkServer::start().map_err(boxed)).await?,
@@ -159,7 +163,11 @@ impl Deployment {
                 }))
             }
         };
-        Ok(Arc::new(Deployment { backend, servers }))
+        Ok(Arc::new(Deployment {
+            backend,
+            servers,
+            partition: Mutex::new(None),
+        }))
     }
 
     /// The backend.
@@ -198,6 +206,7 @@ impl Deployment {
                 FaultKind::KillMember,
                 FaultKind::KillLeader,
                 FaultKind::PauseLeader,
+                FaultKind::IsolateMember,
             ],
             Servers::Redis(_) => vec![FaultKind::KillAuthority, FaultKind::PromoteReplica],
         }
@@ -312,6 +321,19 @@ impl Deployment {
                     heal: Heal::Resume(i),
                 })
             }
+            FaultKind::IsolateMember => {
+                let partition = match &self.servers {
+                    Servers::EtcdCluster(c) => Partition::isolate(c.member(pick)),
+                    Servers::ZkEnsemble(e) => Partition::isolate(e.member(pick)),
+                    _ => return Err("only cluster members are isolated".into()),
+                }
+                .map_err(boxed)?;
+                *self.partition.lock().unwrap_or_else(|e| e.into_inner()) = Some(partition);
+                Ok(Injected {
+                    node: Some(self.node_name(pick)),
+                    heal: Heal::Rejoin,
+                })
+            }
             FaultKind::PromoteReplica => {
                 let Servers::Redis(pair) = &self.servers else {
                     return Err("only Redis has a replica to promote".into());
@@ -339,6 +361,17 @@ impl Deployment {
                 me.redis_roles_after_restart(i)
             }
             Heal::Resume(i) => me.pause(i, false),
+            Heal::Rejoin => {
+                let partition = me
+                    .partition
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take();
+                match partition {
+                    Some(p) => p.heal().map_err(boxed),
+                    None => Ok(()),
+                }
+            }
             Heal::Demote(new_primary) => me.demote_old_primary(new_primary),
         })
         .await

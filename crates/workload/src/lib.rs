@@ -7,6 +7,7 @@
 
 pub mod deployment;
 pub mod forwarder;
+pub mod in_process;
 pub mod report;
 pub mod resource;
 pub mod runner;

@@ -396,6 +396,7 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                 ttl_step_ms: ttl_step,
                 pause_probability: options.pause_probability,
                 cancel_probability: options.cancel_probability,
+                cancel_within_ms: 30,
                 history: history.clone(),
             };
             let spec = CommandSpec::new(
@@ -445,9 +446,17 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
     let end = Instant::now() + options.duration;
     let mut next_at = Instant::now() + gap(&mut nemesis.rng);
     let mut server_fault: Option<tokio::task::JoinHandle<()>> = None;
+    let mut quiet_until = Instant::now();
     while Instant::now() < end {
         nemesis.tend(&mut workers).await;
-        let server_busy = server_fault.as_ref().is_some_and(|t| !t.is_finished());
+        // After a server fault heals, servers stay quiet for a TTL: a lease outlives the
+        // fault that paused its holder only until it expires, and a leader change renews
+        // every etcd lease, so without quiet spells no paused holder's lease would ever end.
+        if server_fault.as_ref().is_some_and(|t| t.is_finished()) {
+            server_fault = None;
+            quiet_until = Instant::now() + Duration::from_millis(ttl_max);
+        }
+        let server_busy = server_fault.is_some() || Instant::now() < quiet_until;
         if Instant::now() >= next_at {
             let (kind, arm) = schedule.last().copied().unwrap_or_else(|| {
                 // Worker pauses are the fault that makes stale writes; weigh them up, and

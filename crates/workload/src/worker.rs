@@ -53,38 +53,91 @@ pub struct WorkerConfig {
     pub pause_probability: f64,
     /// Chance that an acquire is dropped at a random moment.
     pub cancel_probability: f64,
+    /// The latest moment, in milliseconds, at which an acquire is dropped: about a few round
+    /// trips, so drops land while a request is in flight.
+    pub cancel_within_ms: u64,
     /// Where the worker appends its history.
     pub history: PathBuf,
 }
 
 /// How a worker pauses at the pause point.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub enum PauseBy {
     /// `SIGSTOP` to itself; the runner resumes it.
     Signal,
-    /// Sleep this long (a task cannot be stopped alone).
-    Sleep(Duration),
+    /// A task cannot be stopped alone: freeze its view of the authority (renewals included)
+    /// through this switch and sleep this long.
+    Freeze(Arc<watch::Sender<bool>>, Duration),
+}
+
+/// The clock a history is written on.
+#[derive(Clone, Copy, Debug)]
+pub enum Clock {
+    /// `CLOCK_MONOTONIC`, shared by every process on the machine.
+    Monotonic,
+    /// tokio's clock, counted from `origin` (which reads `origin_ns`): for runs inside one
+    /// process, also on tokio's paused clock, where a minute of workload takes milliseconds.
+    Tokio {
+        /// The instant the history's time counts from.
+        origin: leasehold_core::Instant,
+        /// The history time of `origin`.
+        origin_ns: u64,
+    },
+}
+
+impl Clock {
+    /// Now.
+    pub fn now(&self) -> u64 {
+        match self {
+            Clock::Monotonic => now_ns(),
+            Clock::Tokio { .. } => self.instant(leasehold_core::Instant::now()),
+        }
+    }
+
+    /// A tokio instant (a lease's deadline) on this clock.
+    pub fn instant(&self, at: leasehold_core::Instant) -> u64 {
+        match self {
+            Clock::Monotonic => instant_ns(at.into_std()),
+            Clock::Tokio { origin, origin_ns } => {
+                let since = at.saturating_duration_since(*origin).as_nanos();
+                origin_ns.saturating_add(u64::try_from(since).unwrap_or(u64::MAX))
+            }
+        }
+    }
 }
 
 /// A worker's history file, shared by its loop and its loss watchers.
 #[derive(Clone, Debug)]
 pub struct Log {
     writer: Arc<Mutex<HistoryWriter<File>>>,
+    clock: Clock,
 }
 
 impl Log {
-    /// Opens `path` for appending (a restarted worker goes on in the same file).
+    /// Opens `path` for appending (a restarted worker goes on in the same file), on
+    /// `CLOCK_MONOTONIC`.
     pub fn open(path: &std::path::Path) -> std::io::Result<Log> {
+        Log::open_on(path, Clock::Monotonic)
+    }
+
+    /// Opens `path` for appending, on `clock`.
+    pub fn open_on(path: &std::path::Path, clock: Clock) -> std::io::Result<Log> {
         let file = OpenOptions::new().create(true).append(true).open(path)?;
         Ok(Log {
             writer: Arc::new(Mutex::new(HistoryWriter::new(file))),
+            clock,
         })
+    }
+
+    /// The log's clock.
+    pub fn clock(&self) -> Clock {
+        self.clock
     }
 
     /// Records `what` now. A history that cannot be written makes the run worthless, so the
     /// error is reported on stderr and the run's checker will see the gap.
     pub fn record(&self, what: What) {
-        let event = Event::new(now_ns(), what);
+        let event = Event::new(self.clock.now(), what);
         let mut writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         if let Err(e) = writer.record(&event).and_then(|()| writer.flush()) {
             eprintln!("worker: cannot write the history: {e}");
@@ -168,6 +221,10 @@ impl Worker {
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
         while !*stop.borrow() {
             self.round(&mut stop).await;
+            // A breath between rounds, as any real caller takes: a round can end at once (no
+            // wait, a refused claim), and a loop that never sleeps would starve the holder it
+            // is waiting for on a single thread or a paused clock.
+            tokio::time::sleep(millis(&mut self.rng, 1, 20)).await;
         }
     }
 
@@ -186,24 +243,39 @@ impl Worker {
             return;
         };
         let ttl = self.ttl();
-        let max_wait = millis(&mut self.rng, 0, 3 * ttl.as_millis() as u64);
+        // A quarter of the rounds try once (as a scheduled job that skips when busy does); the
+        // rest wait up to three TTLs.
+        let try_once = self.rng.random_bool(0.25);
+        let max_wait = if try_once {
+            Duration::ZERO
+        } else {
+            millis(&mut self.rng, 0, 3 * ttl.as_millis() as u64)
+        };
         let cancel_after = self
             .rng
             .random_bool(self.config.cancel_probability)
-            .then(|| millis(&mut self.rng, 0, 30));
+            .then(|| millis(&mut self.rng, 0, self.config.cancel_within_ms));
         self.log.record(What::AcquireInvoke {
             worker,
             key: key.clone(),
             ttl_ns: ttl.as_nanos() as u64,
             max_wait_ns: Some(max_wait.as_nanos() as u64),
         });
-        let acquire = Lease::acquire(
-            self.authority.clone(),
-            &lock_key,
-            ttl,
-            max_wait,
-            LeaseOptions::default(),
-        );
+        let authority = self.authority.clone();
+        let acquire = async {
+            if try_once {
+                match Lease::try_acquire(authority, &lock_key, ttl, LeaseOptions::default()).await {
+                    Ok(Some(lease)) => Ok(lease),
+                    Ok(None) => Err(Error::Timeout {
+                        key: key.clone(),
+                        waited: Duration::ZERO,
+                    }),
+                    Err(e) => Err(e),
+                }
+            } else {
+                Lease::acquire(authority, &lock_key, ttl, max_wait, LeaseOptions::default()).await
+            }
+        };
         let cancel = async {
             match cancel_after {
                 Some(after) => tokio::time::sleep(after).await,
@@ -242,7 +314,7 @@ impl Worker {
             worker,
             key: key.clone(),
             fence,
-            deadline: Some(instant_ns(deadline.into_std())),
+            deadline: Some(self.log.clock().instant(deadline)),
         });
         let watcher = tokio::spawn({
             let (lost, log, key) = (lease.lost(), self.log.clone(), key.clone());
@@ -292,7 +364,7 @@ impl Worker {
                 worker: self.config.worker,
                 key: key.to_string(),
                 fence,
-                deadline: instant_ns(now.into_std()),
+                deadline: self.log.clock().instant(now),
             });
         }
     }
@@ -392,7 +464,7 @@ impl Worker {
     }
 
     async fn pause(&self) {
-        match self.pause_by {
+        match &self.pause_by {
             PauseBy::Signal => {
                 // Through the shell's kill built-in, which keeps this crate free of `unsafe`.
                 let stopped = tokio::process::Command::new("/bin/sh")
@@ -405,7 +477,11 @@ impl Worker {
                     eprintln!("worker {}: could not pause itself: {e}", self.config.worker);
                 }
             }
-            PauseBy::Sleep(d) => tokio::time::sleep(d).await,
+            PauseBy::Freeze(freeze, d) => {
+                freeze.send_replace(true);
+                tokio::time::sleep(*d).await;
+                freeze.send_replace(false);
+            }
         }
     }
 }

@@ -1,5 +1,5 @@
 //! The short seeded workload run per backend that `./scripts/test` includes: both arms side by
-//! side on real servers for about 20 s, every fault kind of the backend at least once. It fails
+//! side on real servers for about 30 s, every fault kind of the backend at least once. It fails
 //! on any acknowledged write lost or stale write accepted in the fenced arm, and on a control arm
 //! that lost nothing (the nemesis would be too weak to prove anything).
 //!
@@ -27,7 +27,7 @@ fn short_run(backend: &str, server_faults: &[FaultKind]) {
         "--backend",
         backend,
         "--duration",
-        "20s",
+        "30s",
         "--seed",
         &SEED.to_string(),
         "--fault-gap",

@@ -1,0 +1,285 @@
+//! The workload on an in-process authority: the reference and every conformance mutant.
+//!
+//! The in-process authority lives in one process, so the workers are tasks sharing one client
+//! (as the threads of one application would) and a pause is a *freeze*: the worker's view of
+//! the authority stops answering, its renewals included, as they would in a stopped process,
+//! while it sleeps at its pause point. The resource is in memory; the history, the worker loop
+//! and the checker are the ones the process runs use. This is how the workload proves it has
+//! teeth: the reference passes, and each mutant whose defect a lock-set history can show fails.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_conformance::mutants::Mutant;
+use leasehold_conformance::workload::{Event, FaultKind, History, What};
+use leasehold_conformance::Context;
+use leasehold_core::{Authority, Capabilities, FenceSafety, Grant, Instant, LockKey, Released};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
+
+use crate::resource::{MemorySets, SetResource};
+use crate::runner::RunError;
+use crate::worker::{Clock, Log, PauseBy, Worker, WorkerConfig};
+
+/// A worker's view of a shared client that a pause freezes: every call waits until the worker
+/// runs again, as a stopped process sends nothing.
+struct Freezable {
+    inner: Arc<dyn Authority>,
+    frozen: watch::Receiver<bool>,
+}
+
+impl std::fmt::Debug for Freezable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Freezable")
+            .field("frozen", &*self.frozen.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Freezable {
+    async fn thawed(&self) {
+        let mut frozen = self.frozen.clone();
+        let _ = frozen.wait_for(|f| !*f).await;
+    }
+}
+
+#[async_trait]
+impl Authority for Freezable {
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+    ) -> leasehold_core::Result<Option<Grant>> {
+        self.thawed().await;
+        self.inner.try_acquire(key, ttl).await
+    }
+
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        max_wait: Duration,
+    ) -> leasehold_core::Result<Grant> {
+        self.thawed().await;
+        self.inner.acquire(key, ttl, max_wait).await
+    }
+
+    async fn renew(&self, grant: &Grant, ttl: Duration) -> leasehold_core::Result<Instant> {
+        self.thawed().await;
+        self.inner.renew(grant, ttl).await
+    }
+
+    async fn release(&self, grant: &Grant) -> leasehold_core::Result<Released> {
+        self.thawed().await;
+        self.inner.release(grant).await
+    }
+}
+
+/// What an in-process run does.
+#[derive(Clone, Debug)]
+pub struct InProcessOptions {
+    /// How long the workers run.
+    pub duration: Duration,
+    /// Seeds the nemesis and the workers.
+    pub seed: u64,
+    /// Worker tasks.
+    pub workers: u32,
+    /// Lock keys.
+    pub keys: usize,
+    /// Chance that a round pauses (freezes) between its validity check and its write.
+    pub pause_probability: f64,
+    /// Chance that an acquire is dropped at a random moment (a round trip here is nearly
+    /// instant, so more often than against a server to hit the same windows).
+    pub cancel_probability: f64,
+}
+
+impl Default for InProcessOptions {
+    fn default() -> Self {
+        InProcessOptions {
+            duration: Duration::from_secs(6),
+            seed: 7,
+            workers: 4,
+            keys: 3,
+            pause_probability: 0.3,
+            cancel_probability: 0.3,
+        }
+    }
+}
+
+/// Runs the fenced workload against `context`'s authority (named `backend` in the history) with
+/// the server faults its [`Context::faults`] offers: a pause, and a failover to its standby.
+pub async fn run_in_process(
+    context: &Context,
+    backend: &str,
+    options: &InProcessOptions,
+    dir: &std::path::Path,
+) -> Result<History, RunError> {
+    std::fs::create_dir_all(dir)?;
+    let client = context.connect().await.map_err(|f| f.to_string())?;
+    let capabilities = client.capabilities().clone();
+    // Short TTLs: many hand-offs in a few seconds.
+    let step = capabilities.ttl.granularity.as_millis().max(1) as u64;
+    let ttl_min = (capabilities.ttl.min.as_millis() as u64)
+        .max(200)
+        .div_ceil(step)
+        * step;
+    let ttl_max = ((capabilities.ttl.max.as_millis() as u64).min(600) / step * step).max(ttl_min);
+    let resource: Arc<dyn SetResource> = Arc::new(MemorySets::default());
+    let clock = Clock::Tokio {
+        origin: Instant::now(),
+        origin_ns: 1_000_000_000,
+    };
+    let started = clock.now();
+    let keys: Vec<String> = (0..options.keys)
+        .map(|k| format!("workload/k{k}"))
+        .collect();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut tasks = Vec::new();
+    let mut files = Vec::new();
+    let mut freezers = Vec::new();
+    for worker in 0..options.workers {
+        let path = dir.join(format!("worker-{worker}.jsonl"));
+        let _ = std::fs::remove_file(&path);
+        let (freeze, frozen) = watch::channel(false);
+        let authority: Arc<dyn Authority> = Arc::new(Freezable {
+            inner: client.clone(),
+            frozen,
+        });
+        let config = WorkerConfig {
+            worker,
+            authority_url: String::new(),
+            resource_url: String::new(),
+            run: backend.to_string(),
+            keys: keys.clone(),
+            fenced: true,
+            seed: options.seed,
+            ttl_min_ms: ttl_min,
+            ttl_max_ms: ttl_max,
+            ttl_step_ms: step,
+            pause_probability: options.pause_probability,
+            cancel_probability: options.cancel_probability,
+            cancel_within_ms: 5,
+            history: path.clone(),
+        };
+        let freeze = Arc::new(freeze);
+        let pause = PauseBy::Freeze(freeze.clone(), Duration::from_millis(ttl_max * 2));
+        let log = Log::open_on(&path, clock)?;
+        let w = Worker::new(config, authority, resource.clone(), log, pause, worker);
+        tasks.push(tokio::spawn(w.run(stop_rx.clone())));
+        files.push(path);
+        freezers.push(freeze);
+    }
+
+    // The nemesis: the server paused, or failed over to its standby, now and then.
+    let nemesis_path = dir.join("nemesis.jsonl");
+    let _ = std::fs::remove_file(&nemesis_path);
+    let log = Log::open_on(&nemesis_path, clock)?;
+    let mut rng = StdRng::seed_from_u64(options.seed);
+    let end = tokio::time::Instant::now() + options.duration;
+    let mut fault = 0;
+    while tokio::time::Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(2000..=5000))).await;
+        fault += 1;
+        let hold = Duration::from_millis(rng.random_range(100..=ttl_max));
+        if rng.random_bool(0.5) {
+            if context.faults().begin_failover().await.is_ok() {
+                log.record(start(fault, FaultKind::PromoteReplica));
+                tokio::time::sleep(hold).await;
+                let _ = context.faults().complete_failover().await;
+                log.record(end_of(fault, FaultKind::PromoteReplica));
+            }
+        } else if context.faults().pause().await.is_ok() {
+            // The one server is its own leader. (Not a restart: the in-process server keeps
+            // its fences but not its leases across one, as a server without durable leases.)
+            log.record(start(fault, FaultKind::PauseLeader));
+            tokio::time::sleep(hold).await;
+            let _ = context.faults().resume().await;
+            log.record(end_of(fault, FaultKind::PauseLeader));
+        }
+    }
+    let _ = stop_tx.send(true);
+    for freeze in &freezers {
+        freeze.send_replace(false);
+    }
+    for task in tasks {
+        task.await?;
+    }
+    let _ = client.close().await;
+
+    let mut parts = vec![History::read_file(&nemesis_path)?];
+    for file in &files {
+        parts.push(History::read_file(file)?);
+    }
+    let merged = History::merge(parts);
+    let mut history = History::new(vec![Event::new(
+        started,
+        What::Run {
+            seed: options.seed,
+            backend: backend.to_string(),
+            fenced: true,
+            failover_unsafe: capabilities.fence_safety == FenceSafety::FailoverUnsafe,
+        },
+    )]);
+    for event in merged.events() {
+        history.push(event.clone());
+    }
+    let at = clock.now();
+    for (key, (elements, last_fence)) in resource.final_state().await? {
+        history.push(Event::new(
+            at,
+            What::Final {
+                key,
+                elements,
+                last_fence,
+            },
+        ));
+    }
+    history.write_to(std::io::BufWriter::new(std::fs::File::create(
+        dir.join("history.jsonl"),
+    )?))?;
+    Ok(history)
+}
+
+fn start(fault: u64, kind: FaultKind) -> What {
+    What::FaultStart {
+        fault,
+        kind,
+        worker: None,
+        node: None,
+    }
+}
+
+fn end_of(fault: u64, kind: FaultKind) -> What {
+    What::FaultEnd {
+        fault,
+        kind,
+        worker: None,
+        node: None,
+    }
+}
+
+/// Whether the workload can show `mutant`'s defect at all, and if not, why: the answer the
+/// teeth test and the docs give.
+pub fn invisible_to_the_workload(mutant: Mutant) -> Option<&'static str> {
+    match mutant {
+        Mutant::DeadlineAfterResponse | Mutant::RenewalDeadlineAfterResponse => Some(
+            "the deadline it overstates stays inside the safety margin, so no other holder is \
+             granted the key before it ends; only a reply delayed past the margin shows it \
+             (the scenarios delayed_reply_shortens_the_grant and \
+             deadline_counts_from_the_request)",
+        ),
+        Mutant::RenewWithoutOwnerCheck => Some(
+            "a Lease never renews after its local deadline, which falls before the authority's \
+             expiry, so it never asks for the renewal the mutant wrongly grants; only a caller of \
+             Authority::renew with an expired grant meets it (the scenario \
+             renew_after_expiry_is_refused)",
+        ),
+        _ => None,
+    }
+}
