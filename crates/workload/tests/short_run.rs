@@ -60,7 +60,11 @@ fn short_run(backend: &str, server_faults: &[FaultKind]) {
             "{arm}: no write was acknowledged:\n{verdict}"
         );
         if arm == "fenced" {
-            assert_eq!(figures.lost_acks, 0, "{verdict}");
+            // Redis declares its fences failover-unsafe: a write lost through a fence reissued
+            // after a failover is shown and labelled declared, not failed (checked above).
+            if verdict.status != Status::Declared {
+                assert_eq!(figures.lost_acks, 0, "{verdict}");
+            }
             assert_eq!(figures.stale_accepted, 0, "{verdict}");
         } else {
             assert!(
