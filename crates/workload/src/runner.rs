@@ -129,6 +129,8 @@ struct Nemesis {
     next_fault: Arc<AtomicU64>,
     /// How long a paused worker stays paused: past the longest TTL.
     pause_for: (Duration, Duration),
+    /// The workers were told to stop: their exits are expected.
+    stopping: bool,
 }
 
 impl Nemesis {
@@ -164,9 +166,17 @@ impl Nemesis {
 
     /// Notices workers that stopped themselves at their pause point, and pauses, resumes,
     /// kills and restarts workers as scheduled.
-    async fn tend(&mut self, workers: &mut [WorkerProc]) {
+    async fn tend(&mut self, workers: &mut [WorkerProc]) -> Result<(), RunError> {
         let now = Instant::now();
         for w in workers.iter_mut() {
+            if !self.stopping && w.killed.is_none() && !w.process.is_running() {
+                return Err(format!(
+                    "worker {} exited on its own; its log ends:\n{}",
+                    w.id,
+                    w.process.log_tail(20)
+                )
+                .into());
+            }
             if w.paused.is_none() && w.killed.is_none() && is_stopped(&w.process) {
                 let fault = self.fault_id();
                 self.start(fault, FaultKind::PauseWorker, Some(w.id), None);
@@ -195,6 +205,7 @@ impl Nemesis {
                 }
             }
         }
+        Ok(())
     }
 
     fn pause_worker(&mut self, workers: &mut [WorkerProc], among: Option<&[WorkerId]>) {
@@ -318,6 +329,12 @@ async fn wait_for_recovery(url: &str, ttl: Duration, within: Duration) -> Result
 /// Runs the workload as `options` say; one result per arm.
 pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
     std::fs::create_dir_all(&options.out)?;
+    // Workers run in directories of their own: every path they get must be absolute.
+    let out = std::fs::canonicalize(&options.out)?;
+    let options = &RunOptions {
+        out,
+        ..options.clone()
+    };
     let _resource_server;
     let resource_url = match &options.resource_url {
         Some(url) => url.clone(),
@@ -363,6 +380,7 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
             Duration::from_millis(ttl_max * 3 / 2),
             Duration::from_millis(ttl_max * 3),
         ),
+        stopping: false,
     };
 
     // The workers of every arm.
@@ -448,7 +466,7 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
     let mut server_fault: Option<tokio::task::JoinHandle<()>> = None;
     let mut quiet_until = Instant::now();
     while Instant::now() < end {
-        nemesis.tend(&mut workers).await;
+        nemesis.tend(&mut workers).await?;
         // After a server fault heals, servers stay quiet for a TTL: a lease outlives the
         // fault that paused its holder only until it expires, and a leader change renews
         // every etcd lease, so without quiet spells no paused holder's lease would ever end.
@@ -520,9 +538,10 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
         }
     }
     while workers.iter().any(|w| w.killed.is_some()) {
-        nemesis.tend(&mut workers).await;
+        nemesis.tend(&mut workers).await?;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    nemesis.stopping = true;
     for w in &workers {
         if let Some(pid) = w.process.pid() {
             signal(pid, "TERM").await;
@@ -530,7 +549,7 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
     }
     let give_up = Instant::now() + Duration::from_secs(30);
     while workers.iter().any(|w| w.process.is_running()) && Instant::now() < give_up {
-        nemesis.tend(&mut workers).await;
+        nemesis.tend(&mut workers).await?;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for w in &workers {
