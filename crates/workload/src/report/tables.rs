@@ -162,6 +162,8 @@ struct Sum {
     acked: u64,
     lost: u64,
     stale: u64,
+    /// Some run was judged declared (a weakness the backend declares).
+    declared: bool,
 }
 
 fn control(runs: &[Judged<'_>]) -> Table {
@@ -185,6 +187,7 @@ fn control(runs: &[Judged<'_>]) -> Table {
         sum.acked += v.figures.writes_acknowledged;
         sum.lost += v.figures.lost_acks;
         sum.stale += v.figures.stale_accepted;
+        sum.declared |= v.status == leasehold_conformance::workload::Status::Declared;
     }
     let rows = by_backend
         .into_iter()
@@ -203,6 +206,12 @@ fn control(runs: &[Judged<'_>]) -> Table {
             let shows = match (fenced.runs > 0, control.runs > 0) {
                 (true, false) => "no unfenced control run".to_string(),
                 (false, _) => "no fenced run".to_string(),
+                (true, true) if fenced.stale == 0 && fenced.declared => format!(
+                    "DECLARED: the backend declares failover-unsafe fences, and fences reissued \
+                     after a failover or a restart lost {}; without fences {} were lost",
+                    lost_of(fenced.lost, fenced.acked),
+                    lost_of(control.lost, control.acked)
+                ),
                 (true, true) if fenced.lost > 0 || fenced.stale > 0 => {
                     "the fenced runs lost or accepted stale writes: see the verdicts".to_string()
                 }
