@@ -1,0 +1,671 @@
+//! The SQLite authority: leases are rows in one file, the machine's monotonic clock decides
+//! expiry.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_core::time::{saturating_add, FOREVER};
+use leasehold_core::{
+    Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant, Instant, LockKey,
+    LostReason, OwnerToken, Released, Result, TtlRange, WaitStrategy,
+};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr};
+use tokio::sync::oneshot;
+
+use crate::clock::MachineClock;
+use crate::config::SqliteConfig;
+use crate::errors::{self, BACKEND};
+use crate::mounts;
+use crate::token::SqliteFence;
+
+/// TTLs in whole milliseconds from 1 ms to 30 days: the clock is read in nanoseconds, and a
+/// lease longer than a month is a configuration mistake, not a lock.
+const TTL: TtlRange = TtlRange::new(
+    Duration::from_millis(1),
+    Duration::from_secs(30 * 24 * 3600),
+    Duration::from_millis(1),
+);
+
+/// How often a waiter looks again at most (and at least, at first): the hand-off latency
+/// between processes, which have no way to notify each other.
+const POLL_FIRST: Duration = Duration::from_millis(2);
+const POLL_CAP: Duration = Duration::from_millis(50);
+
+/// The statements, with the validated table name in place.
+///
+/// Every statement that writes runs inside `BEGIN IMMEDIATE`, which takes the database's write
+/// lock first (waiting up to the busy timeout), and the clock is read *after* that: so `now` is
+/// the moment the statement runs with the lock held, never a moment before a wait for the lock.
+/// The client's deadline is counted from before `BEGIN`, so it always ends first.
+#[derive(Debug, Clone)]
+struct Statements {
+    acquire: SqlStr,
+    holder: SqlStr,
+    renew: SqlStr,
+    release: SqlStr,
+}
+
+fn sql(s: String) -> SqlStr {
+    // Built from constants and a table name validated to `[A-Za-z_][A-Za-z0-9_]*` and quoted.
+    AssertSqlSafe(s).into_sql_str()
+}
+
+impl Statements {
+    fn new(t: &str) -> Self {
+        Statements {
+            // ?1 key, ?2 owner, ?3 boot id, ?4 new expiry, ?5 now. The row is taken over when
+            // its lease is over: expired by this boot's clock, or from another boot.
+            acquire: sql(format!(
+                "INSERT INTO \"{t}\" AS l (lock_key, owner, fence, boot_id, expires_ns) \
+                 VALUES (?1, ?2, 1, ?3, ?4) \
+                 ON CONFLICT (lock_key) DO UPDATE \
+                 SET owner = excluded.owner, fence = l.fence + 1, boot_id = excluded.boot_id, \
+                     expires_ns = excluded.expires_ns \
+                 WHERE l.boot_id <> excluded.boot_id OR l.expires_ns <= ?5 \
+                 RETURNING fence"
+            )),
+            holder: sql(format!(
+                "SELECT boot_id, expires_ns FROM \"{t}\" WHERE lock_key = ?1"
+            )),
+            // ?1 key, ?2 owner, ?3 fence, ?4 boot id, ?5 now, ?6 new expiry.
+            renew: sql(format!(
+                "UPDATE \"{t}\" SET expires_ns = ?6 \
+                 WHERE lock_key = ?1 AND owner = ?2 AND fence = ?3 AND boot_id = ?4 \
+                   AND expires_ns > ?5"
+            )),
+            // Release expires the row instead of deleting it, so the fence counter never
+            // restarts.
+            release: sql(format!(
+                "UPDATE \"{t}\" SET expires_ns = ?5 \
+                 WHERE lock_key = ?1 AND owner = ?2 AND fence = ?3 AND boot_id = ?4 \
+                   AND expires_ns > ?5"
+            )),
+        }
+    }
+}
+
+/// The SQL that creates the lease table (the authority runs it at connect).
+///
+/// `expires_ns` is a reading of the machine's `CLOCK_MONOTONIC` in the boot `boot_id`; a row
+/// of another boot is expired whatever its number says.
+pub fn schema_sql(table: &str) -> Result<String> {
+    let table = crate::config::table_name(table)?;
+    Ok(format!(
+        "CREATE TABLE IF NOT EXISTS \"{table}\" (\n\
+         \x20   lock_key   TEXT    NOT NULL PRIMARY KEY,\n\
+         \x20   owner      TEXT    NOT NULL,\n\
+         \x20   fence      INTEGER NOT NULL CHECK (fence > 0),\n\
+         \x20   boot_id    TEXT    NOT NULL,\n\
+         \x20   expires_ns INTEGER NOT NULL\n\
+         ) WITHOUT ROWID;"
+    ))
+}
+
+struct Inner {
+    pool: SqlitePool,
+    config: SqliteConfig,
+    /// The database file, absolute.
+    path: PathBuf,
+    shown: String,
+    clock: MachineClock,
+    capabilities: Capabilities,
+    statements: Statements,
+}
+
+/// What one acquisition step found: the fence if we won, else how long the holder has left by
+/// the machine's clock.
+type Acquired = std::result::Result<(Option<i64>, Option<Duration>), sqlx::Error>;
+
+fn ttl_ns(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_nanos()).unwrap_or(i64::MAX)
+}
+
+impl Inner {
+    fn timeout(&self) -> Duration {
+        self.config.client.request_timeout
+    }
+
+    /// How long a lease row of `boot_id` expiring at `expires_ns` still runs, read at `now`.
+    fn left(&self, boot_id: &str, expires_ns: i64, now: i64) -> Duration {
+        if boot_id != self.clock.boot_id {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos(u64::try_from(expires_ns.saturating_sub(now)).unwrap_or(0))
+    }
+
+    /// `work` bounded by `give_up`, with leasehold's errors.
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        give_up: Instant,
+        work: impl std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
+    ) -> Result<T> {
+        tokio::time::timeout_at(give_up, work)
+            .await
+            .map_err(|_| errors::timed_out(what, self.timeout()))?
+            .map_err(|e| errors::map(e, what, &self.shown))
+    }
+
+    /// One acquisition step, for `owner`, in one `BEGIN IMMEDIATE` transaction. Runs in its own
+    /// task (see [`SqliteAuthority::attempt`]), so it is never cut off halfway by a caller.
+    async fn acquire_step(&self, key: &str, owner: &str, ttl: Duration) -> Acquired {
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let now = self.clock.now_ns();
+        let won: Option<i64> = sqlx::query_scalar(self.statements.acquire.clone())
+            .bind(key)
+            .bind(owner)
+            .bind(&self.clock.boot_id)
+            .bind(now.saturating_add(ttl_ns(ttl)))
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let remaining = match won {
+            Some(_) => None,
+            None => {
+                let row: Option<(String, i64)> = sqlx::query_as(self.statements.holder.clone())
+                    .bind(key)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                row.map(|(boot, expires)| self.left(&boot, expires, now))
+            }
+        };
+        tx.commit().await?;
+        Ok((won, remaining))
+    }
+
+    /// How long the current holder of `key` has left (zero: free, or its lease is over), read
+    /// without the write lock (WAL readers never wait for the writer).
+    async fn peek(&self, key: &str) -> std::result::Result<Duration, sqlx::Error> {
+        let row: Option<(String, i64)> = sqlx::query_as(self.statements.holder.clone())
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+        let now = self.clock.now_ns();
+        Ok(row.map_or(Duration::ZERO, |(boot, expires)| {
+            self.left(&boot, expires, now)
+        }))
+    }
+
+    /// Renews (`Some(ttl)`) or releases (`None`) a lease we hold: one conditional `UPDATE` on
+    /// key, owner, fence and boot, only while the lease is live. Returns the rows changed.
+    async fn conditional(
+        &self,
+        key: &str,
+        owner: &str,
+        fence: i64,
+        renew_for: Option<Duration>,
+    ) -> std::result::Result<u64, sqlx::Error> {
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let now = self.clock.now_ns();
+        let done = match renew_for {
+            Some(ttl) => {
+                sqlx::query(self.statements.renew.clone())
+                    .bind(key)
+                    .bind(owner)
+                    .bind(fence)
+                    .bind(&self.clock.boot_id)
+                    .bind(now)
+                    .bind(now.saturating_add(ttl_ns(ttl)))
+                    .execute(&mut *tx)
+                    .await?
+            }
+            None => {
+                sqlx::query(self.statements.release.clone())
+                    .bind(key)
+                    .bind(owner)
+                    .bind(fence)
+                    .bind(&self.clock.boot_id)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?
+            }
+        };
+        tx.commit().await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Releases a lease nobody was told about (its acquisition was cancelled or timed out, or
+    /// its fence could not be used), so the key is free at once instead of after its TTL.
+    async fn give_back(&self, key: String, owner: String, raw: i64, ttl: Duration) {
+        let give_up = saturating_add(Instant::now(), ttl.max(self.timeout()));
+        let released = self
+            .bounded(
+                "give back",
+                give_up,
+                self.conditional(&key, &owner, raw, None),
+            )
+            .await;
+        match released {
+            Ok(n) if n > 0 => tracing::debug!("gave back a lease whose acquisition nobody awaited"),
+            Ok(_) => tracing::trace!("a lease nobody awaited had already ended"),
+            Err(error) => {
+                tracing::debug!(%error, "could not give back a lease nobody awaited; it ends at its TTL")
+            }
+        }
+    }
+}
+
+/// An acquisition step running in its own task, whose answer this side has not taken yet.
+/// Dropped before taking it (the caller was cancelled, or the request timed out), it closes the
+/// channel: a win already sent is given back here, and one sent later fails to arrive and is
+/// given back by the task. Either way exactly one side sees an unclaimed win.
+struct Pending {
+    rx: Option<oneshot::Receiver<Acquired>>,
+    inner: Arc<Inner>,
+    key: String,
+    owner: String,
+    ttl: Duration,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else {
+            return;
+        };
+        rx.close();
+        if let Ok(Ok((Some(raw), _))) = rx.try_recv() {
+            spawn_give_back(&self.inner, &self.key, &self.owner, raw, self.ttl);
+        }
+    }
+}
+
+fn spawn_give_back(inner: &Arc<Inner>, key: &str, owner: &str, raw: i64, ttl: Duration) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let (inner, key, owner) = (inner.clone(), key.to_string(), owner.to_string());
+    runtime.spawn(async move { inner.give_back(key, owner, raw, ttl).await });
+}
+
+/// What one acquisition attempt found.
+enum Attempt {
+    Won(Grant),
+    /// Held by someone else, for this long by the machine's clock (`None`: not known).
+    Held(Option<Duration>),
+}
+
+/// An embedded authority: a lease table in one SQLite file, shared by the processes of one
+/// machine. No server to run: the file is the authority.
+///
+/// * Acquire is one `BEGIN IMMEDIATE` transaction: an upsert that takes the key's row over only
+///   when its lease is over (expired by the machine's clock, or from an earlier boot), raising
+///   the row's `fence` counter, which is the fence. It runs in its own task: a caller that is
+///   cancelled or times out does not cut it off, and a lease it took for nobody is given back.
+/// * Renew and release are `UPDATE`s matched on key, owner token, fence and boot, only while
+///   the lease is live; release expires the row and keeps its counter.
+/// * Expiry is measured on the machine's `CLOCK_MONOTONIC`, read by the client after it holds
+///   the write lock and passed into the statement, with the boot id beside it; never the wall
+///   clock (see the crate's documentation).
+/// * Waiting is jittered polling (2 to 50 ms, and never past the holder's expiry), reading
+///   without the write lock until the key looks free.
+/// * WAL mode, `synchronous=FULL` (a grant is on disk before anyone hears of it), and a busy
+///   timeout equal to the request timeout: a writer that keeps the lock longer makes requests
+///   `Unavailable`, never "held".
+///
+/// Clones share the connection pool.
+#[derive(Clone)]
+pub struct SqliteAuthority {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for SqliteAuthority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteAuthority")
+            .field("path", &self.inner.path)
+            .field("table", &self.inner.config.table)
+            .field("boot_id", &self.inner.clock.boot_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The database's absolute path and a refusal of what cannot work: a missing directory, or one
+/// on a network filesystem (unless allowed, then with a warning).
+fn checked_path(config: &SqliteConfig, mounts_table: Option<&str>) -> Result<PathBuf> {
+    let invalid = |reason: String| Error::InvalidConfig { reason };
+    let dir = mounts::resolved_dir(&config.path).map_err(|e| {
+        invalid(format!(
+            "the directory of the SQLite database {} cannot be used ({e}); leasehold creates the file but not its directory, so a mistyped or unmounted path is not silently a new lock file",
+            config.path.display()
+        ))
+    })?;
+    if !dir.is_dir() {
+        return Err(invalid(format!("{} is not a directory", dir.display())));
+    }
+    let name = config
+        .path
+        .file_name()
+        .ok_or_else(|| invalid(format!("{} names no file", config.path.display())))?;
+    let path = dir.join(name);
+    if let Some(table) = mounts_table {
+        if let Some(found) = mounts::network_mount(&dir, table) {
+            let what = format!(
+                "{} is on a network filesystem ({} mounted at {}): SQLite's locks are not reliable there, so two processes could both hold a lease",
+                path.display(),
+                found.fs_type,
+                found.mount_point.display()
+            );
+            if !config.allow_network_fs {
+                return Err(invalid(format!(
+                    "{what}; put the database on a local disk, or use a server authority (postgres://, etcd://); allow_network_fs=true accepts it for a share only this machine uses"
+                )));
+            }
+            tracing::warn!("{what}; accepted because allow_network_fs=true");
+        }
+    }
+    Ok(path)
+}
+
+impl SqliteAuthority {
+    /// Opens (creating if missing) the database a `sqlite://` URL names (see
+    /// [`SqliteConfig::from_url`]) and creates the lease table in it if needed.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::with_config(SqliteConfig::from_url(url)?).await
+    }
+
+    /// Opens the database of a parsed configuration.
+    ///
+    /// # Errors
+    /// `InvalidConfig` when the file's directory does not exist or is on a network filesystem
+    /// (NFS, SMB/CIFS, ...: see docs/sqlite.md); `Unsupported` off Linux (no boot id);
+    /// `Unavailable` when another process keeps the file locked past the timeout; `Backend` for
+    /// a file that is not a database or cannot be written.
+    pub async fn with_config(config: SqliteConfig) -> Result<Self> {
+        let mounts_table = std::fs::read_to_string("/proc/self/mounts").ok();
+        let path = checked_path(&config, mounts_table.as_deref())?;
+        let clock = MachineClock::read()?;
+        let shown = path.display().to_string();
+        let timeout = config.client.request_timeout;
+        let options = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(false)
+            .busy_timeout(timeout.min(Duration::from_millis(i32::MAX as u64)));
+        let give_up = saturating_add(Instant::now(), timeout);
+        let schema = schema_sql(&config.table)?;
+        let mut backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(50));
+        // Switching a new file to WAL needs an exclusive lock that the busy timeout does not
+        // wait for: processes opening a fresh file together are retried, within the timeout.
+        let pool = loop {
+            let opened = async {
+                let pool = SqlitePoolOptions::new()
+                    .max_connections(config.pool_size)
+                    .acquire_timeout(timeout.min(FOREVER))
+                    .connect_with(options.clone())
+                    .await?;
+                sqlx::query(sql(schema.clone())).execute(&pool).await?;
+                Ok::<_, sqlx::Error>(pool)
+            };
+            match tokio::time::timeout_at(give_up, opened).await {
+                Err(_) => return Err(errors::timed_out("open", timeout)),
+                Ok(Ok(pool)) => break pool,
+                Ok(Err(e)) if errors::is_busy(&e) && Instant::now() < give_up => {
+                    let next = saturating_add(Instant::now(), backoff.next_delay());
+                    tokio::time::sleep_until(next.min(give_up)).await;
+                }
+                Ok(Err(e)) => return Err(errors::map(e, "open", &shown)),
+            }
+        };
+        let capabilities = Capabilities::new(BACKEND, FenceSafety::Linearizable, true, TTL)
+            .with_wait(WaitStrategy::Polling);
+        Ok(SqliteAuthority {
+            inner: Arc::new(Inner {
+                statements: Statements::new(&config.table),
+                pool,
+                config,
+                path,
+                shown,
+                clock,
+                capabilities,
+            }),
+        })
+    }
+
+    /// The connection pool (for reading the lease table, or guarded writes in the same file).
+    pub fn pool(&self) -> &SqlitePool {
+        &self.inner.pool
+    }
+
+    /// The database file, absolute.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The lease table's name.
+    pub fn table(&self) -> &str {
+        &self.inner.config.table
+    }
+
+    /// This boot's id, stored beside every expiry.
+    pub fn boot_id(&self) -> &str {
+        &self.inner.clock.boot_id
+    }
+
+    fn grant(
+        &self,
+        key: &LockKey,
+        owner: OwnerToken,
+        raw: i64,
+        ttl: Duration,
+        sent: Instant,
+    ) -> Result<Grant> {
+        let token = SqliteFence::from_column(raw)?;
+        let fence = token.to_fence(BACKEND, self.inner.config.client.epoch)?;
+        let deadline = self.inner.config.client.safety_margin.deadline(sent, ttl);
+        Ok(Grant::new(key.clone(), owner, fence, ttl, deadline))
+    }
+
+    /// One acquisition attempt. The step runs in a task of its own and this side waits for its
+    /// answer up to the request timeout; whatever happens to this side, a lease the step takes
+    /// is either handed over or given back (see [`Pending`]).
+    async fn attempt(&self, key: &LockKey, ttl: Duration) -> Result<Attempt> {
+        let owner = OwnerToken::generate()?;
+        let owner_hex = owner.to_hex();
+        // Read before the step: the grant's deadline counts from here, before the lock and
+        // the clock reading that start the lease in the file.
+        let sent = Instant::now();
+        let give_up = saturating_add(sent, self.inner.timeout());
+        let (tx, rx) = oneshot::channel();
+        {
+            let (inner, key, owner) = (
+                self.inner.clone(),
+                key.as_str().to_string(),
+                owner_hex.clone(),
+            );
+            tokio::spawn(async move {
+                let acquired = inner.acquire_step(&key, &owner, ttl).await;
+                if let Err(Ok((Some(raw), _))) = tx.send(acquired) {
+                    inner.give_back(key, owner, raw, ttl).await;
+                }
+            });
+        }
+        let mut pending = Pending {
+            rx: Some(rx),
+            inner: self.inner.clone(),
+            key: key.as_str().to_string(),
+            owner: owner_hex,
+            ttl,
+        };
+        let answer = match pending.rx.as_mut() {
+            Some(rx) => tokio::time::timeout_at(give_up, rx).await,
+            None => return Err(Self::no_answer()),
+        };
+        let acquired = match answer {
+            Err(_) => return Err(errors::timed_out("acquire", self.inner.timeout())),
+            Ok(Err(_)) => return Err(Self::no_answer()),
+            Ok(Ok(acquired)) => acquired,
+        };
+        // The answer is ours now: nothing is left to give back on drop.
+        pending.rx = None;
+        match acquired {
+            Err(e) => Err(errors::map(e, "acquire", &self.inner.shown)),
+            Ok((Some(raw), _)) => match self.grant(key, owner, raw, ttl, sent) {
+                Ok(grant) => Ok(Attempt::Won(grant)),
+                Err(e) => {
+                    spawn_give_back(&self.inner, key.as_str(), &pending.owner, raw, ttl);
+                    Err(e)
+                }
+            },
+            Ok((None, remaining)) => Ok(Attempt::Held(remaining)),
+        }
+    }
+
+    fn no_answer() -> Error {
+        Error::Backend {
+            backend: BACKEND,
+            message: "acquire: the request ended without an answer".into(),
+            retryable: true,
+            source: None,
+        }
+    }
+
+    fn owner_matches(grant: &Grant) -> (String, String, i64) {
+        (
+            grant.key().as_str().to_string(),
+            grant.owner().to_hex(),
+            // A fence's raw part is at most 2^48-1, so it always fits.
+            grant.fence().raw() as i64,
+        )
+    }
+}
+
+#[async_trait]
+impl Authority for SqliteAuthority {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.capabilities
+    }
+
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Grant>> {
+        TTL.check(ttl)?;
+        Ok(match self.attempt(key, ttl).await? {
+            Attempt::Won(grant) => Some(grant),
+            Attempt::Held(_) => None,
+        })
+    }
+
+    async fn acquire(&self, key: &LockKey, ttl: Duration, max_wait: Duration) -> Result<Grant> {
+        TTL.check(ttl)?;
+        let start = Instant::now();
+        let give_up = saturating_add(start, max_wait);
+        let mut poll = Backoff::new(POLL_FIRST, POLL_CAP);
+        loop {
+            let mut left = match self.attempt(key, ttl).await? {
+                Attempt::Won(grant) => return Ok(grant),
+                Attempt::Held(left) => left,
+            };
+            // Wait, reading without the write lock, until the key looks free: a crowd of
+            // waiters then does not queue for the lock that renewals need.
+            loop {
+                let now = Instant::now();
+                if now >= give_up {
+                    return Err(Error::Timeout {
+                        key: key.to_string(),
+                        waited: now - start,
+                    });
+                }
+                let mut delay = poll.next_delay();
+                if let Some(left) = left.filter(|l| !l.is_zero()) {
+                    delay = delay.min(left);
+                }
+                tokio::time::sleep_until(saturating_add(now, delay).min(give_up)).await;
+                let looked = self
+                    .inner
+                    .bounded(
+                        "acquire",
+                        saturating_add(Instant::now(), self.inner.timeout()),
+                        self.inner.peek(key.as_str()),
+                    )
+                    .await?;
+                if looked.is_zero() {
+                    break;
+                }
+                left = Some(looked);
+            }
+        }
+    }
+
+    async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Instant> {
+        TTL.check(ttl)?;
+        let (key, owner, fence) = Self::owner_matches(grant);
+        let sent = Instant::now();
+        let changed = self
+            .inner
+            .bounded(
+                "renew",
+                saturating_add(sent, self.inner.timeout()),
+                self.inner.conditional(&key, &owner, fence, Some(ttl)),
+            )
+            .await?;
+        if changed != 1 {
+            return Err(Error::lease_lost(grant.key().as_str(), LostReason::Refused));
+        }
+        Ok(self.inner.config.client.safety_margin.deadline(sent, ttl))
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<Released> {
+        let (key, owner, fence) = Self::owner_matches(grant);
+        let changed = self
+            .inner
+            .bounded(
+                "release",
+                saturating_add(Instant::now(), self.inner.timeout()),
+                self.inner.conditional(&key, &owner, fence, None),
+            )
+            .await?;
+        Ok(if changed > 0 {
+            Released::Released
+        } else {
+            Released::AlreadyGone
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTS: &str = "/dev/sda1 / ext4 rw 0 0\nnas:/x /net nfs4 rw 0 0\n";
+
+    #[test]
+    fn network_filesystems_are_refused_unless_allowed() {
+        let dir = std::env::temp_dir();
+        let local = SqliteConfig::new(dir.join("a.db"));
+        assert_eq!(
+            checked_path(&local, Some(MOUNTS)).unwrap(),
+            dir.canonicalize().unwrap().join("a.db")
+        );
+        // The temporary directory, as if it were mounted from a NAS.
+        let resolved = dir.canonicalize().unwrap();
+        let nfs = format!("{MOUNTS}nas:/tmp {} nfs rw 0 0\n", resolved.display());
+        let err = checked_path(&local, Some(&nfs)).unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
+        assert!(err.to_string().contains("network filesystem (nfs"), "{err}");
+        let allowed = local.clone().with_allow_network_fs(true);
+        assert!(checked_path(&allowed, Some(&nfs)).is_ok());
+        // No mounts table (not Linux, /proc not mounted): nothing to check against.
+        assert!(checked_path(&local, None).is_ok());
+    }
+
+    #[test]
+    fn a_missing_directory_is_refused_not_created() {
+        let missing = std::env::temp_dir().join("leasehold-no-such-dir-4f1c/sub/locks.db");
+        let err = checked_path(&SqliteConfig::new(missing), Some(MOUNTS)).unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
+        assert!(err.to_string().contains("not its directory"), "{err}");
+    }
+
+    #[test]
+    fn schema_names_are_validated() {
+        assert!(schema_sql("leases").unwrap().contains("\"leases\""));
+        assert!(schema_sql("a\"b").is_err());
+    }
+}

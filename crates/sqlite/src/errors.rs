@@ -1,0 +1,97 @@
+//! From SQLite's errors to leasehold's, keeping "busy" (someone holds the file's write lock)
+//! apart from "broken".
+
+use std::time::Duration;
+
+use leasehold_core::Error;
+
+pub(crate) const BACKEND: &str = "sqlite";
+
+/// SQLite's primary result code of a driver error (the extended code's low byte).
+pub(crate) fn primary_code(error: &sqlx::Error) -> Option<i64> {
+    let db = error.as_database_error()?;
+    let code: i64 = db.code()?.parse().ok()?;
+    Some(code & 0xff)
+}
+
+const SQLITE_PERM: i64 = 3;
+const SQLITE_BUSY: i64 = 5;
+const SQLITE_LOCKED: i64 = 6;
+const SQLITE_NOMEM: i64 = 7;
+const SQLITE_READONLY: i64 = 8;
+const SQLITE_IOERR: i64 = 10;
+const SQLITE_FULL: i64 = 13;
+const SQLITE_CANTOPEN: i64 = 14;
+const SQLITE_PROTOCOL: i64 = 15;
+
+/// Another connection held the database's write lock for the whole busy timeout: a hung or
+/// slow writer, not a refusal. Nothing was changed.
+pub(crate) fn is_busy(error: &sqlx::Error) -> bool {
+    matches!(
+        primary_code(error),
+        Some(SQLITE_BUSY | SQLITE_LOCKED | SQLITE_PROTOCOL)
+    )
+}
+
+/// Maps a driver error met while doing `what` on the database at `path`.
+pub(crate) fn map(error: sqlx::Error, what: &str, path: &str) -> Error {
+    if let Some(code) = primary_code(&error) {
+        let message = match error.as_database_error() {
+            Some(db) => format!("{what} on {path}: {} (SQLite code {code})", db.message()),
+            None => format!("{what} on {path}: {error}"),
+        };
+        return match code {
+            SQLITE_BUSY | SQLITE_LOCKED | SQLITE_PROTOCOL => Error::Unavailable {
+                backend: BACKEND,
+                message: format!("{message}: another connection kept the database's write lock"),
+                source: Some(Box::new(error)),
+            },
+            SQLITE_IOERR | SQLITE_NOMEM => Error::Unavailable {
+                backend: BACKEND,
+                message,
+                source: Some(Box::new(error)),
+            },
+            SQLITE_FULL => Error::Backend {
+                backend: BACKEND,
+                message: format!("{message}: the disk is full"),
+                retryable: true,
+                source: Some(Box::new(error)),
+            },
+            SQLITE_PERM | SQLITE_READONLY | SQLITE_CANTOPEN => Error::Backend {
+                backend: BACKEND,
+                message: format!("{message}: check the file's and its directory's permissions"),
+                retryable: false,
+                source: Some(Box::new(error)),
+            },
+            _ => Error::Backend {
+                backend: BACKEND,
+                message,
+                retryable: false,
+                source: Some(Box::new(error)),
+            },
+        };
+    }
+    let message = format!("{what} on {path}: {error}");
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => Error::Unavailable {
+            backend: BACKEND,
+            message,
+            source: Some(Box::new(error)),
+        },
+        sqlx::Error::Configuration(_) => Error::InvalidConfig { reason: message },
+        _ => Error::Backend {
+            backend: BACKEND,
+            message,
+            retryable: false,
+            source: Some(Box::new(error)),
+        },
+    }
+}
+
+/// The request got no answer within the timeout.
+pub(crate) fn timed_out(what: &str, after: Duration) -> Error {
+    Error::request_timeout(BACKEND, what, after)
+}
