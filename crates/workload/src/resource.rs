@@ -78,7 +78,8 @@ fn from_db(n: i64) -> Result<u64, ResourceError> {
 }
 
 impl PgSets {
-    /// Connects to `url` (a small pool; each worker process has its own) and creates the table.
+    /// Connects to `url` (a small pool; each worker process has its own). The table must exist:
+    /// see [`PgSets::create`].
     pub async fn connect(url: &str, run: &str) -> Result<Self, ResourceError> {
         let options: PgConnectOptions = url.parse()?;
         let pool = PgPoolOptions::new()
@@ -86,11 +87,19 @@ impl PgSets {
             .acquire_timeout(std::time::Duration::from_secs(10))
             .connect_with(options)
             .await?;
-        sqlx::query(SCHEMA).execute(&pool).await?;
         Ok(PgSets {
             pool,
             run: run.to_string(),
         })
+    }
+
+    /// Connects and creates the table, once, before any worker starts: concurrent
+    /// `CREATE TABLE IF NOT EXISTS` statements can fail in PostgreSQL with a unique violation
+    /// in its catalog (seen when eight workers started at once).
+    pub async fn create(url: &str, run: &str) -> Result<Self, ResourceError> {
+        let sets = PgSets::connect(url, run).await?;
+        sqlx::query(SCHEMA).execute(&sets.pool).await?;
+        Ok(sets)
     }
 
     async fn newest(&self, key: &str) -> Result<u64, ResourceError> {

@@ -368,6 +368,7 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
     let _ = probe.close().await;
     drop(probe);
 
+    PgSets::create(&resource_url, "setup").await?;
     let started = now_ns();
     let exe = std::env::current_exe()?;
     let nemesis_path = options.out.join("nemesis.jsonl");

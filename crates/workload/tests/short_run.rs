@@ -121,3 +121,44 @@ fn redis_primary_and_replica() {
         &[FaultKind::KillAuthority, FaultKind::PromoteReplica],
     );
 }
+
+/// Servers someone else started, by URL: the runner injects worker faults only, and says so in
+/// the history (no server fault), and the run still judges both the authority and the resource.
+#[test]
+fn servers_given_by_url() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let authority = leasehold_servers::PostgresServer::start().expect("PostgreSQL starts");
+    let resource = leasehold_servers::PostgresServer::start().expect("PostgreSQL starts");
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("workload-by-url");
+    let _ = std::fs::remove_dir_all(&out);
+    let output = Command::new(env!("CARGO_BIN_EXE_leasehold-workload"))
+        .args([
+            "run",
+            "--backend",
+            "postgres",
+            "--duration",
+            "8s",
+            "--arms",
+            "fenced",
+        ])
+        .args(["--url", &authority.url(), "--resource-url", &resource.url()])
+        .args(["--out", out.to_str().unwrap()])
+        .output()
+        .expect("the workload binary runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let history = History::read_file(out.join("postgres-fenced.history.jsonl")).unwrap();
+    let verdict = check_recorded(&history).unwrap();
+    assert_eq!(verdict.status, Status::Passed, "{verdict}");
+    assert!(verdict.figures.writes_acknowledged > 0, "{verdict}");
+    let kinds: BTreeSet<FaultKind> = verdict.figures.faults.keys().copied().collect();
+    assert!(
+        kinds.is_subset(&[FaultKind::PauseWorker, FaultKind::KillWorker].into()),
+        "servers someone else runs are not faulted: {kinds:?}"
+    );
+    assert!(!out.join("control-worker-4.jsonl").exists());
+}
