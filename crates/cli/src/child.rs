@@ -1,7 +1,9 @@
-//! The command run under the lease, in a process group of its own so it can be stopped whole.
+//! The command run under the lease, in a process group of its own so it can be stopped whole,
+//! and killed by the kernel if `leasehold` dies first.
 
 use std::ffi::OsString;
-use std::os::unix::process::ExitStatusExt;
+use std::io;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::time::Duration;
 
 use leasehold::{Fence, LockKey};
@@ -19,11 +21,13 @@ impl Child {
         key: &LockKey,
         fence: Fence,
         backend: &str,
-    ) -> std::io::Result<Child> {
+    ) -> io::Result<Child> {
         let (program, args) = command
             .split_first()
-            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no command"))?;
-        let process = tokio::process::Command::new(program)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command"))?;
+        let mut std_command = std::process::Command::new(program);
+        set_parent_death_signal(&mut std_command);
+        let process = tokio::process::Command::from(std_command)
             .args(args)
             .env("LEASEHOLD_KEY", key.as_str())
             .env("LEASEHOLD_FENCE", fence.value().to_string())
@@ -65,11 +69,74 @@ impl Child {
     }
 
     fn signal_group(&self, signal: &str) {
+        // (Grandchildren in the group are not reached by the parent-death signal, only by this.)
         if let Some(group) = self.group {
             // Through kill(1), so that this crate needs no unsafe code for kill(2).
             let _ = std::process::Command::new("kill")
                 .args([signal, "--", &format!("-{group}")])
                 .status();
         }
+    }
+}
+
+/// The exit status for a command that could not be started, as shells give it: 127 when it was
+/// not found, 126 when it was found but could not be executed (no permission, not a program).
+pub fn cannot_start_code(error: &io::Error) -> u8 {
+    match error.kind() {
+        io::ErrorKind::NotFound => 127,
+        _ => 126,
+    }
+}
+
+/// Makes the kernel SIGKILL the command when `leasehold` dies, however it dies (SIGKILL, a
+/// crash): the lease is then no longer renewed and will pass to someone else, so the command
+/// must not go on. SIGKILL, not SIGTERM: nobody is left to escalate if the command ignored a
+/// polite signal. The signal fires when the *thread* that forked the command exits; the command
+/// is spawned from the main thread (the one in `block_on`), which lives as long as the process.
+#[allow(unsafe_code)]
+fn set_parent_death_signal(command: &mut std::process::Command) {
+    let parent = std::process::id();
+    // SAFETY: the closure runs in the forked child before exec and only calls the
+    // async-signal-safe `prctl` and `getppid`, allocating nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+            ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            // leasehold may have died between fork and prctl: then nobody would kill us.
+            if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_found_is_127_and_anything_else_126() {
+        assert_eq!(
+            cannot_start_code(&io::Error::from(io::ErrorKind::NotFound)),
+            127
+        );
+        assert_eq!(
+            cannot_start_code(&io::Error::from(io::ErrorKind::PermissionDenied)),
+            126
+        );
+        // ENOEXEC: a file without a #! line or a binary for another machine.
+        assert_eq!(
+            cannot_start_code(&io::Error::from_raw_os_error(libc::ENOEXEC)),
+            126
+        );
     }
 }
