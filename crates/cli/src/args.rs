@@ -1,7 +1,9 @@
-//! The command line: `leasehold run [options] -- <command> [args...]`.
+//! The command line: `leasehold run [options] -- <command> [args...]` and `leasehold migrate`.
 
 use std::ffi::OsString;
 use std::time::Duration;
+
+use crate::duration;
 
 /// What `leasehold run` was asked to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -11,75 +13,88 @@ pub struct RunArgs {
     pub ttl: Duration,
     pub wait: Duration,
     pub grace: Duration,
+    /// The exit status when the lock is held by someone else (default 75).
+    pub busy_exit_code: u8,
+    /// No notice on stderr while waiting.
+    pub quiet: bool,
     pub command: Vec<OsString>,
+}
+
+/// What the command line asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Invocation {
+    Run(RunArgs),
+    /// `leasehold migrate --url postgres://...`: create the lease table.
+    Migrate {
+        url: String,
+    },
+    Help,
+    Version,
 }
 
 /// What `--version` prints.
 pub const VERSION: &str = concat!("leasehold ", env!("CARGO_PKG_VERSION"));
 
 pub const USAGE: &str = "\
-usage: leasehold run [--url URL] --key KEY [--ttl 10s] [--wait 0s] [--grace 5s] -- COMMAND [ARGS...]
+usage: leasehold run [--url URL] --key KEY [--ttl 10s] [--wait 0s] [--grace 5s]
+                     [--busy-exit-code N] [--quiet] -- COMMAND [ARGS...]
+       leasehold migrate [--url postgres://...]
        leasehold --help | --version
 
-Runs COMMAND while holding a lease on KEY from the authority at URL (or $LEASEHOLD_URL):
-postgres://, redis://, rediss://, etcd://, etcds://, zk://, memory://.
+run: runs COMMAND while holding a lease on KEY from the authority at URL (or $LEASEHOLD_URL):
+postgres://, redis://, rediss://, etcd://, etcds://, zk://. memory:// is refused: it lives in
+one process, so two `leasehold` processes would both hold the lock. sqlite://PATH (a lock on
+this machine without a server) is coming, and with it a per-user SQLite file as the default
+when no URL is given.
 
 COMMAND gets LEASEHOLD_KEY, LEASEHOLD_FENCE (the fencing token: send it with every protected
 write), LEASEHOLD_FENCE_SAFETY and LEASEHOLD_BACKEND in its environment. The lease is renewed
 every third of the TTL. If it is lost, COMMAND's process group gets SIGTERM, then SIGKILL after
---grace. When COMMAND ends, the lease is released.
+--grace. If leasehold itself dies (even by SIGKILL), COMMAND gets SIGKILL from the kernel.
+SIGINT, SIGTERM and SIGHUP stop COMMAND and release the lease. When COMMAND ends, the lease is
+released.
 
-  --url URL      the authority (default: $LEASEHOLD_URL)
-  --key KEY      the lock key (printable ASCII, no spaces)
-  --ttl D        the lease's TTL (default 10s)
-  --wait D       how long to wait for the lock if it is held (default 0s: fail at once)
-  --grace D      time between SIGTERM and SIGKILL when the lease is lost (default 5s)
-Durations: 250ms, 10s, 2m.
+  --url URL            the authority (default: $LEASEHOLD_URL)
+  --key KEY            the lock key (printable ASCII, no spaces)
+  --ttl D              the lease's TTL (default 10s); at least the URL's request timeout
+                       (timeout_ms, default 5s) plus the safety margin
+  --wait D             how long to wait for the lock if it is held (default 0s: fail at once)
+  --grace D            time between SIGTERM and SIGKILL when COMMAND is stopped (default 5s)
+  --busy-exit-code N   exit N instead of 75 when the lock is held (flock's -E)
+  -q, --quiet          say nothing while waiting for the lock
+Durations: 250ms, 1.5s, 1m30s, 2h, 1d.
 
-exit status: COMMAND's own, or 128+N if it died of signal N; 64 bad usage or input;
-69 the authority is unreachable; 75 the lock is held by someone else; 76 the lease was lost
-and COMMAND was stopped; 77 the authority refused the credentials; 127 COMMAND could not start.";
+migrate: creates the lease table in the PostgreSQL database at URL if it is not there yet
+(safe to run again, and concurrently). Other backends need no schema.
 
-/// Parses `250ms`, `10s`, `2m`, `1h`.
-pub fn duration(text: &str) -> Result<Duration, String> {
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("`{text}` needs a unit: ms, s, m or h"))?;
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration"))?;
-    let scale = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        _ => return Err(format!("`{text}`: unknown unit `{unit}` (ms, s, m, h)")),
-    };
-    n.checked_mul(scale)
-        .map(Duration::from_millis)
-        .ok_or_else(|| format!("`{text}` is too long"))
-}
+Set LEASEHOLD_LOG=info (or RUST_LOG) to see each acquire, renewal and release.
 
-/// Parses the arguments after the program name. `Err("")` asks for the usage text and
-/// `Err(VERSION)` for the version, both on stdout with exit status 0.
-pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<RunArgs, String> {
+exit status: COMMAND's own, or 128+N if it died of signal N (or leasehold did, by SIGINT,
+SIGTERM or SIGHUP); 64 bad usage or input; 69 the authority is unreachable or answered too late;
+75 the lock is held by someone else (see --busy-exit-code); 76 the lease was lost and COMMAND
+was stopped; 77 the authority refused the credentials; 126 COMMAND is not executable; 127
+COMMAND was not found.";
+
+/// Parses the arguments after the program name.
+pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation, String> {
     let mut args = args.into_iter();
-    match args.next().as_ref().and_then(|a| a.to_str()) {
-        Some("run") => {}
-        Some("-h" | "--help" | "help") | None => return Err(String::new()),
-        Some("-V" | "--version") => return Err(VERSION.into()),
-        Some(other) => return Err(format!("unknown subcommand `{other}`")),
-    }
+    let run = match args.next().as_ref().and_then(|a| a.to_str()) {
+        Some("run") => true,
+        Some("migrate") => false,
+        Some("-h" | "--help" | "help") | None => return Ok(Invocation::Help),
+        Some("-V" | "--version") => return Ok(Invocation::Version),
+        Some(other) => return Err(format!("unknown subcommand `{other}` (run or migrate)")),
+    };
     let mut url = env_url;
     let (mut key, mut ttl, mut wait, mut grace) = (None, None, None, None);
+    let (mut busy_exit_code, mut quiet) = (None, false);
     let mut command = Vec::new();
     while let Some(arg) = args.next() {
         let text = arg
             .to_str()
             .ok_or_else(|| format!("option {arg:?} is not UTF-8"))?
             .to_string();
-        if text == "--" {
+        if text == "--" && run {
             command.extend(args.by_ref());
             break;
         }
@@ -96,31 +111,48 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<RunArgs, St
                     .ok_or_else(|| format!("{name} needs a value")),
             }
         };
-        match name.as_str() {
-            "--url" => url = Some(value()?),
-            "--key" => key = Some(value()?),
-            "--ttl" => ttl = Some(duration(&value()?)?),
-            "--wait" => wait = Some(duration(&value()?)?),
-            "--grace" => grace = Some(duration(&value()?)?),
-            "-h" | "--help" => return Err(String::new()),
-            other => {
+        let dur = |v: String| duration::parse(&v).map_err(|e| format!("{name}: {e}"));
+        match (name.as_str(), run) {
+            ("--url", _) => url = Some(value()?),
+            ("--key", true) => key = Some(value()?),
+            ("--ttl", true) => ttl = Some(dur(value()?)?),
+            ("--wait", true) => wait = Some(dur(value()?)?),
+            ("--grace", true) => grace = Some(dur(value()?)?),
+            ("--busy-exit-code" | "-E", true) => {
+                let v = value()?;
+                busy_exit_code = Some(
+                    v.parse::<u8>()
+                        .map_err(|_| format!("{name}: `{v}` is not an exit status (0 to 255)"))?,
+                );
+            }
+            ("-q" | "--quiet", true) => quiet = true,
+            ("-h" | "--help", _) => return Ok(Invocation::Help),
+            ("-V" | "--version", _) => return Ok(Invocation::Version),
+            (other, true) => {
                 return Err(format!(
                     "unknown option `{other}` (the command goes after `--`)"
                 ))
             }
+            (other, false) => return Err(format!("unknown option `{other}` for migrate")),
         }
+    }
+    let url = url.ok_or("no authority: give --url or set LEASEHOLD_URL")?;
+    if !run {
+        return Ok(Invocation::Migrate { url });
     }
     if command.is_empty() {
         return Err("no command to run: put it after `--`".into());
     }
-    Ok(RunArgs {
-        url: url.ok_or("no authority: give --url or set LEASEHOLD_URL")?,
+    Ok(Invocation::Run(RunArgs {
+        url,
         key: key.ok_or("--key is required")?,
         ttl: ttl.unwrap_or(Duration::from_secs(10)),
         wait: wait.unwrap_or(Duration::ZERO),
         grace: grace.unwrap_or(Duration::from_secs(5)),
+        busy_exit_code: busy_exit_code.unwrap_or(75),
+        quiet,
         command,
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -131,9 +163,16 @@ mod tests {
         s.iter().map(OsString::from).collect()
     }
 
+    fn run_args(args: Vec<OsString>, env_url: Option<String>) -> Result<RunArgs, String> {
+        match parse(args, env_url)? {
+            Invocation::Run(a) => Ok(a),
+            other => Err(format!("{other:?}")),
+        }
+    }
+
     #[test]
     fn parses_a_full_command_line() {
-        let a = parse(
+        let a = run_args(
             args(&[
                 "run",
                 "--url",
@@ -161,12 +200,14 @@ mod tests {
 
     #[test]
     fn takes_the_url_from_the_environment_and_refuses_bad_input() {
-        let a = parse(
+        let a = run_args(
             args(&["run", "--key", "k", "--", "true"]),
-            Some("memory://".into()),
+            Some("redis://h".into()),
         )
         .unwrap();
-        assert_eq!(a.url, "memory://");
+        assert_eq!(a.url, "redis://h");
+        assert_eq!(a.busy_exit_code, 75);
+        assert!(!a.quiet);
         for bad in [
             &["run", "--key", "k", "--", "true"][..],
             &["run", "--url", "u", "--", "true"],
@@ -175,14 +216,47 @@ mod tests {
                 "run", "--url", "u", "--key", "k", "--ttl", "10", "--", "true",
             ],
             &[
-                "run", "--url", "u", "--key", "k", "--ttl", "10d", "--", "true",
+                "run", "--url", "u", "--key", "k", "--ttl", "10w", "--", "true",
             ],
             &["run", "--url", "u", "--key", "k", "--bogus", "--", "true"],
             &["walk"],
+            &[
+                "run",
+                "--url",
+                "u",
+                "--key",
+                "k",
+                "--busy-exit-code",
+                "256",
+                "--",
+                "true",
+            ],
+            &["migrate"],
+            &["migrate", "--url", "u", "--key", "k"],
         ] {
             assert!(parse(args(bad), None).is_err(), "{bad:?}");
         }
-        assert_eq!(duration("2m"), Ok(Duration::from_secs(120)));
-        assert!(duration("99999999999999999999h").is_err());
+    }
+
+    #[test]
+    fn reads_the_exit_code_quiet_and_migrate() {
+        let a = run_args(
+            args(&[
+                "run", "--url", "u", "--key", "k", "--ttl", "1m30s", "-E", "3", "-q", "--", "true",
+            ]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(a.busy_exit_code, 3);
+        assert!(a.quiet);
+        assert_eq!(a.ttl, Duration::from_secs(90));
+        assert_eq!(
+            parse(args(&["migrate"]), Some("postgres://h".into())),
+            Ok(Invocation::Migrate {
+                url: "postgres://h".into()
+            })
+        );
+        assert_eq!(parse(args(&["--version"]), None), Ok(Invocation::Version));
+        assert_eq!(parse(args(&[]), None), Ok(Invocation::Help));
     }
 }

@@ -20,45 +20,43 @@ macro_rules! say {
 
 mod args;
 mod child;
+mod duration;
+mod logging;
 
 use std::io::Write;
 use std::process::ExitCode;
-
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use leasehold::{Authority, Error, Lease, LeaseOptions, LockKey};
+use leasehold::{
+    redact_url, Authority, ClientOptions, Error, Instant, Lease, LeaseOptions, LockKey, UrlParams,
+};
+use leasehold_postgres::PostgresAuthority;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::args::{RunArgs, USAGE, VERSION};
+use crate::args::{Invocation, RunArgs, USAGE, VERSION};
 use crate::child::Child;
+use crate::duration::human;
 
 /// Exit codes, after sysexits.h where one fits.
 mod code {
     pub const USAGE: u8 = 64;
     pub const UNAVAILABLE: u8 = 69;
-    pub const HELD: u8 = 75;
     pub const LOST: u8 = 76;
     pub const NO_PERMISSION: u8 = 77;
-    pub const CANNOT_START: u8 = 127;
 }
 
 fn main() -> ExitCode {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LEASEHOLD_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
-    let args = match args::parse(
+    logging::init();
+    let invocation = match args::parse(
         std::env::args_os().skip(1).collect(),
         std::env::var("LEASEHOLD_URL").ok(),
     ) {
-        Ok(a) => a,
-        Err(e) if e.is_empty() => return print_out(USAGE),
-        Err(e) if e == VERSION => return print_out(VERSION),
+        Ok(Invocation::Help) => return print_out(USAGE),
+        Ok(Invocation::Version) => return print_out(VERSION),
+        Ok(i) => i,
         Err(e) => {
-            say!("leasehold: {e}\n\n{USAGE}");
+            say!("leasehold: {e}\n(`leasehold --help` shows the usage)");
             return ExitCode::from(code::USAGE);
         }
     };
@@ -73,7 +71,16 @@ fn main() -> ExitCode {
             return ExitCode::from(code::UNAVAILABLE);
         }
     };
-    ExitCode::from(runtime.block_on(run(args)))
+    // `block_on` polls on this, the main thread, so the command is forked from the thread that
+    // lives as long as the process (its parent-death signal is tied to the forking thread).
+    let status = runtime.block_on(async {
+        match invocation {
+            Invocation::Run(args) => run(args).await,
+            Invocation::Migrate { url } => migrate(&url).await,
+            Invocation::Help | Invocation::Version => 0,
+        }
+    });
+    ExitCode::from(status)
 }
 
 /// Prints `text` on stdout. `println!` panics when the reader has gone away (`leasehold --help |
@@ -91,11 +98,18 @@ fn print_out(text: &str) -> ExitCode {
     }
 }
 
-/// The exit code for an error before the command ran.
-fn failed(e: &Error) -> u8 {
+/// Prints an error from before the command ran, and returns its exit code (`busy` for a lock
+/// held by someone else).
+fn failed(e: &Error, url: &str, busy: u8) -> u8 {
     say!("leasehold: {}", chain(e));
+    if missing_table(e) {
+        say!(
+            "leasehold: create the lease table with `leasehold migrate --url {}`",
+            redact_url(url)
+        );
+    }
     match e {
-        Error::Timeout { .. } => code::HELD,
+        Error::Timeout { .. } => busy,
         Error::Unavailable { .. } => code::UNAVAILABLE,
         Error::Unauthorized { .. } => code::NO_PERMISSION,
         Error::Backend {
@@ -105,25 +119,153 @@ fn failed(e: &Error) -> u8 {
     }
 }
 
-/// An error with its sources, one line.
+/// Whether `e` is PostgreSQL's "the lease table does not exist" (SQLSTATE 42P01), as
+/// leasehold-postgres words it.
+fn missing_table(e: &Error) -> bool {
+    matches!(e, Error::Backend { backend: "postgres", message, .. }
+        if message.contains("does not exist") && message.contains("migrate"))
+}
+
+/// An error and its sources on one line, each text once: a source whose text is already shown,
+/// or that repeats a part of what is (client libraries often quote their cause in their own
+/// message), is left out, and a Rust
+/// Debug dump that a library appends to its message (`, source: Error(...)`) is cut off.
 fn chain(e: &Error) -> String {
-    let mut text = e.to_string();
+    let mut text = readable(&e.to_string()).to_string();
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
-        text.push_str(&format!(": {s}"));
+        let shown = s.to_string();
+        let part = readable(&shown);
+        // Already said, or saying again something already said (a library's message that
+        // quotes its cause): left out.
+        let repeats = text.contains(part)
+            || text
+                .split(": ")
+                .any(|said| said.len() >= 8 && part.contains(said));
+        if !part.is_empty() && !repeats {
+            text.push_str(": ");
+            text.push_str(part);
+        }
         source = s.source();
     }
     text
 }
 
+/// `text` without a Debug dump of a source appended to it, and without trailing punctuation.
+fn readable(text: &str) -> &str {
+    let cut = [", source: ", " source: ", ", details: "]
+        .iter()
+        .filter_map(|marker| text.find(marker))
+        .min()
+        .unwrap_or(text.len());
+    text[..cut].trim_end_matches([',', ' ', ':'])
+}
+
+/// `memory://` lives in one process: two `leasehold` processes would each get an authority of
+/// their own and both hold the "lock". Refused, with what to use instead.
+fn refuse_in_process(url: &str) -> Result<(), String> {
+    let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+    if scheme.as_deref() == Some("memory") {
+        return Err(format!(
+            "`{}` is an in-process authority: every `leasehold` process would have its own, so \
+             two runs on one key would both hold it. For a lock between processes on this \
+             machine without a server, use sqlite://PATH (an embedded authority, coming; then \
+             leasehold without --url will use a per-user SQLite file); otherwise the URL of a \
+             server: postgres://, redis://, etcd:// or zk://",
+            redact_url(url)
+        ));
+    }
+    Ok(())
+}
+
+/// The shortest TTL worth holding with these client options: one whose local validity (the TTL
+/// less the safety margin) outlasts one request, answered as late as the request timeout allows.
+/// Anything shorter can run out while the acquire's own answer is on its way, or before a
+/// renewal could land: the command would run on a lease that may already be gone.
+fn ttl_floor(options: &ClientOptions) -> Duration {
+    let margin = options.safety_margin;
+    let timeout = options.request_timeout;
+    let enough = |ttl: Duration| ttl.saturating_sub(margin.for_ttl(ttl)) >= timeout;
+    // The validity grows with the TTL (the margin's drift share is at most half of it), so
+    // double until enough, then bisect to the millisecond.
+    let mut high = timeout.max(Duration::from_millis(1));
+    for _ in 0..64 {
+        if enough(high) {
+            break;
+        }
+        high = high.saturating_mul(2);
+    }
+    let mut low = Duration::ZERO;
+    while high.saturating_sub(low) > Duration::from_millis(1) {
+        let mid = low + (high - low) / 2;
+        if enough(mid) {
+            high = mid;
+        } else {
+            low = mid;
+        }
+    }
+    // The least whole number of milliseconds that passes, so the number printed is one that
+    // does: the threshold lies within the millisecond below `high`.
+    let whole = Duration::from_millis(u64::try_from(high.as_millis()).unwrap_or(u64::MAX));
+    if enough(whole) {
+        whole.max(Duration::from_millis(1))
+    } else {
+        whole.saturating_add(Duration::from_millis(1))
+    }
+}
+
+/// Refuses a TTL below [`ttl_floor`] for the URL's client options, before connecting.
+fn check_ttl(url: &str, ttl: Duration) -> Result<(), Error> {
+    let mut params = UrlParams::parse(url)?;
+    let options = params.take_client_options()?;
+    let floor = ttl_floor(&options);
+    if ttl < floor {
+        return Err(Error::InvalidTtl {
+            ttl,
+            reason: format!(
+                "too short: the lease must outlast one request to the authority, \
+                 so it needs at least the request timeout ({}; timeout_ms in the URL) plus the \
+                 safety margin ({} of a {} TTL): use --ttl {} or more, or a shorter timeout_ms",
+                human(options.request_timeout),
+                human(options.safety_margin.for_ttl(floor)),
+                human(floor),
+                human(floor),
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The time left on a grant whose local deadline is `deadline`, or an error if it has already
+/// passed (the answer took longer than the lease's validity): such a grant is worth nothing
+/// and must never be handed to the command.
+fn time_left(key: &LockKey, deadline: Instant, now: Instant) -> Result<Duration, String> {
+    match deadline.checked_duration_since(now) {
+        Some(left) if !left.is_zero() => Ok(left),
+        _ => Err(format!(
+            "the lease on `{key}` had expired by the time the authority's answer arrived \
+             ({} late); the command was not started",
+            human(now.saturating_duration_since(deadline))
+        )),
+    }
+}
+
 async fn run(args: RunArgs) -> u8 {
+    let busy = args.busy_exit_code;
     let key = match LockKey::new(&args.key) {
         Ok(k) => k,
-        Err(e) => return failed(&e),
+        Err(e) => return failed(&e, &args.url, busy),
     };
+    if let Err(e) = refuse_in_process(&args.url) {
+        say!("leasehold: {e}");
+        return code::USAGE;
+    }
+    if let Err(e) = check_ttl(&args.url, args.ttl) {
+        return failed(&e, &args.url, busy);
+    }
     let authority = match leasehold::connect(&args.url).await {
         Ok(a) => a,
-        Err(e) => return failed(&e),
+        Err(e) => return failed(&e, &args.url, busy),
     };
     let code = run_under_lease(&args, key, authority.clone()).await;
     // Whatever happened, nothing of ours outlives the process: close what the authority keeps
@@ -138,70 +280,227 @@ async fn run(args: RunArgs) -> u8 {
     code
 }
 
-async fn run_under_lease(args: &RunArgs, key: LockKey, authority: Arc<dyn Authority>) -> u8 {
-    let backend = authority.capabilities().backend;
-    let acquired = if args.wait.is_zero() {
-        Lease::try_acquire(authority, &key, args.ttl, LeaseOptions::default())
-            .await
-            .and_then(|l| {
-                l.ok_or(Error::Timeout {
-                    key: key.to_string(),
-                    waited: args.wait,
-                })
-            })
+/// `HH:MM:SS UTC` of the wall-clock time `after` from now.
+fn wall_clock_in(after: Duration) -> String {
+    let at = SystemTime::now()
+        .checked_add(after)
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    let (h, m, s) = (at % 86_400 / 3_600, at % 3_600 / 60, at % 60);
+    format!("{h:02}:{m:02}:{s:02} UTC")
+}
+
+/// Takes the lease: at once, or waiting up to `--wait` (saying so on stderr once the wait has
+/// gone on for a second, unless `--quiet`). `Err` is the exit code, the reason already printed.
+async fn take(args: &RunArgs, key: &LockKey, authority: Arc<dyn Authority>) -> Result<Lease, u8> {
+    let busy = args.busy_exit_code;
+    let started = Instant::now();
+    match Lease::try_acquire(authority.clone(), key, args.ttl, LeaseOptions::default()).await {
+        Ok(Some(lease)) => return Ok(lease),
+        Ok(None) => {}
+        Err(e) => return Err(failed(&e, &args.url, busy)),
+    }
+    if args.wait.is_zero() {
+        say!("leasehold: `{key}` is held by another owner (not waiting: --wait 0s)");
+        return Err(busy);
+    }
+    let left = args.wait.saturating_sub(started.elapsed());
+    let acquiring = Lease::acquire(authority, key, args.ttl, left, LeaseOptions::default());
+    tokio::pin!(acquiring);
+    let notice_at = started + Duration::from_secs(1);
+    let result = if args.quiet || args.wait <= Duration::from_secs(1) {
+        acquiring.await
     } else {
-        Lease::acquire(
-            authority,
-            &key,
-            args.ttl,
-            args.wait,
-            LeaseOptions::default(),
-        )
-        .await
-    };
-    let lease = match acquired {
-        Ok(l) => l,
-        Err(e) => return failed(&e),
-    };
-    let mut child = match Child::spawn(&args.command, &key, lease.fence(), backend) {
-        Ok(c) => c,
-        Err(e) => {
-            say!("leasehold: cannot start {:?}: {e}", args.command[0]);
-            let _ = lease.release().await;
-            return code::CANNOT_START;
+        tokio::select! {
+            result = &mut acquiring => result,
+            () = tokio::time::sleep_until(notice_at) => {
+                say!(
+                    "leasehold: `{key}` is held by another owner; waiting until {} (--wait {})",
+                    wall_clock_in(args.wait.saturating_sub(started.elapsed())),
+                    human(args.wait)
+                );
+                acquiring.await
+            }
         }
     };
-    let (Ok(mut interrupt), Ok(mut terminate)) = (
+    match result {
+        Ok(lease) => Ok(lease),
+        Err(Error::Timeout { .. }) => {
+            say!(
+                "leasehold: gave up on `{key}` after {} (--wait): it is still held by another \
+                 owner",
+                human(started.elapsed())
+            );
+            Err(busy)
+        }
+        Err(e) => Err(failed(&e, &args.url, busy)),
+    }
+}
+
+async fn run_under_lease(args: &RunArgs, key: LockKey, authority: Arc<dyn Authority>) -> u8 {
+    let backend = authority.capabilities().backend;
+    let lease = match take(args, &key, authority).await {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    // The last moment before the command gets the fence: a grant that arrived after its own
+    // deadline (or was lost meanwhile) is never handed over.
+    let fresh = time_left(&key, lease.deadline(), Instant::now())
+        .and_then(|_| lease.ensure_valid().map_err(|e| chain(&e)));
+    if let Err(reason) = fresh {
+        say!("leasehold: {reason}");
+        let _ = lease.release().await;
+        return code::UNAVAILABLE;
+    }
+    // Watch for signals before the command starts, so none falls between.
+    let (Ok(mut interrupt), Ok(mut terminate), Ok(mut hangup)) = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
     ) else {
-        child.stop(args.grace).await;
         let _ = lease.release().await;
         say!("leasehold: cannot watch for signals");
         return code::UNAVAILABLE;
     };
+    let mut child = match Child::spawn(&args.command, &key, lease.fence(), backend) {
+        Ok(c) => c,
+        Err(e) => {
+            say!(
+                "leasehold: cannot start `{}`: {e}",
+                args.command[0].to_string_lossy()
+            );
+            let _ = lease.release().await;
+            return child::cannot_start_code(&e);
+        }
+    };
     let lost = lease.lost();
-    tokio::select! {
+    let stopped_by = tokio::select! {
         status = child.wait() => {
             if let Err(e) = lease.release().await {
                 say!("leasehold: releasing the lease failed (its TTL will free it): {}", chain(&e));
             }
-            status
+            return status;
         }
         reason = lost => {
             say!("leasehold: lease on `{key}` lost ({reason}); stopping the command");
             child.stop(args.grace).await;
-            code::LOST
+            return code::LOST;
         }
-        _ = interrupt.recv() => {
-            child.stop(args.grace).await;
-            let _ = lease.release().await;
-            128 + 2
+        _ = interrupt.recv() => 2,
+        _ = terminate.recv() => 15,
+        // A closed terminal or a dropped ssh session: handled as SIGTERM.
+        _ = hangup.recv() => 1,
+    };
+    child.stop(args.grace).await;
+    if let Err(e) = lease.release().await {
+        say!(
+            "leasehold: releasing the lease failed (its TTL will free it): {}",
+            chain(&e)
+        );
+    }
+    128 + stopped_by
+}
+
+/// `leasehold migrate`: creates the PostgreSQL lease table if it is not there.
+async fn migrate(url: &str) -> u8 {
+    if let Err(e) = refuse_in_process(url) {
+        say!("leasehold: {e}");
+        return code::USAGE;
+    }
+    let scheme = url
+        .split_once("://")
+        .map(|(s, _)| s.to_ascii_lowercase())
+        .unwrap_or_default();
+    if scheme != "postgres" && scheme != "postgresql" {
+        say!(
+            "leasehold: migrate creates PostgreSQL's lease table (postgres://...); `{}` needs \
+             no schema",
+            redact_url(url)
+        );
+        return code::USAGE;
+    }
+    let authority = match PostgresAuthority::connect(url).await {
+        Ok(a) => a,
+        Err(e) => return failed(&e, url, code::UNAVAILABLE),
+    };
+    let status = match authority.migrate().await {
+        Ok(()) => {
+            say!("leasehold: the lease table is ready");
+            0
         }
-        _ = terminate.recv() => {
-            child.stop(args.grace).await;
-            let _ = lease.release().await;
-            128 + 15
+        Err(e) => failed(&e, url, code::UNAVAILABLE),
+    };
+    let _ = Authority::close(&authority).await;
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_ttl_floor_is_the_timeout_plus_the_margin() {
+        let mut options = ClientOptions::default();
+        // 5 s timeout, 5 ms + 1 %: ttl * 0.99 - 5 ms >= 5 s.
+        assert_eq!(ttl_floor(&options), 5056 * MS);
+        options.request_timeout = Duration::from_secs(1);
+        assert_eq!(ttl_floor(&options), 1016 * MS);
+        assert!(check_ttl("redis://h?timeout_ms=1000", 1016 * MS).is_ok());
+        for short in [MS, 1015 * MS, Duration::from_secs(1)] {
+            let refused = check_ttl("redis://h?timeout_ms=1000", short);
+            assert!(
+                matches!(&refused, Err(Error::InvalidTtl { reason, .. }) if reason.contains("1.016s")),
+                "{short:?}: {refused:?}"
+            );
         }
+        assert!(check_ttl("redis://h", Duration::from_secs(5)).is_err());
+        assert!(check_ttl("redis://h", Duration::from_secs(10)).is_ok());
+        assert!(check_ttl("redis://h?safety_margin_ms=100&timeout_ms=100", 199 * MS).is_err());
+    }
+
+    /// A grant is handed to the command only while its local deadline is ahead.
+    #[test]
+    fn a_grant_past_its_deadline_is_not_handed_over() {
+        let key = LockKey::new("k").unwrap();
+        let now = Instant::now();
+        assert_eq!(time_left(&key, now + 5 * MS, now), Ok(5 * MS));
+        assert!(time_left(&key, now, now).is_err());
+        let late = time_left(&key, now, now + 250 * MS).unwrap_err();
+        assert!(late.contains("250ms late"), "{late}");
+        assert!(late.contains("not started"), "{late}");
+    }
+
+    #[test]
+    fn memory_is_refused_and_others_pass() {
+        for url in ["memory://", "memory://x", "MEMORY://x"] {
+            let e = refuse_in_process(url).unwrap_err();
+            assert!(e.contains("sqlite://"), "{e}");
+        }
+        assert!(refuse_in_process("redis://h").is_ok());
+    }
+
+    #[test]
+    fn a_chain_shows_each_text_once_and_no_debug_dump() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let e = Error::unavailable("redis", "connect: refused", io);
+        assert_eq!(chain(&e), "redis authority unavailable: connect: refused");
+        let quoting = std::io::Error::other("grpc error: message: \"tcp connect error\"");
+        let e = Error::unavailable("etcd", "probe: tcp connect error", quoting);
+        assert_eq!(
+            chain(&e),
+            "etcd authority unavailable: probe: tcp connect error"
+        );
+        let new = std::io::Error::other("Connection refused (os error 111)");
+        let e = Error::unavailable("etcd", "probe: tcp connect error", new);
+        assert_eq!(
+            chain(&e),
+            "etcd authority unavailable: probe: tcp connect error: Connection refused (os error 111)"
+        );
+        assert_eq!(
+            readable("grpc error: code: 14, source: Error(Os { code: 111 })"),
+            "grpc error: code: 14"
+        );
     }
 }

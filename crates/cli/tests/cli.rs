@@ -108,13 +108,13 @@ async fn a_held_lock_is_exit_75_and_the_command_does_not_run() {
 async fn a_lost_lease_stops_the_command() {
     let server = RedisServer::start().unwrap();
     let url = url(&server);
-    let ttl = Duration::from_secs(1);
+    let ttl = Duration::from_secs(2);
     let bin = env!("CARGO_BIN_EXE_leasehold");
     let started = Instant::now();
     // The command starts a grandchild too: both must be stopped.
     let run = Command::new(bin)
         .args([
-            "run", "--url", &url, "--key", "job:lost", "--ttl", "1s", "--grace", "500ms", "--",
+            "run", "--url", &url, "--key", "job:lost", "--ttl", "2s", "--grace", "500ms", "--",
         ])
         .args(["sh", "-c", "sleep 30 & sleep 30; echo survived"])
         .env_remove("LEASEHOLD_URL")
@@ -167,7 +167,7 @@ fn bad_input_and_unreachable_authorities_have_their_exit_codes() {
             &[
                 "run",
                 "--url",
-                "memory://",
+                "redis://127.0.0.1:1?timeout_ms=300",
                 "--key",
                 "has space",
                 "--",
@@ -180,7 +180,7 @@ fn bad_input_and_unreachable_authorities_have_their_exit_codes() {
             &[
                 "run",
                 "--url",
-                "memory://",
+                "redis://127.0.0.1:1?timeout_ms=300",
                 "--key",
                 "k",
                 "--ttl",
@@ -190,7 +190,7 @@ fn bad_input_and_unreachable_authorities_have_their_exit_codes() {
             ],
             64,
         ),
-        (&["run", "--url", "memory://", "--key", "k"], 64),
+        (&["run", "--url", "redis://127.0.0.1:1", "--key", "k"], 64),
         (
             &[
                 "run",
@@ -202,18 +202,6 @@ fn bad_input_and_unreachable_authorities_have_their_exit_codes() {
                 "true",
             ],
             69,
-        ),
-        (
-            &[
-                "run",
-                "--url",
-                "memory://",
-                "--key",
-                "k",
-                "--",
-                "/nonexistent/program",
-            ],
-            127,
         ),
     ] {
         let out = leasehold(args);
@@ -345,4 +333,377 @@ fn etcd_runs_leave_no_lease_behind() {
     std::fs::write(&done, b"done").unwrap();
     assert!(holder.wait().unwrap().success());
     assert_eq!(etcd_leases(&server), Vec::<String>::new(), "after the runs");
+}
+
+/// Runs `leasehold` with extra environment variables.
+fn leasehold_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args(args)
+        .env_remove("LEASEHOLD_URL")
+        .env_remove("LEASEHOLD_LOG")
+        .env_remove("RUST_LOG")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Issue 12: two `leasehold run --url memory://x` processes both ran with fence 1, each with an
+/// in-process authority of its own. The CLI refuses `memory://` and names what to use instead.
+#[test]
+fn memory_urls_are_refused_and_point_to_sqlite() {
+    let dir = leasehold_servers::process::server_dir("cli-memory").unwrap();
+    let marker = dir.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    for url in ["memory://", "memory://x"] {
+        let out = leasehold(&["run", "--url", url, "--key", "k", "--", "sh", "-c", &touch]);
+        assert_eq!(code(&out), 64, "{url}: {}", text(&out));
+        assert!(!marker.exists(), "{url}: the command ran");
+        let err = stderr(&out);
+        assert!(err.contains("sqlite://"), "{url}: {err}");
+        assert!(err.contains("in-process"), "{url}: {err}");
+    }
+}
+
+/// Issue 12: `--ttl 1ms` ran the command. A TTL below the floor (the request timeout plus the
+/// safety margin) is refused before connecting: exit 64 even for an unreachable authority.
+#[test]
+fn a_ttl_below_the_floor_is_refused_before_connecting() {
+    let server = RedisServer::start().unwrap();
+    let dir = leasehold_servers::process::server_dir("cli-ttl").unwrap();
+    let marker = dir.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    let url = url(&server);
+    for (url, ttl) in [
+        (url.as_str(), "1ms"),
+        (url.as_str(), "1s"),
+        ("redis://127.0.0.1:1?timeout_ms=1000", "1ms"),
+        ("redis://127.0.0.1:1", "5s"),
+    ] {
+        let out = leasehold(&[
+            "run", "--url", url, "--key", "job:ttl", "--ttl", ttl, "--", "sh", "-c", &touch,
+        ]);
+        assert_eq!(code(&out), 64, "{url} {ttl}: {}", text(&out));
+        assert!(!marker.exists(), "{url} {ttl}: the command ran");
+        assert!(
+            stderr(&out).contains("too short"),
+            "{url} {ttl}: {}",
+            text(&out)
+        );
+    }
+    // Just above the floor (1 s request timeout + 5 ms + 1 %), it runs.
+    let out = leasehold(&[
+        "run", "--url", &url, "--key", "job:ttl", "--ttl", "1.1s", "--", "sh", "-c", &touch,
+    ]);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    assert!(marker.exists());
+}
+
+/// `--busy-exit-code` (flock's -E) replaces 75, so a command's own 75 can be told from "busy";
+/// a wait longer than a second is said once on stderr (not with --quiet), and giving up is said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_exit_code_and_what_a_wait_says() {
+    let server = RedisServer::start().unwrap();
+    let url = url(&server);
+    let holder = RedisAuthority::connect(&url).await.unwrap();
+    let key = LockKey::new("job:busy").unwrap();
+    let grant = holder
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let busy = leasehold(&[
+        "run",
+        "--url",
+        &url,
+        "--key",
+        "job:busy",
+        "--busy-exit-code",
+        "3",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code(&busy), 3, "{}", text(&busy));
+    assert!(stderr(&busy).contains("held"), "{}", text(&busy));
+
+    let waited = leasehold(&[
+        "run", "--url", &url, "--key", "job:busy", "--wait", "1.6s", "--", "true",
+    ]);
+    assert_eq!(code(&waited), 75, "{}", text(&waited));
+    let err = stderr(&waited);
+    assert_eq!(err.matches("waiting").count(), 1, "{err}");
+    assert!(err.contains("until"), "{err}");
+    assert!(err.contains("gave up"), "{err}");
+    assert!(err.contains("1.6s"), "{err}");
+
+    let quiet = leasehold(&[
+        "run", "--url", &url, "--key", "job:busy", "--wait", "1.2s", "--quiet", "--", "true",
+    ]);
+    assert_eq!(code(&quiet), 75, "{}", text(&quiet));
+    assert!(!stderr(&quiet).contains("waiting"), "{}", text(&quiet));
+    let _ = holder.release(&grant).await.unwrap();
+
+    // A command's own 75 is its own; with --busy-exit-code it cannot be taken for "busy".
+    let own = leasehold(&[
+        "run",
+        "--url",
+        &url,
+        "--key",
+        "job:busy",
+        "--busy-exit-code",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "exit 75",
+    ]);
+    assert_eq!(code(&own), 75, "{}", text(&own));
+}
+
+/// As shells do: 127 for a command that is not found, 126 for one that is not executable; the
+/// lease is released either way (the next run gets the key at once).
+#[test]
+fn a_command_that_cannot_run_is_126_or_127() {
+    let server = RedisServer::start().unwrap();
+    let url = url(&server);
+    let dir = leasehold_servers::process::server_dir("cli-exec").unwrap();
+    let plain = dir.path().join("not-executable");
+    std::fs::write(&plain, "#!/bin/sh\necho hi\n").unwrap();
+    let plain = plain.display().to_string();
+    for (program, want) in [("/nonexistent/program", 127), (plain.as_str(), 126)] {
+        let out = leasehold(&["run", "--url", &url, "--key", "job:exec", "--", program]);
+        assert_eq!(code(&out), want, "{program}: {}", text(&out));
+        let next = leasehold(&["run", "--url", &url, "--key", "job:exec", "--", "true"]);
+        assert_eq!(code(&next), 0, "{program}: {}", text(&next));
+    }
+}
+
+/// `leasehold migrate` creates the lease table on a fresh database (twice is fine); before it,
+/// `run` says which command creates the table.
+#[test]
+fn migrate_creates_the_table_and_run_names_it_when_it_is_missing() {
+    let server = leasehold_servers::PostgresServer::start().unwrap();
+    let url = format!("{}?timeout_ms=3000", server.url());
+    let before = leasehold(&["run", "--url", &url, "--key", "job:pg", "--", "true"]);
+    assert_ne!(code(&before), 0, "{}", text(&before));
+    assert!(
+        stderr(&before).contains("leasehold migrate"),
+        "{}",
+        text(&before)
+    );
+    for _ in 0..2 {
+        let out = leasehold(&["migrate", "--url", &url]);
+        assert_eq!(code(&out), 0, "{}", text(&out));
+    }
+    let after = leasehold(&[
+        "run",
+        "--url",
+        &url,
+        "--key",
+        "job:pg",
+        "--",
+        "sh",
+        "-c",
+        "echo $LEASEHOLD_FENCE",
+    ]);
+    assert_eq!(code(&after), 0, "{}", text(&after));
+    assert!(
+        String::from_utf8_lossy(&after.stdout)
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+            > 0
+    );
+    // Only PostgreSQL has a schema to create.
+    let redis = leasehold(&["migrate", "--url", "redis://127.0.0.1:1"]);
+    assert_eq!(code(&redis), 64, "{}", text(&redis));
+}
+
+/// A child that appends a line to `file` every 50 ms, and writes its pid to `pid` first.
+fn writer_script(file: &std::path::Path, pid: &std::path::Path) -> String {
+    format!(
+        "echo $$ > {pid}; while :; do echo x >> {file}; sleep 0.05; done",
+        pid = pid.display(),
+        file = file.display()
+    )
+}
+
+fn size(file: &std::path::Path) -> u64 {
+    std::fs::metadata(file).map(|m| m.len()).unwrap_or(0)
+}
+
+/// Waits until `file` grows, then returns.
+fn wait_for_growth(file: &std::path::Path, run: &mut std::process::Child) {
+    let started = Instant::now();
+    let first = loop {
+        let n = size(file);
+        if n > 0 {
+            break n;
+        }
+        if let Some(status) = run.try_wait().unwrap() {
+            panic!("leasehold exited ({status}) before its command wrote");
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "no writes");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    while size(file) == first {
+        assert!(started.elapsed() < Duration::from_secs(20), "no growth");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// After the holder is gone, the file must stop growing before the lease could pass to someone
+/// else (the TTL after the holder's last renewal): returns when it last grew, counted from
+/// `since`, after watching it stand still for ten write intervals.
+fn last_growth_after(file: &std::path::Path, since: Instant, ttl: Duration) -> Duration {
+    let mut last = size(file);
+    let mut grew = Duration::ZERO;
+    let mut still = Instant::now();
+    while still.elapsed() < Duration::from_millis(500) {
+        std::thread::sleep(Duration::from_millis(25));
+        let n = size(file);
+        if n != last {
+            last = n;
+            grew = since.elapsed();
+            still = Instant::now();
+        }
+        if since.elapsed() > ttl * 3 {
+            break;
+        }
+    }
+    grew
+}
+
+fn kill_pid_file(pid: &std::path::Path) {
+    if let Ok(pid) = std::fs::read_to_string(pid) {
+        let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+    }
+}
+
+/// Issue 12: the command must never outlive its lease holder. `kill -9` of `leasehold` leaves
+/// nobody to renew the lease or stop the command, so the command gets the parent-death signal:
+/// it stops at once, long before the lease (TTL 2 s) could pass to another holder.
+#[test]
+fn sigkill_of_leasehold_stops_the_command() {
+    let server = RedisServer::start().unwrap();
+    let url = url(&server);
+    let dir = leasehold_servers::process::server_dir("cli-pdeath").unwrap();
+    let (file, pid) = (dir.path().join("out"), dir.path().join("pid"));
+    let ttl = Duration::from_secs(2);
+    let mut run = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args([
+            "run",
+            "--url",
+            &url,
+            "--key",
+            "job:kill9",
+            "--ttl",
+            "2s",
+            "--",
+        ])
+        .args(["sh", "-c", &writer_script(&file, &pid)])
+        .env_remove("LEASEHOLD_URL")
+        .spawn()
+        .unwrap();
+    wait_for_growth(&file, &mut run);
+    run.kill().unwrap();
+    let killed = Instant::now();
+    let _ = run.wait();
+    let grew = last_growth_after(&file, killed, ttl);
+    kill_pid_file(&pid);
+    assert!(
+        grew < ttl / 2,
+        "the command kept writing {grew:?} after leasehold was killed (TTL {ttl:?})"
+    );
+}
+
+/// SIGHUP (a closed terminal, a dropped ssh session) is handled as SIGTERM: the command is
+/// stopped, the lease released, and `leasehold` exits 128+1.
+#[test]
+fn sighup_of_leasehold_stops_the_command_and_releases_the_lease() {
+    let server = RedisServer::start().unwrap();
+    let url = url(&server);
+    let dir = leasehold_servers::process::server_dir("cli-hup").unwrap();
+    let (file, pid) = (dir.path().join("out"), dir.path().join("pid"));
+    let ttl = Duration::from_secs(30);
+    let mut run = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args([
+            "run", "--url", &url, "--key", "job:hup", "--ttl", "30s", "--grace", "1s", "--",
+        ])
+        .args(["sh", "-c", &writer_script(&file, &pid)])
+        .env_remove("LEASEHOLD_URL")
+        .spawn()
+        .unwrap();
+    wait_for_growth(&file, &mut run);
+    let status = Command::new("kill")
+        .args(["-HUP", &run.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let hung_up = Instant::now();
+    let exit = run.wait().unwrap();
+    let grew = last_growth_after(&file, hung_up, ttl);
+    kill_pid_file(&pid);
+    assert_eq!(exit.code(), Some(128 + 1), "{exit}");
+    assert!(grew < Duration::from_secs(2), "kept writing for {grew:?}");
+    // Released: the next run gets the key at once (no 30 s wait for the TTL).
+    let next = leasehold(&["run", "--url", &url, "--key", "job:hup", "--", "true"]);
+    assert_eq!(code(&next), 0, "{}", text(&next));
+}
+
+/// `LEASEHOLD_LOG=info` (or `RUST_LOG`) shows the acquire, renew and release spans, without
+/// colour codes when stderr is not a terminal (here a pipe).
+#[test]
+fn logging_shows_acquire_renew_and_release_without_colour() {
+    let server = RedisServer::start().unwrap();
+    let url = url(&server);
+    for var in ["LEASEHOLD_LOG", "RUST_LOG"] {
+        let out = leasehold_env(
+            &[
+                "run", "--url", &url, "--key", "job:log", "--ttl", "1.2s", "--", "sleep", "1",
+            ],
+            &[(var, "info")],
+        );
+        assert_eq!(code(&out), 0, "{var}: {}", text(&out));
+        let err = stderr(&out);
+        for span in ["leasehold.acquire", "leasehold.renew", "leasehold.release"] {
+            assert!(err.contains(span), "{var}: no {span} in {err}");
+        }
+        assert!(!err.contains('\u{1b}'), "{var}: colour codes in {err:?}");
+    }
+    // Without either, nothing but what the command prints.
+    let quiet = leasehold_env(
+        &["run", "--url", &url, "--key", "job:log", "--", "true"],
+        &[],
+    );
+    assert_eq!(code(&quiet), 0, "{}", text(&quiet));
+    assert_eq!(stderr(&quiet), "");
+}
+
+/// An error prints its source chain once: no text repeated, no Rust Debug dump.
+#[test]
+fn errors_print_their_chain_once_without_debug_dumps() {
+    for url in [
+        "redis://127.0.0.1:1?timeout_ms=500",
+        "etcd://127.0.0.1:1?timeout_ms=500",
+        "postgres://leasehold@127.0.0.1:1/x?timeout_ms=500",
+    ] {
+        let out = leasehold(&["run", "--url", url, "--key", "k", "--", "true"]);
+        assert_eq!(code(&out), 69, "{url}: {}", text(&out));
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{url}: {err}");
+        for debug in ["Os {", "kind:", "Error(", "Some(", "source:"] {
+            assert!(!err.contains(debug), "{url}: a Debug dump in {err}");
+        }
+        let parts: Vec<&str> = err.trim().split(": ").collect();
+        for (i, part) in parts.iter().enumerate() {
+            let repeated = parts[i + 1..]
+                .iter()
+                .any(|p| p == part || (part.len() >= 12 && p.contains(part)));
+            assert!(!repeated, "{url}: `{part}` repeated in {err}");
+        }
+    }
 }
