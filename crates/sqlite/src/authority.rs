@@ -653,6 +653,16 @@ mod tests {
         assert!(checked_path(&allowed, Some(&nfs)).is_ok());
         // No mounts table (not Linux, /proc not mounted): nothing to check against.
         assert!(checked_path(&local, None).is_ok());
+        // A relative path is the current directory's, resolved at connect.
+        let relative = checked_path(&SqliteConfig::new("locks.db"), Some(MOUNTS)).unwrap();
+        assert_eq!(
+            relative,
+            std::env::current_dir()
+                .unwrap()
+                .canonicalize()
+                .unwrap()
+                .join("locks.db")
+        );
     }
 
     #[test]

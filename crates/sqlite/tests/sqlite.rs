@@ -1,0 +1,532 @@
+//! The SQLite authority against the real thing, a file in a temporary directory: the whole
+//! conformance suite with faults, holder processes killed with SIGKILL, processes excluding each
+//! other, fences across restarts, leases of an earlier boot, and dropped acquisitions.
+//!
+//! Other processes are this test binary run again with `child_process_role` selected and the
+//! role in the environment (see [`child_process_role`]).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_conformance::scenarios::run_all;
+use leasehold_conformance::{harness_error, Connector, Context, Faults, Residue, Verdict};
+use leasehold_core::{Authority, Error, Instant, Lease, LeaseOptions, LockKey};
+use leasehold_sqlite::SqliteAuthority;
+use rand::Rng;
+use sqlx::{Connection, SqliteConnection};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+fn url(path: &Path) -> String {
+    format!("sqlite://{}?timeout_ms=1000", path.display())
+}
+
+/// Now on the machine's monotonic clock, as the authority reads it (tests run outside any time
+/// namespace).
+fn now_ns() -> i64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec * 1_000_000_000 + t.tv_nsec
+}
+
+/// Makes clients, each with its own pool (as a separate process would have), and remembers them
+/// so that a restart can close them all.
+struct Clients {
+    url: String,
+    made: Mutex<Vec<SqliteAuthority>>,
+}
+
+#[async_trait]
+impl Connector for Clients {
+    async fn connect(&self) -> leasehold_core::Result<Arc<dyn Authority>> {
+        let a = SqliteAuthority::connect(&self.url).await?;
+        self.made
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(a.clone());
+        Ok(Arc::new(a))
+    }
+}
+
+/// Faults of an embedded authority:
+/// * restart: every connection of every client is closed (the file alone remains, as after all
+///   processes exited), and later clients open the same file again;
+/// * pause: another connection takes the database's write lock and keeps it (a hung writer:
+///   every request waits for it, as for a frozen server), resume rolls it back;
+/// * revoke: an operator expires the row (the fence counter stays).
+struct SqliteFaults {
+    clients: Arc<Clients>,
+    path: PathBuf,
+    pauser: tokio::sync::Mutex<Option<SqliteConnection>>,
+}
+
+impl SqliteFaults {
+    async fn admin(&self) -> leasehold_core::Result<SqliteConnection> {
+        SqliteConnection::connect(&format!("sqlite://{}", self.path.display()))
+            .await
+            .map_err(harness_error)
+    }
+}
+
+#[async_trait]
+impl Faults for SqliteFaults {
+    async fn restart(&self) -> leasehold_core::Result<()> {
+        let made: Vec<_> =
+            std::mem::take(&mut *self.clients.made.lock().unwrap_or_else(|e| e.into_inner()));
+        for client in made {
+            client.pool().close().await;
+        }
+        Ok(())
+    }
+
+    async fn pause(&self) -> leasehold_core::Result<()> {
+        let mut conn = self.admin().await?;
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut conn)
+            .await
+            .map_err(harness_error)?;
+        *self.pauser.lock().await = Some(conn);
+        Ok(())
+    }
+
+    async fn resume(&self) -> leasehold_core::Result<()> {
+        if let Some(mut conn) = self.pauser.lock().await.take() {
+            sqlx::query("ROLLBACK")
+                .execute(&mut conn)
+                .await
+                .map_err(harness_error)?;
+            conn.close().await.map_err(harness_error)?;
+        }
+        Ok(())
+    }
+
+    async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<()> {
+        let mut conn = self.admin().await?;
+        sqlx::query("UPDATE leasehold_leases SET expires_ns = 0 WHERE lock_key = ?1")
+            .bind(key.as_str())
+            .execute(&mut conn)
+            .await
+            .map_err(harness_error)?;
+        Ok(())
+    }
+}
+
+/// What is left for a key: a live lease row (the row itself, with its fence counter, stays on
+/// purpose).
+struct LiveRows(PathBuf);
+
+#[async_trait]
+impl Residue for LiveRows {
+    async fn leftovers(&self, key: &LockKey) -> leasehold_core::Result<Vec<String>> {
+        live_rows(&self.0, key.as_str()).await
+    }
+}
+
+async fn live_rows(path: &Path, key: &str) -> leasehold_core::Result<Vec<String>> {
+    let admin = SqliteAuthority::connect(&url(path)).await?;
+    let live: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT fence, owner FROM leasehold_leases \
+         WHERE lock_key = ?1 AND boot_id = ?2 AND expires_ns > ?3",
+    )
+    .bind(key)
+    .bind(admin.boot_id())
+    .bind(now_ns())
+    .fetch_all(admin.pool())
+    .await
+    .map_err(harness_error)?;
+    admin.pool().close().await;
+    Ok(live
+        .into_iter()
+        .map(|(fence, owner)| format!("a live lease row: fence {fence}, owner {owner}"))
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_conformance_suite_with_faults() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locks.db");
+    let clients = Arc::new(Clients {
+        url: url(&path),
+        made: Mutex::new(Vec::new()),
+    });
+    let ctx = Context::new(clients.clone())
+        .await
+        .unwrap()
+        .with_residue(Arc::new(LiveRows(path.clone())))
+        .with_faults(Arc::new(SqliteFaults {
+            clients,
+            path,
+            pauser: tokio::sync::Mutex::new(None),
+        }));
+    let report = run_all("sqlite", &ctx).await;
+    println!("{report}");
+    report.assert_passed();
+    for line in &report.lines {
+        // One file on one machine has no standby to fail over to.
+        if line.scenario != "fences_survive_failover" {
+            assert_eq!(
+                line.outcome,
+                Ok(Verdict::Passed),
+                "{}:\n{report}",
+                line.scenario
+            );
+        }
+    }
+}
+
+// ---- other processes -------------------------------------------------------------------------
+
+const ROLE: &str = "LEASEHOLD_SQLITE_CHILD_ROLE";
+const CHILD_URL: &str = "LEASEHOLD_SQLITE_CHILD_URL";
+const CHILD_KEY: &str = "LEASEHOLD_SQLITE_CHILD_KEY";
+const CHILD_LOG: &str = "LEASEHOLD_SQLITE_CHILD_LOG";
+const RACE_ROUNDS: usize = 15;
+const HOLD_TTL: Duration = Duration::from_millis(1500);
+
+/// Not a test of its own: the body of the child processes the tests below start. Without the
+/// role in the environment it does nothing.
+///
+/// * `hold`: takes the key with a renewing lease, prints `HOLDING <fence>`, and keeps it until
+///   killed.
+/// * `race`: [`RACE_ROUNDS`] times, waits for the key, appends `start <pid> <fence>` to the log,
+///   sleeps a little, appends `end <pid> <fence>`, releases.
+#[test]
+fn child_process_role() {
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    let url = std::env::var(CHILD_URL).unwrap();
+    let key = LockKey::new(std::env::var(CHILD_KEY).unwrap()).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let authority = Arc::new(SqliteAuthority::connect(&url).await.unwrap());
+        match role.as_str() {
+            "hold" => {
+                let lease = Lease::acquire(
+                    authority,
+                    &key,
+                    HOLD_TTL,
+                    Duration::from_secs(30),
+                    LeaseOptions::default(),
+                )
+                .await
+                .unwrap();
+                println!("HOLDING {}", lease.fence().value());
+                tokio::time::sleep(Duration::from_secs(120)).await;
+                drop(lease);
+            }
+            "race" => {
+                use std::io::Write;
+                let log = std::env::var(CHILD_LOG).unwrap();
+                let pid = std::process::id();
+                let append = |line: String| {
+                    let mut f = std::fs::OpenOptions::new()
+                        .append(true)
+                        .create(true)
+                        .open(&log)
+                        .unwrap();
+                    f.write_all(line.as_bytes()).unwrap();
+                };
+                for _ in 0..RACE_ROUNDS {
+                    let grant = authority
+                        .acquire(&key, Duration::from_secs(10), Duration::from_secs(60))
+                        .await
+                        .unwrap();
+                    let fence = grant.fence().value();
+                    append(format!("start {pid} {fence}\n"));
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    append(format!("end {pid} {fence}\n"));
+                    let _ = authority.release(&grant).await.unwrap();
+                }
+                println!("DONE");
+            }
+            other => panic!("unknown role {other}"),
+        }
+    });
+}
+
+fn child(role: &str, url: &str, key: &str, log: Option<&Path>) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "child_process_role",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(ROLE, role)
+    .env(CHILD_URL, url)
+    .env(CHILD_KEY, key)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit())
+    .kill_on_drop(true);
+    if let Some(log) = log {
+        cmd.env(CHILD_LOG, log);
+    }
+    cmd
+}
+
+/// A holder process is killed with SIGKILL while its lease renews: until then another process
+/// cannot take the key (the renewals from the other process keep it); after the kill the key is
+/// free once the last renewal's TTL ran out, not before, and the fence is greater.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_process_frees_the_key_after_its_ttl_with_a_greater_fence() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = url(&dir.path().join("locks.db"));
+    let key = LockKey::new("crash/holder").unwrap();
+    let here = SqliteAuthority::connect(&url).await.unwrap();
+    let mut holder = child("hold", &url, key.as_str(), None).spawn().unwrap();
+    let mut lines = BufReader::new(holder.stdout.take().unwrap()).lines();
+    let fence: u64 = loop {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("the holder process said nothing for 30 s")
+            .unwrap()
+            .expect("the holder process ended before holding");
+        // libtest prints the test's name on the same line, before it.
+        if let Some((_, f)) = line.split_once("HOLDING ") {
+            break f.trim().parse().unwrap();
+        }
+    };
+    // Two TTLs: without the child's renewals the lease would have run out.
+    let until = Instant::now() + HOLD_TTL * 2;
+    while Instant::now() < until {
+        assert!(
+            here.try_acquire(&key, HOLD_TTL).await.unwrap().is_none(),
+            "took the key from a live holder process"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    holder.start_kill().unwrap();
+    let killed = Instant::now();
+    let status = holder.wait().await.unwrap();
+    assert!(!status.success(), "{status:?}");
+    let grant = loop {
+        if let Some(g) = here.try_acquire(&key, HOLD_TTL).await.unwrap() {
+            break g;
+        }
+        assert!(
+            killed.elapsed() < HOLD_TTL + Duration::from_secs(2),
+            "the key stayed held {:?} after its holder was killed",
+            killed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let after = killed.elapsed();
+    // The last renewal happened at most a third of the TTL before the kill.
+    assert!(
+        after >= HOLD_TTL / 2,
+        "the key was free {after:?} after the kill, before the holder's TTL ran out"
+    );
+    assert!(
+        grant.fence().value() > fence,
+        "fence {} after the crash is not above {fence}",
+        grant.fence()
+    );
+    let _ = here.release(&grant).await.unwrap();
+}
+
+/// Three processes take turns on one key: their critical sections, logged to one file, never
+/// overlap, and every grant's fence is above the one before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_exclude_each_other_and_fences_only_grow() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = url(&dir.path().join("locks.db"));
+    let log = dir.path().join("sections.log");
+    // Create the file first, so the children race for the key and not for WAL mode.
+    drop(SqliteAuthority::connect(&url).await.unwrap());
+    let mut children = Vec::new();
+    for _ in 0..3 {
+        children.push(
+            child("race", &url, "race/one-key", Some(&log))
+                .spawn()
+                .unwrap(),
+        );
+    }
+    for mut c in children {
+        let status = tokio::time::timeout(Duration::from_secs(120), c.wait())
+            .await
+            .expect("a racing process hung")
+            .unwrap();
+        assert!(status.success(), "{status:?}");
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split(' ').collect()).collect();
+    assert_eq!(lines.len(), 3 * RACE_ROUNDS * 2, "{text}");
+    let mut last_fence = 0u64;
+    let mut pids = std::collections::HashSet::new();
+    for pair in lines.chunks(2) {
+        let (start, end) = (&pair[0], &pair[1]);
+        assert_eq!(start[0], "start", "{text}");
+        assert_eq!(end[0], "end", "two critical sections overlapped:\n{text}");
+        assert_eq!(
+            (start[1], start[2]),
+            (end[1], end[2]),
+            "two critical sections overlapped:\n{text}"
+        );
+        let fence: u64 = start[2].parse().unwrap();
+        assert!(
+            fence > last_fence,
+            "fence {fence} after {last_fence}:\n{text}"
+        );
+        last_fence = fence;
+        pids.insert(start[1]);
+    }
+    assert_eq!(pids.len(), 3);
+}
+
+// ---- fences, boots, cancellation ---------------------------------------------------------------
+
+/// Fences keep growing across release, and across closing every connection and opening the
+/// file again (what is left after every process exited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_grow_across_release_and_reopening_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = url(&dir.path().join("locks.db"));
+    let key = LockKey::new("fences/reopen").unwrap();
+    let ttl = Duration::from_secs(5);
+    let mut last = None;
+    for _ in 0..3 {
+        let a = SqliteAuthority::connect(&url).await.unwrap();
+        for _ in 0..3 {
+            let g = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+            if let Some(before) = last {
+                assert!(g.fence() > before, "{} after {before}", g.fence());
+            }
+            last = Some(g.fence());
+            assert_eq!(
+                a.release(&g).await.unwrap(),
+                leasehold_core::Released::Released
+            );
+        }
+        a.pool().close().await;
+    }
+    assert_eq!(last.unwrap().raw(), 9);
+}
+
+/// A lease written in another boot counts as expired, however far ahead its expiry reads; one
+/// of this boot still holds the key. The fence goes on from the old row's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_from_an_earlier_boot_is_expired() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = SqliteAuthority::connect(&url(&dir.path().join("locks.db")))
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(5);
+    let insert = "INSERT INTO leasehold_leases (lock_key, owner, fence, boot_id, expires_ns) \
+                  VALUES (?1, 'someone-else', 41, ?2, ?3)";
+    sqlx::query(insert)
+        .bind("boot/earlier")
+        .bind("00000000-0000-0000-0000-000000000000")
+        .bind(i64::MAX)
+        .execute(a.pool())
+        .await
+        .unwrap();
+    sqlx::query(insert)
+        .bind("boot/this")
+        .bind(a.boot_id())
+        .bind(now_ns() + 3_600_000_000_000)
+        .execute(a.pool())
+        .await
+        .unwrap();
+    let g = a
+        .try_acquire(&LockKey::new("boot/earlier").unwrap(), ttl)
+        .await
+        .unwrap()
+        .expect("a lease of an earlier boot kept the key");
+    assert_eq!(g.fence().raw(), 42);
+    assert!(a
+        .try_acquire(&LockKey::new("boot/this").unwrap(), ttl)
+        .await
+        .unwrap()
+        .is_none());
+    // The earlier boot's lease cannot be renewed or released by its old owner either: the row
+    // is ours now.
+    let _ = a.release(&g).await.unwrap();
+}
+
+/// Hundreds of try_acquire and acquire futures dropped at random moments (before, during and
+/// after the step that takes the key), with and without a holder: with a TTL of a minute,
+/// the key is free again at once afterwards, and no live row is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_acquisitions_leave_nothing_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locks.db");
+    let a = SqliteAuthority::connect(&url(&path)).await.unwrap();
+    let holder = SqliteAuthority::connect(&url(&path)).await.unwrap();
+    let key = LockKey::new("cancel/dropped").unwrap();
+    let ttl = Duration::from_secs(60);
+    let mut cut_short = 0;
+    for round in 0..400 {
+        let held = if round % 3 == 0 {
+            holder.try_acquire(&key, ttl).await.unwrap()
+        } else {
+            None
+        };
+        let cut = Duration::from_micros(rand::rng().random_range(0..=3000));
+        let done = if round % 2 == 0 {
+            tokio::time::timeout(cut, a.try_acquire(&key, ttl))
+                .await
+                .map(|r| r.unwrap())
+        } else {
+            tokio::time::timeout(cut, a.acquire(&key, ttl, Duration::from_millis(2)))
+                .await
+                .map(|r| match r {
+                    Ok(g) => Some(g),
+                    Err(Error::Timeout { .. }) => None,
+                    Err(e) => panic!("{e}"),
+                })
+        };
+        match done {
+            Ok(Some(g)) => {
+                let _ = a.release(&g).await.unwrap();
+            }
+            Ok(None) => {}
+            Err(_) => cut_short += 1,
+        }
+        if let Some(g) = held {
+            let _ = holder.release(&g).await.unwrap();
+        }
+    }
+    assert!(cut_short > 50, "only {cut_short} futures were cut short");
+    // Give-backs run in the background: the key must be free within a moment, far below the TTL.
+    let other = SqliteAuthority::connect(&url(&path)).await.unwrap();
+    let start = Instant::now();
+    let g = loop {
+        if let Some(g) = other.try_acquire(&key, ttl).await.unwrap() {
+            break g;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "a dropped acquisition left the key held"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let _ = other.release(&g).await.unwrap();
+    let left = live_rows(&path, key.as_str()).await.unwrap();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// Typed errors before anything is opened: a missing directory is not created, a bad URL says
+/// what is wrong.
+#[tokio::test]
+async fn bad_paths_and_urls_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no/such/dir/locks.db");
+    let err = SqliteAuthority::connect(&url(&missing)).await.unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
+    assert!(!missing.parent().unwrap().exists());
+    let err = SqliteAuthority::connect("sqlite://:memory:")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidUrl { .. }), "{err}");
+    // A file that is not a database: a permanent backend error, not "unavailable".
+    let junk = dir.path().join("junk.db");
+    std::fs::write(&junk, vec![b'x'; 4096]).unwrap();
+    let err = SqliteAuthority::connect(&url(&junk)).await.unwrap_err();
+    assert!(!err.is_retryable(), "{err}");
+}
