@@ -9,6 +9,7 @@ const SCHEMES: &[(&str, &str)] = &[
     ("memory", "memory"),
     ("postgres", "postgres"),
     ("postgresql", "postgres"),
+    ("sqlite", "sqlite"),
     ("redis", "redis"),
     ("rediss", "redis"),
     ("etcd", "etcd"),
@@ -23,6 +24,7 @@ const SCHEMES: &[(&str, &str)] = &[
 /// |---|---|---|
 /// | `memory://` or `memory://name` | in-process reference authority (tests, one process) | `memory` (default) |
 /// | `postgres://user:pass@host/db` | PostgreSQL lease table | `postgres` |
+/// | `sqlite:///abs/path.db`, `sqlite://relative/path.db` | embedded SQLite file, for the processes of one machine | `sqlite` |
 /// | `redis://host:6379`, `rediss://` | Redis | `redis` |
 /// | `etcd://h1:2379,h2:2379`, `etcds://` | etcd | `etcd` |
 /// | `zk://h1:2181,h2:2181/chroot` | ZooKeeper | `zookeeper` |
@@ -52,6 +54,8 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Authority>> {
         "postgres" | "postgresql" => {
             Arc::new(leasehold_postgres::PostgresAuthority::connect(url).await?)
         }
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Arc::new(leasehold_sqlite::SqliteAuthority::connect(url).await?),
         #[cfg(feature = "redis")]
         "redis" | "rediss" => Arc::new(leasehold_redis::RedisAuthority::connect(url).await?),
         #[cfg(feature = "etcd")]
@@ -145,9 +149,38 @@ mod tests {
             assert!(err.to_string().contains(says), "{url}: {err}");
         }
         // A known scheme whose backend is not built in names the feature to enable.
+        let err = not_built_in("sqlite", "sqlite:///tmp/x.db");
+        assert!(err.to_string().contains("`sqlite` feature"), "{err}");
         let err = not_built_in("rediss", "rediss://:hunter2@localhost");
         let shown = format!("{err} {err:?}");
         assert!(shown.contains("`redis` feature"), "{shown}");
         assert!(!shown.contains("hunter2"), "{shown}");
+    }
+
+    /// Two clients of one file exclude each other and share its fence counter.
+    #[cfg(feature = "sqlite")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_urls_share_a_file() {
+        let dir = std::env::temp_dir().join(format!(
+            "leasehold-connect-{}",
+            leasehold_core::OwnerToken::generate().unwrap().to_hex()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite://{}?epoch=1", dir.join("locks.db").display());
+        let a = connect(&url).await.unwrap();
+        let b = connect(&url).await.unwrap();
+        assert_eq!(a.capabilities().backend, "sqlite");
+        let key = leasehold_core::LockKey::new("k").unwrap();
+        let ttl = std::time::Duration::from_secs(5);
+        let g = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+        assert_eq!(g.fence().epoch().get(), 1);
+        assert!(b.try_acquire(&key, ttl).await.unwrap().is_none());
+        let _ = a.release(&g).await.unwrap();
+        let h = b.try_acquire(&key, ttl).await.unwrap().unwrap();
+        assert!(h.fence() > g.fence());
+        let _ = b.release(&h).await.unwrap();
+        let err = connect("sqlite://:memory:").await.unwrap_err();
+        assert!(matches!(err, Error::InvalidUrl { .. }), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
