@@ -707,3 +707,81 @@ fn errors_print_their_chain_once_without_debug_dumps() {
         }
     }
 }
+
+/// The psql recipe in docs/cli.md, run as written: under `leasehold`, its guarded UPDATE lands
+/// with the fence; a row already written under a newer fence refuses it and the script says so.
+#[test]
+fn the_psql_recipe_in_the_docs_guards_with_the_fence() {
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/cli.md")).unwrap();
+    let script = docs
+        .split("The script (`charge.sh`):\n\n```sh\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the recipe's script in docs/cli.md");
+    let redis = RedisServer::start().unwrap();
+    let postgres = leasehold_servers::PostgresServer::start().unwrap();
+    let database = postgres.url();
+    let psql = |sql: &str| {
+        let out = Command::new("psql")
+            .args([
+                &database,
+                "--no-psqlrc",
+                "-qtA",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                sql,
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{sql}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    psql("CREATE TABLE invoices (id text PRIMARY KEY, status text NOT NULL)");
+    psql("INSERT INTO invoices VALUES ('inv_72', 'open')");
+    psql(
+        docs.split("```sql\n")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .unwrap(),
+    );
+    let dir = leasehold_servers::process::server_dir("cli-recipe").unwrap();
+    let path = dir.path().join("charge.sh");
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let url = url(&redis);
+    let charge = || {
+        Command::new(env!("CARGO_BIN_EXE_leasehold"))
+            .args([
+                "run",
+                "--url",
+                &url,
+                "--key",
+                "invoice:inv_72",
+                "--ttl",
+                "30s",
+                "--",
+            ])
+            .arg(&path)
+            .arg("inv_72")
+            .env_remove("LEASEHOLD_URL")
+            .env("DATABASE_URL", &database)
+            .output()
+            .unwrap()
+    };
+    let first = charge();
+    assert_eq!(code(&first), 0, "{}", text(&first));
+    let row = psql("SELECT status || ' ' || last_fence FROM invoices WHERE id = 'inv_72'");
+    let fence: u64 = row.strip_prefix("charged ").unwrap().parse().unwrap();
+    assert!(fence > 0, "{row}");
+    // A newer holder wrote the row; this run's fence is older now.
+    psql("UPDATE invoices SET status = 'refunded', last_fence = 281474976710655");
+    let stale = charge();
+    assert_eq!(code(&stale), 3, "{}", text(&stale));
+    assert!(stderr(&stale).contains("stale"), "{}", text(&stale));
+    assert_eq!(
+        psql("SELECT status FROM invoices WHERE id = 'inv_72'"),
+        "refunded"
+    );
+}
