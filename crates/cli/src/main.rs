@@ -327,9 +327,8 @@ async fn take(args: &RunArgs, key: &LockKey, authority: Arc<dyn Authority>) -> R
         Ok(lease) => Ok(lease),
         Err(Error::Timeout { .. }) => {
             say!(
-                "leasehold: gave up on `{key}` after {} (--wait): it is still held by another \
-                 owner",
-                human(started.elapsed())
+                "leasehold: gave up on `{key}` after --wait {}: it is still held by another owner",
+                human(args.wait)
             );
             Err(busy)
         }
