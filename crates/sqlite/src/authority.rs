@@ -344,8 +344,14 @@ fn checked_path(config: &SqliteConfig, mounts_table: Option<&str>) -> Result<Pat
         .file_name()
         .ok_or_else(|| invalid(format!("{} names no file", config.path.display())))?;
     let path = dir.join(name);
+    // A database file that is a link to elsewhere lives where the link points.
+    let real_dir = path
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| dir.clone());
     if let Some(table) = mounts_table {
-        if let Some(found) = mounts::network_mount(&dir, table) {
+        if let Some(found) = mounts::network_mount(&real_dir, table) {
             let what = format!(
                 "{} is on a network filesystem ({} mounted at {}): SQLite's locks are not reliable there, so two processes could both hold a lease",
                 path.display(),
