@@ -42,10 +42,10 @@ usage: leasehold run [--url URL] --key KEY [--ttl 10s] [--wait 0s] [--grace 5s]
        leasehold --help | --version
 
 run: runs COMMAND while holding a lease on KEY from the authority at URL (or $LEASEHOLD_URL):
-postgres://, redis://, rediss://, etcd://, etcds://, zk://. memory:// is refused: it lives in
-one process, so two `leasehold` processes would both hold the lock. sqlite://PATH (a lock on
-this machine without a server) is coming, and with it a per-user SQLite file as the default
-when no URL is given.
+sqlite:///path/to/locks.db (no server; the processes of one machine), postgres://, redis://,
+rediss://, etcd://, etcds://, zk://. memory:// is refused: it lives in one process, so two
+`leasehold` processes would both hold the lock. (A per-user SQLite file as the default when no
+URL is given is coming.)
 
 COMMAND gets LEASEHOLD_KEY, LEASEHOLD_FENCE (the fencing token: send it with every protected
 write), LEASEHOLD_FENCE_SAFETY and LEASEHOLD_BACKEND in its environment. The lease is renewed

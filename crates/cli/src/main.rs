@@ -168,9 +168,9 @@ fn refuse_in_process(url: &str) -> Result<(), String> {
     if scheme.as_deref() == Some("memory") {
         return Err(format!(
             "`{}` is an in-process authority: every `leasehold` process would have its own, so \
-             two runs on one key would both hold it. For a lock between processes on this \
-             machine without a server, use sqlite://PATH (an embedded authority, coming; then \
-             leasehold without --url will use a per-user SQLite file); otherwise the URL of a \
+             two runs on one key would both hold it. For a lock between the processes of this \
+             machine without a server, use sqlite:///path/to/locks.db (an embedded authority in \
+             a file; leasehold without --url is to use a per-user one); otherwise the URL of a \
              server: postgres://, redis://, etcd:// or zk://",
             redact_url(url)
         ));

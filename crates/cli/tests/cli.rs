@@ -785,3 +785,53 @@ fn the_psql_recipe_in_the_docs_guards_with_the_fence() {
         "refunded"
     );
 }
+
+/// What the memory:// refusal points to works: two `leasehold` processes on one SQLite file
+/// exclude each other, and fences grow from run to run.
+#[test]
+fn sqlite_urls_exclude_across_processes() {
+    let dir = leasehold_servers::process::server_dir("cli-sqlite").unwrap();
+    let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+    let fence_of = |out: &Output| -> u64 {
+        let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(line.ends_with(" sqlite"), "{line}");
+        line.split(' ').next().unwrap().parse().unwrap()
+    };
+    let echo = "echo $LEASEHOLD_FENCE $LEASEHOLD_BACKEND";
+    let first = leasehold(&[
+        "run", "--url", &url, "--key", "job:sq", "--", "sh", "-c", echo,
+    ]);
+    assert_eq!(code(&first), 0, "{}", text(&first));
+    let (holding, done) = (dir.path().join("holding"), dir.path().join("done"));
+    let wait = format!(
+        "touch {}; while [ ! -e {} ]; do sleep 0.05; done",
+        holding.display(),
+        done.display()
+    );
+    let mut holder = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args(["run", "--url", &url, "--key", "job:sq", "--"])
+        .args(["sh", "-c", &wait])
+        .env_remove("LEASEHOLD_URL")
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !holding.exists() {
+        if let Some(status) = holder.try_wait().unwrap() {
+            panic!("the holder exited ({status}) before its command ran");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the holder never ran"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let held = leasehold(&["run", "--url", &url, "--key", "job:sq", "--", "true"]);
+    std::fs::write(&done, b"done").unwrap();
+    assert!(holder.wait().unwrap().success());
+    assert_eq!(code(&held), 75, "{}", text(&held));
+    let last = leasehold(&[
+        "run", "--url", &url, "--key", "job:sq", "--", "sh", "-c", echo,
+    ]);
+    assert_eq!(code(&last), 0, "{}", text(&last));
+    assert!(fence_of(&last) > fence_of(&first));
+}
