@@ -330,15 +330,15 @@ async fn a_killed_holder_process_frees_the_key_after_its_ttl_with_a_greater_fenc
     let _ = here.release(&grant).await.unwrap();
 }
 
-/// Three processes take turns on one key: their critical sections, logged to one file, never
-/// overlap, and every grant's fence is above the one before.
+/// Three processes open a fresh file together and take turns on one key: their critical
+/// sections, logged to one file, never overlap, and every grant's fence is above the one before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_exclude_each_other_and_fences_only_grow() {
     let dir = tempfile::tempdir().unwrap();
     let url = url(&dir.path().join("locks.db"));
     let log = dir.path().join("sections.log");
-    // Create the file first, so the children race for the key and not for WAL mode.
-    drop(SqliteAuthority::connect(&url).await.unwrap());
+    // The file does not exist yet: the processes race to create it and switch it to WAL mode,
+    // then for the key.
     let mut children = Vec::new();
     for _ in 0..3 {
         children.push(
@@ -529,4 +529,59 @@ async fn bad_paths_and_urls_are_refused() {
     std::fs::write(&junk, vec![b'x'; 4096]).unwrap();
     let err = SqliteAuthority::connect(&url(&junk)).await.unwrap_err();
     assert!(!err.is_retryable(), "{err}");
+}
+
+/// Clients that open a fresh file at the same moment (each switching it to WAL mode, which
+/// takes an exclusive lock the busy timeout does not wait for) all connect, and share one table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_opening_a_fresh_file_together_all_connect() {
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        let url = url(&dir.path().join("fresh.db"));
+        let opening: Vec<_> = (0..8)
+            .map(|_| {
+                let url = url.clone();
+                tokio::spawn(async move { SqliteAuthority::connect(&url).await })
+            })
+            .collect();
+        let key = LockKey::new("fresh/one").unwrap();
+        let mut granted = 0;
+        for o in opening {
+            let a = o.await.unwrap().unwrap();
+            if a.try_acquire(&key, Duration::from_secs(30))
+                .await
+                .unwrap()
+                .is_some()
+            {
+                granted += 1;
+            }
+        }
+        assert_eq!(granted, 1);
+    }
+}
+
+/// With one connection in the pool, a lease keeps renewing while another task of the same
+/// client waits for its key: a waiter never keeps the connection that renewals need.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_size_one_keeps_leases_while_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "sqlite://{}?pool_size=1&timeout_ms=1000",
+        dir.path().join("locks.db").display()
+    );
+    let a = Arc::new(SqliteAuthority::connect(&url).await.unwrap());
+    let key = LockKey::new("pool/one").unwrap();
+    let ttl = Duration::from_millis(600);
+    let lease = Lease::try_acquire(a.clone(), &key, ttl, LeaseOptions::default())
+        .await
+        .unwrap()
+        .unwrap();
+    let waiting = a.acquire(&key, ttl, ttl * 4).await;
+    assert!(matches!(waiting, Err(Error::Timeout { .. })), "{waiting:?}");
+    lease.ensure_valid().unwrap();
+    let fence = lease.fence();
+    let _ = lease.release().await.unwrap();
+    let g = a.acquire(&key, ttl, ttl).await.unwrap();
+    assert!(g.fence() > fence);
+    let _ = a.release(&g).await.unwrap();
 }
