@@ -102,6 +102,14 @@ fn print_out(text: &str) -> ExitCode {
 /// held by someone else).
 fn failed(e: &Error, url: &str, busy: u8) -> u8 {
     say!("leasehold: {}", chain(e));
+    if tls_may_be_why(e, url) {
+        let scheme = url.split_once("://").map_or("", |(s, _)| s);
+        say!(
+            "leasehold: {scheme}:// asks for TLS: a server that does not speak TLS never \
+             answers the handshake, which looks like this; if so, use {}://",
+            scheme.strip_suffix('s').unwrap_or(scheme)
+        );
+    }
     if missing_table(e) {
         say!(
             "leasehold: create the lease table with `leasehold migrate --url {}`",
@@ -117,6 +125,18 @@ fn failed(e: &Error, url: &str, busy: u8) -> u8 {
         } => code::UNAVAILABLE,
         _ => code::USAGE,
     }
+}
+
+/// Whether `e` is a request with no answer on a TLS URL (`rediss://`, `etcds://`): a plain
+/// server waits for a request that the client, waiting for the server's TLS hello, never sends.
+fn tls_may_be_why(e: &Error, url: &str) -> bool {
+    let scheme = url
+        .split_once("://")
+        .map(|(s, _)| s.to_ascii_lowercase())
+        .unwrap_or_default();
+    matches!(e, Error::Unavailable { message, .. }
+        if (scheme == "rediss" || scheme == "etcds")
+            && (message.contains("no answer") || message.contains("timed out")))
 }
 
 /// Whether `e` is PostgreSQL's "the lease table does not exist" (SQLSTATE 42P01), as

@@ -835,3 +835,26 @@ fn sqlite_urls_exclude_across_processes() {
     assert_eq!(code(&last), 0, "{}", text(&last));
     assert!(fence_of(&last) > fence_of(&first));
 }
+
+/// `rediss://` against a server without TLS gets no answer; the error says TLS may be why.
+#[test]
+fn a_tls_url_against_a_plain_server_says_tls_may_be_why() {
+    let server = RedisServer::start().unwrap();
+    let plain = url(&server);
+    let tls = plain.replacen("redis://", "rediss://", 1);
+    let out = leasehold(&["run", "--url", &tls, "--key", "k", "--", "true"]);
+    assert_eq!(code(&out), 69, "{}", text(&out));
+    assert!(stderr(&out).contains("TLS"), "{}", text(&out));
+    assert!(stderr(&out).contains("redis://"), "{}", text(&out));
+    // Not said for a plain URL that gets no answer.
+    let out = leasehold(&[
+        "run",
+        "--url",
+        "redis://127.0.0.1:1?timeout_ms=300",
+        "--key",
+        "k",
+        "--",
+        "true",
+    ]);
+    assert!(!stderr(&out).contains("TLS"), "{}", text(&out));
+}
