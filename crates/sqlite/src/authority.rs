@@ -16,7 +16,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 
 use crate::clock::MachineClock;
 use crate::config::SqliteConfig;
@@ -116,6 +116,9 @@ struct Inner {
     clock: MachineClock,
     capabilities: Capabilities,
     statements: Statements,
+    /// Wakes this client's own waiters when it releases a lease, so tasks sharing a client hand
+    /// a key on at once; other processes' waiters find out by polling.
+    released: Notify,
 }
 
 /// What one acquisition step found: the fence if we won, else how long the holder has left by
@@ -244,7 +247,10 @@ impl Inner {
             )
             .await;
         match released {
-            Ok(n) if n > 0 => tracing::debug!("gave back a lease whose acquisition nobody awaited"),
+            Ok(n) if n > 0 => {
+                self.released.notify_waiters();
+                tracing::debug!("gave back a lease whose acquisition nobody awaited")
+            }
             Ok(_) => tracing::trace!("a lease nobody awaited had already ended"),
             Err(error) => {
                 tracing::debug!(%error, "could not give back a lease nobody awaited; it ends at its TTL")
@@ -305,7 +311,8 @@ enum Attempt {
 ///   the write lock and passed into the statement, with the boot id beside it; never the wall
 ///   clock (see the crate's documentation).
 /// * Waiting is jittered polling (2 to 50 ms, and never past the holder's expiry), reading
-///   without the write lock until the key looks free.
+///   without the write lock until the key looks free; a release through the same client wakes
+///   its waiters at once.
 /// * WAL mode, `synchronous=FULL` (a grant is on disk before anyone hears of it), and a busy
 ///   timeout equal to the request timeout: a writer that keeps the lock longer makes requests
 ///   `Unavailable`, never "held".
@@ -432,6 +439,7 @@ impl SqliteAuthority {
                 shown,
                 clock,
                 capabilities,
+                released: Notify::new(),
             }),
         })
     }
@@ -582,7 +590,13 @@ impl Authority for SqliteAuthority {
                 if let Some(left) = left.filter(|l| !l.is_zero()) {
                     delay = delay.min(left);
                 }
-                tokio::time::sleep_until(saturating_add(now, delay).min(give_up)).await;
+                // Registered before the sleep, so a release by this client while we sleep
+                // is not missed.
+                let released = self.inner.released.notified();
+                tokio::select! {
+                    _ = released => {}
+                    _ = tokio::time::sleep_until(saturating_add(now, delay).min(give_up)) => {}
+                }
                 let looked = self
                     .inner
                     .bounded(
@@ -628,6 +642,7 @@ impl Authority for SqliteAuthority {
             )
             .await?;
         Ok(if changed > 0 {
+            self.inner.released.notify_waiters();
             Released::Released
         } else {
             Released::AlreadyGone

@@ -585,3 +585,39 @@ async fn pool_size_one_keeps_leases_while_waiting() {
     assert!(g.fence() > fence);
     let _ = a.release(&g).await.unwrap();
 }
+
+/// Tasks sharing a client hand a key on at once when it is released through that client,
+/// faster than polling would notice (a waiter that has waited a while polls every 25 to 50 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_waiters_of_the_same_client_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Arc::new(
+        SqliteAuthority::connect(&url(&dir.path().join("locks.db")))
+            .await
+            .unwrap(),
+    );
+    let key = LockKey::new("wake/same-client").unwrap();
+    let ttl = Duration::from_secs(10);
+    let mut handoffs = Vec::new();
+    for _ in 0..5 {
+        let held = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+        let waiter = {
+            let (a, key) = (a.clone(), key.clone());
+            tokio::spawn(async move {
+                let g = a.acquire(&key, ttl, Duration::from_secs(10)).await;
+                (g, Instant::now())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released = Instant::now();
+        let _ = a.release(&held).await.unwrap();
+        let (g, at) = waiter.await.unwrap();
+        handoffs.push(at - released);
+        let _ = a.release(&g.unwrap()).await.unwrap();
+    }
+    handoffs.sort();
+    assert!(
+        handoffs[2] < Duration::from_millis(20),
+        "hand-offs within one client: {handoffs:?}"
+    );
+}
