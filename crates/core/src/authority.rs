@@ -7,8 +7,10 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::capabilities::Capabilities;
+use crate::error::Error;
 use crate::error::Result;
 use crate::grant::Grant;
+use crate::inspection::Inspection;
 use crate::key::LockKey;
 
 /// What [`Authority::release`] found.
@@ -94,6 +96,33 @@ pub trait Authority: Send + Sync + fmt::Debug {
     ///   harmless.
     /// * Wakes waiters where the backend waits by notification.
     async fn release(&self, grant: &Grant) -> Result<Released>;
+
+    /// Reads what the authority knows about `key` now: held or free, the remaining TTL, the
+    /// holder's fence, the last fence issued, a short owner id. For `leasehold status`,
+    /// operators and diagnostics.
+    ///
+    /// # Contract
+    /// * Read-only: it never creates, extends, renews or frees anything, never takes a lock at
+    ///   the authority that a holder or a waiter would wait on, and never wakes waiters.
+    /// * "Held" and "remaining" are the authority's reckoning on the authority's clock (the
+    ///   database's, the Redis server's, the etcd leader's), not this process's: a lease the
+    ///   authority has not yet noticed as expired may still show as held within
+    ///   [`Capabilities::expiry_slack`].
+    /// * A snapshot, stale the moment it returns: never use it to decide to act (to write to the
+    ///   protected resource, or to skip acquiring). Only a grant's lease and its fence decide.
+    /// * When held, the holder's fence equals the fence its grant carries; the last fence, when
+    ///   reported, is at least every fence issued on the key so far.
+    /// * The owner id never reveals an owner token (see [`crate::OwnerId`]).
+    /// * The default answers [`Error::Unsupported`]: it exists so wrappers written before this
+    ///   method keep compiling. Every backend in this workspace implements it, and a wrapper
+    ///   should delegate it.
+    async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
+        let _ = key;
+        Err(Error::Unsupported {
+            backend: self.capabilities().backend,
+            operation: "inspect".into(),
+        })
+    }
 
     /// Ends what this client keeps at the authority on behalf of all its leases (an etcd
     /// session lease, say), and waits for the answer. Call it before a process exits: dropping

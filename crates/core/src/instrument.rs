@@ -11,6 +11,7 @@ use crate::authority::{Authority, Released};
 use crate::capabilities::Capabilities;
 use crate::error::Result;
 use crate::grant::Grant;
+use crate::inspection::Inspection;
 use crate::key::LockKey;
 
 /// Wraps an authority so each acquire, renew and release runs in a span
@@ -119,6 +120,25 @@ impl Authority for Instrumented {
             match &result {
                 Ok(Released::Released) => "released",
                 Ok(Released::AlreadyGone) => "already_gone",
+                Err(e) => e.kind(),
+            },
+        );
+        result
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
+        let span = tracing::debug_span!(
+            "leasehold.inspect",
+            backend = self.inner.capabilities().backend,
+            %key,
+            outcome = tracing::field::Empty,
+        );
+        let result = self.inner.inspect(key).instrument(span.clone()).await;
+        span.record(
+            "outcome",
+            match &result {
+                Ok(i) if i.held => "held",
+                Ok(_) => "free",
                 Err(e) => e.kind(),
             },
         );

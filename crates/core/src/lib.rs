@@ -12,6 +12,8 @@
 //! The pieces:
 //! * [`Authority`]: try-acquire, acquire with a bounded wait, conditional renew,
 //!   compare-and-release. Each method documents its `# Contract`.
+//! * [`Inspection`]: a read-only snapshot of a key ([`Authority::inspect`]), for status and
+//!   diagnostics, never for deciding to act.
 //! * [`Grant`]: key, [`OwnerToken`] (128 random bits), [`Fence`], and a local deadline on the
 //!   monotonic clock.
 //! * [`Lease`]: a grant that renews itself in the background and tells you the moment it is
@@ -33,6 +35,7 @@ mod capabilities;
 mod error;
 mod fence;
 mod grant;
+mod inspection;
 mod instrument;
 mod key;
 mod lease;
@@ -53,6 +56,7 @@ pub use capabilities::{Capabilities, WaitStrategy};
 pub use error::{BoxError, Error, Result, SharedError};
 pub use fence::{Epoch, Fence, FenceSafety, FencingToken};
 pub use grant::Grant;
+pub use inspection::{Inspection, OwnerId};
 pub use instrument::Instrumented;
 pub use key::{LockKey, MAX_KEY_LEN};
 pub use lease::{Lease, LeaseOptions};
