@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    Authority, Capabilities, ClientOptions, Fence, FenceSafety, Grant, Instant, LockKey,
-    OwnerToken, Released, Result,
+    Authority, Capabilities, ClientOptions, Fence, FenceSafety, Grant, Inspection, Instant,
+    LockKey, OwnerToken, Released, Result,
 };
 use leasehold_memory::{MemoryAuthority, MemoryServer};
 
@@ -280,6 +280,13 @@ impl Authority for Mutated {
             }
             _ => self.inner.release(original(grant)).await,
         }
+    }
+
+    /// Unmutated: the reference's own view (a mutant that rewrote a fence shows the reference's
+    /// fence here, which the inspect scenario may flag too; that proves nothing about the rule
+    /// the mutant breaks, and its own scenario still has to catch it).
+    async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
+        self.inner.inspect(key).await
     }
 }
 

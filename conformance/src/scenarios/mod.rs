@@ -20,6 +20,7 @@ mod expiry;
 mod fences;
 mod forever;
 mod helpers;
+mod inspect;
 mod outage;
 mod release;
 mod renew;
@@ -40,6 +41,7 @@ pub use fences::{
     fences_survive_restart,
 };
 pub use forever::duration_max_means_no_limit;
+pub use inspect::{inspect_changes_nothing, inspect_reports_holder_and_fence};
 pub use outage::unresponsive_authority;
 pub use release::{
     dropped_lease_releases, release_after_expiry_keeps_new_holder, release_frees_at_once,
@@ -94,6 +96,8 @@ scenarios![
     release_after_expiry_keeps_new_holder,
     stale_release_after_reacquire_keeps_new_grant,
     dropped_lease_releases,
+    inspect_reports_holder_and_fence,
+    inspect_changes_nothing,
     renew_after_expiry_is_refused,
     deadline_counts_from_the_request,
     delayed_reply_shortens_the_grant,

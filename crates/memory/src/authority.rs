@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    Authority, Capabilities, ClientOptions, Error, Fence, FenceSafety, Grant, Instant, LockKey,
-    LostReason, OwnerToken, Released, Result, TtlRange,
+    Authority, Capabilities, ClientOptions, Error, Fence, FenceSafety, Grant, Inspection, Instant,
+    LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange,
 };
 
 use crate::server::{MemoryServer, BACKEND};
@@ -183,6 +183,34 @@ impl Authority for MemoryAuthority {
                 }
             })
             .await
+    }
+
+    /// Reads the server's entry for `key` and its fence counter, as one request (so a paused or
+    /// killed server fails it like any other), changing nothing. The counter is global, so the
+    /// last fence issued *for this key* is the live entry's, or else unknown (`None`).
+    async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
+        let live = self
+            .server
+            .request(&self.options, "inspect", |state, now| {
+                state.live(key, now).map(|e| {
+                    (
+                        e.owner,
+                        e.fence,
+                        e.expires_at.saturating_duration_since(now),
+                    )
+                })
+            })
+            .await?;
+        Ok(match live {
+            None => Inspection::free(BACKEND, key.clone()),
+            Some((owner, raw, remaining)) => {
+                let fence = self.fence(raw)?;
+                Inspection::held(BACKEND, key.clone(), OwnerId::of(&owner))
+                    .with_fence(Some(fence))
+                    .with_remaining(Some(remaining))
+                    .with_last_fence(Some(fence))
+            }
+        })
     }
 }
 
