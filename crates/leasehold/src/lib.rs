@@ -1,8 +1,8 @@
 //! # leasehold
 //!
 //! Distributed locks that are safe to build on: time-limited leases from an authority (etcd,
-//! ZooKeeper, PostgreSQL or Redis), each carrying a **fencing token** the protected resource
-//! checks, behind one API.
+//! ZooKeeper, PostgreSQL, Redis, or an embedded SQLite file), each carrying a **fencing token**
+//! the protected resource checks, behind one API.
 //!
 //! ## Why fencing
 //! A lease cannot stop a holder that paused (GC, a stopped VM, a slow disk) from acting after
@@ -21,7 +21,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> leasehold::Result<()> {
-//! let authority = connect("memory://doc").await?;        // or postgres://, redis://, etcd://, zk://
+//! let authority = connect("memory://doc").await?;        // or sqlite://, postgres://, zk://, ...
 //! let invoices = FencedRegister::new();                  // your resource, checking fences
 //! let key = LockKey::new("invoice:inv_72")?;
 //!
@@ -53,6 +53,10 @@ pub use leasehold_memory as memory;
 /// The PostgreSQL authority and guarded writes for tables with a `last_fence` column.
 #[cfg(feature = "postgres")]
 pub use leasehold_postgres as postgres;
+
+/// The embedded SQLite authority, for the processes of one machine (no server).
+#[cfg(feature = "sqlite")]
+pub use leasehold_sqlite as sqlite;
 
 /// The Redis authority (fences declared failover-unsafe).
 #[cfg(feature = "redis")]

@@ -27,6 +27,7 @@ fn run(name: &str, args: &[&str]) -> String {
     stdout
 }
 
+#[cfg(feature = "sqlite")]
 #[test]
 fn billing_charges_once_and_refuses_the_paused_worker() {
     let out = run("billing", &[]);
