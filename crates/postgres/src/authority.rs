@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::time::{saturating_add, FOREVER};
 use leasehold_core::{
-    Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant, Instant, LockKey,
-    LostReason, OwnerToken, Released, Result, TtlRange,
+    Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
+    LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, SqlSafeStr, SqlStr};
@@ -49,6 +49,7 @@ struct Statements {
     acquire_or_remaining: SqlStr,
     renew: SqlStr,
     release: SqlStr,
+    inspect: SqlStr,
 }
 
 fn sql(s: String) -> SqlStr {
@@ -90,6 +91,14 @@ impl Statements {
                    RETURNING lock_key) \
                  SELECT count(*) FROM (SELECT pg_notify('{channel}', $4 || ' ' || lock_key) FROM released) n",
                 channel = notify::CHANNEL
+            )),
+            // A plain read: under MVCC it takes no row lock, so it never waits for, nor delays,
+            // an acquire, renew or release. The remaining time is counted on the database's
+            // clock, in whole milliseconds rounded up (so a live lease never shows 0).
+            inspect: sql(format!(
+                "SELECT owner, fence, expires_at > statement_timestamp(), \
+                        greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::bigint \
+                 FROM {t} WHERE lock_key = $1"
             )),
         }
     }
@@ -671,6 +680,40 @@ impl Authority for PostgresAuthority {
         } else {
             Released::AlreadyGone
         })
+    }
+
+    /// Reads the key's row: the fence column is both the holder's fence (while live) and the
+    /// last fence issued (release and expiry keep the row), and liveness and the remaining time
+    /// are the database's `statement_timestamp()` against `expires_at`, never our clock.
+    async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
+        let statement = self.inner.statements.inspect.clone();
+        let name = key.as_str().to_string();
+        let row: Option<(String, i64, bool, i64)> = self
+            .inner
+            .bounded(
+                "inspect",
+                saturating_add(Instant::now(), self.inner.timeout()),
+                move |c| {
+                    let (statement, name) = (statement.clone(), name.clone());
+                    Box::pin(
+                        async move { sqlx::query_as(statement).bind(name).fetch_optional(c).await },
+                    )
+                },
+            )
+            .await?;
+        let Some((owner, raw, live, remaining_ms)) = row else {
+            return Ok(Inspection::free(BACKEND, key.clone()));
+        };
+        let fence = PgFence::from_column(raw, self.inner.capabilities.fence_safety)?
+            .to_fence(BACKEND, self.inner.config.client.epoch)?;
+        let seen = if live {
+            Inspection::held(BACKEND, key.clone(), OwnerId::from_stored(&owner))
+                .with_fence(Some(fence))
+                .with_remaining(Some(Duration::from_millis(remaining_ms.max(0) as u64)))
+        } else {
+            Inspection::free(BACKEND, key.clone())
+        };
+        Ok(seen.with_last_fence(Some(fence)))
     }
 }
 
