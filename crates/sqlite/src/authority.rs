@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::time::{saturating_add, FOREVER};
 use leasehold_core::{
-    Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant, Instant, LockKey,
-    LostReason, OwnerToken, Released, Result, TtlRange, WaitStrategy,
+    Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
+    LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange, WaitStrategy,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -49,6 +49,7 @@ struct Statements {
     holder: SqlStr,
     renew: SqlStr,
     release: SqlStr,
+    inspect: SqlStr,
 }
 
 fn sql(s: String) -> SqlStr {
@@ -85,6 +86,9 @@ impl Statements {
                 "UPDATE \"{t}\" SET expires_ns = ?5 \
                  WHERE lock_key = ?1 AND owner = ?2 AND fence = ?3 AND boot_id = ?4 \
                    AND expires_ns > ?5"
+            )),
+            inspect: sql(format!(
+                "SELECT owner, fence, boot_id, expires_ns FROM \"{t}\" WHERE lock_key = ?1"
             )),
         }
     }
@@ -648,6 +652,37 @@ impl Authority for SqliteAuthority {
             Released::AlreadyGone
         })
     }
+
+    /// Reads the key's row outside any transaction: in WAL mode a reader takes no lock that a
+    /// writer waits on, so holders and waiters are never delayed. Liveness and the remaining
+    /// time are the machine's monotonic clock (read after the row, so the remaining time errs
+    /// short) against the stored expiry, and a row from an earlier boot is free. The fence
+    /// column is the last fence issued (release and expiry keep the row).
+    async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
+        let inner = &self.inner;
+        let row: Option<(String, i64, String, i64)> = inner
+            .bounded(
+                "inspect",
+                saturating_add(Instant::now(), inner.timeout()),
+                sqlx::query_as(inner.statements.inspect.clone())
+                    .bind(key.as_str())
+                    .fetch_optional(&inner.pool),
+            )
+            .await?;
+        let Some((owner, raw, boot, expires_ns)) = row else {
+            return Ok(Inspection::free(BACKEND, key.clone()));
+        };
+        let fence = SqliteFence::from_column(raw)?.to_fence(BACKEND, inner.config.client.epoch)?;
+        let left = inner.left(&boot, expires_ns, inner.clock.now_ns());
+        let seen = if left > Duration::ZERO {
+            Inspection::held(BACKEND, key.clone(), OwnerId::from_stored(&owner))
+                .with_fence(Some(fence))
+                .with_remaining(Some(left))
+        } else {
+            Inspection::free(BACKEND, key.clone())
+        };
+        Ok(seen.with_last_fence(Some(fence)))
+    }
 }
 
 #[cfg(test)]
@@ -692,6 +727,42 @@ mod tests {
         let err = checked_path(&SqliteConfig::new(missing), Some(MOUNTS)).unwrap_err();
         assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
         assert!(err.to_string().contains("not its directory"), "{err}");
+    }
+
+    /// What the conformance suite cannot set up: a row of an earlier boot (free, whatever its
+    /// expiry reads, but its fence is still the last one issued) and a foreign owner.
+    #[tokio::test]
+    async fn inspect_reads_boots_and_foreign_owners() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+        let a = SqliteAuthority::connect(&url).await.unwrap();
+        let insert = "INSERT INTO leasehold_leases (lock_key, owner, fence, boot_id, expires_ns) \
+                      VALUES (?1, 'a-peer-secret', 41, ?2, ?3)";
+        for (key, boot) in [
+            ("earlier", "00000000-0000-0000-0000-000000000000"),
+            ("this", a.boot_id()),
+        ] {
+            sqlx::query(insert)
+                .bind(key)
+                .bind(boot)
+                .bind(i64::MAX)
+                .execute(a.pool())
+                .await
+                .unwrap();
+        }
+        let earlier = a.inspect(&LockKey::new("earlier").unwrap()).await.unwrap();
+        assert!(!earlier.held && earlier.owner.is_none(), "{earlier:?}");
+        assert_eq!(earlier.last_fence.map(|f| f.raw()), Some(41));
+        let this = a.inspect(&LockKey::new("this").unwrap()).await.unwrap();
+        assert!(this.held, "{this:?}");
+        assert_eq!(this.fence.map(|f| f.raw()), Some(41));
+        let owner = this.owner.unwrap();
+        assert!(
+            owner.is_peer() && !owner.as_str().contains("secret"),
+            "{owner}"
+        );
+        let never = a.inspect(&LockKey::new("never").unwrap()).await.unwrap();
+        assert!(!never.held && never.last_fence.is_none(), "{never:?}");
     }
 
     #[test]
