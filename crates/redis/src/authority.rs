@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::time::{deadline_in, saturating_add};
 use leasehold_core::{
-    Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant, Instant, LockKey,
-    LostReason, OwnerToken, Released, Result, TtlRange,
+    Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
+    LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange,
 };
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ProtocolVersion, RedisResult, TlsCertificates};
@@ -577,6 +577,57 @@ impl Authority for RedisAuthority {
         // Waiters of this authority need not wait for the announcement to come back.
         self.inner.subscription.waiters().wake(&lock_key);
         Ok(Released::Released)
+    }
+
+    /// One round trip, one atomic read: `MULTI GET <lock key> PTTL <lock key> GET <counter>
+    /// EXEC`. Only reads (no script, so nothing to cache and nothing that could write), and
+    /// the two keys share a hash slot, so it works on a cluster too.
+    ///
+    /// * Held while the lock key exists; the remaining time is its `PTTL` on the server's
+    ///   clock (`None` for a key some other client set without expiry).
+    /// * The lock key holds only the owner token; the fence is the counter. A leasehold holder
+    ///   took the key and raised the counter in one script, and no one raises it while the key
+    ///   is held, so the counter *is* a leasehold holder's fence. A value that is not an owner
+    ///   token is a plain `SET NX` peer's, which raised no counter: shown as `peer:foreign`
+    ///   without a fence (a peer whose value happens to be 32 hex digits cannot be told apart).
+    /// * The counter is also the last fence issued for the key, held or not.
+    async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
+        let lock_key = self.inner.config.layout.lock_key(key);
+        let fence_key = KeyLayout::fence_key_of(&lock_key);
+        let (value, pttl, counter): (Option<Vec<u8>>, i64, Option<i64>) = self
+            .request("inspect", |mut con| {
+                let (lock_key, fence_key) = (lock_key.clone(), fence_key.clone());
+                async move {
+                    redis::pipe()
+                        .atomic()
+                        .get(&lock_key)
+                        .pttl(&lock_key)
+                        .get(&fence_key)
+                        .query_async(&mut con)
+                        .await
+                }
+            })
+            .await?;
+        let epoch = self.inner.config.client.epoch;
+        let last = counter
+            .filter(|raw| *raw > 0)
+            .map(|raw| RedisFence::from_reply(raw).and_then(|f| f.to_fence(BACKEND, epoch)))
+            .transpose()?;
+        // PTTL -2 is "no such key"; the read is atomic, so it only ever agrees with GET's nil.
+        let Some(value) = value.filter(|_| pttl != -2) else {
+            return Ok(Inspection::free(BACKEND, key.clone()).with_last_fence(last));
+        };
+        let owner = std::str::from_utf8(&value)
+            .ok()
+            .and_then(|v| v.parse::<OwnerToken>().ok());
+        let seen = match owner {
+            Some(token) => {
+                Inspection::held(BACKEND, key.clone(), OwnerId::of(&token)).with_fence(last)
+            }
+            None => Inspection::held(BACKEND, key.clone(), OwnerId::peer("foreign")),
+        };
+        let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
+        Ok(seen.with_remaining(remaining).with_last_fence(last))
     }
 }
 
