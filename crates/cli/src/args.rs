@@ -30,6 +30,8 @@ pub enum Invocation {
     },
     Help,
     Version,
+    /// Internal: the watcher of a command's process group (see `child::Watcher`).
+    WatchGroup(String),
 }
 
 /// What `--version` prints.
@@ -50,7 +52,7 @@ URL is given is coming.)
 COMMAND gets LEASEHOLD_KEY, LEASEHOLD_FENCE (the fencing token: send it with every protected
 write), LEASEHOLD_FENCE_SAFETY and LEASEHOLD_BACKEND in its environment. The lease is renewed
 every third of the TTL. If it is lost, COMMAND's process group gets SIGTERM, then SIGKILL after
---grace. If leasehold itself dies (even by SIGKILL), COMMAND gets SIGKILL from the kernel.
+--grace. If leasehold itself dies (even by SIGKILL), COMMAND's process group gets SIGKILL.
 SIGINT, SIGTERM and SIGHUP stop COMMAND and release the lease. When COMMAND ends, the lease is
 released.
 
@@ -83,6 +85,12 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
         Some("migrate") => false,
         Some("-h" | "--help" | "help") | None => return Ok(Invocation::Help),
         Some("-V" | "--version") => return Ok(Invocation::Version),
+        Some(crate::child::WATCH_GROUP) => {
+            let group = args.next().and_then(|g| g.into_string().ok());
+            return group
+                .map(Invocation::WatchGroup)
+                .ok_or_else(|| "no process group to watch".into());
+        }
         Some(other) => return Err(format!("unknown subcommand `{other}` (run or migrate)")),
     };
     let mut url = env_url;

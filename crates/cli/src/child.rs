@@ -7,11 +7,27 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::time::Duration;
 
 use leasehold::{Fence, LockKey};
+use tokio::io::AsyncWriteExt;
+
+/// The hidden subcommand of the watcher process (see [`Watcher`]).
+pub const WATCH_GROUP: &str = "__watch-group";
 
 /// The running command.
 pub struct Child {
     process: tokio::process::Child,
     group: Option<u32>,
+    watcher: Option<Watcher>,
+}
+
+/// A second process that kills the command's whole process group if `leasehold` dies without
+/// stopping it. The parent-death signal reaches only the command itself, not what the command
+/// started in the background; this does. It reads a pipe from `leasehold`: a byte means "all
+/// done, exit"; end of file without one means `leasehold` is gone (the kernel closes the pipe
+/// whatever killed it), so it sends SIGKILL to the group. It has a process group of its own, so
+/// a terminal's signals do not reach it.
+struct Watcher {
+    process: tokio::process::Child,
+    pipe: Option<tokio::process::ChildStdin>,
 }
 
 impl Child {
@@ -38,7 +54,31 @@ impl Child {
             .kill_on_drop(true)
             .spawn()?;
         let group = process.id();
-        Ok(Child { process, group })
+        let watcher = group.and_then(|g| match Watcher::spawn(g) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                say!(
+                    "leasehold: cannot start the watcher of the command's process group \
+                     (if leasehold is killed, only the command itself is): {e}"
+                );
+                None
+            }
+        });
+        Ok(Child {
+            process,
+            group,
+            watcher,
+        })
+    }
+
+    /// Tells the watcher that `leasehold` is ending in order, so it leaves the group alone.
+    pub async fn disarm(&mut self) {
+        if let Some(mut watcher) = self.watcher.take() {
+            if let Some(mut pipe) = watcher.pipe.take() {
+                let _ = pipe.write_all(b"x").await;
+            }
+            let _ = watcher.process.wait().await;
+        }
     }
 
     /// Waits for the command; its exit code, or 128 + the signal that ended it.
@@ -77,6 +117,43 @@ impl Child {
                 .status();
         }
     }
+}
+
+impl Watcher {
+    fn spawn(group: u32) -> io::Result<Watcher> {
+        // This very program (even if its file was replaced meanwhile).
+        let mut process = tokio::process::Command::new("/proc/self/exe")
+            .arg(WATCH_GROUP)
+            .arg(group.to_string())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()?;
+        let pipe = process.stdin.take();
+        Ok(Watcher { process, pipe })
+    }
+}
+
+/// The watcher's side: waits for a byte or the end of its stdin; at the end without a byte,
+/// SIGKILL to process group `group`. Blocking; runs in a process of its own.
+pub fn watch_group(group: &str) -> u8 {
+    let Ok(group) = group.parse::<u32>() else {
+        return 64;
+    };
+    let mut byte = [0u8; 1];
+    loop {
+        match io::Read::read(&mut io::stdin(), &mut byte) {
+            Ok(0) => break,
+            Ok(_) => return 0,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", "--", &format!("-{group}")])
+        .stderr(std::process::Stdio::null())
+        .status();
+    0
 }
 
 /// The exit status for a command that could not be started, as shells give it: 127 when it was

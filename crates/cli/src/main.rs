@@ -54,6 +54,7 @@ fn main() -> ExitCode {
     ) {
         Ok(Invocation::Help) => return print_out(USAGE),
         Ok(Invocation::Version) => return print_out(VERSION),
+        Ok(Invocation::WatchGroup(group)) => return ExitCode::from(child::watch_group(&group)),
         Ok(i) => i,
         Err(e) => {
             say!("leasehold: {e}\n(`leasehold --help` shows the usage)");
@@ -77,7 +78,7 @@ fn main() -> ExitCode {
         match invocation {
             Invocation::Run(args) => run(args).await,
             Invocation::Migrate { url } => migrate(&url).await,
-            Invocation::Help | Invocation::Version => 0,
+            Invocation::Help | Invocation::Version | Invocation::WatchGroup(_) => 0,
         }
     });
     ExitCode::from(status)
@@ -395,6 +396,7 @@ async fn run_under_lease(args: &RunArgs, key: LockKey, authority: Arc<dyn Author
     let lost = lease.lost();
     let stopped_by = tokio::select! {
         status = child.wait() => {
+            child.disarm().await;
             if let Err(e) = lease.release().await {
                 say!("leasehold: releasing the lease failed (its TTL will free it): {}", chain(&e));
             }
@@ -403,6 +405,7 @@ async fn run_under_lease(args: &RunArgs, key: LockKey, authority: Arc<dyn Author
         reason = lost => {
             say!("leasehold: lease on `{key}` lost ({reason}); stopping the command");
             child.stop(args.grace).await;
+            child.disarm().await;
             return code::LOST;
         }
         _ = interrupt.recv() => 2,
@@ -411,6 +414,7 @@ async fn run_under_lease(args: &RunArgs, key: LockKey, authority: Arc<dyn Author
         _ = hangup.recv() => 1,
     };
     child.stop(args.grace).await;
+    child.disarm().await;
     if let Err(e) = lease.release().await {
         say!(
             "leasehold: releasing the lease failed (its TTL will free it): {}",

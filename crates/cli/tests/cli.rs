@@ -858,3 +858,41 @@ fn a_tls_url_against_a_plain_server_says_tls_may_be_why() {
     ]);
     assert!(!stderr(&out).contains("TLS"), "{}", text(&out));
 }
+
+/// The parent-death signal reaches only the command itself; what the command started in the
+/// background must stop too when `leasehold` is killed with -9: the whole process group goes.
+#[test]
+fn sigkill_of_leasehold_stops_the_commands_background_processes_too() {
+    let server = RedisServer::start().unwrap();
+    let url = url(&server);
+    let dir = leasehold_servers::process::server_dir("cli-pdeath-group").unwrap();
+    let (file, pid) = (dir.path().join("out"), dir.path().join("pid"));
+    let ttl = Duration::from_secs(2);
+    // The writer is a background subshell: a grandchild of leasehold.
+    let script = format!("sh -c '{}' & wait", writer_script(&file, &pid));
+    let mut run = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args([
+            "run",
+            "--url",
+            &url,
+            "--key",
+            "job:kill9g",
+            "--ttl",
+            "2s",
+            "--",
+        ])
+        .args(["sh", "-c", &script])
+        .env_remove("LEASEHOLD_URL")
+        .spawn()
+        .unwrap();
+    wait_for_growth(&file, &mut run);
+    run.kill().unwrap();
+    let killed = Instant::now();
+    let _ = run.wait();
+    let grew = last_growth_after(&file, killed, ttl);
+    kill_pid_file(&pid);
+    assert!(
+        grew < ttl / 2,
+        "the background writer kept writing {grew:?} after leasehold was killed (TTL {ttl:?})"
+    );
+}
