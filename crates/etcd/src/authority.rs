@@ -11,8 +11,8 @@ use etcd_client::{
 };
 use leasehold_core::time::{deadline_in, saturating_add};
 use leasehold_core::{
-    Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Instant, LockKey, LossSignal,
-    LostReason, OwnerToken, Released, Result, TtlRange, WaitStrategy,
+    Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant, LockKey,
+    LossSignal, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange, WaitStrategy,
 };
 use tokio::sync::{oneshot, watch};
 
@@ -821,6 +821,71 @@ impl Authority for EtcdAuthority {
                 Err(e)
             }
         }
+    }
+
+    /// Two linearizable reads, both retried while the cluster elects a leader, within one request
+    /// timeout in all; nothing is written, so no contender key, lease or watch is created.
+    ///
+    /// * The oldest key under the lock's prefix (lowest `create_revision`, the rule etcd's
+    ///   Mutex and `etcdctl lock` follow) is the holder; its create revision is its fence, and
+    ///   the last fence issued (any earlier holder's key was created before it). When the
+    ///   prefix is empty the last fence is unknown: etcd keeps no trace of deleted keys that a
+    ///   read could rely on (compaction).
+    /// * The owner is the key's value: leasehold stores the owner token there; an `etcdctl lock`
+    ///   or Mutex peer stores none and shows as `peer:etcd-mutex`.
+    /// * The remaining time is the holder's lease's `LeaseTimeToLive` on the leader's clock, in
+    ///   whole seconds rounded down by etcd, so `None` in a lease's last second (and for a key on
+    ///   no lease). It says how long the key outlives a holder process that vanished now: a live
+    ///   leasehold holder's client withdraws an unrenewed grant at its own deadline, which
+    ///   etcd does not know (its session lease is shared and kept alive).
+    async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
+        let give_up = deadline_in(self.timeout());
+        let prefix = self.inner.space.prefix(key);
+        let found = errors::read_with_retry("inspect", self.timeout(), || {
+            let (mut kv, prefix) = (self.inner.client.kv_client(), prefix.clone());
+            async move { kv.get(prefix, Some(oldest())).await }
+        })
+        .await?;
+        let Some(holder) = found.kvs().first() else {
+            return Ok(Inspection::free(BACKEND, key.clone()));
+        };
+        let fence = EtcdRevision::from_revision(holder.create_revision())?
+            .to_fence(BACKEND, self.inner.config.client.epoch)?;
+        let owner = std::str::from_utf8(holder.value())
+            .ok()
+            .and_then(|v| v.parse::<OwnerToken>().ok())
+            .map_or_else(|| OwnerId::peer("etcd-mutex"), |t| OwnerId::of(&t));
+        let lease = holder.lease();
+        let mut remaining = None;
+        if lease != 0 {
+            let left = give_up.saturating_duration_since(Instant::now());
+            let ttl = errors::read_with_retry("inspect (lease TTL)", left, || {
+                let mut leases = self.inner.client.lease_client();
+                async move { leases.time_to_live(lease, None).await }
+            })
+            .await;
+            match ttl.map(|t| t.ttl()) {
+                // The lease ran out (or was revoked) between the two reads: its keys went with
+                // it, so the key is free now.
+                Ok(secs) if secs < 0 => {
+                    return Ok(Inspection::free(BACKEND, key.clone()).with_last_fence(Some(fence)))
+                }
+                Err(e) if errors::is_lease_gone(&e) => {
+                    return Ok(Inspection::free(BACKEND, key.clone()).with_last_fence(Some(fence)))
+                }
+                Ok(secs) => {
+                    remaining = u64::try_from(secs)
+                        .ok()
+                        .filter(|s| *s > 0)
+                        .map(Duration::from_secs)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Inspection::held(BACKEND, key.clone(), owner)
+            .with_fence(Some(fence))
+            .with_last_fence(Some(fence))
+            .with_remaining(remaining))
     }
 
     /// Revokes every session lease ([`EtcdAuthority::close`]).

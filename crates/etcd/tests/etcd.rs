@@ -647,6 +647,14 @@ async fn etcdctl_lock_and_leasehold_exclude_each_other() {
         a.try_acquire(&key, ttl).await.unwrap().is_none(),
         "leasehold ignored etcdctl's lock"
     );
+    // inspect sees the peer as the holder, with the revision of its key as its fence.
+    let seen = a.inspect(&key).await.unwrap();
+    assert!(seen.held, "{seen:?}");
+    assert_eq!(
+        seen.owner.as_ref().map(|o| o.as_str()),
+        Some("peer:etcd-mutex")
+    );
+    assert!(seen.fence.is_some_and(|f| f.raw() <= lock_rev), "{seen:?}");
     let waiter = {
         let a = a.clone();
         let key = key.clone();
