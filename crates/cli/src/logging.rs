@@ -2,9 +2,11 @@
 
 use std::io::IsTerminal;
 
+use tracing_subscriber::filter::{filter_fn, FilterExt, LevelFilter};
 use tracing_subscriber::fmt::format::FmtSpan;
 use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 /// Where the acquire, renew and release spans come from (`leasehold_core::Instrumented`).
 const SPANS_TARGET: &str = "leasehold_core::instrument";
@@ -34,21 +36,24 @@ pub fn init() {
             EnvFilter::new("warn")
         }
     };
-    let filter = if shows_info_spans(&filter) {
-        match format!("{SPANS_TARGET}[leasehold.renew]=debug").parse() {
-            Ok(directive) => filter.add_directive(directive),
-            Err(_) => filter,
-        }
+    // Exactly the renew span, not the events in it: a span directive in the `EnvFilter` would
+    // let every DEBUG event inside the span through too (a backend's own debug messages).
+    let show_renew = shows_info_spans(&filter);
+    let renew = filter_fn(move |m| {
+        show_renew && m.is_span() && m.name() == "leasehold.renew" && m.target() == SPANS_TARGET
+    })
+    .with_max_level_hint(if show_renew {
+        LevelFilter::DEBUG
     } else {
-        filter
-    };
+        LevelFilter::OFF
+    });
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let layer = tracing_subscriber::fmt::layer()
         .with_span_events(FmtSpan::CLOSE)
         .with_ansi(ansi)
         .with_writer(std::io::stderr)
-        .try_init();
+        .with_filter(filter.or(renew));
+    let _ = tracing_subscriber::registry().with(layer).try_init();
 }
 
 /// Whether `filter` lets the INFO spans of [`SPANS_TARGET`] through, asked of the filter itself

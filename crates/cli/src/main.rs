@@ -47,7 +47,6 @@ mod code {
 }
 
 fn main() -> ExitCode {
-    logging::init();
     let invocation = match args::parse(
         std::env::args_os().skip(1).collect(),
         std::env::var("LEASEHOLD_URL").ok(),
@@ -61,6 +60,7 @@ fn main() -> ExitCode {
             return ExitCode::from(code::USAGE);
         }
     };
+    logging::init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -673,6 +673,12 @@ fn logging_shows_acquire_renew_and_release_without_colour() {
             assert!(err.contains(span), "{var}: no {span} in {err}");
         }
         assert!(!err.contains('\u{1b}'), "{var}: colour codes in {err:?}");
+        // The renew span, not the DEBUG events inside it (the backend's own).
+        assert!(
+            !err.lines()
+                .any(|l| l.contains("DEBUG") && !l.contains("close time.busy")),
+            "{var}: debug events at info: {err}"
+        );
     }
     // Without either, nothing but what the command prints.
     let quiet = leasehold_env(
