@@ -494,6 +494,8 @@ fn migrate_creates_the_table_and_run_names_it_when_it_is_missing() {
         "{}",
         text(&before)
     );
+    // The error once, and the hint.
+    assert_eq!(stderr(&before).lines().count(), 2, "{}", text(&before));
     for _ in 0..2 {
         let out = leasehold(&["migrate", "--url", &url]);
         assert_eq!(code(&out), 0, "{}", text(&out));
