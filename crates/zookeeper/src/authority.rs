@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::time::saturating_add;
 use leasehold_core::{
-    Authority, Capabilities, Error, FenceSafety, Grant, Instant, LockKey, LostReason, OwnerToken,
-    Released, Result, TtlRange, WaitStrategy,
+    Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant, LockKey,
+    LostReason, OwnerToken, Released, Result, TtlRange, WaitStrategy,
 };
 use zookeeper_client::Error as ZkError;
 
@@ -22,9 +22,13 @@ use crate::held::Held;
 use crate::names;
 use crate::session::{self, Sessions};
 use crate::tenure::Tenures;
+use crate::token::Czxid;
 
 /// How often an acquisition starts over on a fresh session after its session ended under it.
 const SESSION_RETRIES: usize = 3;
+
+/// How often inspect lists again when the holder it found left before its node was read.
+const INSPECT_TRIES: usize = 3;
 
 /// Keys remembered as held by someone else, at most; past that the memory starts afresh (a
 /// forgotten key only costs one queued and withdrawn node on its next try).
@@ -354,6 +358,70 @@ impl Authority for ZkAuthority {
                 ))
             }
         }
+    }
+
+    /// Lists the key's parent (after a `sync`, so the listing is not older than the request)
+    /// and reads the first contender's `Stat`: reads only, so no node is created and no
+    /// watcher is woken. It uses any session this client has open, or opens one of the
+    /// shortest TTL (a session alone holds no lock).
+    ///
+    /// * The lowest sequence is the holder, whatever recipe made it (leasehold, Curator, kazoo;
+    ///   the owner id is the UUID's short id, or `peer:kazoo`, `peer:foreign`); its czxid is its fence and the last
+    ///   fence issued (earlier holders' nodes were created before it). When nobody queues the
+    ///   last fence is unknown: deleted nodes leave nothing to read.
+    /// * The remaining time is always `None`: ZooKeeper does not tell one session how long
+    ///   another session has left before it expires, and a leasehold holder's client withdraws
+    ///   an unrenewed grant at its own deadline, which the server does not know either.
+    async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
+        let session = match self.inner.sessions.any() {
+            Some(session) => session,
+            None => {
+                self.inner
+                    .sessions
+                    .get(self.inner.capabilities.ttl.min)
+                    .await?
+            }
+        };
+        let parent = self.lock_path(key);
+        let client = &session.client;
+        // The holder may leave between the listing and the read of its node: look again.
+        for _ in 0..INSPECT_TRIES {
+            let listed = session::read(&self.inner.config, "inspect", || {
+                let synced = client.sync(&parent);
+                let listed = client.list_children(&parent);
+                async move {
+                    synced.await?;
+                    listed.await
+                }
+            });
+            let children = match listed.await? {
+                Ok(children) => children,
+                Err(ZkError::NoNode) => Vec::new(),
+                Err(e) => return Err(errors::map(e, "inspect")),
+            };
+            let Some(first) = names::queue(&children).into_iter().next() else {
+                return Ok(Inspection::free(BACKEND, key.clone()));
+            };
+            let path = format!("{parent}/{first}");
+            let stat = session::read(&self.inner.config, "inspect", || client.check_stat(&path));
+            let stat = match stat.await? {
+                Ok(Some(stat)) => stat,
+                Ok(None) | Err(ZkError::NoNode) => continue,
+                Err(e) => return Err(errors::map(e, "inspect")),
+            };
+            let fence =
+                Czxid::new(stat.czxid)?.to_fence(BACKEND, self.inner.config.client.epoch)?;
+            return Ok(
+                Inspection::held(BACKEND, key.clone(), names::owner_of(&first))
+                    .with_fence(Some(fence))
+                    .with_last_fence(Some(fence)),
+            );
+        }
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            message: format!("inspect `{key}`: the holder kept changing while it was read"),
+            source: None,
+        })
     }
 }
 

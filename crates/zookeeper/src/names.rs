@@ -12,7 +12,7 @@
 //! every child that ends in a ZooKeeper sequence suffix, whatever its prefix, so kazoo's
 //! `Lock` nodes (and any other sequential recipe's) exclude it too.
 
-use leasehold_core::{LockKey, OwnerToken};
+use leasehold_core::{LockKey, OwnerId, OwnerToken};
 
 /// What leasehold and Curator's `InterProcessMutex` put between the UUID and the sequence.
 pub const LOCK_NAME: &str = "lock-";
@@ -78,6 +78,29 @@ pub(crate) fn uuid_of(owner: OwnerToken) -> String {
         &hex[16..20],
         &hex[20..32]
     )
+}
+
+/// Who a contender node belongs to, as [`leasehold_core::Inspection`] shows it: the short id of
+/// the UUID in a `_c_<uuid>-lock-` name (a leasehold owner token, or a Curator client's UUID:
+/// the two cannot be told apart, and neither authorizes anything in ZooKeeper, where only the
+/// session may delete its node), `peer:kazoo` for kazoo's `__lock__` nodes, and `peer:foreign`
+/// for any other sequential recipe.
+pub(crate) fn owner_of(node: &str) -> OwnerId {
+    let protected = node
+        .strip_prefix("_c_")
+        .and_then(|rest| rest.get(..36))
+        .filter(|_| {
+            node.get(39..)
+                .and_then(|r| r.strip_prefix('-'))
+                .is_some_and(|r| r.starts_with(LOCK_NAME))
+        })
+        .map(|uuid| uuid.replace('-', ""))
+        .and_then(|hex| hex.parse::<OwnerToken>().ok());
+    match protected {
+        Some(token) => OwnerId::of(&token),
+        None if node.contains("__lock__") => OwnerId::peer("kazoo"),
+        None => OwnerId::peer("foreign"),
+    }
 }
 
 /// The name prefix of this owner's contender node, `_c_<uuid>-lock-`; ZooKeeper appends the
@@ -226,6 +249,22 @@ pub(crate) fn position(children: &[String], prefix: &str) -> Position {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owners_are_short_ids_or_peers() {
+        let owner = OwnerToken::generate().unwrap();
+        let ours = format!("{}0000000042", contender_prefix(owner));
+        assert_eq!(owner_of(&ours), OwnerId::of(&owner));
+        assert_eq!(
+            owner_of("8f14e45fceea167a8f14e45fceea167a__lock__0000000043").as_str(),
+            "peer:kazoo"
+        );
+        assert_eq!(owner_of("x-0000000044").as_str(), "peer:foreign");
+        assert_eq!(
+            owner_of("_c_short-lock-0000000045").as_str(),
+            "peer:foreign"
+        );
+    }
 
     #[test]
     fn keys_map_to_node_names_and_back() {

@@ -402,6 +402,12 @@ impl Sessions {
         map.get(&ttl).filter(|s| s.is_alive()).cloned()
     }
 
+    /// Some live session, whatever its TTL, for a read that needs none in particular.
+    pub fn any(&self) -> Option<Arc<Session>> {
+        let map = self.by_ttl.lock().unwrap_or_else(|e| e.into_inner());
+        map.values().find(|s| s.is_alive()).cloned()
+    }
+
     /// The live session for `ttl`, opened now if there is none.
     pub async fn get(&self, ttl: Duration) -> Result<Arc<Session>> {
         if let Some(session) = self.cached(ttl) {

@@ -229,6 +229,19 @@ async fn curator_and_kazoo_contenders_exclude_leasehold_and_queue_by_sequence() 
         ours.try_acquire(&k, ttl).await.unwrap().is_none(),
         "a kazoo holder was ignored"
     );
+    // inspect shows the kazoo node as the holder, a peer, fenced by the node's czxid.
+    let seen = ours.inspect(&k).await.unwrap();
+    assert!(seen.held && seen.remaining.is_none(), "{seen:?}");
+    assert_eq!(seen.owner.as_ref().map(|o| o.as_str()), Some("peer:kazoo"));
+    let kazoo_czxid = raw
+        .check_stat(&format!(
+            "{parent}/8f14e45fceea167a5a36dedd4bea2543__lock__{kazoo_seq}"
+        ))
+        .await
+        .unwrap()
+        .unwrap()
+        .czxid;
+    assert_eq!(seen.fence.map(|f| f.raw()), Some(kazoo_czxid as u64));
 
     // leasehold queues behind it, and a Curator InterProcessMutex queues behind leasehold.
     let waiter = tokio::spawn({
@@ -295,6 +308,12 @@ async fn curator_and_kazoo_contenders_exclude_leasehold_and_queue_by_sequence() 
         .unwrap();
     let grant = waiter.await.unwrap().unwrap();
     assert!(ours.try_acquire(&k, ttl).await.unwrap().is_none());
+    let seen = ours.inspect(&k).await.unwrap();
+    assert_eq!(seen.fence, Some(grant.fence()), "{seen:?}");
+    assert_eq!(
+        seen.owner,
+        Some(leasehold_core::OwnerId::of(&grant.owner()))
+    );
     raw.delete(&format!("{parent}/{curator}"), None)
         .await
         .unwrap();
