@@ -639,6 +639,18 @@ async fn interoperates_with_the_plain_set_nx_px_convention() {
         .unwrap();
     assert_eq!(set.as_deref(), Some("OK"));
     assert!(a.try_acquire(&key, ttl).await.unwrap().is_none());
+    // inspect shows the plain holder as a peer (its value is not an owner token, and it raised
+    // no counter, so it has no fence), with its PTTL, and never its value.
+    let seen = a.inspect(&key).await.unwrap();
+    assert!(seen.held && seen.fence.is_none(), "{seen:?}");
+    assert_eq!(
+        seen.owner.as_ref().map(|o| o.as_str()),
+        Some("peer:foreign")
+    );
+    assert!(seen
+        .remaining
+        .is_some_and(|r| r > Duration::from_secs(9) && r <= ttl));
+    assert!(!format!("{seen:?}").contains("plain-token"));
     let err = a
         .acquire(&key, ttl, Duration::from_millis(200))
         .await
