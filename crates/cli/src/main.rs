@@ -311,6 +311,33 @@ fn wall_clock_in(after: Duration) -> String {
     format!("{h:02}:{m:02}:{s:02} UTC")
 }
 
+/// Who holds `key` and for how long, as the authority tells (`1a2b3c4d (fence 7, 8.2s left)`),
+/// for messages: asked once, within a second; "another owner" if the authority cannot tell.
+async fn holder(authority: &dyn Authority, key: &LockKey) -> String {
+    let asked = tokio::time::timeout(Duration::from_secs(1), authority.inspect(key)).await;
+    let Ok(Ok(seen)) = asked else {
+        return "another owner".into();
+    };
+    let mut about = Vec::new();
+    if let Some(fence) = seen.fence {
+        about.push(format!("fence {}", fence.value()));
+    }
+    if let Some(left) = seen.remaining {
+        // To the millisecond: the authority's microseconds are noise in a message.
+        let left = Duration::from_millis(u64::try_from(left.as_millis()).unwrap_or(u64::MAX));
+        about.push(format!("{} left", human(left)));
+    }
+    let who = match (&seen.owner, seen.held) {
+        (Some(owner), true) => owner.to_string(),
+        _ => "another owner".into(),
+    };
+    if about.is_empty() {
+        who
+    } else {
+        format!("{who} ({})", about.join(", "))
+    }
+}
+
 /// Takes the lease: at once, or waiting up to `--wait` (saying so on stderr once the wait has
 /// gone on for a second, unless `--quiet`). `Err` is the exit code, the reason already printed.
 async fn take(args: &RunArgs, key: &LockKey, authority: Arc<dyn Authority>) -> Result<Lease, u8> {
@@ -322,11 +349,20 @@ async fn take(args: &RunArgs, key: &LockKey, authority: Arc<dyn Authority>) -> R
         Err(e) => return Err(failed(&e, &args.url, busy)),
     }
     if args.wait.is_zero() {
-        say!("leasehold: `{key}` is held by another owner (not waiting: --wait 0s)");
+        say!(
+            "leasehold: `{key}` is held by {} (not waiting: --wait 0s)",
+            holder(&*authority, key).await
+        );
         return Err(busy);
     }
     let left = args.wait.saturating_sub(started.elapsed());
-    let acquiring = Lease::acquire(authority, key, args.ttl, left, LeaseOptions::default());
+    let acquiring = Lease::acquire(
+        authority.clone(),
+        key,
+        args.ttl,
+        left,
+        LeaseOptions::default(),
+    );
     tokio::pin!(acquiring);
     let notice_at = started + Duration::from_secs(1);
     let result = if args.quiet || args.wait <= Duration::from_secs(1) {
@@ -335,8 +371,9 @@ async fn take(args: &RunArgs, key: &LockKey, authority: Arc<dyn Authority>) -> R
         tokio::select! {
             result = &mut acquiring => result,
             () = tokio::time::sleep_until(notice_at) => {
+                let by = holder(&*authority, key).await;
                 say!(
-                    "leasehold: `{key}` is held by another owner; waiting until {} (--wait {})",
+                    "leasehold: `{key}` is held by {by}; waiting until {} (--wait {})",
                     wall_clock_in(args.wait.saturating_sub(started.elapsed())),
                     human(args.wait)
                 );
@@ -348,8 +385,9 @@ async fn take(args: &RunArgs, key: &LockKey, authority: Arc<dyn Authority>) -> R
         Ok(lease) => Ok(lease),
         Err(Error::Timeout { .. }) => {
             say!(
-                "leasehold: gave up on `{key}` after --wait {}: it is still held by another owner",
-                human(args.wait)
+                "leasehold: gave up on `{key}` after --wait {}: it is still held by {}",
+                human(args.wait),
+                holder(&*authority, key).await
             );
             Err(busy)
         }

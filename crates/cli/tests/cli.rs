@@ -428,6 +428,16 @@ async fn busy_exit_code_and_what_a_wait_says() {
     ]);
     assert_eq!(code(&busy), 3, "{}", text(&busy));
     assert!(stderr(&busy).contains("held"), "{}", text(&busy));
+    // Whom it is held by, and for how long, as the authority tells (Authority::inspect).
+    let holder_id = leasehold::OwnerId::of(&grant.owner()).to_string();
+    let holder_fence = format!("fence {}", grant.fence().value());
+    for part in [&holder_id, &holder_fence, &"left".to_string()] {
+        assert!(
+            stderr(&busy).contains(part.as_str()),
+            "{part}: {}",
+            text(&busy)
+        );
+    }
 
     let waited = leasehold(&[
         "run", "--url", &url, "--key", "job:busy", "--wait", "1.6s", "--", "true",
@@ -438,6 +448,7 @@ async fn busy_exit_code_and_what_a_wait_says() {
     assert!(err.contains("until"), "{err}");
     assert!(err.contains("gave up"), "{err}");
     assert!(err.contains("1.6s"), "{err}");
+    assert_eq!(err.matches(&holder_id).count(), 2, "{err}");
 
     let quiet = leasehold(&[
         "run", "--url", &url, "--key", "job:busy", "--wait", "1.2s", "--quiet", "--", "true",
