@@ -153,3 +153,60 @@ impl Authority for Instrumented {
         self.inner.close().instrument(span).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+    use crate::fence::FenceSafety;
+    use crate::ttl::TtlRange;
+
+    /// Answers inspect only: enough to see that the wrapper passes it on instead of falling back
+    /// to the trait's `Unsupported` default (which `leasehold status` would then print).
+    #[derive(Debug)]
+    struct InspectOnly(Capabilities);
+
+    #[async_trait]
+    impl Authority for InspectOnly {
+        fn capabilities(&self) -> &Capabilities {
+            &self.0
+        }
+        async fn try_acquire(&self, _: &LockKey, _: Duration) -> Result<Option<Grant>> {
+            Err(Error::InvalidConfig {
+                reason: "stub".into(),
+            })
+        }
+        async fn acquire(&self, _: &LockKey, _: Duration, _: Duration) -> Result<Grant> {
+            Err(Error::InvalidConfig {
+                reason: "stub".into(),
+            })
+        }
+        async fn renew(&self, _: &Grant, _: Duration) -> Result<Instant> {
+            Err(Error::InvalidConfig {
+                reason: "stub".into(),
+            })
+        }
+        async fn release(&self, _: &Grant) -> Result<Released> {
+            Err(Error::InvalidConfig {
+                reason: "stub".into(),
+            })
+        }
+        async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
+            Ok(Inspection::free("stub", key.clone()))
+        }
+    }
+
+    #[tokio::test]
+    async fn inspect_is_passed_on() {
+        let ttl = TtlRange::new(
+            Duration::from_millis(1),
+            Duration::from_secs(1),
+            Duration::from_millis(1),
+        );
+        let caps = Capabilities::new("stub", FenceSafety::Linearizable, true, ttl);
+        let wrapped = Instrumented::new(Arc::new(InspectOnly(caps)));
+        let key = LockKey::new("k").unwrap();
+        let seen = wrapped.inspect(&key).await.unwrap();
+        assert_eq!(seen, Inspection::free("stub", key));
+    }
+}
