@@ -298,9 +298,9 @@ impl Lease {
     }
 
     fn stop(&mut self, reason: LostReason) {
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
+        // Publish first: the aborted task may be dropped at once on another worker thread, and
+        // its exit guard would otherwise report "the renewal task ended unexpectedly" as the
+        // loss of a lease that was simply released.
         self.state.send_if_modified(|p| {
             if p.state.is_lost() {
                 false
@@ -309,6 +309,9 @@ impl Lease {
                 true
             }
         });
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
     }
 }
 

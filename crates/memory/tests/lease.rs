@@ -281,6 +281,35 @@ async fn lost_resolves_on_release_and_waiters_are_not_stranded() {
     assert!(matches!(reason, LostReason::Released), "{reason:?}");
 }
 
+/// A release records the lease as released before it stops the renewal task: with the task
+/// on another worker thread, stopping it first let its exit guard report "the renewal task
+/// ended unexpectedly" as a loss (logged at info on every release now and then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_and_drop_report_released_never_a_failed_renewal() {
+    let a = MemoryAuthority::standalone();
+    let authority: Arc<dyn Authority> = Arc::new(a.clone());
+    for round in 0..300 {
+        let key = LockKey::new(format!("release-race-{round}")).unwrap();
+        let l = Lease::try_acquire(authority.clone(), &key, TTL, LeaseOptions::default())
+            .await
+            .unwrap()
+            .unwrap();
+        let watch = l.watch();
+        // Let the renewal task start on the other worker thread.
+        tokio::task::yield_now().await;
+        if round % 2 == 0 {
+            let _ = l.release().await.unwrap();
+        } else {
+            drop(l);
+        }
+        let state = watch.current();
+        assert!(
+            matches!(state, LeaseState::Lost(LostReason::Released)),
+            "round {round}: {state:?}"
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn renewal_keeps_the_fence_and_moves_the_deadline() {
     let a = MemoryAuthority::standalone();

@@ -14,7 +14,9 @@ use async_trait::async_trait;
 use leasehold_conformance::mutants::Mutant;
 use leasehold_conformance::workload::{Event, FaultKind, History, What};
 use leasehold_conformance::Context;
-use leasehold_core::{Authority, Capabilities, FenceSafety, Grant, Instant, LockKey, Released};
+use leasehold_core::{
+    Authority, Capabilities, FenceSafety, Grant, Inspection, Instant, LockKey, Released,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
@@ -78,6 +80,11 @@ impl Authority for Freezable {
     async fn release(&self, grant: &Grant) -> leasehold_core::Result<Released> {
         self.thawed().await;
         self.inner.release(grant).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> leasehold_core::Result<Inspection> {
+        self.thawed().await;
+        self.inner.inspect(key).await
     }
 }
 
