@@ -1,4 +1,5 @@
-//! The command line: `leasehold run [options] -- <command> [args...]` and `leasehold migrate`.
+//! The command line: `leasehold run [options] -- <command> [args...]`, `leasehold status` and
+//! `leasehold migrate`.
 
 use std::ffi::OsString;
 use std::time::Duration;
@@ -8,7 +9,8 @@ use crate::duration;
 /// What `leasehold run` was asked to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunArgs {
-    pub url: String,
+    /// The authority; `None`: the per-user default (see `crate::state`).
+    pub url: Option<String>,
     pub key: String,
     pub ttl: Duration,
     pub wait: Duration,
@@ -20,10 +22,21 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
+/// What `leasehold status` was asked to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusArgs {
+    /// The authority; `None`: the per-user default (see `crate::state`).
+    pub url: Option<String>,
+    pub key: String,
+    /// One JSON object instead of the line for people.
+    pub json: bool,
+}
+
 /// What the command line asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Invocation {
     Run(RunArgs),
+    Status(StatusArgs),
     /// `leasehold migrate --url postgres://...`: create the lease table.
     Migrate {
         url: String,
@@ -40,14 +53,17 @@ pub const VERSION: &str = concat!("leasehold ", env!("CARGO_PKG_VERSION"));
 pub const USAGE: &str = "\
 usage: leasehold run [--url URL] --key KEY [--ttl 10s] [--wait 0s] [--grace 5s]
                      [--busy-exit-code N] [--quiet] -- COMMAND [ARGS...]
+       leasehold status [--url URL] --key KEY [--json]
        leasehold migrate [--url postgres://...]
        leasehold --help | --version
 
 run: runs COMMAND while holding a lease on KEY from the authority at URL (or $LEASEHOLD_URL):
 sqlite:///path/to/locks.db (no server; the processes of one machine), postgres://, redis://,
-rediss://, etcd://, etcds://, zk://. memory:// is refused: it lives in one process, so two
-`leasehold` processes would both hold the lock. (A per-user SQLite file as the default when no
-URL is given is coming.)
+rediss://, etcd://, etcds://, zk://. With neither, the authority is a per-user SQLite file,
+$XDG_STATE_HOME/leasehold/locks.db (or $HOME/.local/state/leasehold/locks.db; the directory is
+created, mode 0700): it works with no server and no setup, for the processes of this user on
+this machine. memory:// is refused: it lives in one process, so two `leasehold` processes
+would both hold the lock.
 
 COMMAND gets LEASEHOLD_KEY, LEASEHOLD_FENCE (the fencing token: send it with every protected
 write), LEASEHOLD_FENCE_SAFETY and LEASEHOLD_BACKEND in its environment. The lease is renewed
@@ -56,7 +72,7 @@ every third of the TTL. If it is lost, COMMAND's process group gets SIGTERM, the
 SIGINT, SIGTERM and SIGHUP stop COMMAND and release the lease. When COMMAND ends, the lease is
 released.
 
-  --url URL            the authority (default: $LEASEHOLD_URL)
+  --url URL            the authority (default: $LEASEHOLD_URL, else the per-user SQLite file)
   --key KEY            the lock key (printable ASCII, no spaces)
   --ttl D              the lease's TTL (default 10s); at least the URL's request timeout
                        (timeout_ms, default 5s) plus the safety margin
@@ -66,23 +82,36 @@ released.
   -q, --quiet          say nothing while waiting for the lock
 Durations: 250ms, 1.5s, 1m30s, 2h, 1d.
 
+status: prints whether KEY is held or free, as the authority tells: the holder's short id,
+fence and remaining TTL, the last fence issued, the backend. One line, or with --json one JSON
+object (key, held, owner, fence, last_fence, remaining_ms, backend, url). Exit status 0 free,
+1 held. It is a snapshot for people and scripts to read, not a lock: it decides nothing.
+
 migrate: creates the lease table in the PostgreSQL database at URL if it is not there yet
 (safe to run again, and concurrently). Other backends need no schema.
 
 Set LEASEHOLD_LOG=info (or RUST_LOG) to see each acquire, renewal and release.
 
-exit status: COMMAND's own, or 128+N if it died of signal N (or leasehold did, by SIGINT,
+exit status (run): COMMAND's own, or 128+N if it died of signal N (or leasehold did, by SIGINT,
 SIGTERM or SIGHUP); 64 bad usage or input; 69 the authority is unreachable or answered too late;
 75 the lock is held by someone else (see --busy-exit-code); 76 the lease was lost and COMMAND
 was stopped; 77 the authority refused the credentials; 126 COMMAND is not executable; 127
-COMMAND was not found.";
+COMMAND was not found. status: 0 free, 1 held, 64, 69 and 77 as for run.";
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sub {
+    Run,
+    Status,
+    Migrate,
+}
 
 /// Parses the arguments after the program name.
 pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation, String> {
     let mut args = args.into_iter();
-    let run = match args.next().as_ref().and_then(|a| a.to_str()) {
-        Some("run") => true,
-        Some("migrate") => false,
+    let sub = match args.next().as_ref().and_then(|a| a.to_str()) {
+        Some("run") => Sub::Run,
+        Some("status") => Sub::Status,
+        Some("migrate") => Sub::Migrate,
         Some("-h" | "--help" | "help") | None => return Ok(Invocation::Help),
         Some("-V" | "--version") => return Ok(Invocation::Version),
         Some(crate::child::WATCH_GROUP) => {
@@ -91,11 +120,17 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
                 .map(Invocation::WatchGroup)
                 .ok_or_else(|| "no process group to watch".into());
         }
-        Some(other) => return Err(format!("unknown subcommand `{other}` (run or migrate)")),
+        Some(other) => {
+            return Err(format!(
+                "unknown subcommand `{other}` (run, status or migrate)"
+            ))
+        }
     };
+    let run = sub == Sub::Run;
+    let keyed = sub != Sub::Migrate;
     let mut url = env_url;
     let (mut key, mut ttl, mut wait, mut grace) = (None, None, None, None);
-    let (mut busy_exit_code, mut quiet) = (None, false);
+    let (mut busy_exit_code, mut quiet, mut json) = (None, false, false);
     let mut command = Vec::new();
     while let Some(arg) = args.next() {
         let text = arg
@@ -122,7 +157,8 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
         let dur = |v: String| duration::parse(&v).map_err(|e| format!("{name}: {e}"));
         match (name.as_str(), run) {
             ("--url", _) => url = Some(value()?),
-            ("--key", true) => key = Some(value()?),
+            ("--key", _) if keyed => key = Some(value()?),
+            ("--json", _) if sub == Sub::Status => json = true,
             ("--ttl", true) => ttl = Some(dur(value()?)?),
             ("--wait", true) => wait = Some(dur(value()?)?),
             ("--grace", true) => grace = Some(dur(value()?)?),
@@ -141,12 +177,30 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
                     "unknown option `{other}` (the command goes after `--`)"
                 ))
             }
-            (other, false) => return Err(format!("unknown option `{other}` for migrate")),
+            (other, false) => {
+                let sub = if sub == Sub::Status {
+                    "status"
+                } else {
+                    "migrate"
+                };
+                return Err(format!("unknown option `{other}` for {sub}"));
+            }
         }
     }
-    let url = url.ok_or("no authority: give --url or set LEASEHOLD_URL")?;
-    if !run {
-        return Ok(Invocation::Migrate { url });
+    match sub {
+        Sub::Migrate => {
+            // Only PostgreSQL has a schema: there is no default to migrate.
+            let url = url.ok_or("migrate needs --url postgres://... (or LEASEHOLD_URL)")?;
+            return Ok(Invocation::Migrate { url });
+        }
+        Sub::Status => {
+            return Ok(Invocation::Status(StatusArgs {
+                url,
+                key: key.ok_or("--key is required")?,
+                json,
+            }))
+        }
+        Sub::Run => {}
     }
     if command.is_empty() {
         return Err("no command to run: put it after `--`".into());
@@ -198,7 +252,7 @@ mod tests {
             None,
         )
         .unwrap();
-        assert_eq!(a.url, "redis://h");
+        assert_eq!(a.url.as_deref(), Some("redis://h"));
         assert_eq!(a.key, "k");
         assert_eq!(a.ttl, Duration::from_secs(2));
         assert_eq!(a.wait, Duration::from_millis(500));
@@ -213,12 +267,14 @@ mod tests {
             Some("redis://h".into()),
         )
         .unwrap();
-        assert_eq!(a.url, "redis://h");
+        assert_eq!(a.url.as_deref(), Some("redis://h"));
         assert_eq!(a.busy_exit_code, 75);
+        // No URL at all: the per-user default, resolved when the command runs.
+        let a = run_args(args(&["run", "--key", "k", "--", "true"]), None).unwrap();
+        assert_eq!(a.url, None);
         assert!(!a.quiet);
         for bad in [
-            &["run", "--key", "k", "--", "true"][..],
-            &["run", "--url", "u", "--", "true"],
+            &["run", "--url", "u", "--", "true"][..],
             &["run", "--url", "u", "--key", "k"],
             &[
                 "run", "--url", "u", "--key", "k", "--ttl", "10", "--", "true",
@@ -241,6 +297,11 @@ mod tests {
             ],
             &["migrate"],
             &["migrate", "--url", "u", "--key", "k"],
+            &["status"],
+            &["status", "--url", "u"],
+            &["status", "--key", "k", "--ttl", "1s"],
+            &["status", "--key", "k", "--", "true"],
+            &["run", "--url", "u", "--key", "k", "--json", "--", "true"],
         ] {
             assert!(parse(args(bad), None).is_err(), "{bad:?}");
         }
@@ -263,6 +324,22 @@ mod tests {
             Ok(Invocation::Migrate {
                 url: "postgres://h".into()
             })
+        );
+        assert_eq!(
+            parse(args(&["status", "--key", "k", "--json"]), None),
+            Ok(Invocation::Status(StatusArgs {
+                url: None,
+                key: "k".into(),
+                json: true
+            }))
+        );
+        assert_eq!(
+            parse(args(&["status", "--key=k", "--url", "u"]), Some("e".into())),
+            Ok(Invocation::Status(StatusArgs {
+                url: Some("u".into()),
+                key: "k".into(),
+                json: false
+            }))
         );
         assert_eq!(parse(args(&["--version"]), None), Ok(Invocation::Version));
         assert_eq!(parse(args(&[]), None), Ok(Invocation::Help));

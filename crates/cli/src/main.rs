@@ -22,6 +22,8 @@ mod args;
 mod child;
 mod duration;
 mod logging;
+mod state;
+mod status;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -40,6 +42,8 @@ use crate::duration::human;
 
 /// Exit codes, after sysexits.h where one fits.
 mod code {
+    /// `status`: the key is held.
+    pub const HELD: u8 = 1;
     pub const USAGE: u8 = 64;
     pub const UNAVAILABLE: u8 = 69;
     pub const LOST: u8 = 76;
@@ -77,6 +81,7 @@ fn main() -> ExitCode {
     let status = runtime.block_on(async {
         match invocation {
             Invocation::Run(args) => run(args).await,
+            Invocation::Status(args) => status::status(args).await,
             Invocation::Migrate { url } => migrate(&url).await,
             Invocation::Help | Invocation::Version | Invocation::WatchGroup(_) => 0,
         }
@@ -101,7 +106,7 @@ fn print_out(text: &str) -> ExitCode {
 
 /// Prints an error from before the command ran, and returns its exit code (`busy` for a lock
 /// held by someone else).
-fn failed(e: &Error, url: &str, busy: u8) -> u8 {
+pub(crate) fn failed(e: &Error, url: &str, busy: u8) -> u8 {
     say!("leasehold: {}", chain(e));
     if tls_may_be_why(e, url) {
         let scheme = url.split_once("://").map_or("", |(s, _)| s);
@@ -151,7 +156,7 @@ fn missing_table(e: &Error) -> bool {
 /// or that repeats a part of what is (client libraries often quote their cause in their own
 /// message), is left out, and a Rust
 /// Debug dump that a library appends to its message (`, source: Error(...)`) is cut off.
-fn chain(e: &Error) -> String {
+pub(crate) fn chain(e: &Error) -> String {
     let mut text = readable(&e.to_string()).to_string();
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
@@ -184,16 +189,17 @@ fn readable(text: &str) -> &str {
 
 /// `memory://` lives in one process: two `leasehold` processes would each get an authority of
 /// their own and both hold the "lock". Refused, with what to use instead.
-fn refuse_in_process(url: &str) -> Result<(), String> {
+pub(crate) fn refuse_in_process(url: &str) -> Result<(), String> {
     let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
     if scheme.as_deref() == Some("memory") {
         return Err(format!(
             "`{}` is an in-process authority: every `leasehold` process would have its own, so \
              two runs on one key would both hold it. For a lock between the processes of this \
              machine without a server, use sqlite:///path/to/locks.db (an embedded authority in \
-             a file; leasehold without --url is to use a per-user one); otherwise the URL of a \
+             a file), or give no --url for the per-user one ({}); otherwise the URL of a \
              server: postgres://, redis://, etcd:// or zk://",
-            redact_url(url)
+            redact_url(url),
+            state::LOCATION,
         ));
     }
     Ok(())
@@ -236,7 +242,7 @@ fn ttl_floor(options: &ClientOptions) -> Duration {
 }
 
 /// Refuses a TTL below [`ttl_floor`] for the URL's client options, before connecting.
-fn check_ttl(url: &str, ttl: Duration) -> Result<(), Error> {
+pub(crate) fn check_ttl(url: &str, ttl: Duration) -> Result<(), Error> {
     let mut params = UrlParams::parse(url)?;
     let options = params.take_client_options()?;
     let floor = ttl_floor(&options);
@@ -275,20 +281,37 @@ async fn run(args: RunArgs) -> u8 {
     let busy = args.busy_exit_code;
     let key = match LockKey::new(&args.key) {
         Ok(k) => k,
-        Err(e) => return failed(&e, &args.url, busy),
+        Err(e) => return failed(&e, "", busy),
     };
-    if let Err(e) = refuse_in_process(&args.url) {
+    let url = match args.url.as_deref() {
+        Some(url) => url.to_string(),
+        None => {
+            // The TTL is checked before anything is created on disk (the default's URL has
+            // no parameters, so its floor is the default options').
+            if let Err(e) = check_ttl("sqlite://", args.ttl) {
+                return failed(&e, "", busy);
+            }
+            match state::url_or_default(None) {
+                Ok(url) => url,
+                Err(e) => {
+                    say!("leasehold: {e}");
+                    return code::USAGE;
+                }
+            }
+        }
+    };
+    if let Err(e) = refuse_in_process(&url) {
         say!("leasehold: {e}");
         return code::USAGE;
     }
-    if let Err(e) = check_ttl(&args.url, args.ttl) {
-        return failed(&e, &args.url, busy);
+    if let Err(e) = check_ttl(&url, args.ttl) {
+        return failed(&e, &url, busy);
     }
-    let authority = match leasehold::connect(&args.url).await {
+    let authority = match leasehold::connect(&url).await {
         Ok(a) => a,
-        Err(e) => return failed(&e, &args.url, busy),
+        Err(e) => return failed(&e, &url, busy),
     };
-    let code = run_under_lease(&args, key, authority.clone()).await;
+    let code = run_under_lease(&args, &url, key, authority.clone()).await;
     // Whatever happened, nothing of ours outlives the process: close what the authority keeps
     // for this client (etcd's session lease, and with it any key still there) and wait for the
     // answer.
@@ -340,13 +363,18 @@ async fn holder(authority: &dyn Authority, key: &LockKey) -> String {
 
 /// Takes the lease: at once, or waiting up to `--wait` (saying so on stderr once the wait has
 /// gone on for a second, unless `--quiet`). `Err` is the exit code, the reason already printed.
-async fn take(args: &RunArgs, key: &LockKey, authority: Arc<dyn Authority>) -> Result<Lease, u8> {
+async fn take(
+    args: &RunArgs,
+    url: &str,
+    key: &LockKey,
+    authority: Arc<dyn Authority>,
+) -> Result<Lease, u8> {
     let busy = args.busy_exit_code;
     let started = Instant::now();
     match Lease::try_acquire(authority.clone(), key, args.ttl, LeaseOptions::default()).await {
         Ok(Some(lease)) => return Ok(lease),
         Ok(None) => {}
-        Err(e) => return Err(failed(&e, &args.url, busy)),
+        Err(e) => return Err(failed(&e, url, busy)),
     }
     if args.wait.is_zero() {
         say!(
@@ -391,13 +419,18 @@ async fn take(args: &RunArgs, key: &LockKey, authority: Arc<dyn Authority>) -> R
             );
             Err(busy)
         }
-        Err(e) => Err(failed(&e, &args.url, busy)),
+        Err(e) => Err(failed(&e, url, busy)),
     }
 }
 
-async fn run_under_lease(args: &RunArgs, key: LockKey, authority: Arc<dyn Authority>) -> u8 {
+async fn run_under_lease(
+    args: &RunArgs,
+    url: &str,
+    key: LockKey,
+    authority: Arc<dyn Authority>,
+) -> u8 {
     let backend = authority.capabilities().backend;
-    let lease = match take(args, &key, authority).await {
+    let lease = match take(args, url, &key, authority).await {
         Ok(l) => l,
         Err(code) => return code,
     };

@@ -162,7 +162,7 @@ async fn a_lost_lease_stops_the_command() {
 #[test]
 fn bad_input_and_unreachable_authorities_have_their_exit_codes() {
     for (args, want) in [
-        (&["run", "--key", "k", "--", "true"][..], 64),
+        (&["run", "--url", "u", "--", "true"][..], 64),
         (
             &[
                 "run",
@@ -914,4 +914,398 @@ fn sigkill_of_leasehold_stops_the_commands_background_processes_too() {
         grew < ttl / 2,
         "the background writer kept writing {grew:?} after leasehold was killed (TTL {ttl:?})"
     );
+}
+
+/// `leasehold` with no `--url` and no `LEASEHOLD_URL`, with `XDG_STATE_HOME` and `HOME` as given
+/// (`None`: unset).
+fn leasehold_default(
+    args: &[&str],
+    xdg: Option<&std::path::Path>,
+    home: Option<&std::path::Path>,
+) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+    command
+        .args(args)
+        .env_remove("LEASEHOLD_URL")
+        .env_remove("XDG_STATE_HOME")
+        .env_remove("HOME");
+    if let Some(xdg) = xdg {
+        command.env("XDG_STATE_HOME", xdg);
+    }
+    if let Some(home) = home {
+        command.env("HOME", home);
+    }
+    command
+}
+
+/// Waits until `flag` exists (the holder's command runs), failing if `holder` exits first.
+fn wait_for_file(flag: &std::path::Path, holder: &mut std::process::Child) {
+    let started = Instant::now();
+    while !flag.exists() {
+        if let Some(status) = holder.try_wait().unwrap() {
+            panic!("the holder exited ({status}) before its command ran");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the holder's command did not run within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A script that writes the fence to `fence`, then waits until `done` exists.
+fn hold_script(fence: &std::path::Path, done: &std::path::Path) -> String {
+    format!(
+        "echo $LEASEHOLD_FENCE > {fence}.tmp; mv {fence}.tmp {fence}; \
+         while [ ! -e {done} ]; do sleep 0.05; done",
+        fence = fence.display(),
+        done = done.display()
+    )
+}
+
+fn read_fence(file: &std::path::Path) -> u64 {
+    std::fs::read_to_string(file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Issue 12: with no `--url` and no `LEASEHOLD_URL`, `leasehold run` uses a per-user SQLite file,
+/// `$XDG_STATE_HOME/leasehold/locks.db`, creating its directory (mode 0700): two processes on one
+/// key exclude each other (the second is busy, or waits), and fences grow.
+#[test]
+fn with_no_url_runs_exclude_each_other_through_a_per_user_sqlite_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = leasehold_servers::process::server_dir("cli-default").unwrap();
+    let state = dir.path().join("state");
+    let home = dir.path().join("home-unused");
+    let db_dir = state.join("leasehold");
+    assert!(!db_dir.exists());
+    let (fence1, done1) = (dir.path().join("fence1"), dir.path().join("done1"));
+    let mut holder = leasehold_default(
+        &["run", "--key", "nightly", "--ttl", "30s", "--"],
+        Some(&state),
+        Some(&home),
+    )
+    .args(["sh", "-c", &hold_script(&fence1, &done1)])
+    .spawn()
+    .unwrap();
+    wait_for_file(&fence1, &mut holder);
+    let first = read_fence(&fence1);
+    assert!(db_dir.join("locks.db").is_file());
+    let mode = std::fs::metadata(&db_dir).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "{mode:o}");
+    assert!(
+        !home.exists(),
+        "HOME was used although XDG_STATE_HOME is set"
+    );
+
+    // The second process finds the key held: busy at once with --wait 0s.
+    let busy = leasehold_default(
+        &["run", "--key", "nightly", "--", "true"],
+        Some(&state),
+        Some(&home),
+    )
+    .output()
+    .unwrap();
+    assert_eq!(code(&busy), 75, "{}", text(&busy));
+    assert!(stderr(&busy).contains("held"), "{}", text(&busy));
+
+    // A third waits, and gets the key once the holder lets it go, with a greater fence.
+    let (fence2, done2) = (dir.path().join("fence2"), dir.path().join("done2"));
+    std::fs::write(&done2, b"").unwrap();
+    let waiter = leasehold_default(
+        &["run", "--key", "nightly", "--wait", "30s", "-q", "--"],
+        Some(&state),
+        Some(&home),
+    )
+    .args(["sh", "-c", &hold_script(&fence2, &done2)])
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!fence2.exists(), "the waiter ran while the key was held");
+    std::fs::write(&done1, b"done").unwrap();
+    assert!(holder.wait().unwrap().success());
+    let out = waiter.wait_with_output().unwrap();
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    assert!(read_fence(&fence2) > first);
+}
+
+/// Without XDG_STATE_HOME (or with a relative one, which the XDG spec says to ignore), the file is
+/// `$HOME/.local/state/leasehold/locks.db`; with neither usable, a clear error and 64.
+#[test]
+fn with_no_url_the_default_falls_back_to_home_or_says_why_not() {
+    let dir = leasehold_servers::process::server_dir("cli-default-home").unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let echo = "echo $LEASEHOLD_BACKEND";
+    for xdg in [
+        None,
+        Some(std::path::Path::new("relative/state")),
+        Some(std::path::Path::new("")),
+    ] {
+        let out = leasehold_default(
+            &["run", "--key", "k", "--", "sh", "-c", echo],
+            xdg,
+            Some(&home),
+        )
+        .output()
+        .unwrap();
+        assert_eq!(code(&out), 0, "{xdg:?}: {}", text(&out));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "sqlite");
+        assert!(home.join(".local/state/leasehold/locks.db").is_file());
+    }
+    let marker = dir.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    for (xdg, home) in [(None, None), (None, Some("")), (Some("rel"), Some("rel"))] {
+        let out = leasehold_default(
+            &["run", "--key", "k", "--", "sh", "-c", &touch],
+            xdg.map(std::path::Path::new),
+            home.map(std::path::Path::new),
+        )
+        .output()
+        .unwrap();
+        assert_eq!(code(&out), 64, "{xdg:?} {home:?}: {}", text(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains("XDG_STATE_HOME") && err.contains("--url"),
+            "{err}"
+        );
+        assert!(!marker.exists());
+    }
+    let help = leasehold(&["--help"]);
+    let usage = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        usage.contains("$XDG_STATE_HOME/leasehold/locks.db"),
+        "{usage}"
+    );
+    assert!(!usage.contains("coming"), "{usage}");
+}
+
+/// The value of `"field":` in a flat JSON object, as written (`null`, a number, `true`, a string
+/// with its quotes).
+fn json_field(json: &str, field: &str) -> String {
+    let at = json
+        .find(&format!("\"{field}\":"))
+        .unwrap_or_else(|| panic!("no {field} in {json}"));
+    let rest = &json[at + field.len() + 3..];
+    let end = if let Some(quoted) = rest.strip_prefix('"') {
+        quoted.find('"').unwrap() + 2
+    } else {
+        rest.find([',', '}']).unwrap()
+    };
+    rest[..end].to_string()
+}
+
+/// `leasehold status` with `--json` and without, as one check: returns (the code, the human
+/// line, the JSON line).
+fn status(url: Option<&str>, key: &str, env: &[(&str, &std::path::Path)]) -> (i32, String, String) {
+    let mut args = vec!["status", "--key", key];
+    if let Some(url) = url {
+        args.extend(["--url", url]);
+    }
+    let run = |json: bool| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+        command.args(&args).env_remove("LEASEHOLD_URL");
+        if json {
+            command.arg("--json");
+        }
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        command.output().unwrap()
+    };
+    let (human, json) = (run(false), run(true));
+    assert_eq!(
+        code(&human),
+        code(&json),
+        "{}\n{}",
+        text(&human),
+        text(&json)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&human.stdout).lines().count(),
+        1,
+        "{}",
+        text(&human)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&json.stdout).lines().count(),
+        1,
+        "{}",
+        text(&json)
+    );
+    (
+        code(&human),
+        String::from_utf8_lossy(&human.stdout).trim().to_string(),
+        String::from_utf8_lossy(&json.stdout).trim().to_string(),
+    )
+}
+
+/// `leasehold status` on a free key, while a `leasehold run` holds it, and after: free (0), held
+/// (1) with the holder's fence (what the child got in `$LEASEHOLD_FENCE`), free with a last fence
+/// at least that. `secret` must never be printed.
+fn status_follows_a_run(
+    url: Option<&str>,
+    env: &[(&str, &std::path::Path)],
+    backend: &str,
+    secret: &str,
+) {
+    let dir = leasehold_servers::process::server_dir("cli-status").unwrap();
+    let key = "job:status";
+    let (c, human, json) = status(url, key, env);
+    assert_eq!(c, 0, "{human}\n{json}");
+    assert!(human.contains("free") && human.contains(backend), "{human}");
+    assert_eq!(json_field(&json, "held"), "false", "{json}");
+    assert_eq!(
+        json_field(&json, "backend"),
+        format!("\"{backend}\""),
+        "{json}"
+    );
+    assert_eq!(json_field(&json, "key"), format!("\"{key}\""), "{json}");
+    assert_eq!(json_field(&json, "owner"), "null", "{json}");
+
+    let (fence_file, done) = (dir.path().join("fence"), dir.path().join("done"));
+    let mut run = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+    run.args(["run", "--key", key, "--ttl", "30s"]);
+    if let Some(url) = url {
+        run.args(["--url", url]);
+    }
+    for (k, v) in env {
+        run.env(k, v);
+    }
+    let mut holder = run
+        .env_remove("LEASEHOLD_URL")
+        .args(["--", "sh", "-c", &hold_script(&fence_file, &done)])
+        .spawn()
+        .unwrap();
+    wait_for_file(&fence_file, &mut holder);
+    let fence = read_fence(&fence_file);
+    let (c, human, json) = status(url, key, env);
+    assert_eq!(c, 1, "{human}\n{json}");
+    assert!(human.contains("held"), "{human}");
+    assert!(human.contains(&format!("fence {fence}")), "{human}");
+    assert_eq!(json_field(&json, "held"), "true", "{json}");
+    assert_eq!(json_field(&json, "fence"), fence.to_string(), "{json}");
+    let owner = json_field(&json, "owner");
+    let owner = owner.trim_matches('"');
+    assert_eq!(owner.len(), 8, "{json}");
+    assert!(owner.chars().all(|c| c.is_ascii_hexdigit()), "{json}");
+    assert!(human.contains(owner), "{human}");
+    let remaining: u64 = json_field(&json, "remaining_ms").parse().unwrap();
+    assert!(remaining > 0 && remaining <= 30_000, "{json}");
+    for printed in [&human, &json] {
+        assert!(!printed.contains(secret), "{printed}");
+    }
+    std::fs::write(&done, b"done").unwrap();
+    assert!(holder.wait().unwrap().success());
+
+    let (c, human, json) = status(url, key, env);
+    assert_eq!(c, 0, "{human}\n{json}");
+    assert!(human.contains("free"), "{human}");
+    assert_eq!(json_field(&json, "held"), "false", "{json}");
+    assert_eq!(json_field(&json, "remaining_ms"), "null", "{json}");
+    let last = json_field(&json, "last_fence");
+    if last != "null" {
+        assert!(last.parse::<u64>().unwrap() >= fence, "{json}");
+        assert!(human.contains(&format!("last fence {last}")), "{human}");
+    }
+}
+
+#[test]
+fn status_follows_a_run_on_sqlite_and_on_the_default() {
+    let dir = leasehold_servers::process::server_dir("cli-status-sqlite").unwrap();
+    let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+    status_follows_a_run(Some(&url), &[], "sqlite", "no secret here");
+    let state = dir.path().join("state");
+    status_follows_a_run(
+        None,
+        &[("XDG_STATE_HOME", &state)],
+        "sqlite",
+        "no secret here",
+    );
+    assert!(state.join("leasehold/locks.db").is_file());
+}
+
+#[test]
+fn status_follows_a_run_on_redis() {
+    let server = RedisServer::start().unwrap();
+    status_follows_a_run(Some(&url(&server)), &[], "redis", "no secret here");
+}
+
+#[test]
+fn status_follows_a_run_on_postgres_and_never_prints_the_password() {
+    let server = leasehold_servers::PostgresServer::start_with_password("hunter2-status").unwrap();
+    let url = format!("{}?timeout_ms=3000", server.url());
+    assert!(url.contains("hunter2-status"));
+    let out = leasehold(&["migrate", "--url", &url]);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    status_follows_a_run(Some(&url), &[], "postgres", "hunter2-status");
+    let (_, human, json) = status(Some(&url), "job:status", &[]);
+    assert!(json.contains("\"url\":\"postgres://"), "{json}");
+    assert!(
+        !human.contains("hunter2") && !json.contains("hunter2"),
+        "{human}\n{json}"
+    );
+}
+
+/// `status`'s errors: 64 for usage (no key, an unknown option, memory://), 69 for an authority
+/// that does not answer, and the URL's password never printed.
+#[test]
+fn status_usage_and_unreachable_authorities_have_their_exit_codes() {
+    for (args, want) in [
+        (&["status", "--url", "redis://127.0.0.1:1"][..], 64),
+        (
+            &[
+                "status",
+                "--url",
+                "redis://127.0.0.1:1",
+                "--key",
+                "k",
+                "--ttl",
+                "1s",
+            ],
+            64,
+        ),
+        (&["status", "--url", "memory://x", "--key", "k"], 64),
+        (
+            &[
+                "status",
+                "--url",
+                "redis://127.0.0.1:1",
+                "--key",
+                "has space",
+            ],
+            64,
+        ),
+        (
+            &[
+                "status",
+                "--url",
+                "redis://:hunter2@127.0.0.1:1?timeout_ms=300",
+                "--key",
+                "k",
+            ],
+            69,
+        ),
+        (
+            &[
+                "status",
+                "--url",
+                "redis://:hunter2@127.0.0.1:1?timeout_ms=300",
+                "--key",
+                "k",
+                "--json",
+            ],
+            69,
+        ),
+    ] {
+        let out = leasehold(args);
+        assert_eq!(code(&out), want, "{args:?}: {}", text(&out));
+        assert!(!text(&out).contains("hunter2"), "{args:?}: {}", text(&out));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "", "{args:?}");
+    }
 }
