@@ -1,5 +1,7 @@
 //! Fault injection a backend's test harness offers to the scenarios.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use leasehold_core::{Error, LockKey, Result};
 
@@ -48,6 +50,11 @@ pub trait Faults: Send + Sync {
     /// Finish the failover: clients now reach the promoted server.
     async fn complete_failover(&self) -> Result<()> {
         Err(unsupported("failover"))
+    }
+
+    /// Hold every reply back by `delay` after the server acted on it (zero: normal again).
+    async fn slow_replies(&self, _delay: Duration) -> Result<()> {
+        Err(unsupported("slow replies"))
     }
 }
 

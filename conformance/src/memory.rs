@@ -1,6 +1,7 @@
 //! The reference authority wired into the suite: a connector and a fault injector.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{Authority, ClientOptions, FenceSafety, LockKey, Result};
@@ -93,6 +94,11 @@ impl Faults for MemoryFaults {
 
     async fn revoke(&self, key: &LockKey) -> Result<()> {
         self.server.revoke(key);
+        Ok(())
+    }
+
+    async fn slow_replies(&self, delay: Duration) -> Result<()> {
+        self.server.slow_replies(delay);
         Ok(())
     }
 

@@ -69,6 +69,10 @@ pub enum FaultKind {
     PauseLeader,
     /// A Redis replica promoted to primary while the old primary may still answer.
     PromoteReplica,
+    /// The authority's replies held back on their way to the clients for longer than the
+    /// safety margin (in-process runs): a client that counts its deadline from the reply
+    /// instead of from its request then believes in a lease the authority already ended.
+    SlowReplies,
 }
 
 /// What happened. Each worker operation is an `*_invoke` followed by exactly one completion,

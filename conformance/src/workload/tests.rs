@@ -941,6 +941,7 @@ fn fault_kind() -> impl Strategy<Value = FaultKind> {
         Just(FaultKind::IsolateMember),
         Just(FaultKind::PauseLeader),
         Just(FaultKind::PromoteReplica),
+        Just(FaultKind::SlowReplies),
     ]
 }
 

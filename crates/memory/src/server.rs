@@ -72,6 +72,8 @@ impl State {
 struct Inner {
     state: Mutex<State>,
     status: watch::Sender<Status>,
+    /// How long each reply takes back to its client (a slow network), zero normally.
+    reply_delay: watch::Sender<Duration>,
 }
 
 /// An in-process lock "server" holding leases and a fence counter.
@@ -97,10 +99,12 @@ impl MemoryServer {
     /// A fresh server with no leases.
     pub fn new() -> Self {
         let (status, _) = watch::channel(Status::Up);
+        let (reply_delay, _) = watch::channel(Duration::ZERO);
         MemoryServer {
             inner: Arc::new(Inner {
                 state: Mutex::new(State::default()),
                 status,
+                reply_delay,
             }),
         }
     }
@@ -121,6 +125,13 @@ impl MemoryServer {
     /// A client of this server.
     pub fn authority(&self, options: ClientOptions) -> MemoryAuthority {
         MemoryAuthority::new(self.clone(), options)
+    }
+
+    /// Holds every reply back by `delay` after the server acted on its request, as a slow
+    /// network does: a client that counts its deadline from the reply instead of from its
+    /// request overstates it by `delay`. `Duration::ZERO` restores normal replies.
+    pub fn slow_replies(&self, delay: Duration) {
+        self.inner.reply_delay.send_replace(delay);
     }
 
     /// Makes requests hang until [`MemoryServer::resume`], as if the server process were
@@ -194,8 +205,9 @@ impl MemoryServer {
             options.request_timeout,
             status.wait_for(|s| *s != Status::Paused),
         )
-        .await;
-        match ready {
+        .await
+        .map(|woke| woke.map(|_| ()));
+        let answer = match ready {
             Err(_) => Err(Error::request_timeout(
                 BACKEND,
                 operation,
@@ -209,7 +221,13 @@ impl MemoryServer {
                 })
             }
             Ok(_) => Ok(op(&mut self.lock(), Instant::now())),
+        };
+        // A slow network: the server has acted, the reply is still on its way.
+        let delay = *self.inner.reply_delay.borrow();
+        if answer.is_ok() && !delay.is_zero() {
+            tokio::time::sleep(delay).await;
         }
+        answer
     }
 }
 

@@ -416,6 +416,7 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                 pause_probability: options.pause_probability,
                 cancel_probability: options.cancel_probability,
                 cancel_within_ms: 30,
+                work_fraction: 0.2,
                 history: history.clone(),
             };
             let spec = CommandSpec::new(

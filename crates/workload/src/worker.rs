@@ -56,8 +56,16 @@ pub struct WorkerConfig {
     /// The latest moment, in milliseconds, at which an acquire is dropped: about a few round
     /// trips, so drops land while a request is in flight.
     pub cancel_within_ms: u64,
+    /// The longest critical section, as a share of the TTL (so some leases are renewed while
+    /// held).
+    #[serde(default = "default_work")]
+    pub work_fraction: f64,
     /// Where the worker appends its history.
     pub history: PathBuf,
+}
+
+fn default_work() -> f64 {
+    0.2
 }
 
 /// How a worker pauses at the pause point.
@@ -415,7 +423,8 @@ impl Worker {
             }
         };
         // Work: a critical section takes time.
-        let work = millis(&mut self.rng, 0, ttl.as_millis() as u64 / 5);
+        let most = (ttl.as_millis() as f64 * self.config.work_fraction.clamp(0.0, 1.0)) as u64;
+        let work = millis(&mut self.rng, 0, most);
         tokio::time::sleep(work).await;
         self.note_renewal(lease, key, fence, deadline);
         if lease.ensure_valid().is_err() {

@@ -1,9 +1,9 @@
 //! The workload has teeth: run through the same worker loop and checker as the real backends,
 //! the in-process reference authority passes, and every conformance mutant whose defect a
-//! lock-set history can show fails the run. The two mutants that cannot show (their error stays
-//! inside the safety margin) are listed with the scenarios that catch them instead.
+//! lock-set history can show fails the run. The three it cannot show reliably are listed with
+//! the reason and the scenarios that catch them instead.
 //!
-//! On tokio's paused clock, so a minute of workload per authority takes well under a second.
+//! On tokio's paused clock, so a minute of workload per authority takes under a second.
 
 use std::sync::Arc;
 use std::time::Duration;
