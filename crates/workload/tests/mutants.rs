@@ -64,7 +64,14 @@ async fn every_mutant_a_history_can_show_fails_the_workload() {
         let context = mutants::context(mutant).await.unwrap();
         let verdict = judge(&context, &mutant.to_string()).await;
         match invisible_to_the_workload(mutant) {
-            Some(why) => println!("mutant {mutant:<28} not visible to the workload: {why}"),
+            Some(why) => println!(
+                "mutant {mutant:<28} not reliably visible to the workload ({}): {why}",
+                if verdict.status == Status::Failed {
+                    "caught in this run"
+                } else {
+                    "not caught in this run"
+                }
+            ),
             None if verdict.status == Status::Failed => println!(
                 "mutant {mutant:<28} caught: {}",
                 verdict.reasons.first().map(String::as_str).unwrap_or("")
