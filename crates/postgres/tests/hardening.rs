@@ -220,6 +220,7 @@ async fn waiting(
 ) -> (
     tokio::task::JoinHandle<leasehold_core::Result<leasehold_core::Grant>>,
     i32,
+    PostgresAuthority,
 ) {
     waiting_at(&url(server), admin, k, ttl).await
 }
@@ -233,8 +234,12 @@ async fn waiting_at(
 ) -> (
     tokio::task::JoinHandle<leasehold_core::Result<leasehold_core::Grant>>,
     i32,
+    PostgresAuthority,
 ) {
     let waiter = connect(url).await;
+    // The caller keeps a clone of the client: its listener lives as long as the client, and a
+    // waiter done waiting must not take the listener the test still looks for with it.
+    let client = waiter.clone();
     let task = {
         let k = k.clone();
         tokio::spawn(async move { waiter.acquire(&k, ttl, ttl * 2).await })
@@ -247,7 +252,7 @@ async fn waiting_at(
         !task.is_finished(),
         "the waiter returned while the key was held"
     );
-    (task, pid)
+    (task, pid, client)
 }
 
 /// `pg_terminate_backend` on the listener: the next release still reaches the waiter long before
@@ -260,7 +265,7 @@ async fn a_terminated_listener_is_replaced() {
     let ttl = Duration::from_secs(20);
     let k = key("terminated-listener");
     let held = admin.try_acquire(&k, ttl).await.unwrap().unwrap();
-    let (waiter, pid) = waiting(&server, &admin, &k, ttl).await;
+    let (waiter, pid, _client) = waiting(&server, &admin, &k, ttl).await;
     let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
         .bind(pid)
         .fetch_one(admin.pool())
@@ -296,7 +301,7 @@ async fn a_waiter_retries_by_timer_while_its_listener_is_down() {
     let ttl = Duration::from_secs(20);
     let k = key("listener-down");
     let held = holder.try_acquire(&k, ttl).await.unwrap().unwrap();
-    let (waiter, pid) = waiting_at(&waitdb, &admin, &k, ttl).await;
+    let (waiter, pid, _client) = waiting_at(&waitdb, &admin, &k, ttl).await;
     // Connections already open keep working; the listener cannot open a new one.
     exec(&admin, "ALTER DATABASE waitdb ALLOW_CONNECTIONS false").await;
     let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
@@ -355,7 +360,7 @@ async fn a_silent_listener_is_noticed_and_replaced() {
     let ttl = Duration::from_secs(20);
     let k = key("silent-listener");
     let held = admin.try_acquire(&k, ttl).await.unwrap().unwrap();
-    let (waiter, pid) = waiting(&server, &admin, &k, ttl).await;
+    let (waiter, pid, _client) = waiting(&server, &admin, &k, ttl).await;
     let frozen = Stopped::new(pid);
     let released_at = Instant::now();
     let _ = admin.release(&held).await.unwrap();
