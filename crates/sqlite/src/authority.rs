@@ -161,9 +161,27 @@ impl Inner {
 
     /// One acquisition step, for `owner`, in one `BEGIN IMMEDIATE` transaction. Runs in its own
     /// task (see [`SqliteAuthority::attempt`]), so it is never cut off halfway by a caller.
-    async fn acquire_step(&self, key: &str, owner: &str, ttl: Duration) -> Acquired {
+    ///
+    /// `gone` says whether the caller stopped waiting for the answer. A dropped attempt queued
+    /// for a connection or for the write lock then takes nothing: otherwise hundreds of dropped
+    /// attempts would win a free key long after their callers left, each giving it back only
+    /// afterwards, and a waiter could meet those short-lived orphans.
+    async fn acquire_step(
+        &self,
+        key: &str,
+        owner: &str,
+        ttl: Duration,
+        gone: impl Fn() -> bool,
+    ) -> Acquired {
         let mut conn = self.pool.acquire().await?;
+        if gone() {
+            return Ok((None, None));
+        }
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        if gone() {
+            tx.rollback().await?;
+            return Ok((None, None));
+        }
         let now = self.clock.now_ns();
         let won: Option<i64> = sqlx::query_scalar(self.statements.acquire.clone())
             .bind(key)
@@ -500,7 +518,9 @@ impl SqliteAuthority {
                 owner_hex.clone(),
             );
             tokio::spawn(async move {
-                let acquired = inner.acquire_step(&key, &owner, ttl).await;
+                let acquired = inner
+                    .acquire_step(&key, &owner, ttl, || tx.is_closed())
+                    .await;
                 if let Err(Ok((Some(raw), _))) = tx.send(acquired) {
                     inner.give_back(key, owner, raw, ttl).await;
                 }
