@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::{
     Authority, Capabilities, ClientOptions, Fence, FenceSafety, Grant, Inspection, Instant,
-    LockKey, OwnerToken, Released, Result,
+    KeyPrefix, LockKey, OwnerToken, Released, Result,
 };
 use leasehold_memory::{MemoryAuthority, MemoryServer};
 
@@ -287,6 +287,10 @@ impl Authority for Mutated {
     /// the mutant breaks, and its own scenario still has to catch it).
     async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
         self.inner.inspect(key).await
+    }
+
+    async fn list_keys(&self, prefix: &KeyPrefix, limit: usize) -> Result<Vec<LockKey>> {
+        self.inner.list_keys(prefix, limit).await
     }
 }
 

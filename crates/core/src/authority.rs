@@ -12,6 +12,7 @@ use crate::error::Result;
 use crate::grant::Grant;
 use crate::inspection::Inspection;
 use crate::key::LockKey;
+use crate::key_prefix::KeyPrefix;
 
 /// What [`Authority::release`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,6 +122,27 @@ pub trait Authority: Send + Sync + fmt::Debug {
         Err(Error::Unsupported {
             backend: self.capabilities().backend,
             operation: "inspect".into(),
+        })
+    }
+
+    /// Lists the keys under `prefix` that the authority knows of: the first `limit` of them in
+    /// ascending byte order. For `leasehold status --prefix`; [`Authority::inspect`] each one to
+    /// see who holds it.
+    ///
+    /// # Contract
+    /// * Read-only, as [`Authority::inspect`] is.
+    /// * Every key held for the whole call is listed (if it is among the first `limit`). A key
+    ///   that is free may be listed too, where the authority keeps something of it after release
+    ///   (a fence counter, a row, an empty parent node): inspect tells held from free.
+    /// * Only keys that start with `prefix`, each once, sorted, at most `limit`. Ask for one more
+    ///   than you show to know whether there are more.
+    /// * A snapshot, as inspect is: never a reason to act.
+    /// * The default answers [`Error::Unsupported`], as for inspect.
+    async fn list_keys(&self, prefix: &KeyPrefix, limit: usize) -> Result<Vec<LockKey>> {
+        let _ = (prefix, limit);
+        Err(Error::Unsupported {
+            backend: self.capabilities().backend,
+            operation: "list_keys".into(),
         })
     }
 

@@ -13,6 +13,7 @@ use crate::error::Result;
 use crate::grant::Grant;
 use crate::inspection::Inspection;
 use crate::key::LockKey;
+use crate::key_prefix::KeyPrefix;
 
 /// Wraps an authority so each acquire, renew and release runs in a span
 /// (`leasehold.acquire`, `leasehold.renew`, `leasehold.release`) that records the key, the TTL,
@@ -145,6 +146,25 @@ impl Authority for Instrumented {
         result
     }
 
+    async fn list_keys(&self, prefix: &KeyPrefix, limit: usize) -> Result<Vec<LockKey>> {
+        let span = tracing::debug_span!(
+            "leasehold.list_keys",
+            backend = self.inner.capabilities().backend,
+            %prefix,
+            limit,
+            listed = tracing::field::Empty,
+        );
+        let result = self
+            .inner
+            .list_keys(prefix, limit)
+            .instrument(span.clone())
+            .await;
+        if let Ok(keys) = &result {
+            span.record("listed", keys.len());
+        }
+        result
+    }
+
     async fn close(&self) -> Result<()> {
         let span = tracing::info_span!(
             "leasehold.close",
@@ -194,6 +214,9 @@ mod tests {
         async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
             Ok(Inspection::free("stub", key.clone()))
         }
+        async fn list_keys(&self, prefix: &KeyPrefix, _: usize) -> Result<Vec<LockKey>> {
+            LockKey::new(format!("{prefix}x")).map(|k| vec![k])
+        }
     }
 
     #[tokio::test]
@@ -208,5 +231,8 @@ mod tests {
         let key = LockKey::new("k").unwrap();
         let seen = wrapped.inspect(&key).await.unwrap();
         assert_eq!(seen, Inspection::free("stub", key));
+        let prefix = KeyPrefix::new("p/").unwrap();
+        let listed = wrapped.list_keys(&prefix, 10).await.unwrap();
+        assert_eq!(listed, vec![LockKey::new("p/x").unwrap()]);
     }
 }

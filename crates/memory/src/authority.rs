@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::{
     Authority, Capabilities, ClientOptions, Error, Fence, FenceSafety, Grant, Inspection, Instant,
-    LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange,
+    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, SmallestKeys, TtlRange,
 };
 
 use crate::server::{MemoryServer, BACKEND};
@@ -211,6 +211,22 @@ impl Authority for MemoryAuthority {
                     .with_last_fence(Some(fence))
             }
         })
+    }
+
+    /// The keys with a live lease, as one request: the server forgets a key when its lease
+    /// is released, and an expired entry is free.
+    async fn list_keys(&self, prefix: &KeyPrefix, limit: usize) -> Result<Vec<LockKey>> {
+        self.server
+            .request(&self.options, "list_keys", |state, now| {
+                let mut keys = SmallestKeys::new(limit);
+                for key in state.leases.keys() {
+                    if prefix.matches(key) && state.live(key, now).is_some() {
+                        keys.offer(key.clone());
+                    }
+                }
+                keys.into_sorted()
+            })
+            .await
     }
 }
 

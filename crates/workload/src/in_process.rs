@@ -15,7 +15,7 @@ use leasehold_conformance::mutants::Mutant;
 use leasehold_conformance::workload::{Event, FaultKind, History, What};
 use leasehold_conformance::Context;
 use leasehold_core::{
-    Authority, Capabilities, FenceSafety, Grant, Inspection, Instant, LockKey, Released,
+    Authority, Capabilities, FenceSafety, Grant, Inspection, Instant, KeyPrefix, LockKey, Released,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -85,6 +85,15 @@ impl Authority for Freezable {
     async fn inspect(&self, key: &LockKey) -> leasehold_core::Result<Inspection> {
         self.thawed().await;
         self.inner.inspect(key).await
+    }
+
+    async fn list_keys(
+        &self,
+        prefix: &KeyPrefix,
+        limit: usize,
+    ) -> leasehold_core::Result<Vec<LockKey>> {
+        self.thawed().await;
+        self.inner.list_keys(prefix, limit).await
     }
 }
 
