@@ -21,6 +21,7 @@ mod fences;
 mod forever;
 mod helpers;
 mod inspect;
+mod listing;
 mod outage;
 mod release;
 mod renew;
@@ -42,6 +43,7 @@ pub use fences::{
 };
 pub use forever::duration_max_means_no_limit;
 pub use inspect::{inspect_changes_nothing, inspect_reports_holder_and_fence};
+pub use listing::list_keys_finds_held_keys_under_a_prefix;
 pub use outage::unresponsive_authority;
 pub use release::{
     dropped_lease_releases, release_after_expiry_keeps_new_holder, release_frees_at_once,
@@ -98,6 +100,7 @@ scenarios![
     dropped_lease_releases,
     inspect_reports_holder_and_fence,
     inspect_changes_nothing,
+    list_keys_finds_held_keys_under_a_prefix,
     renew_after_expiry_is_refused,
     deadline_counts_from_the_request,
     delayed_reply_shortens_the_grant,

@@ -11,8 +11,9 @@ use etcd_client::{
 };
 use leasehold_core::time::{deadline_in, saturating_add};
 use leasehold_core::{
-    Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant, LockKey,
-    LossSignal, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange, WaitStrategy,
+    Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
+    KeyPrefix, LockKey, LossSignal, LostReason, OwnerId, OwnerToken, Released, Result,
+    SmallestKeys, TtlRange, WaitStrategy,
 };
 use tokio::sync::{oneshot, watch};
 
@@ -312,6 +313,9 @@ fn kvs(response: &TxnResponse, op: usize) -> Vec<KeyValue> {
         _ => Vec::new(),
     }
 }
+
+/// How many etcd keys one listing read returns at most.
+const LIST_PAGE: i64 = 500;
 
 fn oldest() -> GetOptions {
     GetOptions::new()
@@ -886,6 +890,56 @@ impl Authority for EtcdAuthority {
             .with_fence(Some(fence))
             .with_last_fence(Some(fence))
             .with_remaining(remaining))
+    }
+
+    /// Linearizable range reads over the namespace, a page at a time, skipping past each lock
+    /// key's contenders once it is seen; the whole listing within one request timeout. A key
+    /// with any contender (a holder, and perhaps waiters) is listed: etcd keeps nothing of a
+    /// released key, so free keys are not.
+    ///
+    /// etcd orders the escaped names (`a%2Fb` before `a/`, since `%` sorts before `/`), not
+    /// the keys, so the whole range is read and the first `limit` keys kept.
+    async fn list_keys(&self, prefix: &KeyPrefix, limit: usize) -> Result<Vec<LockKey>> {
+        let give_up = deadline_in(self.timeout());
+        let space = &self.inner.space;
+        let (start, end) = space.range(prefix);
+        let mut start = start.into_bytes();
+        let mut keys = SmallestKeys::new(limit);
+        loop {
+            let left = give_up.saturating_duration_since(Instant::now());
+            let page = errors::read_with_retry("list_keys", left, || {
+                let mut kv = self.inner.client.kv_client();
+                let options = GetOptions::new()
+                    .with_range(end.clone())
+                    .with_keys_only()
+                    .with_sort(SortTarget::Key, SortOrder::Ascend)
+                    .with_limit(LIST_PAGE);
+                let start = start.clone();
+                async move { kv.get(start, Some(options)).await }
+            })
+            .await?;
+            let Some(last) = page.kvs().last() else {
+                break;
+            };
+            let mut next = None;
+            for kv in page.kvs() {
+                if let Some(key) = space.key_of(kv.key()).filter(|k| prefix.matches(k)) {
+                    next = Some(space.after(&key).into_bytes());
+                    keys.offer(key);
+                }
+            }
+            if !page.more() {
+                break;
+            }
+            // Past the last lock key seen (its other contenders need not be read), or, when a
+            // page held nothing that maps to a key, just past its last etcd key.
+            start = next.unwrap_or_else(|| {
+                let mut past = last.key().to_vec();
+                past.push(0);
+                past
+            });
+        }
+        Ok(keys.into_sorted())
     }
 
     /// Revokes every session lease ([`EtcdAuthority::close`]).

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use leasehold_core::time::{saturating_add, FOREVER};
 use leasehold_core::{
     Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
-    LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange,
+    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, SqlSafeStr, SqlStr};
@@ -50,6 +50,7 @@ struct Statements {
     renew: SqlStr,
     release: SqlStr,
     inspect: SqlStr,
+    list_keys: SqlStr,
 }
 
 fn sql(s: String) -> SqlStr {
@@ -99,6 +100,15 @@ impl Statements {
                 "SELECT owner, fence, expires_at > statement_timestamp(), \
                         greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::bigint \
                  FROM {t} WHERE lock_key = $1"
+            )),
+            // $1 the prefix, $2 the first text above it (NULL: none), $3 how many. Compared
+            // and sorted bytewise (`COLLATE "C"`), as keys are everywhere else; rows outlive
+            // release, so free keys are listed too.
+            list_keys: sql(format!(
+                "SELECT lock_key FROM {t} \
+                 WHERE lock_key COLLATE \"C\" >= $1 \
+                   AND ($2::text IS NULL OR lock_key COLLATE \"C\" < $2) \
+                 ORDER BY lock_key COLLATE \"C\" LIMIT $3"
             )),
         }
     }
@@ -714,6 +724,38 @@ impl Authority for PostgresAuthority {
             Inspection::free(BACKEND, key.clone())
         };
         Ok(seen.with_last_fence(Some(fence)))
+    }
+
+    /// One plain read of the table's keys in the prefix's range: every key that was ever taken
+    /// (rows outlive release), held or not.
+    async fn list_keys(&self, prefix: &KeyPrefix, limit: usize) -> Result<Vec<LockKey>> {
+        let statement = self.inner.statements.list_keys.clone();
+        let (start, upper) = (prefix.as_str().to_string(), prefix.upper_bound());
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let names: Vec<String> = self
+            .inner
+            .bounded(
+                "list_keys",
+                saturating_add(Instant::now(), self.inner.timeout()),
+                move |c| {
+                    let (statement, start, upper) =
+                        (statement.clone(), start.clone(), upper.clone());
+                    Box::pin(async move {
+                        sqlx::query_scalar(statement)
+                            .bind(start)
+                            .bind(upper)
+                            .bind(limit)
+                            .fetch_all(c)
+                            .await
+                    })
+                },
+            )
+            .await?;
+        // A row some other program wrote that is not a valid key is not ours to list.
+        Ok(names
+            .into_iter()
+            .filter_map(|name| LockKey::new(name).ok())
+            .collect())
     }
 }
 

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use leasehold_core::time::{deadline_in, saturating_add};
 use leasehold_core::{
     Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
-    LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange,
+    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, SmallestKeys, TtlRange,
 };
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ProtocolVersion, RedisResult, TlsCertificates};
@@ -629,7 +629,51 @@ impl Authority for RedisAuthority {
         let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
         Ok(seen.with_remaining(remaining).with_last_fence(last))
     }
+
+    /// `SCAN` over the layout's keys that start with the prefix, each request bounded by the
+    /// request timeout: lock keys (held now, by leasehold or a plain peer) and fence counters
+    /// (every key leasehold ever took; counters outlive release), merged. SCAN promises every
+    /// key present for the whole scan, so a key held throughout is listed. Reads only.
+    async fn list_keys(&self, prefix: &KeyPrefix, limit: usize) -> Result<Vec<LockKey>> {
+        let layout = &self.inner.config.layout;
+        let pattern = layout.scan_pattern(prefix);
+        let mut keys = SmallestKeys::new(limit);
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, batch): (u64, Vec<Vec<u8>>) = self
+                .request("list_keys", |mut con| {
+                    let pattern = pattern.clone();
+                    async move {
+                        redis::cmd("SCAN")
+                            .arg(cursor)
+                            .arg("MATCH")
+                            .arg(pattern)
+                            .arg("COUNT")
+                            .arg(SCAN_COUNT)
+                            .query_async(&mut con)
+                            .await
+                    }
+                })
+                .await?;
+            for redis_key in &batch {
+                let key = std::str::from_utf8(redis_key)
+                    .ok()
+                    .and_then(|k| layout.key_of(k));
+                if let Some(key) = key.filter(|k| prefix.matches(k)) {
+                    keys.offer(key);
+                }
+            }
+            if next == 0 {
+                return Ok(keys.into_sorted());
+            }
+            cursor = next;
+        }
+    }
 }
+
+/// How many keys one `SCAN` step looks at: large enough that a listing of a big keyspace takes
+/// few round trips, small enough that one step never blocks the server noticeably.
+const SCAN_COUNT: usize = 1000;
 
 #[cfg(test)]
 mod tests {

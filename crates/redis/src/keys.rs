@@ -1,6 +1,6 @@
 //! Where a lock lives in Redis: the key layout.
 
-use leasehold_core::{Error, LockKey, Result};
+use leasehold_core::{Error, KeyPrefix, LockKey, Result};
 
 /// The prefix used when the URL names none.
 pub const DEFAULT_PREFIX: &str = "leasehold:";
@@ -103,6 +103,33 @@ impl KeyLayout {
         fence_key.push_str(":fence");
         fence_key
     }
+
+    /// The `SCAN ... MATCH` pattern of every lock key and counter key of the keys that start
+    /// with `prefix`: `{<prefix><key prefix>*`, with the glob's special characters escaped.
+    pub(crate) fn scan_pattern(&self, prefix: &KeyPrefix) -> String {
+        let mut pattern = String::from("{");
+        for c in self.prefix.chars().chain(prefix.as_str().chars()) {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                pattern.push('\\');
+            }
+            pattern.push(c);
+        }
+        pattern.push('*');
+        pattern
+    }
+
+    /// The lock key a Redis key of this layout belongs to (a lock key or a counter key), or
+    /// `None` for any other key. Exact: a lock key ends in `}` and a counter key in `}:fence`,
+    /// and [`KeyLayout::lock_key`] of the answer gives the key (or its counter) back.
+    pub(crate) fn key_of(&self, redis_key: &str) -> Option<LockKey> {
+        let inner = redis_key
+            .strip_prefix('{')?
+            .strip_prefix(self.prefix.as_str())?;
+        let name = inner
+            .strip_suffix("}:fence")
+            .or_else(|| inner.strip_suffix('}'))?;
+        LockKey::new(name).ok()
+    }
 }
 
 /// Checks a pub/sub channel name: 1 to 200 bytes of printable ASCII without spaces.
@@ -149,6 +176,27 @@ mod tests {
         let key = LockKey::new("invoice:72").unwrap();
         assert_eq!(layout.lock_key(&key), "{leasehold:invoice:72}");
         assert_eq!(layout.fence_key(&key), "{leasehold:invoice:72}:fence");
+    }
+
+    #[test]
+    fn scanned_keys_map_back_to_their_lock_keys() {
+        for prefix in ["leasehold:", "a*[?]\\", ""] {
+            let layout = KeyLayout::new(prefix).unwrap();
+            for key in ["invoice:72", "a}b", "x}:fence", "{x}", "a:fence", "*"] {
+                let key = LockKey::new(key).unwrap();
+                assert_eq!(layout.key_of(&layout.lock_key(&key)), Some(key.clone()));
+                assert_eq!(layout.key_of(&layout.fence_key(&key)), Some(key.clone()));
+            }
+            assert_eq!(layout.key_of(&format!("{prefix}x")), None);
+            assert_eq!(layout.key_of(&format!("{{{prefix}}}")), None);
+        }
+        let layout = KeyLayout::new("p*").unwrap();
+        let prefix = KeyPrefix::new("a?[b]\\").unwrap();
+        assert_eq!(layout.scan_pattern(&prefix), "{p\\*a\\?\\[b\\]\\\\*");
+        assert_eq!(
+            KeyLayout::default().scan_pattern(&KeyPrefix::all()),
+            "{leasehold:*"
+        );
     }
 
     #[test]

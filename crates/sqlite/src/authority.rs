@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use leasehold_core::time::{saturating_add, FOREVER};
 use leasehold_core::{
     Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
-    LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange, WaitStrategy,
+    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange, WaitStrategy,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -50,6 +50,7 @@ struct Statements {
     renew: SqlStr,
     release: SqlStr,
     inspect: SqlStr,
+    list_keys: SqlStr,
 }
 
 fn sql(s: String) -> SqlStr {
@@ -89,6 +90,13 @@ impl Statements {
             )),
             inspect: sql(format!(
                 "SELECT owner, fence, boot_id, expires_ns FROM \"{t}\" WHERE lock_key = ?1"
+            )),
+            // ?1 the prefix, ?2 the first text above it (NULL: none), ?3 how many. SQLite
+            // compares text bytewise (BINARY), as keys are ordered everywhere else.
+            list_keys: sql(format!(
+                "SELECT lock_key FROM \"{t}\" \
+                 WHERE lock_key >= ?1 AND (?2 IS NULL OR lock_key < ?2) \
+                 ORDER BY lock_key LIMIT ?3"
             )),
         }
     }
@@ -702,6 +710,27 @@ impl Authority for SqliteAuthority {
             Inspection::free(BACKEND, key.clone())
         };
         Ok(seen.with_last_fence(Some(fence)))
+    }
+
+    /// One read of the table's keys in the prefix's range, outside any transaction (as
+    /// inspect): every key ever taken in this file (rows outlive release), held or not.
+    async fn list_keys(&self, prefix: &KeyPrefix, limit: usize) -> Result<Vec<LockKey>> {
+        let inner = &self.inner;
+        let names: Vec<String> = inner
+            .bounded(
+                "list_keys",
+                saturating_add(Instant::now(), inner.timeout()),
+                sqlx::query_scalar(inner.statements.list_keys.clone())
+                    .bind(prefix.as_str())
+                    .bind(prefix.upper_bound())
+                    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                    .fetch_all(&inner.pool),
+            )
+            .await?;
+        Ok(names
+            .into_iter()
+            .filter_map(|name| LockKey::new(name).ok())
+            .collect())
     }
 }
 

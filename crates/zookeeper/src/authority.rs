@@ -9,8 +9,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::time::saturating_add;
 use leasehold_core::{
-    Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant, LockKey,
-    LostReason, OwnerToken, Released, Result, TtlRange, WaitStrategy,
+    Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
+    KeyPrefix, LockKey, LostReason, OwnerToken, Released, Result, SmallestKeys, TtlRange,
+    WaitStrategy,
 };
 use zookeeper_client::Error as ZkError;
 
@@ -422,6 +423,43 @@ impl Authority for ZkAuthority {
             message: format!("inspect `{key}`: the holder kept changing while it was read"),
             source: None,
         })
+    }
+    /// Lists the lock parents under the chroot (after a `sync`, as inspect), and maps each
+    /// name back to its key. A parent outlives its last contender until something deletes it
+    /// (ZooKeeper keeps it; Curator's reaper or a container node may remove it), so free keys
+    /// may be listed; a held key always is, since its holder's node sits under its parent.
+    async fn list_keys(&self, prefix: &KeyPrefix, limit: usize) -> Result<Vec<LockKey>> {
+        let session = match self.inner.sessions.any() {
+            Some(session) => session,
+            None => {
+                self.inner
+                    .sessions
+                    .get(self.inner.capabilities.ttl.min)
+                    .await?
+            }
+        };
+        let root = self.inner.config.chroot.clone();
+        let client = &session.client;
+        let listed = session::read(&self.inner.config, "list_keys", || {
+            let synced = client.sync(&root);
+            let listed = client.list_children(&root);
+            async move {
+                synced.await?;
+                listed.await
+            }
+        });
+        let children = match listed.await? {
+            Ok(children) => children,
+            Err(ZkError::NoNode) => Vec::new(),
+            Err(e) => return Err(errors::map(e, "list_keys")),
+        };
+        let mut keys = SmallestKeys::new(limit);
+        for key in children.iter().filter_map(|c| names::key_from_node_name(c)) {
+            if prefix.matches(&key) {
+                keys.offer(key);
+            }
+        }
+        Ok(keys.into_sorted())
     }
 }
 
