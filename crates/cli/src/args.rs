@@ -27,10 +27,23 @@ pub struct RunArgs {
 pub struct StatusArgs {
     /// The authority; `None`: the per-user default (see `crate::state`).
     pub url: Option<String>,
-    pub key: String,
-    /// One JSON object instead of the line for people.
+    /// One key, or every key under a prefix.
+    pub target: StatusTarget,
+    /// One JSON object (per key) instead of the line for people.
     pub json: bool,
 }
+
+/// Which keys `leasehold status` reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatusTarget {
+    /// `--key K`.
+    Key(String),
+    /// `--prefix P [--limit N]`: the first N keys under P, in order.
+    Prefix { prefix: String, limit: usize },
+}
+
+/// How many keys `status --prefix` lists when `--limit` is not given.
+pub const DEFAULT_LIST_LIMIT: usize = 100;
 
 /// What the command line asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,7 +66,7 @@ pub const VERSION: &str = concat!("leasehold ", env!("CARGO_PKG_VERSION"));
 pub const USAGE: &str = "\
 usage: leasehold run [--url URL] --key KEY [--ttl 10s] [--wait 0s] [--grace 5s]
                      [--busy-exit-code N] [--quiet] -- COMMAND [ARGS...]
-       leasehold status [--url URL] --key KEY [--json]
+       leasehold status [--url URL] (--key KEY | --prefix P [--limit 100]) [--json]
        leasehold migrate [--url postgres://...]
        leasehold --help | --version
 
@@ -84,8 +97,11 @@ Durations: 250ms, 1.5s, 1m30s, 2h, 1d.
 
 status: prints whether KEY is held or free, as the authority tells: the holder's short id,
 fence and remaining TTL, the last fence issued, the backend. One line, or with --json one JSON
-object (key, held, owner, fence, last_fence, remaining_ms, backend, url). Exit status 0 free,
-1 held. It is a snapshot for people and scripts to read, not a lock: it decides nothing.
+object (key, held, owner, fence, last_fence, remaining_ms, backend, url). With --prefix, the
+same for each key that starts with P (every held one; free ones where the authority remembers
+them), in order, at most --limit of them (an empty P lists every key). Exit status 0 free (none
+held), 1 held (some held). It is a snapshot for people and scripts to read, not a lock: it
+decides nothing.
 
 migrate: creates the lease table in the PostgreSQL database at URL if it is not there yet
 (safe to run again, and concurrently). Other backends need no schema.
@@ -131,6 +147,7 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
     let mut url = env_url;
     let (mut key, mut ttl, mut wait, mut grace) = (None, None, None, None);
     let (mut busy_exit_code, mut quiet, mut json) = (None, false, false);
+    let (mut prefix, mut limit) = (None, None);
     let mut command = Vec::new();
     while let Some(arg) = args.next() {
         let text = arg
@@ -159,6 +176,14 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
             ("--url", _) => url = Some(value()?),
             ("--key", _) if keyed => key = Some(value()?),
             ("--json", _) if sub == Sub::Status => json = true,
+            ("--prefix", _) if sub == Sub::Status => prefix = Some(value()?),
+            ("--limit", _) if sub == Sub::Status => {
+                let v = value()?;
+                limit =
+                    Some(v.parse::<usize>().map_err(|_| {
+                        format!("{name}: `{v}` is not a number of keys (0 or more)")
+                    })?);
+            }
             ("--ttl", true) => ttl = Some(dur(value()?)?),
             ("--wait", true) => wait = Some(dur(value()?)?),
             ("--grace", true) => grace = Some(dur(value()?)?),
@@ -194,11 +219,17 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
             return Ok(Invocation::Migrate { url });
         }
         Sub::Status => {
-            return Ok(Invocation::Status(StatusArgs {
-                url,
-                key: key.ok_or("--key is required")?,
-                json,
-            }))
+            let target = match (key, prefix, limit) {
+                (Some(key), None, None) => StatusTarget::Key(key),
+                (None, Some(prefix), limit) => StatusTarget::Prefix {
+                    prefix,
+                    limit: limit.unwrap_or(DEFAULT_LIST_LIMIT),
+                },
+                (Some(_), Some(_), _) => return Err("give --key or --prefix, not both".into()),
+                (Some(_), None, Some(_)) => return Err("--limit goes with --prefix".into()),
+                (None, None, _) => return Err("--key (or --prefix) is required".into()),
+            };
+            return Ok(Invocation::Status(StatusArgs { url, target, json }));
         }
         Sub::Run => {}
     }
@@ -302,6 +333,11 @@ mod tests {
             &["status", "--key", "k", "--ttl", "1s"],
             &["status", "--key", "k", "--", "true"],
             &["run", "--url", "u", "--key", "k", "--json", "--", "true"],
+            &["status", "--key", "k", "--prefix", "p"],
+            &["status", "--key", "k", "--limit", "3"],
+            &["status", "--prefix", "p", "--limit", "-1"],
+            &["status", "--prefix"],
+            &["run", "--prefix", "p", "--", "true"],
         ] {
             assert!(parse(args(bad), None).is_err(), "{bad:?}");
         }
@@ -329,7 +365,7 @@ mod tests {
             parse(args(&["status", "--key", "k", "--json"]), None),
             Ok(Invocation::Status(StatusArgs {
                 url: None,
-                key: "k".into(),
+                target: StatusTarget::Key("k".into()),
                 json: true
             }))
         );
@@ -337,7 +373,29 @@ mod tests {
             parse(args(&["status", "--key=k", "--url", "u"]), Some("e".into())),
             Ok(Invocation::Status(StatusArgs {
                 url: Some("u".into()),
-                key: "k".into(),
+                target: StatusTarget::Key("k".into()),
+                json: false
+            }))
+        );
+        assert_eq!(
+            parse(args(&["status", "--prefix", "", "--limit=3"]), None),
+            Ok(Invocation::Status(StatusArgs {
+                url: None,
+                target: StatusTarget::Prefix {
+                    prefix: String::new(),
+                    limit: 3
+                },
+                json: false
+            }))
+        );
+        assert_eq!(
+            parse(args(&["status", "--prefix", "job:"]), None),
+            Ok(Invocation::Status(StatusArgs {
+                url: None,
+                target: StatusTarget::Prefix {
+                    prefix: "job:".into(),
+                    limit: DEFAULT_LIST_LIMIT
+                },
                 json: false
             }))
         );

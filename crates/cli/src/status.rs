@@ -1,17 +1,32 @@
-//! `leasehold status --key K [--url URL] [--json]`: what the authority says about one key.
+//! `leasehold status (--key K | --prefix P [--limit N]) [--url URL] [--json]`: what the
+//! authority says about one key, or about each key under a prefix.
 
+use std::future::Future;
 use std::time::Duration;
 
-use leasehold::{redact_url, Inspection, LockKey, UrlParams};
+use leasehold::{redact_url, Authority, Inspection, KeyPrefix, LockKey, UrlParams};
 
-use crate::args::StatusArgs;
+use crate::args::{StatusArgs, StatusTarget};
 use crate::duration::human;
 use crate::{code, failed, refuse_in_process, state};
 
-/// Prints the inspection of the key; 0 when free, [`code::HELD`] when held.
+/// What to inspect, checked before anything connects.
+enum Target {
+    Key(LockKey),
+    Prefix(KeyPrefix, usize),
+}
+
+/// Prints the inspection of the key (or of each key under the prefix); 0 when free (none
+/// held), [`code::HELD`] when held (any held).
 pub async fn status(args: StatusArgs) -> u8 {
-    let key = match LockKey::new(&args.key) {
-        Ok(k) => k,
+    let target = match &args.target {
+        StatusTarget::Key(key) => LockKey::new(key).map(Target::Key),
+        StatusTarget::Prefix { prefix, limit } => {
+            KeyPrefix::new(prefix).map(|p| Target::Prefix(p, *limit))
+        }
+    };
+    let target = match target {
+        Ok(t) => t,
         Err(e) => return failed(&e, "", code::USAGE),
     };
     let url = match state::url_or_default(args.url.as_deref()) {
@@ -34,34 +49,100 @@ pub async fn status(args: StatusArgs) -> u8 {
         Err(e) => return failed(&e, &url, code::UNAVAILABLE),
     };
     // The backend bounds each request by the URL's timeout; this is a backstop.
-    let limit = timeout
+    let backstop = timeout
         .saturating_mul(2)
         .saturating_add(Duration::from_secs(1));
-    let asked = tokio::time::timeout(limit, authority.inspect(&key)).await;
-    let _ = authority.close().await;
-    let seen = match asked {
-        Ok(Ok(seen)) => seen,
-        Ok(Err(e)) => return failed(&e, &url, code::UNAVAILABLE),
-        Err(_) => {
-            say!(
-                "leasehold: {} did not answer within {}",
-                redact_url(&url),
-                human(limit)
-            );
-            return code::UNAVAILABLE;
+    let asked = match &target {
+        Target::Key(key) => bounded(backstop, &url, authority.inspect(key))
+            .await
+            .map(|seen| (vec![seen], false)),
+        Target::Prefix(prefix, limit) => {
+            inspect_all(&*authority, prefix, *limit, backstop, &url).await
         }
     };
-    let text = if args.json {
-        json(&seen, &url)
-    } else {
-        line(&seen, &url)
+    let _ = authority.close().await;
+    let (seen, more) = match asked {
+        Ok(found) => found,
+        Err(code) => return code,
     };
+    let mut text = seen
+        .iter()
+        .map(|s| {
+            if args.json {
+                json(s, &url)
+            } else {
+                line(s, &url)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    if let (Target::Prefix(prefix, limit), false) = (&target, args.json) {
+        if seen.is_empty() {
+            text = format!("no keys under `{prefix}` ({})", redact_url(&url));
+        } else if more {
+            text.push_str(&format!(
+                "\n(more keys under `{prefix}` than the {limit} shown: raise --limit)"
+            ));
+        }
+    }
     // A reader that went away early is not an error of ours; the status still answers.
-    let _ = crate::print_out(&text);
-    if seen.held {
+    if !text.is_empty() {
+        let _ = crate::print_out(&text);
+    }
+    if more && args.json {
+        say!(
+            "leasehold: more keys than the {} listed: raise --limit",
+            seen.len()
+        );
+    }
+    if seen.iter().any(|s| s.held) {
         code::HELD
     } else {
         0
+    }
+}
+
+/// Lists the first `limit` keys under `prefix` (asking for one more, to know whether there are
+/// more), then inspects each; keys freed and forgotten in between are shown as free.
+async fn inspect_all(
+    authority: &dyn Authority,
+    prefix: &KeyPrefix,
+    limit: usize,
+    backstop: Duration,
+    url: &str,
+) -> Result<(Vec<Inspection>, bool), u8> {
+    let mut keys = bounded(
+        backstop,
+        url,
+        authority.list_keys(prefix, limit.saturating_add(1)),
+    )
+    .await?;
+    let more = keys.len() > limit;
+    keys.truncate(limit);
+    let mut seen = Vec::with_capacity(keys.len());
+    for key in &keys {
+        seen.push(bounded(backstop, url, authority.inspect(key)).await?);
+    }
+    Ok((seen, more))
+}
+
+/// Awaits one request within `backstop`; a failure is printed and becomes the exit status.
+async fn bounded<T>(
+    backstop: Duration,
+    url: &str,
+    request: impl Future<Output = leasehold::Result<T>>,
+) -> Result<T, u8> {
+    match tokio::time::timeout(backstop, request).await {
+        Ok(Ok(found)) => Ok(found),
+        Ok(Err(e)) => Err(failed(&e, url, code::UNAVAILABLE)),
+        Err(_) => {
+            say!(
+                "leasehold: {} did not answer within {}",
+                redact_url(url),
+                human(backstop)
+            );
+            Err(code::UNAVAILABLE)
+        }
     }
 }
 

@@ -1252,6 +1252,90 @@ fn status_follows_a_run_on_postgres_and_never_prints_the_password() {
     );
 }
 
+/// `status --prefix` on `url`: every key held under the prefix, in order, one line (or JSON
+/// object) each, exit 1 while any is held; `--limit` cuts the list and says there is more; a key
+/// beside the prefix never shows; after the holders end, no key under it is held (exit 0).
+fn status_lists_a_prefix(url: &str, backend: &str) {
+    let dir = leasehold_servers::process::server_dir("cli-status-prefix").unwrap();
+    let mut holders = Vec::new();
+    let done = dir.path().join("done");
+    for key in ["batch:2", "batch:1", "batchx"] {
+        let fence_file = dir.path().join(key.replace(':', "-"));
+        let mut holder = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+            .args(["run", "--url", url, "--key", key, "--ttl", "30s", "--"])
+            .args(["sh", "-c", &hold_script(&fence_file, &done)])
+            .env_remove("LEASEHOLD_URL")
+            .spawn()
+            .unwrap();
+        wait_for_file(&fence_file, &mut holder);
+        holders.push(holder);
+    }
+    let list = |extra: &[&str]| {
+        let mut args = vec!["status", "--url", url, "--prefix", "batch:"];
+        args.extend(extra);
+        let out = leasehold(&args);
+        (
+            code(&out),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            text(&out),
+        )
+    };
+    let (c, out, all) = list(&[]);
+    assert_eq!(c, 1, "{all}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{all}");
+    assert!(lines[0].starts_with("batch:1: held by "), "{all}");
+    assert!(lines[1].starts_with("batch:2: held by "), "{all}");
+    assert!(lines.iter().all(|l| l.contains(backend)), "{all}");
+
+    let (c, out, all) = list(&["--json"]);
+    assert_eq!(c, 1, "{all}");
+    let objects: Vec<&str> = out.lines().collect();
+    assert_eq!(objects.len(), 2, "{all}");
+    assert_eq!(json_field(objects[0], "key"), "\"batch:1\"", "{all}");
+    assert_eq!(json_field(objects[1], "key"), "\"batch:2\"", "{all}");
+    assert!(
+        objects.iter().all(|o| json_field(o, "held") == "true"),
+        "{all}"
+    );
+
+    let (c, out, all) = list(&["--limit", "1"]);
+    assert_eq!(c, 1, "{all}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{all}");
+    assert!(lines[0].starts_with("batch:1: held"), "{all}");
+    assert!(lines[1].contains("raise --limit"), "{all}");
+
+    std::fs::write(&done, b"done").unwrap();
+    for mut holder in holders {
+        assert!(holder.wait().unwrap().success());
+    }
+    let (c, out, all) = list(&[]);
+    assert_eq!(c, 0, "{all}");
+    assert!(!out.contains("held"), "{all}");
+    let (c, out, all) = list(&["--json", "--limit", "0"]);
+    assert_eq!((c, out.as_str()), (0, ""), "{all}");
+    let out = leasehold(&["status", "--url", url, "--prefix", "nothing-here:"]);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    assert!(
+        text(&out).contains("no keys under `nothing-here:`"),
+        "{}",
+        text(&out)
+    );
+    let out = leasehold(&["status", "--url", url, "--prefix", "has space"]);
+    assert_eq!(code(&out), 64, "{}", text(&out));
+    assert!(text(&out).contains("prefix"), "{}", text(&out));
+}
+
+#[test]
+fn status_lists_a_prefix_on_sqlite_and_redis() {
+    let dir = leasehold_servers::process::server_dir("cli-status-prefix-sqlite").unwrap();
+    let file = format!("sqlite://{}", dir.path().join("locks.db").display());
+    status_lists_a_prefix(&file, "sqlite");
+    let server = RedisServer::start().unwrap();
+    status_lists_a_prefix(&url(&server), "redis");
+}
+
 /// `status`'s errors: 64 for usage (no key, an unknown option, memory://), 69 for an authority
 /// that does not answer, and the URL's password never printed.
 #[test]
