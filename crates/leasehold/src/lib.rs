@@ -38,6 +38,21 @@
 //! ## Crates
 //! This facade re-exports [`leasehold_core`] (the [`Authority`] trait, [`Lease`], fences,
 //! errors) and enables one backend per cargo feature; [`connect`] picks it by URL scheme.
+//!
+//! ## Features
+//! | feature | URL schemes | backend |
+//! |---|---|---|
+//! | `memory` (default) | `memory://name` | the in-memory reference: one process, for tests |
+//! | `sqlite` | `sqlite:///path/to/locks.db` | a lease table in one file, for the processes of one machine; no server |
+//! | `postgres` | `postgres://`, `postgresql://` | a lease table; hand-off by LISTEN/NOTIFY |
+//! | `redis` | `redis://`, `rediss://` | `SET NX PX` with an `INCR` fence (failover-unsafe, declared) |
+//! | `etcd` | `etcd://`, `etcds://` | etcd's lock recipe; the create revision as the fence |
+//! | `zookeeper` | `zk://` | Curator's and kazoo's lock recipe; the czxid as the fence |
+//! | `full` | all of the above | every backend |
+//!
+//! [`connect`] with a scheme whose feature is off answers [`Error::InvalidUrl`], naming the
+//! feature to enable.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -1,0 +1,90 @@
+//! The declared minimum Rust version is true of the whole build.
+//!
+//! This machine has one toolchain, so the MSRV cannot be proven by compiling with it here.
+//! What can be checked, is: every workspace crate declares the workspace's `rust-version`, and
+//! no dependency that a build with every feature resolves declares a newer one (sqlx 0.9 is
+//! what sets it today). Clippy's `incompatible_msrv` lint, run with `-D warnings` by
+//! `./scripts/test`, refuses standard-library APIs newer than it in our own code.
+
+use std::process::Command;
+
+/// `1.94` or `1.94.0` as (1, 94, 0).
+fn version(text: &str) -> (u64, u64, u64) {
+    let mut parts = text.split('.').map(|p| p.parse::<u64>().expect(text));
+    (
+        parts.next().expect(text),
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+    )
+}
+
+#[test]
+fn no_dependency_needs_a_newer_rust_than_the_declared_one() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--all-features",
+            "--locked",
+        ])
+        .args(["--manifest-path", root])
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata is JSON");
+    let members: Vec<&str> = meta["workspace_members"]
+        .as_array()
+        .expect("workspace members")
+        .iter()
+        .filter_map(|m| m.as_str())
+        .collect();
+    let resolved: Vec<&str> = meta["resolve"]["nodes"]
+        .as_array()
+        .expect("resolved nodes")
+        .iter()
+        .filter_map(|n| n["id"].as_str())
+        .collect();
+    let mut declared = None;
+    let mut too_new = Vec::new();
+    let mut checked = 0;
+    for package in meta["packages"].as_array().expect("packages") {
+        let id = package["id"].as_str().unwrap_or_default();
+        let name = package["name"].as_str().unwrap_or_default();
+        let rust = package["rust_version"].as_str();
+        if members.contains(&id) {
+            let rust = rust.unwrap_or_else(|| panic!("{name} declares no rust-version"));
+            match declared {
+                None => declared = Some(rust),
+                Some(d) => assert_eq!(d, rust, "{name} declares another rust-version"),
+            }
+        }
+    }
+    let declared = version(declared.expect("the workspace has members"));
+    for package in meta["packages"].as_array().expect("packages") {
+        let id = package["id"].as_str().unwrap_or_default();
+        if !resolved.contains(&id) {
+            continue;
+        }
+        checked += 1;
+        if let Some(rust) = package["rust_version"].as_str() {
+            if version(rust) > declared {
+                too_new.push(format!(
+                    "{} {} needs {rust}",
+                    package["name"], package["version"]
+                ));
+            }
+        }
+    }
+    assert!(checked > 100, "only {checked} packages were resolved");
+    assert!(
+        too_new.is_empty(),
+        "rust-version {declared:?} is declared, but: {too_new:?}"
+    );
+}
