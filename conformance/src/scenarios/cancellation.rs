@@ -39,6 +39,30 @@ fn cut(span: Duration) -> Duration {
     Duration::from_nanos(rand::rng().random_range(0..=nanos))
 }
 
+/// Runs `request` until a random cut point and drops it there, or returns its output if it
+/// finished first. Half the cuts are a timer within `span` (tokio's timers tick in whole
+/// milliseconds, so on a loopback round trip of a fraction of one they rarely land mid-request);
+/// the other half drop it after a random number of polls, yielding to the runtime's I/O
+/// between them, which lands inside a sub-millisecond request too.
+async fn cut_short<F: std::future::Future>(request: F, span: Duration) -> Option<F::Output> {
+    let polls = {
+        let mut rng = rand::rng();
+        rng.random_bool(0.5).then(|| rng.random_range(0..=16u32))
+    };
+    let Some(polls) = polls else {
+        return tokio::time::timeout(cut(span), request).await.ok();
+    };
+    let mut request = std::pin::pin!(request);
+    for _ in 0..polls {
+        let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(request.as_mut().poll(cx)));
+        if let std::task::Poll::Ready(output) = polled.await {
+            return Some(output);
+        }
+        tokio::task::yield_now().await;
+    }
+    None
+}
+
 /// After the drops: the key frees within two TTLs (plus the tolerance) for another client and
 /// then at once for the client that dropped them, and (where the harness can look) nothing of ours is
 /// left at the authority once every grant is released.
@@ -94,13 +118,13 @@ pub async fn cancelled_try_acquire_leaves_nothing(ctx: &Context) -> Outcome {
     let rtt = round_trip(&*a, &key, ttl).await?;
     let mut cancelled = 0;
     for _ in 0..CANCEL_ROUNDS {
-        match tokio::time::timeout(cut(rtt * 2), a.try_acquire(&key, ttl)).await {
-            Ok(Ok(Some(g))) => {
+        match cut_short(a.try_acquire(&key, ttl), rtt * 2).await {
+            Some(Ok(Some(g))) => {
                 let _ = a.release(&g).await.or_fail("release a completed attempt")?;
             }
-            Ok(Ok(None)) => {}
-            Ok(Err(e)) => return Err(Failure::new(format!("a try_acquire failed: {e}"))),
-            Err(_) => cancelled += 1,
+            Some(Ok(None)) => {}
+            Some(Err(e)) => return Err(Failure::new(format!("a try_acquire failed: {e}"))),
+            None => cancelled += 1,
         }
     }
     ensure!(
@@ -124,15 +148,15 @@ pub async fn cancelled_acquire_leaves_nothing(ctx: &Context) -> Outcome {
         .ok_or_else(|| Failure::new("H could not acquire a free key"))?;
     let mut cancelled = 0;
     for _ in 0..CANCEL_ROUNDS {
-        match tokio::time::timeout(cut(rtt * 3), b.acquire(&key, ttl, ttl * 20)).await {
-            Ok(Ok(g)) => {
+        match cut_short(b.acquire(&key, ttl, ttl * 20), rtt * 3).await {
+            Some(Ok(g)) => {
                 return Err(Failure::new(format!(
                     "acquire returned a grant ({}) while H holds the key",
                     g.fence()
                 )))
             }
-            Ok(Err(e)) => return Err(Failure::new(format!("an acquire failed: {e}"))),
-            Err(_) => cancelled += 1,
+            Some(Err(e)) => return Err(Failure::new(format!("an acquire failed: {e}"))),
+            None => cancelled += 1,
         }
     }
     still_held(&holder, "H after the drops").await?;
