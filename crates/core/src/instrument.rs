@@ -9,15 +9,19 @@ use tracing::Instrument;
 
 use crate::authority::{Authority, Released};
 use crate::capabilities::Capabilities;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::grant::Grant;
 use crate::inspection::Inspection;
 use crate::key::LockKey;
 use crate::key_prefix::KeyPrefix;
+use crate::telemetry::{self, AcquireOutcome};
 
 /// Wraps an authority so each acquire, renew and release runs in a span
 /// (`leasehold.acquire`, `leasehold.renew`, `leasehold.release`) that records the key, the TTL,
-/// the fence and the outcome. `leasehold::connect` applies it to every backend.
+/// the fence and the outcome, and each acquire attempt is counted
+/// (`leasehold_acquire_total`, `leasehold_acquire_wait_seconds`,
+/// `leasehold_owner_changes_total`: see [`crate::telemetry`]). `leasehold::connect` applies it
+/// to every backend.
 ///
 /// Spans cost next to nothing when no subscriber listens at their level (acquire and release at
 /// INFO, renew at DEBUG).
@@ -30,6 +34,10 @@ impl Instrumented {
     /// Wraps `inner`.
     pub fn new(inner: Arc<dyn Authority>) -> Self {
         Instrumented { inner }
+    }
+
+    fn backend(&self) -> &'static str {
+        self.inner.capabilities().backend
     }
 }
 
@@ -56,11 +64,18 @@ impl Authority for Instrumented {
             fence = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
+        let started = Instant::now();
         let result = self
             .inner
             .try_acquire(key, ttl)
             .instrument(span.clone())
             .await;
+        let counted = match &result {
+            Ok(Some(_)) => AcquireOutcome::Acquired,
+            Ok(None) => AcquireOutcome::Busy,
+            Err(_) => AcquireOutcome::Error,
+        };
+        telemetry::acquire(self.backend(), key, counted, started.elapsed());
         match &result {
             Ok(Some(g)) => span
                 .record("fence", g.fence().value())
@@ -81,11 +96,18 @@ impl Authority for Instrumented {
             fence = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
+        let started = Instant::now();
         let result = self
             .inner
             .acquire(key, ttl, max_wait)
             .instrument(span.clone())
             .await;
+        let counted = match &result {
+            Ok(_) => AcquireOutcome::Acquired,
+            Err(Error::Timeout { .. }) => AcquireOutcome::TimedOut,
+            Err(_) => AcquireOutcome::Error,
+        };
+        telemetry::acquire(self.backend(), key, counted, started.elapsed());
         if let Ok(g) = &result {
             span.record("fence", g.fence().value());
         }

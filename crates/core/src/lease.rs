@@ -18,6 +18,7 @@ use crate::grant::Grant;
 use crate::key::LockKey;
 use crate::lease_state::{LeaseState, LeaseWatch, Published};
 use crate::lost::LostReason;
+use crate::telemetry::{HoldRecord, RenewalOutcome};
 use crate::time::saturating_add;
 
 /// How a [`Lease`] renews and ends.
@@ -145,9 +146,15 @@ impl Lease {
 
     /// Wraps a grant obtained directly from an authority. Must be called inside a tokio runtime.
     pub fn from_grant(authority: Arc<dyn Authority>, grant: Grant, options: LeaseOptions) -> Lease {
+        let record = HoldRecord::start(
+            authority.capabilities().backend,
+            grant.key().clone(),
+            grant.ttl(),
+        );
         let (tx, _) = watch::channel(Published {
             deadline: grant.deadline(),
             state: LeaseState::Held,
+            record: Arc::new(record),
         });
         let state = Arc::new(tx);
         let span = tracing::debug_span!(
@@ -305,6 +312,7 @@ impl Lease {
             if p.state.is_lost() {
                 false
             } else {
+                p.record.ended(&reason);
                 p.state = LeaseState::Lost(reason);
                 true
             }
@@ -351,6 +359,7 @@ fn mark_lost(state: &watch::Sender<Published>, reason: LostReason) {
             false
         } else {
             tracing::info!(%reason, "lease lost");
+            p.record.ended(&reason);
             p.state = LeaseState::Lost(reason);
             true
         }
@@ -468,8 +477,18 @@ async fn renew_until_lost(
         }
         tokio::time::sleep_until(next).await;
         let sent = Instant::now();
-        match attempt(authority, grant, state, ttl, sent, deadline).await {
-            Attempt::Renewed(new_deadline) if Instant::now() < deadline => {
+        let outcome = attempt(authority, grant, state, ttl, sent, deadline).await;
+        let in_time = Instant::now() < deadline;
+        let record = state.borrow().record.clone();
+        record.renewal(match &outcome {
+            Attempt::Renewed(_) if in_time => RenewalOutcome::Renewed,
+            Attempt::Renewed(_) | Attempt::NoAnswer => RenewalOutcome::Late,
+            Attempt::Failed(Error::LeaseLost { .. }) => RenewalOutcome::Refused,
+            Attempt::Failed(error) if !error.is_retryable() => RenewalOutcome::Failed,
+            Attempt::Failed(_) => RenewalOutcome::Unknown,
+        });
+        match outcome {
+            Attempt::Renewed(new_deadline) if in_time => {
                 last_sent = sent;
                 last_error = None;
                 retry.reset();

@@ -59,6 +59,8 @@ impl fmt::Display for LeaseState {
 pub(crate) struct Published {
     pub(crate) deadline: tokio::time::Instant,
     pub(crate) state: LeaseState,
+    /// What the lease's end is recorded against (`leasehold_leases_held` and the rest).
+    pub(crate) record: std::sync::Arc<crate::telemetry::HoldRecord>,
 }
 
 /// A watch of a lease's state changes, from [`crate::Lease::watch`]. It does not borrow the

@@ -48,6 +48,7 @@ mod options;
 mod owner;
 mod redact;
 mod resource;
+pub mod telemetry;
 pub mod time;
 mod ttl;
 

@@ -30,6 +30,21 @@ pub enum LostReason {
     MaxHoldReached,
 }
 
+impl LostReason {
+    /// A short, stable name for the reason: the `reason` label of
+    /// `leasehold_leases_lost_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            LostReason::Refused => "refused",
+            LostReason::RenewalFailed(_) => "renewal_failed",
+            LostReason::DeadlinePassed => "deadline_passed",
+            LostReason::SessionEnded => "session_ended",
+            LostReason::Released => "released",
+            LostReason::MaxHoldReached => "max_hold_reached",
+        }
+    }
+}
+
 impl fmt::Display for LostReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -84,6 +84,7 @@ impl FencedRegister {
     fn guarded(&self, fence: Fence, value: Option<&str>) -> Guarded {
         let mut state = self.lock();
         if fence.value() < state.newest {
+            crate::telemetry::fence_rejected("register", fence.value(), state.newest);
             return Guarded::Stale {
                 newest: state.newest,
             };
