@@ -24,10 +24,59 @@
 //! # Ok(()) }
 //! ```
 
-use etcd_client::{Compare, CompareOp};
-use leasehold_core::{Grant, Result};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+};
+use leasehold_core::{telemetry, FencingToken, Grant, Guarded, Result};
 
-use crate::authority::Contender;
+use crate::authority::{Contender, EtcdAuthority};
+use crate::errors::{self, BACKEND};
+use crate::token::EtcdRevision;
+
+/// Runs `ops` in one transaction that applies them only while `grant` still holds the lock
+/// ([`still_holds`]), and otherwise reads who holds it now, in the same round trip.
+///
+/// A refusal is a stale holder caught: it is counted
+/// (`leasehold_fence_rejections_total{resource="etcd_txn"}`) and logged, and answers
+/// `Stale { newest }` with the current holder's fence, or, when nobody holds the lock, the fence
+/// the store's revision at the refusal stands for (every later grant's fence is greater).
+pub async fn guarded_txn(
+    authority: &EtcdAuthority,
+    grant: &Grant,
+    ops: impl Into<Vec<TxnOp>>,
+) -> Result<Guarded> {
+    let holder = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1);
+    let txn = Txn::new()
+        .when([still_holds(grant)?])
+        .and_then(ops)
+        .or_else([TxnOp::get(authority.prefix(grant.key()), Some(holder))]);
+    let response = authority
+        .client()
+        .kv_client()
+        .txn(txn)
+        .await
+        .map_err(|e| errors::map(e, "guarded write"))?;
+    if response.succeeded() {
+        return Ok(Guarded::Accepted);
+    }
+    let store = response.header().map_or(0, |h| h.revision());
+    let revision = response
+        .op_responses()
+        .into_iter()
+        .find_map(|op| match op {
+            TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.create_revision()),
+            _ => None,
+        })
+        .unwrap_or(store);
+    let newest = EtcdRevision::from_revision(revision)?
+        .to_fence(BACKEND, authority.config().client.epoch)?
+        .value();
+    telemetry::fence_rejected("etcd_txn", grant.fence().value(), newest);
+    Ok(Guarded::Stale { newest })
+}
 
 /// A compare that holds exactly while `grant`'s contender key exists with the create revision it
 /// was granted at (etcd's `Mutex.IsOwner()`). Fails only for a grant that no etcd authority made.

@@ -15,9 +15,9 @@ use leasehold_conformance::scenarios::run_all;
 use leasehold_conformance::{harness_call, harness_error};
 use leasehold_conformance::{Connector, Context, Faults, Residue, Verdict};
 use leasehold_core::{
-    Authority, Error, Instant, Lease, LeaseOptions, LockKey, LostReason, Released,
+    Authority, Error, Guarded, Instant, Lease, LeaseOptions, LockKey, LostReason, Released,
 };
-use leasehold_etcd::guarded::{contender_key, still_holds};
+use leasehold_etcd::guarded::{contender_key, guarded_txn, still_holds};
 use leasehold_etcd::EtcdAuthority;
 use leasehold_servers::{
     self as servers, etcdctl_command, CommandSpec, EtcdServer, ManagedProcess, READY_TIMEOUT,
@@ -597,7 +597,28 @@ async fn guarded_etcd_transactions_refuse_a_former_holder() {
     );
     let value = kv.get("invoices/inv_9", None).await.unwrap();
     assert_eq!(value.kvs()[0].value(), b"new");
+
+    // The same through guarded_txn: applied for the holder; for the former holder refused,
+    // naming the holder's fence, and counted as a stale holder caught.
+    let put = |value: &str| vec![TxnOp::put("invoices/inv_9", value, None)];
+    assert_eq!(
+        guarded_txn(&b, &new, put("new again")).await.unwrap(),
+        Guarded::Accepted
+    );
+    assert_eq!(
+        guarded_txn(&a, &old, put("stale again")).await.unwrap(),
+        Guarded::Stale {
+            newest: new.fence().value()
+        }
+    );
+    let value = kv.get("invoices/inv_9", None).await.unwrap();
+    assert_eq!(value.kvs()[0].value(), b"new again");
     let _ = b.release(&new).await.unwrap();
+    // Nobody holds it now: the refusal names a fence above the released one's.
+    match guarded_txn(&a, &old, put("later")).await.unwrap() {
+        Guarded::Stale { newest } => assert!(newest > new.fence().value(), "{newest}"),
+        Guarded::Accepted => panic!("a former holder's write went through"),
+    }
 }
 
 fn spawn_etcdctl_lock(server: &EtcdServer, name: &str, script: &str) -> Child {

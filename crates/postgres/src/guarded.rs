@@ -36,13 +36,16 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use leasehold_core::{Error, Fence, FencedResource, Result};
+use leasehold_core::{telemetry, Error, Fence, FencedResource, Result};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, FromRow, PgConnection, PgPool, Postgres, SqlSafeStr};
 
 use crate::errors;
 use crate::table::TableName;
+
+/// The `resource` label of the fence rejections a [`FencedTable`] counts.
+const REJECTED_BY: &str = "postgres_table";
 
 /// What a guarded statement did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,7 +125,10 @@ impl FencedTable {
         Ok(match row {
             Some(state) => Claimed::Claimed(state),
             None => match self.newest(conn, key).await? {
-                Some(newest) => Claimed::Stale { newest },
+                Some(newest) => {
+                    telemetry::fence_rejected(REJECTED_BY, fence.value(), newest);
+                    Claimed::Stale { newest }
+                }
                 None => Claimed::Missing,
             },
         })
@@ -160,7 +166,10 @@ impl FencedTable {
         // Nothing changed: find out why, from the latest committed state of the row.
         Ok(match self.newest(conn, key).await? {
             None => Guarded::Missing,
-            Some(newest) if newest > fence.value() => Guarded::Stale { newest },
+            Some(newest) if newest > fence.value() => {
+                telemetry::fence_rejected(REJECTED_BY, fence.value(), newest);
+                Guarded::Stale { newest }
+            }
             Some(_) => Guarded::PreconditionFailed,
         })
     }

@@ -250,6 +250,10 @@ async fn a_crash_while_held_loses_the_lease_and_keeps_the_fence_counter() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guarded_updates_tell_stale_from_precondition_from_missing() {
+    // The guarded statements run in this task, on this thread: its recorder sees them.
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recording = metrics::set_default_local_recorder(&recorder);
     let server = start().await;
     let a = PostgresAuthority::connect(&url(&server)).await.unwrap();
     let pool = a.pool().clone();
@@ -360,6 +364,24 @@ async fn guarded_updates_tell_stale_from_precondition_from_missing() {
         .await
         .unwrap();
     assert_eq!(paid_by, "new");
+    // Two stale holders caught (the old claim and the old update); a missing row or a failed
+    // precondition is not a stale fence.
+    let rejected: u64 = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, _, _, _)| {
+            k.key().name() == "leasehold_fence_rejections_total"
+                && k.key()
+                    .labels()
+                    .any(|l| l.key() == "resource" && l.value() == "postgres_table")
+        })
+        .map(|(_, _, _, v)| match v {
+            metrics_util::debugging::DebugValue::Counter(n) => n,
+            other => panic!("not a counter: {other:?}"),
+        })
+        .sum();
+    assert_eq!(rejected, 2);
     assert!(FencedTable::new("invoices; drop table x", "id").is_err());
     assert!(FencedTable::new("invoices", "id")
         .unwrap()
