@@ -121,6 +121,10 @@ async fn run(subject: &Subject, iterations: usize) -> Result<(), BoxError> {
     let key = LockKey::new(format!("bench/{}", std::process::id()))?;
     let warmup = iterations / 10 + 1;
     let mut ours = Samples::default();
+    // The same pair with a recorder installed (this thread's, for that pair only), interleaved
+    // with the rest: what recording the metrics costs on the hot path.
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let mut recorded = Samples::default();
     let mut raws: Vec<Samples> = subject.raw.iter().map(|_| Samples::default()).collect();
     // Interleave the measurements so drift on a noisy machine hits them alike.
     for i in 0..warmup + iterations {
@@ -132,6 +136,19 @@ async fn run(subject: &Subject, iterations: usize) -> Result<(), BoxError> {
             .ok_or("the bench key is held by someone else")?;
         let _ = subject.authority.release(&grant).await?;
         let took = t.elapsed();
+        {
+            let _recording = metrics::set_default_local_recorder(&recorder);
+            let t = Instant::now();
+            let grant = subject
+                .authority
+                .try_acquire(&key, TTL)
+                .await?
+                .ok_or("the bench key is held by someone else")?;
+            let _ = subject.authority.release(&grant).await?;
+            if i >= warmup {
+                recorded.push(t.elapsed());
+            }
+        }
         for (raw, samples) in subject.raw.iter().zip(raws.iter_mut()) {
             let t = Instant::now();
             raw.pair(&format!("{key}-raw")).await?;
@@ -154,6 +171,13 @@ async fn run(subject: &Subject, iterations: usize) -> Result<(), BoxError> {
             target,
         );
     }
+    stats::report(
+        "acquire+release, metrics recorded (Prometheus recorder)",
+        &recorded,
+        "the same with no recorder installed",
+        &ours,
+        None,
+    );
     let (handoff, idle_raw) = handoff(subject, &key, iterations / 4 + 1).await?;
     if let Some(raw) = subject.raw.first() {
         let target = subject.targets.then_some(1.5);

@@ -19,6 +19,8 @@ pub struct RunArgs {
     pub busy_exit_code: u8,
     /// No notice on stderr while waiting.
     pub quiet: bool,
+    /// Serve Prometheus metrics at this address while running.
+    pub metrics_addr: Option<std::net::SocketAddr>,
     pub command: Vec<OsString>,
 }
 
@@ -65,7 +67,8 @@ pub const VERSION: &str = concat!("leasehold ", env!("CARGO_PKG_VERSION"));
 
 pub const USAGE: &str = "\
 usage: leasehold run [--url URL] --key KEY [--ttl 10s] [--wait 0s] [--grace 5s]
-                     [--busy-exit-code N] [--quiet] -- COMMAND [ARGS...]
+                     [--busy-exit-code N] [--quiet] [--metrics-addr HOST:PORT]
+                     -- COMMAND [ARGS...]
        leasehold status [--url URL] (--key KEY | --prefix P [--limit 100]) [--json]
        leasehold migrate [--url postgres://...]
        leasehold --help | --version
@@ -93,6 +96,8 @@ released.
   --grace D            time between SIGTERM and SIGKILL when COMMAND is stopped (default 5s)
   --busy-exit-code N   exit N instead of 75 when the lock is held (flock's -E)
   -q, --quiet          say nothing while waiting for the lock
+  --metrics-addr A     serve Prometheus metrics at http://A/metrics while running (the
+                       lease's acquire, renewals, loss and hold time; docs/observability.md)
 Durations: 250ms, 1.5s, 1m30s, 2h, 1d.
 
 status: prints whether KEY is held or free, as the authority tells: the holder's short id,
@@ -148,6 +153,7 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
     let (mut key, mut ttl, mut wait, mut grace) = (None, None, None, None);
     let (mut busy_exit_code, mut quiet, mut json) = (None, false, false);
     let (mut prefix, mut limit) = (None, None);
+    let mut metrics_addr = None;
     let mut command = Vec::new();
     while let Some(arg) = args.next() {
         let text = arg
@@ -195,6 +201,12 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
                 );
             }
             ("-q" | "--quiet", true) => quiet = true,
+            ("--metrics-addr", true) => {
+                let v = value()?;
+                metrics_addr = Some(v.parse().map_err(|_| {
+                    format!("{name}: `{v}` is not an address and port (127.0.0.1:9464, [::1]:9464)")
+                })?);
+            }
             ("-h" | "--help", _) => return Ok(Invocation::Help),
             ("-V" | "--version", _) => return Ok(Invocation::Version),
             (other, true) => {
@@ -244,6 +256,7 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
         grace: grace.unwrap_or(Duration::from_secs(5)),
         busy_exit_code: busy_exit_code.unwrap_or(75),
         quiet,
+        metrics_addr,
         command,
     }))
 }
@@ -355,6 +368,34 @@ mod tests {
         assert_eq!(a.busy_exit_code, 3);
         assert!(a.quiet);
         assert_eq!(a.ttl, Duration::from_secs(90));
+        assert_eq!(a.metrics_addr, None);
+        let a = run_args(
+            args(&[
+                "run",
+                "--key",
+                "k",
+                "--metrics-addr",
+                "127.0.0.1:9464",
+                "--",
+                "true",
+            ]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(a.metrics_addr, Some("127.0.0.1:9464".parse().unwrap()));
+        assert!(parse(
+            args(&[
+                "run",
+                "--key",
+                "k",
+                "--metrics-addr",
+                "localhost",
+                "--",
+                "true"
+            ]),
+            None
+        )
+        .is_err());
         assert_eq!(
             parse(args(&["migrate"]), Some("postgres://h".into())),
             Ok(Invocation::Migrate {

@@ -307,6 +307,12 @@ async fn run(args: RunArgs) -> u8 {
     if let Err(e) = check_ttl(&url, args.ttl) {
         return failed(&e, &url, busy);
     }
+    if let Some(addr) = args.metrics_addr {
+        if let Err(e) = serve_metrics(addr) {
+            say!("leasehold: cannot serve metrics at {addr}: {e}");
+            return code::UNAVAILABLE;
+        }
+    }
     let authority = match leasehold::connect(&url).await {
         Ok(a) => a,
         Err(e) => return failed(&e, &url, busy),
@@ -322,6 +328,22 @@ async fn run(args: RunArgs) -> u8 {
         );
     }
     code
+}
+
+/// Serves what this run records as Prometheus metrics at `http://addr/metrics`, labelled with
+/// the key (one run holds one key, so the series are bounded).
+fn serve_metrics(addr: std::net::SocketAddr) -> Result<(), String> {
+    // Bind first, so an address in use is an error now, not a log line from a background task.
+    std::net::TcpListener::bind(addr)
+        .map_err(|e| e.to_string())
+        .map(drop)?;
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .install()
+        .map_err(|e| e.to_string())?;
+    leasehold::telemetry::describe();
+    leasehold::telemetry::set_key_labels(leasehold::telemetry::KeyLabels::Full);
+    Ok(())
 }
 
 /// `HH:MM:SS UTC` of the wall-clock time `after` from now.

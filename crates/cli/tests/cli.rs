@@ -1393,3 +1393,82 @@ fn status_usage_and_unreachable_authorities_have_their_exit_codes() {
         assert_eq!(String::from_utf8_lossy(&out.stdout), "", "{args:?}");
     }
 }
+
+/// The Prometheus text a server at `port` serves at `/metrics`.
+fn scrape(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).unwrap();
+    body
+}
+
+/// The value of the series `name` whose labels include `labels`, if served.
+fn series(body: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| labels.iter().all(|label| l.contains(label)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Issue 13: `leasehold run --metrics-addr` serves the run's metrics while the command runs:
+/// the lease held (1), the acquire that got it, labelled with the backend and the key; an
+/// address already in use is refused before anything is acquired (69).
+#[test]
+fn run_serves_prometheus_metrics_while_the_command_runs() {
+    let dir = leasehold_servers::process::server_dir("cli-metrics").unwrap();
+    let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = {
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        free.local_addr().unwrap().port()
+    };
+    let (fence_file, done) = (dir.path().join("fence"), dir.path().join("done"));
+    let mut holder = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args(["run", "--url", &url, "--key", "metrics:job", "--ttl", "30s"])
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}"), "--"])
+        .args(["sh", "-c", &hold_script(&fence_file, &done)])
+        .env_remove("LEASEHOLD_URL")
+        .spawn()
+        .unwrap();
+    wait_for_file(&fence_file, &mut holder);
+    let body = scrape(port);
+    let ours = ["backend=\"sqlite\"", "key=\"metrics:job\""];
+    assert_eq!(
+        series(&body, "leasehold_leases_held", &ours),
+        Some(1.0),
+        "{body}"
+    );
+    let acquired = [ours[0], ours[1], "outcome=\"acquired\""];
+    assert_eq!(
+        series(&body, "leasehold_acquire_total", &acquired),
+        Some(1.0),
+        "{body}"
+    );
+    assert!(body.contains("# HELP leasehold_acquire_total"), "{body}");
+    std::fs::write(&done, b"done").unwrap();
+    assert!(holder.wait().unwrap().success());
+
+    let in_use = taken.local_addr().unwrap().to_string();
+    let out = leasehold(&[
+        "run",
+        "--url",
+        &url,
+        "--key",
+        "metrics:job",
+        "--metrics-addr",
+        &in_use,
+        "--",
+        "true",
+    ]);
+    assert_eq!(code(&out), 69, "{}", text(&out));
+    assert!(
+        text(&out).contains("cannot serve metrics"),
+        "{}",
+        text(&out)
+    );
+}

@@ -17,7 +17,15 @@ fn example(name: &str) -> PathBuf {
 }
 
 fn run(name: &str, args: &[&str]) -> String {
-    let out = Command::new(example(name)).args(args).output().unwrap();
+    run_with(name, args, &[])
+}
+
+fn run_with(name: &str, args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = Command::new(example(name))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -25,6 +33,40 @@ fn run(name: &str, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
+}
+
+/// Issue 13: workers contend while the metrics are served; the example scrapes itself and fails
+/// unless acquires, hold-time ratios and at least one refused stale write are in the scrape.
+#[test]
+fn prometheus_serves_what_contending_workers_record() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let out = run_with(
+        "prometheus",
+        &[],
+        &[
+            ("LEASEHOLD_METRICS_ADDR", &addr),
+            ("LEASEHOLD_EXAMPLE_SECONDS", "2"),
+        ],
+    );
+    assert!(
+        out.contains(
+            "leasehold_acquire_total{backend=\"memory\",key=\"report\",outcome=\"acquired\"}"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("leasehold_fence_rejections_total{resource=\"register\"}"),
+        "{out}"
+    );
+    assert!(
+        out.contains("leasehold_leases_held{backend=\"memory\",key=\"report\"} 0"),
+        "{out}"
+    );
 }
 
 #[cfg(feature = "sqlite")]
