@@ -28,6 +28,7 @@ mod context;
 mod faults;
 pub mod memory;
 pub mod mutants;
+pub mod recorded;
 pub mod resource;
 pub mod scenarios;
 mod verdict;

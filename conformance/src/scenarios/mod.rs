@@ -27,6 +27,7 @@ mod release;
 mod renew;
 mod stale_write;
 mod suspension;
+mod telemetry;
 mod waiting;
 
 pub use bad_input::bad_input_is_refused_without_side_effects;
@@ -57,6 +58,7 @@ pub use stale_write::{
     stale_write_first_is_accepted_without_claim, stale_write_refused_after_claim,
 };
 pub use suspension::{long_outage_loses_at_the_deadline, short_outage_suspends_then_holds};
+pub use telemetry::metrics_count_what_happened;
 pub use waiting::{acquire_times_out, acquire_waits_for_release, cancelled_waiter_leaves_no_trace};
 
 type ScenarioFuture<'a> = Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
@@ -101,6 +103,7 @@ scenarios![
     inspect_reports_holder_and_fence,
     inspect_changes_nothing,
     list_keys_finds_held_keys_under_a_prefix,
+    metrics_count_what_happened,
     renew_after_expiry_is_refused,
     deadline_counts_from_the_request,
     delayed_reply_shortens_the_grant,
