@@ -28,6 +28,7 @@ mod renew;
 mod stale_write;
 mod suspension;
 mod telemetry;
+mod unavailable;
 mod waiting;
 
 pub use bad_input::bad_input_is_refused_without_side_effects;
@@ -59,6 +60,7 @@ pub use stale_write::{
 };
 pub use suspension::{long_outage_loses_at_the_deadline, short_outage_suspends_then_holds};
 pub use telemetry::metrics_count_what_happened;
+pub use unavailable::fail_open_and_closed_are_explicit;
 pub use waiting::{acquire_times_out, acquire_waits_for_release, cancelled_waiter_leaves_no_trace};
 
 type ScenarioFuture<'a> = Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
@@ -124,6 +126,7 @@ scenarios![
     stale_write_first_is_accepted_without_claim,
     contention,
     unresponsive_authority,
+    fail_open_and_closed_are_explicit,
     short_outage_suspends_then_holds,
     long_outage_loses_at_the_deadline,
     fences_survive_restart,

@@ -21,7 +21,21 @@ pub struct RunArgs {
     pub quiet: bool,
     /// Serve Prometheus metrics at this address while running.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// What to do when the authority cannot be reached.
+    pub if_unavailable: IfUnavailableArg,
     pub command: Vec<OsString>,
+}
+
+/// `--if-unavailable`: what `run` does when the authority cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IfUnavailableArg {
+    /// Exit 69 without running the command (the default: fail closed).
+    #[default]
+    Fail,
+    /// Exit 0 without running the command (a periodic job that can wait for its next turn).
+    Skip,
+    /// Run the command without a lock (fail open), with `LEASEHOLD_LOCK=unlocked` and no fence.
+    Run,
 }
 
 /// What `leasehold status` was asked to do.
@@ -68,6 +82,7 @@ pub const VERSION: &str = concat!("leasehold ", env!("CARGO_PKG_VERSION"));
 pub const USAGE: &str = "\
 usage: leasehold run [--url URL] --key KEY [--ttl 10s] [--wait 0s] [--grace 5s]
                      [--busy-exit-code N] [--quiet] [--metrics-addr HOST:PORT]
+                     [--if-unavailable fail|skip|run]
                      -- COMMAND [ARGS...]
        leasehold status [--url URL] (--key KEY | --prefix P [--limit 100]) [--json]
        leasehold migrate [--url postgres://...]
@@ -82,7 +97,7 @@ this machine. memory:// is refused: it lives in one process, so two `leasehold` 
 would both hold the lock.
 
 COMMAND gets LEASEHOLD_KEY, LEASEHOLD_FENCE (the fencing token: send it with every protected
-write), LEASEHOLD_FENCE_SAFETY and LEASEHOLD_BACKEND in its environment. The lease is renewed
+write), LEASEHOLD_FENCE_SAFETY, LEASEHOLD_BACKEND and LEASEHOLD_LOCK=held in its environment. The lease is renewed
 every third of the TTL. If it is lost, COMMAND's process group gets SIGTERM, then SIGKILL after
 --grace. If leasehold itself dies (even by SIGKILL), COMMAND's process group gets SIGKILL.
 SIGINT, SIGTERM and SIGHUP stop COMMAND and release the lease. When COMMAND ends, the lease is
@@ -96,6 +111,10 @@ released.
   --grace D            time between SIGTERM and SIGKILL when COMMAND is stopped (default 5s)
   --busy-exit-code N   exit N instead of 75 when the lock is held (flock's -E)
   -q, --quiet          say nothing while waiting for the lock
+  --if-unavailable P   when the authority cannot be reached: fail (default: exit 69), skip
+                       (exit 0, the command does not run) or run (the command runs WITHOUT a
+                       lock: LEASEHOLD_LOCK=unlocked and no LEASEHOLD_FENCE; only for work
+                       the resource itself protects)
   --metrics-addr A     serve Prometheus metrics at http://A/metrics while running (the
                        lease's acquire, renewals, loss and hold time; docs/observability.md)
 Durations: 250ms, 1.5s, 1m30s, 2h, 1d.
@@ -154,6 +173,7 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
     let (mut busy_exit_code, mut quiet, mut json) = (None, false, false);
     let (mut prefix, mut limit) = (None, None);
     let mut metrics_addr = None;
+    let mut if_unavailable = IfUnavailableArg::default();
     let mut command = Vec::new();
     while let Some(arg) = args.next() {
         let text = arg
@@ -201,6 +221,14 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
                 );
             }
             ("-q" | "--quiet", true) => quiet = true,
+            ("--if-unavailable", true) => {
+                if_unavailable = match value()?.as_str() {
+                    "fail" => IfUnavailableArg::Fail,
+                    "skip" => IfUnavailableArg::Skip,
+                    "run" => IfUnavailableArg::Run,
+                    other => return Err(format!("{name}: `{other}` is not fail, skip or run")),
+                };
+            }
             ("--metrics-addr", true) => {
                 let v = value()?;
                 metrics_addr = Some(v.parse().map_err(|_| {
@@ -257,6 +285,7 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
         busy_exit_code: busy_exit_code.unwrap_or(75),
         quiet,
         metrics_addr,
+        if_unavailable,
         command,
     }))
 }
@@ -369,6 +398,32 @@ mod tests {
         assert!(a.quiet);
         assert_eq!(a.ttl, Duration::from_secs(90));
         assert_eq!(a.metrics_addr, None);
+        assert_eq!(a.if_unavailable, IfUnavailableArg::Fail);
+        for (word, want) in [
+            ("fail", IfUnavailableArg::Fail),
+            ("skip", IfUnavailableArg::Skip),
+            ("run", IfUnavailableArg::Run),
+        ] {
+            let a = run_args(
+                args(&["run", "--key", "k", "--if-unavailable", word, "--", "true"]),
+                None,
+            )
+            .unwrap();
+            assert_eq!(a.if_unavailable, want);
+        }
+        assert!(parse(
+            args(&[
+                "run",
+                "--key",
+                "k",
+                "--if-unavailable",
+                "open",
+                "--",
+                "true"
+            ]),
+            None
+        )
+        .is_err());
         let a = run_args(
             args(&[
                 "run",

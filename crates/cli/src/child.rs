@@ -32,10 +32,13 @@ struct Watcher {
 
 impl Child {
     /// Starts `command` with the lease's key and fence in its environment.
+    /// Starts the command; `fence` is `None` when it runs without a lock
+    /// (`--if-unavailable run`): then it gets `LEASEHOLD_LOCK=unlocked` and no fence at all, so
+    /// nothing it sends can pass for one.
     pub fn spawn(
         command: &[OsString],
         key: &LockKey,
-        fence: Fence,
+        fence: Option<Fence>,
         backend: &str,
     ) -> io::Result<Child> {
         let (program, args) = command
@@ -43,12 +46,23 @@ impl Child {
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command"))?;
         let mut std_command = std::process::Command::new(program);
         set_parent_death_signal(&mut std_command);
-        let process = tokio::process::Command::from(std_command)
+        let mut command = tokio::process::Command::from(std_command);
+        command
             .args(args)
             .env("LEASEHOLD_KEY", key.as_str())
-            .env("LEASEHOLD_FENCE", fence.value().to_string())
-            .env("LEASEHOLD_FENCE_SAFETY", fence.safety().to_string())
-            .env("LEASEHOLD_BACKEND", backend)
+            .env("LEASEHOLD_BACKEND", backend);
+        match fence {
+            Some(fence) => command
+                .env("LEASEHOLD_LOCK", "held")
+                .env("LEASEHOLD_FENCE", fence.value().to_string())
+                .env("LEASEHOLD_FENCE_SAFETY", fence.safety().to_string()),
+            // Not inherited either: a stale fence from an outer run must not leak in.
+            None => command
+                .env("LEASEHOLD_LOCK", "unlocked")
+                .env_remove("LEASEHOLD_FENCE")
+                .env_remove("LEASEHOLD_FENCE_SAFETY"),
+        };
+        let process = command
             // Its own process group: stopping it stops whatever it started too.
             .process_group(0)
             .kill_on_drop(true)

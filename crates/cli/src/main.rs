@@ -36,7 +36,7 @@ use leasehold::{
 use leasehold_postgres::PostgresAuthority;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::args::{Invocation, RunArgs, USAGE, VERSION};
+use crate::args::{IfUnavailableArg, Invocation, RunArgs, USAGE, VERSION};
 use crate::child::Child;
 use crate::duration::human;
 
@@ -315,6 +315,9 @@ async fn run(args: RunArgs) -> u8 {
     }
     let authority = match leasehold::connect(&url).await {
         Ok(a) => a,
+        Err(e) if leasehold::is_unavailable(&e) => {
+            return unavailable(&args, &url, &key, "", e).await;
+        }
         Err(e) => return failed(&e, &url, busy),
     };
     let code = run_under_lease(&args, &url, key, authority.clone()).await;
@@ -385,25 +388,48 @@ async fn holder(authority: &dyn Authority, key: &LockKey) -> String {
 
 /// Takes the lease: at once, or waiting up to `--wait` (saying so on stderr once the wait has
 /// gone on for a second, unless `--quiet`). `Err` is the exit code, the reason already printed.
+/// Why `take` did not hand over a lease.
+enum NotTaken {
+    /// Held by someone else, bad input, refused credentials...: the exit status, said already.
+    Code(u8),
+    /// The authority could not be reached: `--if-unavailable` decides.
+    Unavailable(Error),
+}
+
 async fn take(
     args: &RunArgs,
     url: &str,
     key: &LockKey,
     authority: Arc<dyn Authority>,
-) -> Result<Lease, u8> {
+) -> Result<Lease, NotTaken> {
+    match take_or_code(args, url, key, authority).await {
+        Ok(lease) => Ok(lease),
+        Err(Ok(code)) => Err(NotTaken::Code(code)),
+        Err(Err(e)) => Err(NotTaken::Unavailable(e)),
+    }
+}
+
+/// `take`, with an unreachable authority as `Err(Err(error))`, unreported.
+async fn take_or_code(
+    args: &RunArgs,
+    url: &str,
+    key: &LockKey,
+    authority: Arc<dyn Authority>,
+) -> Result<Lease, Result<u8, Error>> {
     let busy = args.busy_exit_code;
     let started = Instant::now();
     match Lease::try_acquire(authority.clone(), key, args.ttl, LeaseOptions::default()).await {
         Ok(Some(lease)) => return Ok(lease),
         Ok(None) => {}
-        Err(e) => return Err(failed(&e, url, busy)),
+        Err(e) if leasehold::is_unavailable(&e) => return Err(Err(e)),
+        Err(e) => return Err(Ok(failed(&e, url, busy))),
     }
     if args.wait.is_zero() {
         say!(
             "leasehold: `{key}` is held by {} (not waiting: --wait 0s)",
             holder(&*authority, key).await
         );
-        return Err(busy);
+        return Err(Ok(busy));
     }
     let left = args.wait.saturating_sub(started.elapsed());
     let acquiring = Lease::acquire(
@@ -439,9 +465,10 @@ async fn take(
                 human(args.wait),
                 holder(&*authority, key).await
             );
-            Err(busy)
+            Err(Ok(busy))
         }
-        Err(e) => Err(failed(&e, url, busy)),
+        Err(e) if leasehold::is_unavailable(&e) => Err(Err(e)),
+        Err(e) => Err(Ok(failed(&e, url, busy))),
     }
 }
 
@@ -454,7 +481,8 @@ async fn run_under_lease(
     let backend = authority.capabilities().backend;
     let lease = match take(args, url, &key, authority).await {
         Ok(l) => l,
-        Err(code) => return code,
+        Err(NotTaken::Code(code)) => return code,
+        Err(NotTaken::Unavailable(e)) => return unavailable(args, url, &key, backend, e).await,
     };
     // The last moment before the command gets the fence: a grant that arrived after its own
     // deadline (or was lost meanwhile) is never handed over.
@@ -475,7 +503,7 @@ async fn run_under_lease(
         say!("leasehold: cannot watch for signals");
         return code::UNAVAILABLE;
     };
-    let mut child = match Child::spawn(&args.command, &key, lease.fence(), backend) {
+    let mut child = match Child::spawn(&args.command, &key, Some(lease.fence()), backend) {
         Ok(c) => c,
         Err(e) => {
             say!(
@@ -514,6 +542,73 @@ async fn run_under_lease(
             chain(&e)
         );
     }
+    128 + stopped_by
+}
+
+/// The authority could not be reached (at connect or at acquire): what `--if-unavailable`
+/// says. `backend` is empty when the connection itself failed (the error names it then).
+async fn unavailable(args: &RunArgs, url: &str, key: &LockKey, backend: &str, e: Error) -> u8 {
+    let backend = match (&e, backend) {
+        (_, b) if !b.is_empty() => b.to_string(),
+        (Error::Unavailable { backend, .. } | Error::Backend { backend, .. }, _) => {
+            backend.to_string()
+        }
+        _ => "unknown".to_string(),
+    };
+    match args.if_unavailable {
+        IfUnavailableArg::Fail => failed(&e, url, args.busy_exit_code),
+        IfUnavailableArg::Skip => {
+            say!(
+                "leasehold: the authority is unavailable ({}); not running the command \
+                 (--if-unavailable skip)",
+                chain(&e)
+            );
+            0
+        }
+        IfUnavailableArg::Run => {
+            say!(
+                "leasehold: the authority is unavailable ({}); running the command WITHOUT a \
+                 lock (--if-unavailable run): LEASEHOLD_LOCK=unlocked, no fence",
+                chain(&e)
+            );
+            leasehold::telemetry::proceeded_unlocked(&backend, key);
+            run_unlocked(args, key, &backend).await
+        }
+    }
+}
+
+/// Runs the command without a lease (`--if-unavailable run`): nothing to renew or lose, but
+/// signals stop it as they would under a lease.
+async fn run_unlocked(args: &RunArgs, key: &LockKey, backend: &str) -> u8 {
+    let (Ok(mut interrupt), Ok(mut terminate), Ok(mut hangup)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        say!("leasehold: cannot watch for signals");
+        return code::UNAVAILABLE;
+    };
+    let mut child = match Child::spawn(&args.command, key, None, backend) {
+        Ok(c) => c,
+        Err(e) => {
+            say!(
+                "leasehold: cannot start `{}`: {e}",
+                args.command[0].to_string_lossy()
+            );
+            return child::cannot_start_code(&e);
+        }
+    };
+    let stopped_by = tokio::select! {
+        status = child.wait() => {
+            child.disarm().await;
+            return status;
+        }
+        _ = interrupt.recv() => 2,
+        _ = terminate.recv() => 15,
+        _ = hangup.recv() => 1,
+    };
+    child.stop(args.grace).await;
+    child.disarm().await;
     128 + stopped_by
 }
 

@@ -1472,3 +1472,51 @@ fn run_serves_prometheus_metrics_while_the_command_runs() {
         text(&out)
     );
 }
+
+/// Issue 14: `--if-unavailable` against an authority that does not answer (nothing listens on
+/// the port): `fail` (the default) exits 69 and never runs the command; `skip` exits 0 and never
+/// runs it; `run` runs it without a lock, told so by `LEASEHOLD_LOCK=unlocked` and with no
+/// fence in its environment, even one inherited from an outer run, and exits with its status.
+#[test]
+fn if_unavailable_fails_skips_or_runs_unlocked_as_told() {
+    let dir = leasehold_servers::process::server_dir("cli-if-unavailable").unwrap();
+    let seen = dir.path().join("seen");
+    let script = format!(
+        "echo \"lock=$LEASEHOLD_LOCK fence=${{LEASEHOLD_FENCE-unset}}\" > {}; exit 3",
+        seen.display()
+    );
+    let down = "redis://127.0.0.1:1?timeout_ms=300";
+    let run = |policy: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+        command.args(["run", "--url", down, "--key", "nightly"]);
+        if let Some(p) = policy {
+            command.args(["--if-unavailable", p]);
+        }
+        command
+            .args(["--", "sh", "-c", &script])
+            .env_remove("LEASEHOLD_URL")
+            .env("LEASEHOLD_FENCE", "41")
+            .output()
+            .unwrap()
+    };
+    for policy in [None, Some("fail")] {
+        let out = run(policy);
+        assert_eq!(code(&out), 69, "{policy:?}: {}", text(&out));
+        assert!(!seen.exists(), "{policy:?} ran the command");
+    }
+    let out = run(Some("skip"));
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    assert!(
+        text(&out).contains("not running the command"),
+        "{}",
+        text(&out)
+    );
+    assert!(!seen.exists(), "skip ran the command");
+    let out = run(Some("run"));
+    assert_eq!(code(&out), 3, "{}", text(&out));
+    assert!(text(&out).contains("WITHOUT a lock"), "{}", text(&out));
+    assert_eq!(
+        std::fs::read_to_string(&seen).unwrap().trim(),
+        "lock=unlocked fence=unset"
+    );
+}

@@ -14,6 +14,7 @@
 //! | `leasehold_lease_held_ttl_ratio` | histogram | backend, key | the same divided by the TTL: the critical section against the lease |
 //! | `leasehold_leases_held` | gauge | backend, key | leases this process holds now |
 //! | `leasehold_fence_rejections_total` | counter | resource | claims and writes a fenced resource refused as stale |
+//! | `leasehold_unlocked_total` | counter | backend, key | work that proceeded without a lock because the authority was unavailable and the caller chose to fail open ([`crate::acquire_or`]) |
 //!
 //! The `key` label is there only when the application asks for it with [`set_key_labels`]:
 //! one time series per lock key breaks Prometheus when keys are unbounded (`invoice:<id>`).
@@ -50,6 +51,8 @@ pub const LEASE_HELD_TTL_RATIO: &str = "leasehold_lease_held_ttl_ratio";
 pub const LEASES_HELD: &str = "leasehold_leases_held";
 /// `leasehold_fence_rejections_total`.
 pub const FENCE_REJECTIONS_TOTAL: &str = "leasehold_fence_rejections_total";
+/// `leasehold_unlocked_total`.
+pub const UNLOCKED_TOTAL: &str = "leasehold_unlocked_total";
 
 /// Whether, and how much of, the lock key goes into the `key` label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -120,6 +123,11 @@ pub fn describe() {
         "How long a lease was held, as a fraction of its TTL."
     );
     metrics::describe_gauge!(LEASES_HELD, Unit::Count, "Leases held by this process now.");
+    metrics::describe_counter!(
+        UNLOCKED_TOTAL,
+        Unit::Count,
+        "Work that proceeded without a lock: the authority was unavailable and the caller failed open."
+    );
     metrics::describe_counter!(
         FENCE_REJECTIONS_TOTAL,
         Unit::Count,
@@ -240,6 +248,16 @@ pub(crate) fn lease_ended(
 pub fn fence_rejected(resource: &'static str, refused: u64, newest: u64) {
     metrics::counter!(FENCE_REJECTIONS_TOTAL, "resource" => resource).increment(1);
     tracing::warn!(resource, refused, newest, "stale fence refused");
+}
+
+/// Work on `key` proceeded without a lock: the authority was unavailable and the caller chose
+/// to fail open. [`crate::acquire_or`] records it; record it yourself if you decide elsewhere.
+pub fn proceeded_unlocked(backend: &str, key: &LockKey) {
+    let mut labels = vec![Label::new("backend", backend.to_string())];
+    if let Some(value) = key_labels().value(key) {
+        labels.push(Label::new("key", value));
+    }
+    metrics::counter!(UNLOCKED_TOTAL, labels).increment(1);
 }
 
 /// What a lease's end is recorded against: kept from the grant until the lease ends.

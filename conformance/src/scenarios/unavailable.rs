@@ -1,0 +1,126 @@
+//! The authority unavailable: failing open or closed is the caller's declared choice.
+
+use std::time::Duration;
+
+use leasehold_core::{
+    acquire_or, is_unavailable, Admission, Error, IfUnavailable, Instant, Lease, LeaseOptions,
+};
+
+use super::helpers::{paused, NO_PAUSE};
+use crate::context::Context;
+use crate::ensure;
+use crate::verdict::{Failure, OrFail, Outcome, Verdict};
+
+/// A key A holds is never a reason to proceed: B's `acquire_or` is `Timeout` under both
+/// policies. With the server stopped (SIGSTOP), fail-closed is an unavailable error and
+/// fail-open proceeds `Unlocked` (with no fence), each within the request timeout's bound; once
+/// the server resumes, fail-open takes a real lease again.
+pub async fn fail_open_and_closed_are_explicit(ctx: &Context) -> Outcome {
+    let (a, b) = (ctx.connect().await?, ctx.connect().await?);
+    let key = ctx.key("if-unavailable");
+    let ttl = ctx.ttl();
+    let options = || LeaseOptions::default().with_auto_renew(false);
+    let held = Lease::acquire(a, &key, ttl, Duration::ZERO, options())
+        .await
+        .or_fail("A acquires")?;
+    for policy in [IfUnavailable::FailOpen, IfUnavailable::FailClosed] {
+        match acquire_or(b.clone(), &key, ttl, Duration::ZERO, options(), policy).await {
+            Err(Error::Timeout { .. }) => {}
+            Ok(admission) => {
+                return Err(Failure::new(format!(
+                    "{policy:?}: B was admitted ({admission:?}) to a key A holds"
+                )))
+            }
+            Err(e) => return Err(Failure::new(format!("{policy:?}: B got {e}, not Timeout"))),
+        }
+    }
+    let _ = held.release().await.or_fail("A releases")?;
+    if !paused(ctx).await? {
+        return Ok(Verdict::NotApplicable(NO_PAUSE.into()));
+    }
+    let bound = Duration::from_secs(30);
+    let result = async {
+        let closed = tokio::time::timeout(
+            bound,
+            acquire_or(
+                b.clone(),
+                &key,
+                ttl,
+                Duration::ZERO,
+                options(),
+                IfUnavailable::FailClosed,
+            ),
+        )
+        .await
+        .map_err(|_| Failure::new("fail-closed hung against a stopped server"))?;
+        match closed {
+            Err(e) if is_unavailable(&e) => {}
+            other => {
+                return Err(Failure::new(format!(
+                    "fail-closed against a stopped server gave {other:?}, not an unavailable error"
+                )))
+            }
+        }
+        let open = tokio::time::timeout(
+            bound,
+            acquire_or(
+                b.clone(),
+                &key,
+                ttl,
+                Duration::ZERO,
+                options(),
+                IfUnavailable::FailOpen,
+            ),
+        )
+        .await
+        .map_err(|_| Failure::new("fail-open hung against a stopped server"))?;
+        match open {
+            Ok(Admission::Unlocked(unlocked)) => {
+                ensure!(unlocked.key() == &key, "unlocked names {}", unlocked.key());
+                ensure!(
+                    is_unavailable(unlocked.cause()),
+                    "unlocked because of {}",
+                    unlocked.cause()
+                );
+            }
+            other => {
+                return Err(Failure::new(format!(
+                    "fail-open against a stopped server gave {other:?}, not Unlocked"
+                )))
+            }
+        }
+        Ok(())
+    }
+    .await;
+    ctx.faults().resume().await.or_fail("resume the server")?;
+    result?;
+    // Back to normal: fail-open takes a real lease (within two TTLs, as clients reconnect).
+    let since = Instant::now();
+    loop {
+        let admitted = acquire_or(
+            b.clone(),
+            &key,
+            ttl,
+            ttl,
+            options(),
+            IfUnavailable::FailOpen,
+        )
+        .await;
+        match admitted {
+            Ok(Admission::Leased(lease)) => {
+                let _ = lease.release().await.or_fail("B releases")?;
+                return Ok(Verdict::Passed);
+            }
+            Ok(Admission::Unlocked(_)) | Err(_)
+                if since.elapsed() < ttl * 2 + ctx.tolerance() * 2 =>
+            {
+                tokio::time::sleep(ttl / 10).await;
+            }
+            other => {
+                return Err(Failure::new(format!(
+                    "after the server resumed, fail-open still gave {other:?}"
+                )))
+            }
+        }
+    }
+}
