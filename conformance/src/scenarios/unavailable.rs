@@ -1,9 +1,11 @@
 //! The authority unavailable: failing open or closed is the caller's declared choice.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{
-    acquire_or, is_unavailable, Admission, Error, IfUnavailable, Instant, Lease, LeaseOptions,
+    acquire_or, is_unavailable, Admission, Authority, Error, IfUnavailable, Instant, Lease,
+    LeaseOptions, LockKey,
 };
 
 use super::helpers::{paused, NO_PAUSE};
@@ -11,20 +13,36 @@ use crate::context::Context;
 use crate::ensure;
 use crate::verdict::{Failure, OrFail, Outcome, Verdict};
 
+/// `acquire_or` without waiting (and without renewals), bounded: a stopped server must not make
+/// it hang.
+async fn admit(
+    client: &Arc<dyn Authority>,
+    key: &LockKey,
+    ttl: Duration,
+    max_wait: Duration,
+    policy: IfUnavailable,
+) -> Result<leasehold_core::Result<Admission>, Failure> {
+    let options = LeaseOptions::default().with_auto_renew(false);
+    let admitted = acquire_or(client.clone(), key, ttl, max_wait, options, policy);
+    tokio::time::timeout(Duration::from_secs(30), admitted)
+        .await
+        .map_err(|_| Failure::new(format!("{policy:?}: acquire_or hung for 30 s")))
+}
+
 /// A key A holds is never a reason to proceed: B's `acquire_or` is `Timeout` under both
 /// policies. With the server stopped (SIGSTOP), fail-closed is an unavailable error and
-/// fail-open proceeds `Unlocked` (with no fence), each within the request timeout's bound; once
-/// the server resumes, fail-open takes a real lease again.
+/// fail-open proceeds `Unlocked` (with no fence); once the server resumes, fail-open takes a
+/// real lease again.
 pub async fn fail_open_and_closed_are_explicit(ctx: &Context) -> Outcome {
     let (a, b) = (ctx.connect().await?, ctx.connect().await?);
     let key = ctx.key("if-unavailable");
     let ttl = ctx.ttl();
-    let options = || LeaseOptions::default().with_auto_renew(false);
-    let held = Lease::acquire(a, &key, ttl, Duration::ZERO, options())
+    let still = LeaseOptions::default().with_auto_renew(false);
+    let held = Lease::acquire(a, &key, ttl, Duration::ZERO, still)
         .await
         .or_fail("A acquires")?;
     for policy in [IfUnavailable::FailOpen, IfUnavailable::FailClosed] {
-        match acquire_or(b.clone(), &key, ttl, Duration::ZERO, options(), policy).await {
+        match admit(&b, &key, ttl, Duration::ZERO, policy).await? {
             Err(Error::Timeout { .. }) => {}
             Ok(admission) => {
                 return Err(Failure::new(format!(
@@ -38,22 +56,8 @@ pub async fn fail_open_and_closed_are_explicit(ctx: &Context) -> Outcome {
     if !paused(ctx).await? {
         return Ok(Verdict::NotApplicable(NO_PAUSE.into()));
     }
-    let bound = Duration::from_secs(30);
     let result = async {
-        let closed = tokio::time::timeout(
-            bound,
-            acquire_or(
-                b.clone(),
-                &key,
-                ttl,
-                Duration::ZERO,
-                options(),
-                IfUnavailable::FailClosed,
-            ),
-        )
-        .await
-        .map_err(|_| Failure::new("fail-closed hung against a stopped server"))?;
-        match closed {
+        match admit(&b, &key, ttl, Duration::ZERO, IfUnavailable::FailClosed).await? {
             Err(e) if is_unavailable(&e) => {}
             other => {
                 return Err(Failure::new(format!(
@@ -61,20 +65,7 @@ pub async fn fail_open_and_closed_are_explicit(ctx: &Context) -> Outcome {
                 )))
             }
         }
-        let open = tokio::time::timeout(
-            bound,
-            acquire_or(
-                b.clone(),
-                &key,
-                ttl,
-                Duration::ZERO,
-                options(),
-                IfUnavailable::FailOpen,
-            ),
-        )
-        .await
-        .map_err(|_| Failure::new("fail-open hung against a stopped server"))?;
-        match open {
+        match admit(&b, &key, ttl, Duration::ZERO, IfUnavailable::FailOpen).await? {
             Ok(Admission::Unlocked(unlocked)) => {
                 ensure!(unlocked.key() == &key, "unlocked names {}", unlocked.key());
                 ensure!(
@@ -97,16 +88,7 @@ pub async fn fail_open_and_closed_are_explicit(ctx: &Context) -> Outcome {
     // Back to normal: fail-open takes a real lease (within two TTLs, as clients reconnect).
     let since = Instant::now();
     loop {
-        let admitted = acquire_or(
-            b.clone(),
-            &key,
-            ttl,
-            ttl,
-            options(),
-            IfUnavailable::FailOpen,
-        )
-        .await;
-        match admitted {
+        match admit(&b, &key, ttl, ttl, IfUnavailable::FailOpen).await? {
             Ok(Admission::Leased(lease)) => {
                 let _ = lease.release().await.or_fail("B releases")?;
                 return Ok(Verdict::Passed);

@@ -128,25 +128,12 @@ async fn run(subject: &Subject, iterations: usize) -> Result<(), BoxError> {
     let mut raws: Vec<Samples> = subject.raw.iter().map(|_| Samples::default()).collect();
     // Interleave the measurements so drift on a noisy machine hits them alike.
     for i in 0..warmup + iterations {
-        let t = Instant::now();
-        let grant = subject
-            .authority
-            .try_acquire(&key, TTL)
-            .await?
-            .ok_or("the bench key is held by someone else")?;
-        let _ = subject.authority.release(&grant).await?;
-        let took = t.elapsed();
+        let took = pair(subject, &key).await?;
         {
             let _recording = metrics::set_default_local_recorder(&recorder);
-            let t = Instant::now();
-            let grant = subject
-                .authority
-                .try_acquire(&key, TTL)
-                .await?
-                .ok_or("the bench key is held by someone else")?;
-            let _ = subject.authority.release(&grant).await?;
+            let with_recorder = pair(subject, &key).await?;
             if i >= warmup {
-                recorded.push(t.elapsed());
+                recorded.push(with_recorder);
             }
         }
         for (raw, samples) in subject.raw.iter().zip(raws.iter_mut()) {
@@ -197,6 +184,18 @@ async fn run(subject: &Subject, iterations: usize) -> Result<(), BoxError> {
         );
     }
     Ok(())
+}
+
+/// One uncontended try_acquire + release through leasehold, timed.
+async fn pair(subject: &Subject, key: &LockKey) -> Result<Duration, BoxError> {
+    let t = Instant::now();
+    let grant = subject
+        .authority
+        .try_acquire(key, TTL)
+        .await?
+        .ok_or("the bench key is held by someone else")?;
+    let _ = subject.authority.release(&grant).await?;
+    Ok(t.elapsed())
 }
 
 /// A waiter blocks in `acquire`; the holder releases; measured from the release call until the

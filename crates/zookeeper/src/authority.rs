@@ -141,6 +141,20 @@ impl ZkAuthority {
         lock_path(&self.inner.config, key)
     }
 
+    /// A session to read with: any this client has open, or a new one of the shortest TTL (a
+    /// session alone holds no lock).
+    async fn reading_session(&self) -> Result<Arc<session::Session>> {
+        match self.inner.sessions.any() {
+            Some(session) => Ok(session),
+            None => {
+                self.inner
+                    .sessions
+                    .get(self.inner.capabilities.ttl.min)
+                    .await
+            }
+        }
+    }
+
     /// The TTLs this authority grants (what the server granted when probed).
     pub fn ttl_range(&self) -> TtlRange {
         self.inner.capabilities.ttl
@@ -374,15 +388,7 @@ impl Authority for ZkAuthority {
     ///   another session has left before it expires, and a leasehold holder's client withdraws
     ///   an unrenewed grant at its own deadline, which the server does not know either.
     async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
-        let session = match self.inner.sessions.any() {
-            Some(session) => session,
-            None => {
-                self.inner
-                    .sessions
-                    .get(self.inner.capabilities.ttl.min)
-                    .await?
-            }
-        };
+        let session = self.reading_session().await?;
         let parent = self.lock_path(key);
         let client = &session.client;
         // The holder may leave between the listing and the read of its node: look again.
@@ -429,15 +435,7 @@ impl Authority for ZkAuthority {
     /// (ZooKeeper keeps it; Curator's reaper or a container node may remove it), so free keys
     /// may be listed; a held key always is, since its holder's node sits under its parent.
     async fn list_keys(&self, prefix: &KeyPrefix, limit: usize) -> Result<Vec<LockKey>> {
-        let session = match self.inner.sessions.any() {
-            Some(session) => session,
-            None => {
-                self.inner
-                    .sessions
-                    .get(self.inner.capabilities.ttl.min)
-                    .await?
-            }
-        };
+        let session = self.reading_session().await?;
         let root = self.inner.config.chroot.clone();
         let client = &session.client;
         let listed = session::read(&self.inner.config, "list_keys", || {
