@@ -78,6 +78,33 @@ fn billing_charges_once_and_refuses_the_paused_worker() {
     assert_eq!(out.matches("won the lock").count(), 1, "{out}");
 }
 
+/// Issue 14: the seed's payout failure (the provider pays but answers late, the worker's lease
+/// runs out, another takes over) across 12 seeded rounds: every payout made exactly once, and
+/// the rounds really exercised the late answer and the retry with the same key.
+#[cfg(feature = "postgres")]
+#[test]
+fn payout_is_made_exactly_once_across_seeded_interleavings() {
+    let server = leasehold_servers::PostgresServer::start().unwrap();
+    let out = run("payout", &[&server.url(), "12", "7"]);
+    println!("{out}");
+    assert!(out.contains("every payout made exactly once."), "{out}");
+    let summary = out
+        .lines()
+        .find(|l| l.starts_with("12 round(s), seed 7:"))
+        .unwrap_or_else(|| panic!("no summary line:\n{out}"));
+    assert!(summary.ends_with("12 paid exactly once"), "{summary}");
+    assert!(!summary.contains("too late in 0,"), "{summary}");
+    assert!(!summary.contains("same key in 0;"), "{summary}");
+    // One round tells the story line by line.
+    let story = run("payout", &[&server.url(), "1", "3"]);
+    println!("{story}");
+    assert!(
+        story.contains("calling the provider with key pk_"),
+        "{story}"
+    );
+    assert!(story.contains("every payout made exactly once."), "{story}");
+}
+
 #[cfg(feature = "postgres")]
 #[test]
 fn invoice_is_paid_once_in_a_real_postgres() {
