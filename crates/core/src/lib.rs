@@ -49,6 +49,7 @@ mod options;
 mod owner;
 mod redact;
 mod resource;
+mod schedule;
 pub mod telemetry;
 pub mod time;
 mod ttl;
@@ -73,6 +74,7 @@ pub use options::{percent_decode, ClientOptions, UrlParams};
 pub use owner::OwnerToken;
 pub use redact::{is_secret_param, redact_url, Secret};
 pub use resource::{FencedRegister, FencedResource, Guarded};
+pub use schedule::claim_period;
 pub use ttl::TtlRange;
 
 /// Re-exported so backends and tests use the same monotonic clock type (tokio's, which

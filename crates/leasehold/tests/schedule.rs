@@ -1,0 +1,51 @@
+//! Issue 14, scheduled work: `claim_period` gives one instance per period the run, on a real
+//! cross-process authority (SQLite) and on the in-memory reference.
+
+use std::time::Duration;
+
+use leasehold::{claim_period, connect, Authority, LockKey};
+
+/// Two instances in one period: the first runs, the second skips, and still skips after the
+/// first finished and dropped its claim (the claim lasts the period); after the period the next
+/// claim runs with a greater fence.
+async fn one_run_per_period(a: std::sync::Arc<dyn Authority>, b: std::sync::Arc<dyn Authority>) {
+    let key = LockKey::new("report:nightly").unwrap();
+    let period = Duration::from_millis(600);
+    let first = claim_period(a.clone(), &key, period).await.unwrap();
+    let first = first.expect("the first instance claims the period");
+    let fence = first.fence();
+    assert!(claim_period(b.clone(), &key, period)
+        .await
+        .unwrap()
+        .is_none());
+    drop(first); // a short job ends early in its period
+    tokio::time::sleep(period / 4).await;
+    assert!(
+        claim_period(b.clone(), &key, period)
+            .await
+            .unwrap()
+            .is_none(),
+        "a second run in the same period"
+    );
+    tokio::time::sleep(period).await;
+    let next = claim_period(b, &key, period)
+        .await
+        .unwrap()
+        .expect("the next period is claimed");
+    assert!(next.fence() > fence, "{} after {fence}", next.fence());
+}
+
+#[tokio::test]
+async fn memory() {
+    let a = connect("memory://schedule").await.unwrap();
+    one_run_per_period(a.clone(), a).await;
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn sqlite_across_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+    let (a, b) = (connect(&url).await.unwrap(), connect(&url).await.unwrap());
+    one_run_per_period(a, b).await;
+}
