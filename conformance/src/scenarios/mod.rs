@@ -25,6 +25,7 @@ mod listing;
 mod outage;
 mod release;
 mod renew;
+mod semaphore;
 mod stale_write;
 mod suspension;
 mod telemetry;
@@ -54,6 +55,10 @@ pub use release::{
 pub use renew::{
     lease_renews_past_ttl, lost_fires_at_deadline, lost_fires_on_refused_renewal,
     renew_after_expiry_is_refused,
+};
+pub use semaphore::{
+    semaphore_cancelled_acquire_leaves_no_slot, semaphore_never_exceeds_its_permits,
+    semaphore_permits_must_agree,
 };
 pub use stale_write::{
     stale_write_first_is_accepted_without_claim, stale_write_refused_after_claim,
@@ -127,6 +132,9 @@ scenarios![
     contention,
     unresponsive_authority,
     fail_open_and_closed_are_explicit,
+    semaphore_never_exceeds_its_permits,
+    semaphore_permits_must_agree,
+    semaphore_cancelled_acquire_leaves_no_slot,
     short_outage_suspends_then_holds,
     long_outage_loses_at_the_deadline,
     fences_survive_restart,

@@ -50,6 +50,7 @@ mod owner;
 mod redact;
 mod resource;
 mod schedule;
+mod semaphore;
 pub mod telemetry;
 pub mod time;
 mod ttl;
@@ -75,6 +76,7 @@ pub use owner::OwnerToken;
 pub use redact::{is_secret_param, redact_url, Secret};
 pub use resource::{FencedRegister, FencedResource, Guarded};
 pub use schedule::claim_period;
+pub use semaphore::{Permit, Semaphore, MAX_PERMITS};
 pub use ttl::TtlRange;
 
 /// Re-exported so backends and tests use the same monotonic clock type (tokio's, which
