@@ -187,6 +187,29 @@ impl ZkAuthority {
 }
 
 /// `<chroot>/<escaped key>`.
+/// The children of `path` after a `sync` (so the listing is not older than the request); none
+/// when `path` does not exist. Reads only.
+async fn synced_children(
+    config: &ZkConfig,
+    client: &zookeeper_client::Client,
+    path: &str,
+    what: &str,
+) -> Result<Vec<String>> {
+    let listed = session::read(config, what, || {
+        let synced = client.sync(path);
+        let listed = client.list_children(path);
+        async move {
+            synced.await?;
+            listed.await
+        }
+    });
+    match listed.await? {
+        Ok(children) => Ok(children),
+        Err(ZkError::NoNode) => Ok(Vec::new()),
+        Err(e) => Err(errors::map(e, what)),
+    }
+}
+
 pub(crate) fn lock_path(config: &ZkConfig, key: &LockKey) -> String {
     let name = names::node_name_for_key(key);
     if config.chroot == "/" {
@@ -393,19 +416,7 @@ impl Authority for ZkAuthority {
         let client = &session.client;
         // The holder may leave between the listing and the read of its node: look again.
         for _ in 0..INSPECT_TRIES {
-            let listed = session::read(&self.inner.config, "inspect", || {
-                let synced = client.sync(&parent);
-                let listed = client.list_children(&parent);
-                async move {
-                    synced.await?;
-                    listed.await
-                }
-            });
-            let children = match listed.await? {
-                Ok(children) => children,
-                Err(ZkError::NoNode) => Vec::new(),
-                Err(e) => return Err(errors::map(e, "inspect")),
-            };
+            let children = synced_children(&self.inner.config, client, &parent, "inspect").await?;
             let Some(first) = names::queue(&children).into_iter().next() else {
                 return Ok(Inspection::free(BACKEND, key.clone()));
             };
@@ -438,19 +449,7 @@ impl Authority for ZkAuthority {
         let session = self.reading_session().await?;
         let root = self.inner.config.chroot.clone();
         let client = &session.client;
-        let listed = session::read(&self.inner.config, "list_keys", || {
-            let synced = client.sync(&root);
-            let listed = client.list_children(&root);
-            async move {
-                synced.await?;
-                listed.await
-            }
-        });
-        let children = match listed.await? {
-            Ok(children) => children,
-            Err(ZkError::NoNode) => Vec::new(),
-            Err(e) => return Err(errors::map(e, "list_keys")),
-        };
+        let children = synced_children(&self.inner.config, client, &root, "list_keys").await?;
         let mut keys = SmallestKeys::new(limit);
         for key in children.iter().filter_map(|c| names::key_from_node_name(c)) {
             if prefix.matches(&key) {
