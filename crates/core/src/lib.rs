@@ -54,6 +54,7 @@ mod semaphore;
 pub mod telemetry;
 pub mod time;
 mod ttl;
+mod unclaimed;
 
 pub use authority::{Authority, Released};
 pub use backoff::{poll_acquire, Backoff};
@@ -78,6 +79,7 @@ pub use resource::{FencedRegister, FencedResource, Guarded};
 pub use schedule::claim_period;
 pub use semaphore::{Permit, Semaphore, MAX_PERMITS};
 pub use ttl::TtlRange;
+pub use unclaimed::{claim_or_give_back, Left, Unanswered};
 
 /// Re-exported so backends and tests use the same monotonic clock type (tokio's, which
 /// `tokio::time::pause()` controls in tests).

@@ -9,12 +9,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::time::{saturating_add, FOREVER};
 use leasehold_core::{
-    Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
-    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange,
+    claim_or_give_back, Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant,
+    Inspection, Instant, KeyPrefix, Left, LockKey, LostReason, OwnerId, OwnerToken, Released,
+    Result, TtlRange, Unanswered,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, SqlSafeStr, SqlStr};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::{FenceSafetyOption, PostgresConfig};
@@ -268,28 +269,9 @@ impl Inner {
     }
 }
 
-/// An acquisition statement running in its own task, whose answer this side has not taken yet.
-/// Dropped before taking it (the caller was cancelled, or the request timed out), it closes the
-/// channel: a win already sent is given back here, and one sent later fails to arrive and is
-/// given back by the task. Either way exactly one side sees an unclaimed win.
-struct Pending {
-    rx: Option<oneshot::Receiver<Acquired>>,
-    inner: Arc<Inner>,
-    key: String,
-    owner: String,
-    ttl: Duration,
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        let Some(mut rx) = self.rx.take() else {
-            return;
-        };
-        rx.close();
-        if let Ok(Ok((Some(raw), _))) = rx.try_recv() {
-            spawn_give_back(&self.inner, &self.key, &self.owner, raw, self.ttl);
-        }
-    }
+/// Whether an acquisition answer took a lease: its fence column, to give it back by.
+fn won(acquired: &Acquired) -> Option<i64> {
+    acquired.as_ref().ok().and_then(|(raw, _)| *raw)
 }
 
 fn spawn_give_back(inner: &Arc<Inner>, key: &str, owner: &str, raw: i64, ttl: Duration) {
@@ -471,41 +453,41 @@ impl PostgresAuthority {
 
     /// One acquisition attempt. The statement runs in a task of its own and this side waits
     /// for its answer up to the request timeout; whatever happens to this side, a lease the
-    /// statement takes is either handed over or given back (see [`Pending`]).
+    /// statement takes is either handed over or given back (see [`claim_or_give_back`]).
     async fn attempt(&self, key: &LockKey, ttl: Duration, waiting: bool) -> Result<Attempt> {
         let owner = OwnerToken::generate()?;
         let owner_hex = owner.to_hex();
         let sent = Instant::now();
         let give_up = saturating_add(sent, self.inner.timeout());
-        let (tx, rx) = oneshot::channel();
-        {
+        let request = {
             let (inner, key, owner) = (
                 self.inner.clone(),
                 key.as_str().to_string(),
                 owner_hex.clone(),
             );
-            tokio::spawn(async move {
-                let acquired = inner
-                    .acquire_statement(key.clone(), owner.clone(), ttl, waiting, give_up)
-                    .await;
-                if let Err(Ok((Some(raw), _))) = tx.send(acquired) {
-                    inner.give_back(key, owner, raw, ttl).await;
-                }
-            });
-        }
-        let mut pending = Pending {
-            rx: Some(rx),
-            inner: self.inner.clone(),
-            key: key.as_str().to_string(),
-            owner: owner_hex,
-            ttl,
+            move |_: Left| async move {
+                inner
+                    .acquire_statement(key, owner, ttl, waiting, give_up)
+                    .await
+            }
         };
-        let Some(rx) = pending.rx.as_mut() else {
-            unreachable!("set just above")
+        let give_back = {
+            let (inner, key, owner) = (
+                self.inner.clone(),
+                key.as_str().to_string(),
+                owner_hex.clone(),
+            );
+            move |raw: i64| {
+                let (inner, key, owner) = (inner.clone(), key.clone(), owner.clone());
+                async move { inner.give_back(key, owner, raw, ttl).await }
+            }
         };
-        let acquired = match tokio::time::timeout_at(give_up, rx).await {
-            Err(_) => return Err(errors::timed_out("acquire", self.inner.timeout())),
-            Ok(Err(_)) => {
+        let acquired = match claim_or_give_back(request, give_up, won, give_back).await {
+            Ok(acquired) => acquired,
+            Err(Unanswered::TimedOut) => {
+                return Err(errors::timed_out("acquire", self.inner.timeout()))
+            }
+            Err(Unanswered::NoAnswer) => {
                 return Err(Error::Backend {
                     backend: BACKEND,
                     message: "acquire: the request ended without an answer".into(),
@@ -513,17 +495,14 @@ impl PostgresAuthority {
                     source: None,
                 })
             }
-            Ok(Ok(acquired)) => acquired,
         };
-        // The answer is ours now: nothing is left to give back on drop.
-        pending.rx = None;
         match acquired {
             Err(e) if waiting && errors::is_conflict(&e) => Ok(Attempt::Held(None)),
             Err(e) => Err(errors::map(e, "acquire", &self.inner.config.table)),
             Ok((Some(raw), _)) => match self.grant(key, owner, raw, ttl, sent) {
                 Ok(grant) => Ok(Attempt::Won(grant)),
                 Err(e) => {
-                    spawn_give_back(&self.inner, key.as_str(), &pending.owner, raw, ttl);
+                    spawn_give_back(&self.inner, key.as_str(), &owner_hex, raw, ttl);
                     Err(e)
                 }
             },

@@ -9,14 +9,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::time::{saturating_add, FOREVER};
 use leasehold_core::{
-    Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
-    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange, WaitStrategy,
+    claim_or_give_back, Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant,
+    Inspection, Instant, KeyPrefix, Left, LockKey, LostReason, OwnerId, OwnerToken, Released,
+    Result, TtlRange, Unanswered, WaitStrategy,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr};
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::Notify;
 
 use crate::clock::MachineClock;
 use crate::config::SqliteConfig;
@@ -289,28 +290,9 @@ impl Inner {
     }
 }
 
-/// An acquisition step running in its own task, whose answer this side has not taken yet.
-/// Dropped before taking it (the caller was cancelled, or the request timed out), it closes the
-/// channel: a win already sent is given back here, and one sent later fails to arrive and is
-/// given back by the task. Either way exactly one side sees an unclaimed win.
-struct Pending {
-    rx: Option<oneshot::Receiver<Acquired>>,
-    inner: Arc<Inner>,
-    key: String,
-    owner: String,
-    ttl: Duration,
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        let Some(mut rx) = self.rx.take() else {
-            return;
-        };
-        rx.close();
-        if let Ok(Ok((Some(raw), _))) = rx.try_recv() {
-            spawn_give_back(&self.inner, &self.key, &self.owner, raw, self.ttl);
-        }
-    }
+/// Whether an acquisition answer took a lease: its fence column, to give it back by.
+fn won(acquired: &Acquired) -> Option<i64> {
+    acquired.as_ref().ok().and_then(|(raw, _)| *raw)
 }
 
 fn spawn_give_back(inner: &Arc<Inner>, key: &str, owner: &str, raw: i64, ttl: Duration) {
@@ -510,7 +492,7 @@ impl SqliteAuthority {
 
     /// One acquisition attempt. The step runs in a task of its own and this side waits for its
     /// answer up to the request timeout; whatever happens to this side, a lease the step takes
-    /// is either handed over or given back (see [`Pending`]).
+    /// is either handed over or given back (see [`claim_or_give_back`]).
     async fn attempt(&self, key: &LockKey, ttl: Duration) -> Result<Attempt> {
         let owner = OwnerToken::generate()?;
         let owner_hex = owner.to_hex();
@@ -518,59 +500,49 @@ impl SqliteAuthority {
         // the clock reading that start the lease in the file.
         let sent = Instant::now();
         let give_up = saturating_add(sent, self.inner.timeout());
-        let (tx, rx) = oneshot::channel();
-        {
+        let request = {
             let (inner, key, owner) = (
                 self.inner.clone(),
                 key.as_str().to_string(),
                 owner_hex.clone(),
             );
-            tokio::spawn(async move {
-                let acquired = inner
-                    .acquire_step(&key, &owner, ttl, || tx.is_closed())
-                    .await;
-                if let Err(Ok((Some(raw), _))) = tx.send(acquired) {
-                    inner.give_back(key, owner, raw, ttl).await;
-                }
-            });
-        }
-        let mut pending = Pending {
-            rx: Some(rx),
-            inner: self.inner.clone(),
-            key: key.as_str().to_string(),
-            owner: owner_hex,
-            ttl,
+            move |left: Left| async move { inner.acquire_step(&key, &owner, ttl, || left.get()).await }
         };
-        let answer = match pending.rx.as_mut() {
-            Some(rx) => tokio::time::timeout_at(give_up, rx).await,
-            None => return Err(Self::no_answer()),
+        let give_back = {
+            let (inner, key, owner) = (
+                self.inner.clone(),
+                key.as_str().to_string(),
+                owner_hex.clone(),
+            );
+            move |raw: i64| {
+                let (inner, key, owner) = (inner.clone(), key.clone(), owner.clone());
+                async move { inner.give_back(key, owner, raw, ttl).await }
+            }
         };
-        let acquired = match answer {
-            Err(_) => return Err(errors::timed_out("acquire", self.inner.timeout())),
-            Ok(Err(_)) => return Err(Self::no_answer()),
-            Ok(Ok(acquired)) => acquired,
+        let acquired = match claim_or_give_back(request, give_up, won, give_back).await {
+            Ok(acquired) => acquired,
+            Err(Unanswered::TimedOut) => {
+                return Err(errors::timed_out("acquire", self.inner.timeout()))
+            }
+            Err(Unanswered::NoAnswer) => {
+                return Err(Error::Backend {
+                    backend: BACKEND,
+                    message: "acquire: the request ended without an answer".into(),
+                    retryable: true,
+                    source: None,
+                })
+            }
         };
-        // The answer is ours now: nothing is left to give back on drop.
-        pending.rx = None;
         match acquired {
             Err(e) => Err(errors::map(e, "acquire", &self.inner.shown)),
             Ok((Some(raw), _)) => match self.grant(key, owner, raw, ttl, sent) {
                 Ok(grant) => Ok(Attempt::Won(grant)),
                 Err(e) => {
-                    spawn_give_back(&self.inner, key.as_str(), &pending.owner, raw, ttl);
+                    spawn_give_back(&self.inner, key.as_str(), &owner_hex, raw, ttl);
                     Err(e)
                 }
             },
             Ok((None, remaining)) => Ok(Attempt::Held(remaining)),
-        }
-    }
-
-    fn no_answer() -> Error {
-        Error::Backend {
-            backend: BACKEND,
-            message: "acquire: the request ended without an answer".into(),
-            retryable: true,
-            source: None,
         }
     }
 
