@@ -189,6 +189,20 @@ fn readable(text: &str) -> &str {
 
 /// `memory://` lives in one process: two `leasehold` processes would each get an authority of
 /// their own and both hold the "lock". Refused, with what to use instead.
+/// The authority's URL: the one given, else the per-user default (created on first use); an
+/// in-process URL is refused. A refusal is printed and becomes the exit status (64).
+pub(crate) fn authority_url(given: Option<&str>) -> Result<String, u8> {
+    let url = state::url_or_default(given).map_err(|e| {
+        say!("leasehold: {e}");
+        code::USAGE
+    })?;
+    refuse_in_process(&url).map_err(|e| {
+        say!("leasehold: {e}");
+        code::USAGE
+    })?;
+    Ok(url)
+}
+
 pub(crate) fn refuse_in_process(url: &str) -> Result<(), String> {
     let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
     if scheme.as_deref() == Some("memory") {
@@ -283,27 +297,17 @@ async fn run(args: RunArgs) -> u8 {
         Ok(k) => k,
         Err(e) => return failed(&e, "", busy),
     };
-    let url = match args.url.as_deref() {
-        Some(url) => url.to_string(),
-        None => {
-            // The TTL is checked before anything is created on disk (the default's URL has
-            // no parameters, so its floor is the default options').
-            if let Err(e) = check_ttl("sqlite://", args.ttl) {
-                return failed(&e, "", busy);
-            }
-            match state::url_or_default(None) {
-                Ok(url) => url,
-                Err(e) => {
-                    say!("leasehold: {e}");
-                    return code::USAGE;
-                }
-            }
+    if args.url.is_none() {
+        // The TTL is checked before anything is created on disk (the default's URL has no
+        // parameters, so its floor is the default options').
+        if let Err(e) = check_ttl("sqlite://", args.ttl) {
+            return failed(&e, "", busy);
         }
-    };
-    if let Err(e) = refuse_in_process(&url) {
-        say!("leasehold: {e}");
-        return code::USAGE;
     }
+    let url = match authority_url(args.url.as_deref()) {
+        Ok(url) => url,
+        Err(code) => return code,
+    };
     if let Err(e) = check_ttl(&url, args.ttl) {
         return failed(&e, &url, busy);
     }

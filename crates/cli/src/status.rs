@@ -8,7 +8,7 @@ use leasehold::{redact_url, Authority, Inspection, KeyPrefix, LockKey, UrlParams
 
 use crate::args::{StatusArgs, StatusTarget};
 use crate::duration::human;
-use crate::{code, failed, refuse_in_process, state};
+use crate::{authority_url, code, failed};
 
 /// What to inspect, checked before anything connects.
 enum Target {
@@ -29,17 +29,10 @@ pub async fn status(args: StatusArgs) -> u8 {
         Ok(t) => t,
         Err(e) => return failed(&e, "", code::USAGE),
     };
-    let url = match state::url_or_default(args.url.as_deref()) {
+    let url = match authority_url(args.url.as_deref()) {
         Ok(url) => url,
-        Err(e) => {
-            say!("leasehold: {e}");
-            return code::USAGE;
-        }
+        Err(code) => return code,
     };
-    if let Err(e) = refuse_in_process(&url) {
-        say!("leasehold: {e}");
-        return code::USAGE;
-    }
     let timeout = match UrlParams::parse(&url).and_then(|mut p| p.take_client_options()) {
         Ok(options) => options.request_timeout,
         Err(e) => return failed(&e, &url, code::USAGE),
