@@ -292,6 +292,14 @@ impl Authority for Mutated {
     async fn list_keys(&self, prefix: &KeyPrefix, limit: usize) -> Result<Vec<LockKey>> {
         self.inner.list_keys(prefix, limit).await
     }
+
+    async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
+        self.inner.proclaim(original(grant), value).await
+    }
+
+    async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
+        self.inner.wait_for_change(key, max_wait).await
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -15,6 +15,7 @@ use crate::verdict::{Failure, Line, Outcome, Report};
 mod bad_input;
 mod cancellation;
 mod clock;
+mod election;
 mod exclusion;
 mod expiry;
 mod fences;
@@ -38,6 +39,11 @@ pub use cancellation::{
     dropped_waiter_does_not_delay_handoff, CANCEL_ROUNDS,
 };
 pub use clock::{deadline_counts_from_the_request, delayed_reply_shortens_the_grant};
+pub use election::{
+    election_cancelled_campaign_leaves_nothing, election_deposed_leader_is_refused,
+    election_epochs_grow_across_resign_expiry_and_crash, election_epochs_survive_restart,
+    election_observers_see_every_change, election_one_leader_at_a_time,
+};
 pub use exclusion::{contention, exclusion, CONTENDERS, ROUNDS};
 pub use expiry::vanished_holder_frees_within_ttl;
 pub use fences::{
@@ -54,11 +60,11 @@ pub use release::{
 };
 pub use renew::{
     lease_renews_past_ttl, lost_fires_at_deadline, lost_fires_on_refused_renewal,
-    renew_after_expiry_is_refused,
+    renew_after_expiry_is_refused, renewal_refusal_loses_only_that_lease,
 };
 pub use semaphore::{
     semaphore_cancelled_acquire_leaves_no_slot, semaphore_never_exceeds_its_permits,
-    semaphore_permits_must_agree,
+    semaphore_permits_must_agree, semaphore_waits_by_notification,
 };
 pub use stale_write::{
     stale_write_first_is_accepted_without_claim, stale_write_refused_after_claim,
@@ -117,6 +123,7 @@ scenarios![
     lease_renews_past_ttl,
     lost_fires_at_deadline,
     lost_fires_on_refused_renewal,
+    renewal_refusal_loses_only_that_lease,
     vanished_holder_frees_within_ttl,
     fences_increase,
     fences_grow_after_idle_cleanup,
@@ -135,9 +142,16 @@ scenarios![
     semaphore_never_exceeds_its_permits,
     semaphore_permits_must_agree,
     semaphore_cancelled_acquire_leaves_no_slot,
+    semaphore_waits_by_notification,
+    election_one_leader_at_a_time,
+    election_epochs_grow_across_resign_expiry_and_crash,
+    election_observers_see_every_change,
+    election_deposed_leader_is_refused,
+    election_cancelled_campaign_leaves_nothing,
     short_outage_suspends_then_holds,
     long_outage_loses_at_the_deadline,
     fences_survive_restart,
+    election_epochs_survive_restart,
     fences_survive_failover,
 ];
 

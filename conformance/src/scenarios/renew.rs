@@ -124,6 +124,64 @@ pub async fn lost_fires_on_refused_renewal(ctx: &Context) -> Outcome {
     Ok(Verdict::Passed)
 }
 
+/// Eight leases on one client (renewed together where the backend batches renewals); one is
+/// revoked at the server. It is lost within a renewal tick and the tolerance, with a refusal;
+/// the other seven stay held for two more TTLs, and another client finds all seven keys taken.
+pub async fn renewal_refusal_loses_only_that_lease(ctx: &Context) -> Outcome {
+    let a = ctx.connect().await?;
+    let ttl = ctx.ttl();
+    let mut leases = Vec::new();
+    for i in 0..8 {
+        let key = ctx.key(&format!("crowd-{i}"));
+        leases.push(
+            Lease::try_acquire(a.clone(), &key, ttl, LeaseOptions::default())
+                .await
+                .or_fail("A acquires")?
+                .ok_or_else(|| Failure::new("A could not acquire a free key"))?,
+        );
+    }
+    let victim = leases.remove(3);
+    let lost = victim.lost();
+    match ctx.faults().revoke(victim.key()).await {
+        Err(Error::Unsupported { .. }) => {
+            return Ok(Verdict::NotApplicable(
+                "the harness cannot revoke a lease".into(),
+            ))
+        }
+        other => other.or_fail("revoke one lease at the server")?,
+    }
+    let bound = ttl / 3 + ctx.tolerance();
+    let reason = tokio::time::timeout(bound, lost).await.map_err(|_| {
+        Failure::new(format!(
+            "the revoked lease was not reported lost within {bound:?}"
+        ))
+    })?;
+    ensure!(
+        matches!(reason, LostReason::Refused | LostReason::SessionEnded),
+        "the revoked lease was lost with {reason:?}, expected a refusal"
+    );
+    let until = Instant::now() + ttl * 2;
+    while Instant::now() < until {
+        for lease in &leases {
+            still_held(lease, "a lease renewed beside the revoked one").await?;
+        }
+        tokio::time::sleep(ttl / 4).await;
+    }
+    let b = ctx.connect().await?;
+    for lease in &leases {
+        let probe = b.try_acquire(lease.key(), ttl).await.or_fail("B probes")?;
+        ensure!(
+            probe.is_none(),
+            "B took {} while its lease claimed to be held",
+            lease.key()
+        );
+    }
+    for lease in leases {
+        let _ = lease.release().await.or_fail("release")?;
+    }
+    Ok(Verdict::Passed)
+}
+
 /// A lease that is not renewed reports `DeadlinePassed` when its local deadline passes, which is
 /// before the authority's TTL ends (the deadline counts from before the request, minus the
 /// margin).

@@ -113,6 +113,59 @@ pub async fn semaphore_permits_must_agree(ctx: &Context) -> Outcome {
     Ok(Verdict::Passed)
 }
 
+/// A waiter blocked in `acquire` while both permits are held (their leases renewed, so only a
+/// release frees one) for two TTLs gets the permit soon after one holder releases: within a
+/// fraction of the TTL where the backend notifies (its timer fallback waits up to half a TTL by
+/// then, so the timer alone would usually miss it), within the tolerance where it polls.
+pub async fn semaphore_waits_by_notification(ctx: &Context) -> Outcome {
+    let name = ctx.key("semaphore-wake");
+    let ttl = ctx.ttl();
+    let holder = Semaphore::new(ctx.connect().await?, &name, PERMITS).or_fail("a semaphore")?;
+    let mut held = Vec::new();
+    for _ in 0..PERMITS {
+        held.push(
+            holder
+                .try_acquire(ttl)
+                .await
+                .or_fail("take a permit")?
+                .ok_or_else(|| Failure::new("no free permit"))?,
+        );
+    }
+    let waiter = Semaphore::new(ctx.connect().await?, &name, PERMITS).or_fail("a semaphore")?;
+    let waiting = tokio::spawn(async move {
+        let got = waiter.acquire(ttl, ttl * 10).await;
+        (got, Instant::now())
+    });
+    tokio::time::sleep(ttl * 2).await;
+    ensure!(
+        !waiting.is_finished(),
+        "the waiter returned while every permit was held"
+    );
+    for permit in &held {
+        super::helpers::still_held(permit.lease(), "a held permit").await?;
+    }
+    let released = Instant::now();
+    let _ = held
+        .pop()
+        .ok_or_else(|| Failure::new("no permit to release"))?
+        .release()
+        .await
+        .or_fail("release one permit")?;
+    let (got, at) = waiting.await.or_fail("the waiter task")?;
+    let permit = got.or_fail("the waiter's acquire")?;
+    let took = at.saturating_duration_since(released);
+    let bound = super::waiting::handoff_bound(ctx);
+    ensure!(
+        took <= bound,
+        "the waiter got a permit {took:?} after a release (bound {bound:?})"
+    );
+    let _ = permit.release().await.or_fail("the waiter releases")?;
+    for p in held {
+        let _ = p.release().await.or_fail("release")?;
+    }
+    Ok(Verdict::Passed)
+}
+
 /// Acquire futures dropped at random points around one round trip, a hundred times, while one
 /// permit of two is held: afterwards, within two TTLs (an attempt in flight may still create a
 /// lease, which runs out), both slots are free again.

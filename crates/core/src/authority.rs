@@ -14,6 +14,24 @@ use crate::inspection::Inspection;
 use crate::key::LockKey;
 use crate::key_prefix::KeyPrefix;
 
+/// The longest value [`Authority::proclaim`] attaches to a grant, in bytes: enough for an
+/// address or a node name, small enough for every backend to store beside a lease.
+pub const MAX_VALUE_LEN: usize = 4096;
+
+/// [`Error::InvalidConfig`] for a value longer than [`MAX_VALUE_LEN`]: what every
+/// [`Authority::proclaim`] checks before sending anything.
+pub fn check_proclaimed(value: &[u8]) -> Result<()> {
+    if value.len() > MAX_VALUE_LEN {
+        return Err(Error::InvalidConfig {
+            reason: format!(
+                "a proclaimed value is at most {MAX_VALUE_LEN} bytes, not {}",
+                value.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// What [`Authority::release`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
@@ -89,6 +107,25 @@ pub trait Authority: Send + Sync + fmt::Debug {
     ///   [`crate::Error::InvalidTtl`].
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Instant>;
 
+    /// Renews each of `grants` to its TTL from now, as [`Authority::renew`] would, in as few
+    /// requests as the backend can: one, where [`Capabilities::batch_renewal`].
+    ///
+    /// # Contract
+    /// * One result per grant, in order, each what `renew` would have answered for it alone: a
+    ///   grant no longer ours is [`Error::LeaseLost`] and changes nothing, while the others in
+    ///   the batch are renewed.
+    /// * An error that leaves the whole batch's outcome unknown (no answer) is that error for
+    ///   every grant.
+    /// * Deadlines count from before the batch was sent.
+    /// * The default renews one grant after another.
+    async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
+        let mut results = Vec::with_capacity(grants.len());
+        for grant in grants {
+            results.push(self.renew(grant, grant.ttl()).await);
+        }
+        results
+    }
+
     /// Frees `grant`, if it is still ours.
     ///
     /// # Contract
@@ -144,6 +181,51 @@ pub trait Authority: Send + Sync + fmt::Debug {
             backend: self.capabilities().backend,
             operation: "list_keys".into(),
         })
+    }
+
+    /// Attaches `value` (at most [`MAX_VALUE_LEN`] bytes: an address, a node name) to `grant`
+    /// at the authority, for others to read in [`Inspection::value`]. Leader election
+    /// ([`crate::Election`]) uses it so observers learn who leads; etcd's `Proclaim` is the same
+    /// thing.
+    ///
+    /// # Contract
+    /// * Conditional on ownership, as renew is: a grant that is no longer ours gets
+    ///   [`Error::LeaseLost`] and the current holder's value is left untouched.
+    /// * The value belongs to this grant: while the grant holds the key, inspect shows the value
+    ///   last proclaimed; a later grant on the key (ours or anyone's) starts with none.
+    /// * A value longer than [`MAX_VALUE_LEN`] is [`Error::InvalidConfig`], before any request.
+    /// * The default answers [`Error::Unsupported`]; every backend in this workspace implements
+    ///   it, and a wrapper should delegate it.
+    async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
+        let _ = (grant, value);
+        Err(Error::Unsupported {
+            backend: self.capabilities().backend,
+            operation: "proclaim".into(),
+        })
+    }
+
+    /// Waits until `key` may have changed at the authority (a release, a new grant, a
+    /// proclaimed value), or `max_wait` has passed, whichever comes first. Observers of an
+    /// election and waiters of a semaphore call it between reads, so they learn of a change by
+    /// notification where the backend has one.
+    ///
+    /// # Contract
+    /// * A hint, never proof: it may return early with nothing changed, and callers read again
+    ///   (with [`Authority::inspect`] or a try) to see what did.
+    /// * Returns within `max_wait` plus one request; `Ok` both when woken and when the time ran
+    ///   out. `Duration::MAX` means no bound but a change.
+    /// * A change that happens while it waits wakes it, as far as the backend announces
+    ///   changes: etcd and ZooKeeper watches see every grant, release and expiry; Redis and
+    ///   PostgreSQL announce releases and proclaimed values (announcing every grant would send
+    ///   each acquisition to every listening process); the rest is found by the caller's next
+    ///   read. A change before the call may be missed (read first, then wait with a bounded
+    ///   `max_wait`).
+    /// * Dropping the future leaves nothing behind at the authority.
+    /// * The default sleeps for `max_wait`: polling, for backends without notification.
+    async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
+        let _ = key;
+        tokio::time::sleep_until(crate::time::saturating_add(Instant::now(), max_wait)).await;
+        Ok(())
     }
 
     /// Ends what this client keeps at the authority on behalf of all its leases (an etcd

@@ -40,6 +40,9 @@ pub struct Capabilities {
     /// How late after a TTL ends the authority may notice it (its expiry sweep or session
     /// tick). Zero where expiry is checked on every access.
     pub expiry_slack: Duration,
+    /// Whether [`crate::Authority::renew_many`] renews many grants in one request. When it
+    /// does, [`crate::Lease`]s on one authority renew together, a batch per renewal tick.
+    pub batch_renewal: bool,
 }
 
 impl Capabilities {
@@ -59,6 +62,7 @@ impl Capabilities {
             ttl,
             renew_with_other_ttl: true,
             expiry_slack: Duration::ZERO,
+            batch_renewal: false,
         }
     }
 
@@ -71,6 +75,12 @@ impl Capabilities {
     /// Sets whether `renew` accepts another TTL.
     pub fn with_renew_with_other_ttl(mut self, yes: bool) -> Self {
         self.renew_with_other_ttl = yes;
+        self
+    }
+
+    /// Declares that `renew_many` renews a batch in one request.
+    pub fn with_batch_renewal(mut self, yes: bool) -> Self {
+        self.batch_renewal = yes;
         self
     }
 

@@ -145,7 +145,135 @@ pub enum Error {
     },
 }
 
+/// One error's source, shared by the copies [`Error::into_copies`] makes: it shows and chains
+/// exactly as the original did.
+#[derive(Debug, Clone)]
+struct SharedSource(Arc<dyn std::error::Error + Send + Sync>);
+
+impl std::fmt::Display for SharedSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SharedSource {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
 impl Error {
+    /// `n` copies of this error (the same variant, message and source chain), for a batch whose
+    /// every member failed the same way ([`crate::Authority::renew_many`]).
+    pub fn into_copies(self, n: usize) -> Vec<Error> {
+        let share = |source: Option<BoxError>| -> Option<SharedSource> {
+            source.map(|b| SharedSource(Arc::from(b)))
+        };
+        let boxed = |s: &Option<SharedSource>| -> Option<BoxError> {
+            s.clone().map(|s| Box::new(s) as BoxError)
+        };
+        match self {
+            Error::Unavailable {
+                backend,
+                message,
+                source,
+            } => {
+                let source = share(source);
+                (0..n)
+                    .map(|_| Error::Unavailable {
+                        backend,
+                        message: message.clone(),
+                        source: boxed(&source),
+                    })
+                    .collect()
+            }
+            Error::Unauthorized {
+                backend,
+                message,
+                source,
+            } => {
+                let source = share(source);
+                (0..n)
+                    .map(|_| Error::Unauthorized {
+                        backend,
+                        message: message.clone(),
+                        source: boxed(&source),
+                    })
+                    .collect()
+            }
+            Error::Backend {
+                backend,
+                message,
+                retryable,
+                source,
+            } => {
+                let source = share(source);
+                (0..n)
+                    .map(|_| Error::Backend {
+                        backend,
+                        message: message.clone(),
+                        retryable,
+                        source: boxed(&source),
+                    })
+                    .collect()
+            }
+            Error::Entropy { source } => {
+                let source = share(Some(source));
+                (0..n)
+                    .map(|_| Error::Entropy {
+                        source: boxed(&source).unwrap_or_else(|| "entropy".into()),
+                    })
+                    .collect()
+            }
+            Error::InvalidKey { reason } => (0..n)
+                .map(|_| Error::InvalidKey {
+                    reason: reason.clone(),
+                })
+                .collect(),
+            Error::InvalidTtl { ttl, reason } => (0..n)
+                .map(|_| Error::InvalidTtl {
+                    ttl,
+                    reason: reason.clone(),
+                })
+                .collect(),
+            Error::InvalidUrl { url, reason } => (0..n)
+                .map(|_| Error::InvalidUrl {
+                    url: url.clone(),
+                    reason: reason.clone(),
+                })
+                .collect(),
+            Error::InvalidConfig { reason } => (0..n)
+                .map(|_| Error::InvalidConfig {
+                    reason: reason.clone(),
+                })
+                .collect(),
+            Error::Timeout { key, waited } => (0..n)
+                .map(|_| Error::Timeout {
+                    key: key.clone(),
+                    waited,
+                })
+                .collect(),
+            Error::LeaseLost { key, reason } => (0..n)
+                .map(|_| Error::LeaseLost {
+                    key: key.clone(),
+                    reason: reason.clone(),
+                })
+                .collect(),
+            Error::LeaseSuspended { key } => (0..n)
+                .map(|_| Error::LeaseSuspended { key: key.clone() })
+                .collect(),
+            Error::Unsupported { backend, operation } => (0..n)
+                .map(|_| Error::Unsupported {
+                    backend,
+                    operation: operation.clone(),
+                })
+                .collect(),
+            Error::FenceOutOfRange { backend, raw } => (0..n)
+                .map(|_| Error::FenceOutOfRange { backend, raw })
+                .collect(),
+        }
+    }
+
     /// Whether the same call may succeed if tried again later.
     ///
     /// `Unavailable`, `Timeout` (contention), `LeaseSuspended` and retryable `Backend` errors
@@ -236,6 +364,41 @@ pub type SharedError = Arc<Error>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copies_keep_the_variant_message_and_chain() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let original = Error::Unavailable {
+            backend: "x",
+            message: "no answer".into(),
+            source: Some(Box::new(io)),
+        };
+        let chain = |e: &Error| {
+            let mut out = e.to_string();
+            let mut next = std::error::Error::source(e);
+            while let Some(s) = next {
+                out.push_str(&format!(" <- {s}"));
+                next = s.source();
+            }
+            out
+        };
+        let expected = chain(&original);
+        let copies = original.into_copies(3);
+        assert_eq!(copies.len(), 3);
+        for copy in &copies {
+            assert!(matches!(copy, Error::Unavailable { .. }));
+            assert!(copy.is_retryable());
+            assert_eq!(chain(copy), expected);
+        }
+        assert_eq!(
+            expected,
+            "x authority unavailable: no answer <- reset by peer"
+        );
+        assert!(Error::lease_lost("k", LostReason::Refused)
+            .into_copies(2)
+            .iter()
+            .all(Error::is_lease_lost));
+    }
 
     #[test]
     fn retryable_split_is_what_callers_rely_on() {

@@ -96,6 +96,8 @@ pub struct Inspection {
     pub last_fence: Option<Fence>,
     /// A short, non-secret id of the holder, when held.
     pub owner: Option<OwnerId>,
+    /// The value the holder proclaimed ([`crate::Authority::proclaim`]), when held and one was.
+    pub value: Option<Vec<u8>>,
 }
 
 impl Inspection {
@@ -109,6 +111,7 @@ impl Inspection {
             fence: None,
             last_fence: None,
             owner: None,
+            value: None,
         }
     }
 
@@ -130,6 +133,12 @@ impl Inspection {
     /// Sets the remaining TTL.
     pub fn with_remaining(mut self, remaining: Option<Duration>) -> Self {
         self.remaining = remaining;
+        self
+    }
+
+    /// Sets the holder's proclaimed value.
+    pub fn with_value(mut self, value: Option<Vec<u8>>) -> Self {
+        self.value = value;
         self
     }
 

@@ -187,6 +187,41 @@ impl Authority for Instrumented {
         result
     }
 
+    async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
+        // The same span as a lone renewal (one concept, one name), for a batch of them.
+        let span = tracing::debug_span!(
+            "leasehold.renew",
+            backend = self.inner.capabilities().backend,
+            grants = grants.len(),
+            renewed = tracing::field::Empty,
+        );
+        let results = self.inner.renew_many(grants).instrument(span.clone()).await;
+        span.record("renewed", results.iter().filter(|r| r.is_ok()).count());
+        results
+    }
+
+    async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
+        let span = tracing::debug_span!(
+            "leasehold.proclaim",
+            backend = self.inner.capabilities().backend,
+            key = %grant.key(),
+            fence = grant.fence().value(),
+            value_len = value.len(),
+            outcome = tracing::field::Empty,
+        );
+        let result = self
+            .inner
+            .proclaim(grant, value)
+            .instrument(span.clone())
+            .await;
+        span.record("outcome", outcome(&result));
+        result
+    }
+
+    async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
+        self.inner.wait_for_change(key, max_wait).await
+    }
+
     async fn close(&self) -> Result<()> {
         let span = tracing::info_span!(
             "leasehold.close",

@@ -12,6 +12,7 @@ use tracing::Instrument;
 
 use crate::authority::{Authority, Released};
 use crate::backoff::Backoff;
+use crate::batched_renewal::Renewals;
 use crate::error::{Error, Result};
 use crate::fence::Fence;
 use crate::grant::Grant;
@@ -178,6 +179,11 @@ impl Lease {
             task: Some(task),
             release_on_drop: options.release_on_drop,
         }
+    }
+
+    /// The authority that granted the lease.
+    pub fn authority(&self) -> &Arc<dyn Authority> {
+        &self.authority
     }
 
     /// The key this lease holds.
@@ -402,9 +408,10 @@ async fn keep(
     // If the task ends without having published a loss (a backend's renew panicked, the runtime
     // shut down), `lost()` must still resolve: nobody renews this lease any more.
     let _guard = LostOnExit(state.clone());
+    let renewals = Renewals::of(&authority);
     tokio::select! {
         reason = session_ended => mark_lost(&state, reason),
-        () = renew_until_lost(&*authority, &grant, &state, &options) => {}
+        () = renew_until_lost(&*authority, renewals.as_ref(), &grant, &state, &options) => {}
     }
 }
 
@@ -424,6 +431,7 @@ impl Drop for LostOnExit {
 
 async fn renew_until_lost(
     authority: &dyn Authority,
+    renewals: Option<&Arc<Renewals>>,
     grant: &Grant,
     state: &watch::Sender<Published>,
     options: &LeaseOptions,
@@ -475,9 +483,13 @@ async fn renew_until_lost(
             }
             return;
         }
-        tokio::time::sleep_until(next).await;
+        match renewals {
+            // Renewing early, with a batch that goes out anyway, is free and always safe.
+            Some(batch) if !suspended => batch.sleep_until(next, interval / 2).await,
+            _ => tokio::time::sleep_until(next).await,
+        }
         let sent = Instant::now();
-        let outcome = attempt(authority, grant, state, ttl, sent, deadline).await;
+        let outcome = attempt(authority, renewals, grant, state, ttl, sent, deadline).await;
         let in_time = Instant::now() < deadline;
         let record = state.borrow().record.clone();
         record.renewal(match &outcome {
@@ -539,6 +551,7 @@ enum Attempt {
 /// an answer that lands before the deadline makes it held again.
 async fn attempt(
     authority: &dyn Authority,
+    renewals: Option<&Arc<Renewals>>,
     grant: &Grant,
     state: &watch::Sender<Published>,
     ttl: Duration,
@@ -547,7 +560,12 @@ async fn attempt(
 ) -> Attempt {
     let left = deadline.saturating_duration_since(sent);
     let suspect_at = sent + (left / 2).max(left.min(ttl / 10));
-    let renewal = authority.renew(grant, ttl);
+    let renewal = async {
+        match renewals {
+            Some(batch) => batch.renew(grant).await,
+            None => authority.renew(grant, ttl).await,
+        }
+    };
     tokio::pin!(renewal);
     let mut suspected = false;
     loop {

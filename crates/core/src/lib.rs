@@ -21,6 +21,9 @@
 //! * [`FencingToken`] and [`Fence`]: ordered tokens with a declared [`FenceSafety`] and a
 //!   deployment [`Epoch`].
 //! * [`FencedResource`] and [`FencedRegister`]: the resource side, which refuses stale writes.
+//! * Patterns built on leases, for every backend: [`Election`] (a leader whose epoch is its
+//!   fence), [`Semaphore`] (N fenced slots), [`claim_period`] (scheduled work), [`acquire_or`]
+//!   (failing open or closed, declared).
 //! * [`Capabilities`]: what a backend promises, read by the conformance suite.
 //! * [`Error`]: one `#[non_exhaustive]` enum that separates bad input, contention and outages.
 //!
@@ -31,7 +34,9 @@
 
 mod authority;
 mod backoff;
+mod batched_renewal;
 mod capabilities;
+mod election;
 mod error;
 mod fence;
 mod grant;
@@ -56,9 +61,10 @@ pub mod time;
 mod ttl;
 mod unclaimed;
 
-pub use authority::{Authority, Released};
+pub use authority::{check_proclaimed, Authority, Released, MAX_VALUE_LEN};
 pub use backoff::{poll_acquire, Backoff};
 pub use capabilities::{Capabilities, WaitStrategy};
+pub use election::{Election, Leader, Leadership, Observer, DEFAULT_OBSERVE_INTERVAL};
 pub use error::{BoxError, Error, Result, SharedError};
 pub use fence::{Epoch, Fence, FenceSafety, FencingToken};
 pub use grant::Grant;

@@ -11,8 +11,10 @@
 //! different counts race, each sees the other's slot on its second look and both fail: neither
 //! hands out a permit. A count changed while nobody holds a permit takes effect at once.
 //!
-//! Waiting is by jittered polling of the slots (each try is one request per slot), bounded by
-//! `max_wait`; a slot freed by a holder that never releases is found when its lease runs out.
+//! Waiting is by notification where the backend has it ([`Authority::wait_for_change`] on
+//! every slot: a release wakes the waiter), with a timer fallback that finds a slot freed by a
+//! holder that never released once its lease runs out; by jittered polling elsewhere. Each try
+//! costs one request per slot; the whole wait is bounded by `max_wait`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +23,7 @@ use rand::seq::SliceRandom;
 
 use crate::authority::{Authority, Released};
 use crate::backoff::Backoff;
+use crate::capabilities::WaitStrategy;
 use crate::error::{Error, Result};
 use crate::fence::Fence;
 use crate::key::LockKey;
@@ -143,7 +146,14 @@ impl Semaphore {
     pub async fn acquire(&self, ttl: Duration, max_wait: Duration) -> Result<Permit> {
         let started = tokio::time::Instant::now();
         let give_up = saturating_add(started, max_wait);
-        let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(200));
+        // Where the backend notifies, a release wakes the wait at once and the timer is only the
+        // fallback for holders that never release (their slot frees when its lease runs out);
+        // where it polls, the timer is the wait.
+        let cap = match self.authority.capabilities().wait {
+            WaitStrategy::Notification => (ttl / 2).max(Duration::from_millis(200)),
+            _ => Duration::from_millis(200),
+        };
+        let mut backoff = Backoff::new(Duration::from_millis(5), cap);
         loop {
             if let Some(permit) = self.try_acquire(ttl).await? {
                 return Ok(permit);
@@ -156,8 +166,18 @@ impl Semaphore {
                 });
             }
             let next = saturating_add(now, backoff.next_delay()).min(give_up);
-            tokio::time::sleep_until(next).await;
+            self.wait_for_a_slot(next - now).await?;
         }
+    }
+
+    /// Waits until any slot may have changed, or `max_wait`.
+    async fn wait_for_a_slot(&self, max_wait: Duration) -> Result<()> {
+        let waits = self.slots.iter().map(|slot| {
+            let authority = self.authority.clone();
+            Box::pin(async move { authority.wait_for_change(slot, max_wait).await })
+        });
+        let (first, _, _) = futures_util::future::select_all(waits).await;
+        first
     }
 
     /// Fails if a slot of this name with another permit count is held now.

@@ -11,8 +11,8 @@ use etcd_client::{
 };
 use leasehold_core::time::{deadline_in, saturating_add};
 use leasehold_core::{
-    Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
-    KeyPrefix, LockKey, LossSignal, LostReason, OwnerId, OwnerToken, Released, Result,
+    check_proclaimed, Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection,
+    Instant, KeyPrefix, LockKey, LossSignal, LostReason, OwnerToken, Released, Result,
     SmallestKeys, TtlRange, WaitStrategy,
 };
 use tokio::sync::{oneshot, watch};
@@ -22,8 +22,9 @@ use crate::contenders::Withdrawal;
 use crate::errors::{self, BACKEND};
 use crate::keys::{self, KeySpace};
 use crate::session::{delete_contender, lease_gone, Registry, Session, SessionSettings};
+use crate::stored;
 use crate::token::EtcdRevision;
-use crate::wait::{self, Turn};
+use crate::wait::{self, Change, Seen, Turn};
 
 /// etcd's longest lease TTL (`MaxLeaseTTL` in its lessor): about 285 years.
 const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
@@ -31,6 +32,9 @@ const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
 /// How late etcd may notice that a lease ran out: its lessor looks for expired leases every
 /// 500 ms.
 const EXPIRY_SLACK: Duration = Duration::from_millis(500);
+
+/// How long `wait_for_change` pauses before returning when its watch ended without an event.
+const BROKEN_WATCH_PAUSE: Duration = Duration::from_millis(100);
 
 /// How often an acquire starts over when its session ends under it, before giving up.
 const SESSION_RETRIES: usize = 3;
@@ -51,6 +55,8 @@ struct Inner {
     capabilities: Capabilities,
     registry: Arc<Registry>,
     settings: SessionSettings,
+    /// Where `wait_for_change` watches each lock from: the revision of our last read of it.
+    seen: Seen,
     // Dropped with the authority: every session's task sees the channel close, revokes its
     // lease (freeing all its keys at once) and stops.
     _closing: watch::Sender<()>,
@@ -160,6 +166,7 @@ impl EtcdAuthority {
                 capabilities,
                 registry: Arc::default(),
                 settings,
+                seen: Seen::default(),
                 _closing: closing,
             }),
         })
@@ -578,7 +585,7 @@ impl Authority for EtcdAuthority {
                 ])
                 .and_then([TxnOp::put(
                     entry.name.as_str(),
-                    owner.to_hex(),
+                    stored::encode(owner, None),
                     Some(on_lease(&session)),
                 )])
                 .or_else([TxnOp::get(prefix.as_str(), Some(oldest()))]);
@@ -605,6 +612,10 @@ impl Authority for EtcdAuthority {
                 return self.grant(key, entry.won(revision), ttl, sent).map(Some);
             }
             entry.forget();
+            // Held: a caller that now waits for a change (a semaphore) watches from this read.
+            if let Some(header) = response.header() {
+                self.inner.seen.record(&prefix, header.revision());
+            }
             let holder = kvs(&response, 0).into_iter().next();
             // The oldest key is one of ours that the session does not know: the orphan of a
             // request that got no answer. Delete it and try again rather than wait on ourselves.
@@ -646,7 +657,11 @@ impl Authority for EtcdAuthority {
             let txn = Txn::new()
                 .when([Compare::create_revision(name.as_str(), CompareOp::Equal, 0)])
                 .and_then([
-                    TxnOp::put(name.as_str(), owner.to_hex(), Some(on_lease(&session))),
+                    TxnOp::put(
+                        name.as_str(),
+                        stored::encode(owner, None),
+                        Some(on_lease(&session)),
+                    ),
                     TxnOp::get(prefix.as_str(), Some(oldest())),
                 ])
                 .or_else([TxnOp::get(name.as_str(), None)]);
@@ -835,8 +850,11 @@ impl Authority for EtcdAuthority {
     ///   the last fence issued (any earlier holder's key was created before it). When the
     ///   prefix is empty the last fence is unknown: etcd keeps no trace of deleted keys that a
     ///   read could rely on (compaction).
-    /// * The owner is the key's value: leasehold stores the owner token there; an `etcdctl lock`
-    ///   or Mutex peer stores none and shows as `peer:etcd-mutex`.
+    /// * The owner and the value come from the key's value (see the `stored` module): leasehold
+    ///   stores its owner token there, then the proclaimed value; an `etcdctl lock` or Mutex
+    ///   peer stores nothing and shows as `peer:etcd-mutex`; an `etcdctl elect` or Election peer
+    ///   stores its proposal, which is its value, and shows as `peer:etcd-election`. Only the
+    ///   holder's key is read, so a waiter's key never lends its value to the holder.
     /// * The remaining time is the holder's lease's `LeaseTimeToLive` on the leader's clock, in
     ///   whole seconds rounded down by etcd, so `None` in a lease's last second (and for a key on
     ///   no lease). It says how long the key outlives a holder process that vanished now: a live
@@ -850,15 +868,17 @@ impl Authority for EtcdAuthority {
             async move { kv.get(prefix, Some(oldest())).await }
         })
         .await?;
+        // An observer that waits for a change next watches from this read on.
+        if let Some(header) = found.header() {
+            self.inner.seen.record(&prefix, header.revision());
+        }
         let Some(holder) = found.kvs().first() else {
             return Ok(Inspection::free(BACKEND, key.clone()));
         };
         let fence = EtcdRevision::from_revision(holder.create_revision())?
             .to_fence(BACKEND, self.inner.config.client.epoch)?;
-        let owner = std::str::from_utf8(holder.value())
-            .ok()
-            .and_then(|v| v.parse::<OwnerToken>().ok())
-            .map_or_else(|| OwnerId::peer("etcd-mutex"), |t| OwnerId::of(&t));
+        let stored::Decoded { owner, value } = stored::decode(holder.value());
+        let value = value.map(<[u8]>::to_vec);
         let lease = holder.lease();
         let mut remaining = None;
         if lease != 0 {
@@ -889,7 +909,78 @@ impl Authority for EtcdAuthority {
         Ok(Inspection::held(BACKEND, key.clone(), owner)
             .with_fence(Some(fence))
             .with_last_fence(Some(fence))
-            .with_remaining(remaining))
+            .with_remaining(remaining)
+            .with_value(value))
+    }
+
+    /// etcd's `Election.Proclaim`: one transaction that rewrites our contender key only if it
+    /// still exists with the create revision we were granted, on our session's lease. The put
+    /// keeps the key's create revision, so the fence and the queue order do not change, and
+    /// waiters (who watch the key ahead for its deletion only) are not woken. The value goes
+    /// after the owner token (see the `stored` module), so the key stays ours to delete and
+    /// `inspect` still names its owner; a new grant writes a new key, which starts with no value.
+    async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
+        check_proclaimed(value)?;
+        let c = contender(grant)?;
+        let lost = |reason| Err(Error::lease_lost(grant.key().as_str(), reason));
+        if c.session.is_ended() {
+            return lost(LostReason::SessionEnded);
+        }
+        if !c.session.contenders.is_held(&c.name, c.revision) {
+            // Released, or withdrawn by the session at its TTL (the delete may be in flight).
+            return lost(LostReason::Refused);
+        }
+        let name = c.name.as_str();
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(name, CompareOp::Equal, c.revision),
+                Compare::lease(name, CompareOp::Equal, c.session.lease()),
+            ])
+            .and_then([TxnOp::put(
+                name,
+                stored::encode(c.owner, Some(value)),
+                Some(on_lease(&c.session)),
+            )]);
+        match errors::txn(&self.inner.client, "proclaim", self.timeout(), txn).await {
+            Ok(applied) if applied.succeeded() => Ok(()),
+            // Deleted behind our back, or with the session's lease: the watch on the held key
+            // tells the grant which, as it does for any loss.
+            Ok(_) if c.session.is_ended() => lost(LostReason::SessionEnded),
+            Ok(_) => lost(LostReason::Refused),
+            Err(e) if errors::is_lease_gone(&e) => {
+                c.session.end();
+                lost(LostReason::SessionEnded)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One watch on the lock's prefix: any put or delete under it (a grant, a release, a
+    /// waiter, a proclaim, a lease running out) wakes the caller. It starts just after this
+    /// client's last read of the lock (an inspect, a try that found it held), so a change
+    /// between that read and this call is replayed, not missed. Dropping the future cancels
+    /// the watch. A watch that could not be opened is the error (the caller learns of the
+    /// outage); one that broke off returns early, as a hint.
+    async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
+        let until = saturating_add(Instant::now(), max_wait);
+        let prefix = self.inner.space.prefix(key);
+        let after = self.inner.seen.get(&prefix);
+        let change = tokio::select! {
+            biased;
+            () = tokio::time::sleep_until(until) => return Ok(()),
+            change = wait::changed(&self.inner.client, &prefix, after, self.timeout()) => change?,
+        };
+        match change {
+            Change::At(revision) => self.inner.seen.record(&prefix, revision),
+            Change::Compacted => self.inner.seen.forget(&prefix),
+            // The caller reads again and waits again: a short pause first, so that a watch
+            // etcd keeps ending at once (a member going away, a refused watch) cannot make
+            // that loop spin.
+            Change::Ended => {
+                tokio::time::sleep_until(until.min(deadline_in(BROKEN_WATCH_PAUSE))).await
+            }
+        }
+        Ok(())
     }
 
     /// Linearizable range reads over the namespace, a page at a time, skipping past each lock

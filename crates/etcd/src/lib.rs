@@ -33,6 +33,10 @@
 //! * **Fence**: the winning key's create revision ([`EtcdRevision`]): cluster-wide, agreed by
 //!   Raft, durable, never reissued.
 //! * **Waiting**: a watch on the one key just ahead of ours.
+//! * **Proclaim** is etcd's `Election.Proclaim` (a put of our key, conditional on its create
+//!   revision and lease), the value stored after our owner token; **waiting for a change** is a
+//!   watch on the lock's prefix, from this client's last read of it, so `etcdctl elect` peers
+//!   and leasehold elections observe each other.
 //! * **Loss**: a keep-alive answered "lease not found" or failing until the session's deadline,
 //!   a contender key deleted behind our back, or a grant left unrenewed past its TTL. Loss is
 //!   pushed: every grant carries a [`LossSignal`](leasehold_core::LossSignal), fired as soon as
@@ -50,6 +54,7 @@ mod errors;
 pub mod guarded;
 mod keys;
 mod session;
+mod stored;
 mod token;
 mod wait;
 

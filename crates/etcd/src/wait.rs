@@ -1,6 +1,8 @@
-//! Waiting for the lock: watch only the key just ahead, then look again.
+//! Waiting for the lock: watch only the key just ahead, then look again. And waiting for any
+//! change of a lock ([`changed`]), for observers of an election and waiters of a semaphore.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{
@@ -228,5 +230,122 @@ pub(crate) async fn watch_held(
         }
         session.contenders.forget(&held.name, held.owner);
         return;
+    }
+}
+
+/// How many lock prefixes [`Seen`] remembers before it starts afresh.
+const SEEN_CAPACITY: usize = 1024;
+
+/// The revision at which this client last read each lock prefix (an inspect, a try that found
+/// the lock held) or last saw it change (a wait that woke).
+///
+/// [`changed`] watches from just after it, so a change that lands between a caller's read and
+/// its wait is replayed instead of missed: an election observer reads the leader, then waits,
+/// and a proclaim sent a moment after the leader was elected must wake it, not wait out its
+/// timer. A hint, like the wait itself: with several readers of one key on one client the
+/// newest read wins, which at worst misses what the contract allows (a change before the
+/// call); beyond [`SEEN_CAPACITY`] prefixes the map starts afresh, and a wait then watches from
+/// the current revision.
+#[derive(Debug, Default)]
+pub(crate) struct Seen {
+    by_prefix: Mutex<HashMap<String, i64>>,
+}
+
+impl Seen {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, i64>> {
+        // Every critical section leaves the map consistent, so a poisoned lock is still usable.
+        self.by_prefix.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `prefix` was read (or seen to change) at `revision`.
+    pub fn record(&self, prefix: &str, revision: i64) {
+        if revision <= 0 {
+            return;
+        }
+        let mut map = self.map();
+        if let Some(seen) = map.get_mut(prefix) {
+            *seen = (*seen).max(revision);
+            return;
+        }
+        if map.len() >= SEEN_CAPACITY {
+            map.clear();
+        }
+        map.insert(prefix.to_string(), revision);
+    }
+
+    /// The revision `prefix` was last seen at, if remembered.
+    pub fn get(&self, prefix: &str) -> Option<i64> {
+        self.map().get(prefix).copied()
+    }
+
+    /// Forgets `prefix` (its revision was compacted away: watch from now on).
+    pub fn forget(&self, prefix: &str) {
+        self.map().remove(prefix);
+    }
+}
+
+/// How a watch for any change under a prefix ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// A put or a delete under the prefix, the newest at this revision.
+    At(i64),
+    /// The revision to start from was compacted away: something may have changed.
+    Compacted,
+    /// The watch ended without an event (a broken stream, a server stopping, a member that
+    /// lost its leader, a watch etcd refused): something may have changed.
+    Ended,
+}
+
+/// Watches every key under `prefix`, from `after + 1` (or from now), until any put or delete
+/// there: a release, a grant, a waiter queueing or leaving, a proclaimed value, a lease running
+/// out. One watch stream, opened within `timeout` (failing to open it is the error); dropping
+/// the future drops the stream, which cancels the watch at the server.
+pub(crate) async fn changed(
+    client: &Client,
+    prefix: &str,
+    after: Option<i64>,
+    timeout: Duration,
+) -> Result<Change> {
+    let mut options = WatchOptions::new().with_prefix();
+    if let Some(seen) = after {
+        options = options.with_start_revision(seen.saturating_add(1));
+    }
+    // Opening a watch changes nothing: safe to send again while the cluster elects a leader.
+    let mut stream = errors::read_with_retry("watch a lock's keys", timeout, || {
+        let (mut watch, prefix, options) =
+            (client.watch_client(), prefix.to_string(), options.clone());
+        async move { watch.watch(prefix, Some(options)).await }
+    })
+    .await?;
+    loop {
+        match stream.message().await {
+            Ok(Some(response)) => {
+                if !response.events().is_empty() {
+                    let newest = response
+                        .events()
+                        .iter()
+                        .filter_map(|e| e.kv().map(|kv| kv.mod_revision()))
+                        .max();
+                    return Ok(Change::At(newest.unwrap_or(0)));
+                }
+                if response.compact_revision() > 0 {
+                    return Ok(Change::Compacted);
+                }
+                if response.canceled() {
+                    tracing::debug!(
+                        reason = response.cancel_reason(),
+                        "etcd cancelled the watch on a lock's keys"
+                    );
+                    return Ok(Change::Ended);
+                }
+            }
+            Ok(None) => return Ok(Change::Ended),
+            Err(e) if errors::is_compacted(&e) => return Ok(Change::Compacted),
+            // Opened, then broken: the caller reads again, and that read reports an outage.
+            Err(error) => {
+                tracing::debug!(%error, "watching a lock's keys broke off");
+                return Ok(Change::Ended);
+            }
+        }
     }
 }

@@ -15,7 +15,8 @@ use leasehold_conformance::scenarios::run_all;
 use leasehold_conformance::{harness_call, harness_error};
 use leasehold_conformance::{Connector, Context, Faults, Residue, Verdict};
 use leasehold_core::{
-    Authority, Error, Guarded, Instant, Lease, LeaseOptions, LockKey, LostReason, Released,
+    Authority, Election, Error, Guarded, Instant, Lease, LeaseOptions, LockKey, LostReason,
+    OwnerId, Released, MAX_VALUE_LEN,
 };
 use leasehold_etcd::guarded::{contender_key, guarded_txn, still_holds};
 use leasehold_etcd::EtcdAuthority;
@@ -1420,4 +1421,355 @@ async fn a_dropped_close_still_revokes() {
     for g in &grants {
         assert!(g.loss_signal().unwrap().fired().is_some());
     }
+}
+
+/// Whether `result` is the refusal a grant that is no longer ours gets.
+fn refused(result: &leasehold_core::Result<()>) -> bool {
+    matches!(result, Err(Error::LeaseLost { .. }))
+}
+
+/// A grant's proclaim is conditional on its key: a stale grant (released, then the same
+/// session's next grant reusing its key's name, as in etcd #22082; or its key deleted behind its
+/// back and another client holding the lock) is refused with `LeaseLost` and the current
+/// holder's value is left as it was. A new grant starts with no value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_proclaim_is_refused_and_spares_the_holders_value() {
+    let server = start().await;
+    let raw = raw_client(&server).await;
+    let a = EtcdAuthority::connect(&url(&server)).await.unwrap();
+    let b = EtcdAuthority::connect(&url(&server)).await.unwrap();
+    // Long enough that no grant here is withdrawn unrenewed while the test runs.
+    let ttl = Duration::from_secs(10);
+    let key = LockKey::new("proclaim/stale").unwrap();
+    let value = |seen: &leasehold_core::Inspection| seen.value.clone();
+
+    let first = a.try_acquire(&key, ttl).await.unwrap().expect("a free key");
+    a.proclaim(&first, b"a-1").await.unwrap();
+    let seen = b.inspect(&key).await.unwrap();
+    assert_eq!(value(&seen), Some(b"a-1".to_vec()));
+    assert_eq!(seen.fence, Some(first.fence()));
+    assert_eq!(seen.owner, Some(OwnerId::of(&first.owner())));
+
+    // Released, then the same session takes the key again under the same name.
+    assert_eq!(a.release(&first).await.unwrap(), Released::Released);
+    let second = a.try_acquire(&key, ttl).await.unwrap().expect("free again");
+    assert_eq!(
+        contender_key(&first).unwrap(),
+        contender_key(&second).unwrap()
+    );
+    assert_eq!(
+        value(&b.inspect(&key).await.unwrap()),
+        None,
+        "a new grant starts with no value"
+    );
+    let stale = a.proclaim(&first, b"stale").await;
+    assert!(refused(&stale), "{stale:?}");
+    assert_eq!(value(&b.inspect(&key).await.unwrap()), None);
+    a.proclaim(&second, b"a-2").await.unwrap();
+    let stale = a.proclaim(&first, b"stale").await;
+    assert!(refused(&stale), "{stale:?}");
+    assert_eq!(
+        value(&b.inspect(&key).await.unwrap()),
+        Some(b"a-2".to_vec())
+    );
+
+    // An operator deletes A's key; at once (before A's watch on its key can tell it), A's
+    // proclaim reaches etcd and is refused there: the key with its create revision is gone.
+    let name = contender_key(&second).unwrap().to_string();
+    raw.kv_client().delete(name.as_str(), None).await.unwrap();
+    let stale = a.proclaim(&second, b"after the delete").await;
+    assert!(refused(&stale), "{stale:?}");
+    assert!(
+        keys_under(&raw, &a.prefix(&key)).await.is_empty(),
+        "the refused proclaim recreated the key"
+    );
+
+    // B holds the lock now; A's stale grant cannot touch B's value.
+    let third = b.try_acquire(&key, ttl).await.unwrap().expect("B takes it");
+    b.proclaim(&third, b"b").await.unwrap();
+    for grant in [&first, &second] {
+        let stale = a.proclaim(grant, b"stale").await;
+        assert!(refused(&stale), "{stale:?}");
+    }
+    let seen = a.inspect(&key).await.unwrap();
+    assert_eq!(value(&seen), Some(b"b".to_vec()));
+    assert_eq!(seen.fence, Some(third.fence()));
+    assert_eq!(b.release(&third).await.unwrap(), Released::Released);
+}
+
+/// A proclaimed value is bytes (every byte value, newlines and invalid UTF-8 included), stored
+/// after the owner token in the holder's key: it reads back exactly through another client's
+/// inspect, the owner id and the fence (the key's create revision) stay as they were, an empty
+/// value is a value, and one longer than `MAX_VALUE_LEN` is refused before any request, leaving
+/// the value as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proclaimed_values_round_trip_as_bytes() {
+    let server = start().await;
+    let raw = raw_client(&server).await;
+    let a = EtcdAuthority::connect(&url(&server)).await.unwrap();
+    let b = EtcdAuthority::connect(&url(&server)).await.unwrap();
+    let ttl = Duration::from_secs(10);
+    let key = LockKey::new("proclaim/bytes").unwrap();
+    let grant = a.try_acquire(&key, ttl).await.unwrap().expect("a free key");
+    let name = contender_key(&grant).unwrap().to_string();
+    let stored = |raw: Client| {
+        let name = name.clone();
+        async move {
+            let found = raw.kv_client().get(name, None).await.unwrap();
+            let kv = found.kvs().first().expect("the holder's key").clone();
+            (kv.value().to_vec(), kv.create_revision())
+        }
+    };
+    let (before, created) = stored(raw.clone()).await;
+    assert_eq!(before, grant.owner().to_hex().into_bytes());
+
+    let binary: Vec<u8> = (0..=255u8).rev().chain([b'\n', 0, 0xff, b'\n']).collect();
+    for value in [binary.clone(), Vec::new(), vec![b'x'; MAX_VALUE_LEN]] {
+        a.proclaim(&grant, &value).await.unwrap();
+        let seen = b.inspect(&key).await.unwrap();
+        assert!(seen.held);
+        assert_eq!(seen.value.as_ref(), Some(&value), "{} bytes", value.len());
+        assert_eq!(seen.owner, Some(OwnerId::of(&grant.owner())));
+        assert_eq!(seen.fence, Some(grant.fence()), "the fence moved");
+        let (raw_value, create_revision) = stored(raw.clone()).await;
+        assert_eq!(create_revision, created);
+        let mut expected = grant.owner().to_hex().into_bytes();
+        expected.push(b'\n');
+        expected.extend_from_slice(&value);
+        assert_eq!(raw_value, expected, "the token, a newline, the value");
+    }
+    let too_long = a.proclaim(&grant, &vec![b'y'; MAX_VALUE_LEN + 1]).await;
+    assert!(
+        matches!(too_long, Err(Error::InvalidConfig { .. })),
+        "{too_long:?}"
+    );
+    let seen = b.inspect(&key).await.unwrap();
+    assert_eq!(seen.value, Some(vec![b'x'; MAX_VALUE_LEN]));
+    // Still ours to renew and to release by its create revision.
+    a.renew(&grant, ttl).await.unwrap();
+    assert_eq!(a.release(&grant).await.unwrap(), Released::Released);
+    assert!(keys_under(&raw, &a.prefix(&key)).await.is_empty());
+}
+
+/// `wait_for_change` is a watch on the lock's prefix: it sleeps while a renewed holder holds
+/// the key, wakes soon after another client releases it (a fraction of the TTL, far below its
+/// `max_wait` of ten TTLs), and sees a change made between the caller's read and the call
+/// (replayed from the read's revision). With nothing happening it returns at `max_wait`, and
+/// `Duration::MAX` waits for a change without panicking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_change_wakes_on_a_release_from_another_client() {
+    let server = start().await;
+    let holder = Arc::new(EtcdAuthority::connect(&url(&server)).await.unwrap());
+    let watcher = Arc::new(EtcdAuthority::connect(&url(&server)).await.unwrap());
+    let ttl = Duration::from_secs(2);
+    let soon = ttl / 4;
+    let key = LockKey::new("wait/for-change").unwrap();
+    let lease = Lease::try_acquire(holder.clone(), &key, ttl, LeaseOptions::default())
+        .await
+        .unwrap()
+        .expect("a free key");
+    assert!(watcher.inspect(&key).await.unwrap().held);
+    let waiting = {
+        let (watcher, key) = (watcher.clone(), key.clone());
+        tokio::spawn(async move {
+            watcher.wait_for_change(&key, ttl * 10).await.unwrap();
+            Instant::now()
+        })
+    };
+    // Renewals (reads and keep-alives) change no key: the waiter sleeps through them.
+    tokio::time::sleep(ttl).await;
+    assert!(!waiting.is_finished(), "woke while nothing changed");
+    let released = Instant::now();
+    let _ = lease.release().await.unwrap();
+    let woke = tokio::time::timeout(ttl * 10, waiting)
+        .await
+        .expect("the wait ends")
+        .unwrap();
+    let took = woke.saturating_duration_since(released);
+    assert!(
+        took <= soon,
+        "woke {took:?} after the release (bound {soon:?})"
+    );
+
+    // A change between a read and the wait is not missed.
+    assert!(!watcher.inspect(&key).await.unwrap().held);
+    let grant = holder.try_acquire(&key, ttl).await.unwrap().expect("free");
+    let started = Instant::now();
+    watcher.wait_for_change(&key, ttl * 10).await.unwrap();
+    let took = started.elapsed();
+    assert!(took <= soon, "missed the grant before the call: {took:?}");
+    assert_eq!(holder.release(&grant).await.unwrap(), Released::Released);
+
+    // Nothing happens: back at max_wait, not before, and not much later.
+    assert!(!watcher.inspect(&key).await.unwrap().held);
+    let max_wait = ttl / 4;
+    let started = Instant::now();
+    watcher.wait_for_change(&key, max_wait).await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= max_wait && took <= max_wait + REQUEST_TIMEOUT,
+        "{took:?} for a wait of {max_wait:?}"
+    );
+
+    // No bound but a change: a proclaim by the holder wakes it.
+    let waiting = {
+        let (watcher, key) = (watcher.clone(), key.clone());
+        tokio::spawn(async move { watcher.wait_for_change(&key, Duration::MAX).await })
+    };
+    tokio::time::sleep(ttl / 10).await;
+    assert!(!waiting.is_finished(), "Duration::MAX returned at once");
+    let grant = holder.try_acquire(&key, ttl).await.unwrap().expect("free");
+    tokio::time::timeout(soon, waiting)
+        .await
+        .expect("woken by the grant")
+        .unwrap()
+        .unwrap();
+    assert_eq!(holder.release(&grant).await.unwrap(), Released::Released);
+}
+
+/// `wait_for_change` futures dropped at random points around one round trip, and others that
+/// ran out their `max_wait`, leave no watch at the server: its count of watchers returns to
+/// what it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_waits_leave_no_watch_behind() {
+    let server = start().await;
+    let watcher = EtcdAuthority::connect(&url(&server)).await.unwrap();
+    let key = LockKey::new("wait/dropped").unwrap();
+    let watchers = || metric(&server, "etcd_debugging_mvcc_watcher_total", "");
+    let before = watchers().await;
+    let started = Instant::now();
+    watcher.inspect(&key).await.unwrap();
+    let round_trip = started.elapsed().max(Duration::from_micros(100));
+    for cut in cuts(round_trip, 50) {
+        let _ = tokio::time::timeout(cut, watcher.wait_for_change(&key, Duration::MAX)).await;
+    }
+    for _ in 0..5 {
+        watcher
+            .wait_for_change(&key, Duration::from_millis(50))
+            .await
+            .unwrap();
+    }
+    // Opened in the meantime: while a wait runs, the server counts its watch.
+    let waiting = {
+        let (watcher, key) = (watcher.clone(), key.clone());
+        tokio::spawn(async move { watcher.wait_for_change(&key, Duration::MAX).await })
+    };
+    let counted = eventually(REQUEST_TIMEOUT, || async { watchers().await > before }).await;
+    assert!(counted, "the server never counted the wait's watch");
+    waiting.abort();
+    let settled = eventually(REQUEST_TIMEOUT * 2, || async { watchers().await == before }).await;
+    assert!(
+        settled,
+        "{} watchers at the server after the waits ended, {before} before",
+        watchers().await
+    );
+}
+
+/// Reads `n` lines from a child's stdout, or fails the test after `within`.
+async fn read_lines(
+    out: &mut Option<BufReader<std::process::ChildStdout>>,
+    n: usize,
+    within: Duration,
+) -> Vec<String> {
+    let mut reader = out.take().expect("the child's stdout");
+    let read = tokio::task::spawn_blocking(move || {
+        let mut lines = Vec::new();
+        for _ in 0..n {
+            let mut line = String::new();
+            reader.read_line(&mut line).expect("read a line");
+            lines.push(line.trim_end_matches('\n').to_string());
+        }
+        (lines, reader)
+    });
+    let (lines, reader) = tokio::time::timeout(within, read)
+        .await
+        .expect("the child printed in time")
+        .unwrap();
+    *out = Some(reader);
+    lines
+}
+
+/// Sends SIGINT, on which `etcdctl elect` resigns and exits.
+fn interrupt(child: &Child) {
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+}
+
+/// `etcdctl elect` (etcd's `concurrency.Election`) shares the layout, so each side sees the
+/// other's leader and value: an `etcdctl elect --listen` observer prints our leader's key and
+/// its stored value (our owner token, then on the next line what we proclaimed, each time we
+/// proclaim); an `etcdctl elect` campaigner's proposal is what leasehold's `inspect` and
+/// `Election::leader` report as its value, and it excludes our candidates until it resigns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_elect_and_leasehold_see_each_others_values() {
+    let server = start().await;
+    let a = EtcdAuthority::connect(&url(&server)).await.unwrap();
+    let authority: Arc<dyn Authority> = Arc::new(a.clone());
+    let key = LockKey::new("elect/leader").unwrap();
+    let name = a.etcdctl_lock_name(&key);
+    let ttl = Duration::from_secs(2);
+    let election = Election::new(authority, &key)
+        .with_value("10.0.0.1:7000")
+        .unwrap();
+
+    let mut leading = election.campaign(ttl, ttl).await.unwrap();
+    let ours = contender_key(leading.lease().grant()).unwrap().to_string();
+    let token = leading.lease().grant().owner().to_hex();
+    let mut listener = server
+        .etcdctl()
+        .unwrap()
+        .args(["elect", "--listen", &name])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn etcdctl elect --listen");
+    let mut out = listener.stdout.take().map(BufReader::new);
+    let seen = read_lines(&mut out, 3, ttl * 5).await;
+    assert_eq!(seen, [ours.as_str(), &token, "10.0.0.1:7000"]);
+    leading.proclaim("10.0.0.1:7001").await.unwrap();
+    let seen = read_lines(&mut out, 3, ttl * 5).await;
+    assert_eq!(seen, [ours.as_str(), &token, "10.0.0.1:7001"]);
+    let _ = listener.kill();
+    let _ = listener.wait();
+    let _ = leading.resign().await.unwrap();
+
+    let mut campaigner = server
+        .etcdctl()
+        .unwrap()
+        .args(["elect", &name, "proposal-x"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn etcdctl elect");
+    let mut out = campaigner.stdout.take().map(BufReader::new);
+    // Elected, it prints its key and value.
+    let elected = read_lines(&mut out, 2, ttl * 5).await;
+    assert!(elected[0].starts_with(&a.prefix(&key)), "{elected:?}");
+    assert_eq!(elected[1], "proposal-x");
+    let seen = a.inspect(&key).await.unwrap();
+    assert!(seen.held);
+    assert_eq!(seen.value, Some(b"proposal-x".to_vec()));
+    assert_eq!(
+        seen.owner.as_ref().map(|o| o.as_str()),
+        Some("peer:etcd-election")
+    );
+    let leader = election.leader().await.unwrap().expect("etcdctl leads");
+    assert_eq!(leader.value_str(), Some("proposal-x"));
+    assert!(
+        election.try_campaign(ttl).await.unwrap().is_none(),
+        "leasehold was elected while etcdctl led"
+    );
+    interrupt(&campaigner);
+    let next = election
+        .campaign(ttl, ttl * 5)
+        .await
+        .expect("leasehold leads once etcdctl resigned");
+    assert!(next.epoch() > leader.epoch);
+    let _ = tokio::task::spawn_blocking(move || campaigner.wait())
+        .await
+        .unwrap();
+    let _ = next.resign().await.unwrap();
 }

@@ -69,6 +69,21 @@ fn prometheus_serves_what_contending_workers_record() {
     );
 }
 
+/// Issue 14: three nodes elected in turn on SQLite; the paused first leader's late command is
+/// refused by the follower, epochs grow, and the observer sees each leader with its value.
+#[cfg(feature = "sqlite")]
+#[test]
+fn election_refuses_the_deposed_leader() {
+    let out = run("election", &[]);
+    assert!(
+        out.contains("`drop table users` with epoch 1: REFUSED"),
+        "{out}"
+    );
+    assert!(out.contains("one leader at a time."), "{out}");
+    assert_eq!(out.matches("elected with epoch").count(), 3, "{out}");
+    assert!(out.contains("value \"node-b.internal:7000\""), "{out}");
+}
+
 #[cfg(feature = "sqlite")]
 #[test]
 fn billing_charges_once_and_refuses_the_paused_worker() {

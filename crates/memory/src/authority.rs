@@ -41,7 +41,8 @@ impl MemoryAuthority {
         MemoryAuthority {
             server,
             options,
-            capabilities: Capabilities::new(BACKEND, FenceSafety::Linearizable, true, TTL),
+            capabilities: Capabilities::new(BACKEND, FenceSafety::Linearizable, true, TTL)
+                .with_batch_renewal(true),
         }
     }
 
@@ -167,6 +168,45 @@ impl Authority for MemoryAuthority {
         Ok(self.options.safety_margin.deadline(sent, ttl))
     }
 
+    /// One request renews the whole batch, each grant checked as `renew` checks it.
+    async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
+        for grant in grants {
+            if let Err(e) = TTL.check(grant.ttl()) {
+                return e.into_copies(grants.len()).into_iter().map(Err).collect();
+            }
+        }
+        let sent = Instant::now();
+        let renewed = self
+            .server
+            .request(&self.options, "renew", |state, now| {
+                grants
+                    .iter()
+                    .map(|grant| match state.leases.get_mut(grant.key()) {
+                        Some(e) if Self::owns(grant, e.owner, e.fence) && e.expires_at > now => {
+                            e.expires_at = now + grant.ttl();
+                            true
+                        }
+                        _ => false,
+                    })
+                    .collect::<Vec<bool>>()
+            })
+            .await;
+        match renewed {
+            Err(e) => e.into_copies(grants.len()).into_iter().map(Err).collect(),
+            Ok(renewed) => grants
+                .iter()
+                .zip(renewed)
+                .map(|(grant, ok)| {
+                    if ok {
+                        Ok(self.options.safety_margin.deadline(sent, grant.ttl()))
+                    } else {
+                        Err(Error::lease_lost(grant.key().as_str(), LostReason::Refused))
+                    }
+                })
+                .collect(),
+        }
+    }
+
     async fn release(&self, grant: &Grant) -> Result<Released> {
         self.server
             .request(&self.options, "release", |state, now| {
@@ -193,24 +233,67 @@ impl Authority for MemoryAuthority {
             .server
             .request(&self.options, "inspect", |state, now| {
                 state.live(key, now).map(|e| {
+                    let value = state
+                        .values
+                        .get(key)
+                        .filter(|(fence, _)| *fence == e.fence)
+                        .map(|(_, v)| v.clone());
                     (
                         e.owner,
                         e.fence,
                         e.expires_at.saturating_duration_since(now),
+                        value,
                     )
                 })
             })
             .await?;
         Ok(match live {
             None => Inspection::free(BACKEND, key.clone()),
-            Some((owner, raw, remaining)) => {
+            Some((owner, raw, remaining, value)) => {
                 let fence = self.fence(raw)?;
                 Inspection::held(BACKEND, key.clone(), OwnerId::of(&owner))
                     .with_fence(Some(fence))
                     .with_remaining(Some(remaining))
                     .with_last_fence(Some(fence))
+                    .with_value(value)
             }
         })
+    }
+
+    async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
+        leasehold_core::check_proclaimed(value)?;
+        let stored = self
+            .server
+            .request(&self.options, "proclaim", |state, now| {
+                match state.live(grant.key(), now) {
+                    Some(e) if Self::owns(grant, e.owner, e.fence) => {
+                        let fence = e.fence;
+                        state
+                            .values
+                            .insert(grant.key().clone(), (fence, value.to_vec()));
+                        state.changed(grant.key());
+                        true
+                    }
+                    _ => false,
+                }
+            })
+            .await?;
+        if !stored {
+            return Err(Error::lease_lost(grant.key().as_str(), LostReason::Refused));
+        }
+        Ok(())
+    }
+
+    /// Woken by every grant, release and proclaim on `key`; an expiry is found by the caller's
+    /// next read, within `max_wait`.
+    async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
+        let notify = self.server.waiter(key);
+        let until = leasehold_core::time::saturating_add(Instant::now(), max_wait);
+        tokio::select! {
+            _ = notify.notified() => {}
+            _ = tokio::time::sleep_until(until) => {}
+        }
+        Ok(())
     }
 
     /// The keys with a live lease, as one request: the server forgets a key when its lease

@@ -30,6 +30,9 @@ pub(crate) struct State {
     pub leases: HashMap<LockKey, Entry>,
     /// The last fence handed out. Durable: survives [`MemoryServer::restart`].
     pub last_fence: u64,
+    /// Proclaimed values by key, with the fence of the grant that proclaimed each: shown only
+    /// while that grant holds the key.
+    pub values: HashMap<LockKey, (u64, Vec<u8>)>,
     waiters: HashMap<LockKey, Arc<Notify>>,
 }
 
@@ -41,6 +44,8 @@ impl State {
 
     pub fn grant(&mut self, key: &LockKey, owner: OwnerToken, ttl: Duration, now: Instant) -> u64 {
         self.last_fence += 1;
+        self.values.remove(key);
+        self.changed(key);
         self.leases.insert(
             key.clone(),
             Entry {
@@ -55,10 +60,16 @@ impl State {
     /// Removes the lease on `key` and wakes its waiters.
     pub fn remove(&mut self, key: &LockKey) -> Option<Entry> {
         let entry = self.leases.remove(key);
+        self.values.remove(key);
+        self.changed(key);
+        entry
+    }
+
+    /// Wakes whoever waits for `key` to change.
+    pub fn changed(&self, key: &LockKey) {
         if let Some(n) = self.waiters.get(key) {
             n.notify_waiters();
         }
-        entry
     }
 
     fn waiter(&mut self, key: &LockKey) -> Arc<Notify> {

@@ -14,6 +14,7 @@ use leasehold_core::{
     Result, TtlRange, Unanswered,
 };
 use sqlx::postgres::PgPoolOptions;
+use sqlx::Connection as _;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, SqlSafeStr, SqlStr};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -49,7 +50,9 @@ struct Statements {
     acquire: SqlStr,
     acquire_or_remaining: SqlStr,
     renew: SqlStr,
+    renew_many: SqlStr,
     release: SqlStr,
+    proclaim: SqlStr,
     inspect: SqlStr,
     list_keys: SqlStr,
 }
@@ -84,6 +87,15 @@ impl Statements {
                 "UPDATE {t} SET expires_at = statement_timestamp() + $4::float8 * interval '1 millisecond' \
                  WHERE lock_key = $1 AND owner = $2 AND fence = $3 AND expires_at > statement_timestamp()"
             )),
+            // The renew above for a whole batch, in one statement: arrays of keys, owners,
+            // fences and TTLs; returns the rows it renewed.
+            renew_many: sql(format!(
+                "UPDATE {t} AS l SET expires_at = statement_timestamp() + r.ttl_ms * interval '1 millisecond' \
+                 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::float8[]) AS r(lock_key, owner, fence, ttl_ms) \
+                 WHERE l.lock_key = r.lock_key AND l.owner = r.owner AND l.fence = r.fence \
+                   AND l.expires_at > statement_timestamp() \
+                 RETURNING l.lock_key, l.fence"
+            )),
             // Release expires the row instead of deleting it, so the fence counter never
             // restarts, and announces the release to waiters when the transaction commits.
             release: sql(format!(
@@ -94,12 +106,25 @@ impl Statements {
                  SELECT count(*) FROM (SELECT pg_notify('{channel}', $4 || ' ' || lock_key) FROM released) n",
                 channel = notify::CHANNEL
             )),
+            // The same match as renew. The value is stamped with the grant's fence: a later
+            // grant raises the fence, so the value stops counting without acquire touching it.
+            // Announced on the release channel so that observers and waiters look again.
+            proclaim: sql(format!(
+                "WITH proclaimed AS ( \
+                   UPDATE {t} SET value = $4, value_fence = fence \
+                   WHERE lock_key = $1 AND owner = $2 AND fence = $3 AND expires_at > statement_timestamp() \
+                   RETURNING lock_key) \
+                 SELECT count(*) FROM (SELECT pg_notify('{channel}', $5 || ' ' || lock_key) FROM proclaimed) n",
+                channel = notify::CHANNEL
+            )),
             // A plain read: under MVCC it takes no row lock, so it never waits for, nor delays,
             // an acquire, renew or release. The remaining time is counted on the database's
-            // clock, in whole milliseconds rounded up (so a live lease never shows 0).
+            // clock, in whole milliseconds rounded up (so a live lease never shows 0). The value
+            // counts only if the live grant proclaimed it (its fence stamped on it).
             inspect: sql(format!(
                 "SELECT owner, fence, expires_at > statement_timestamp(), \
-                        greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::bigint \
+                        greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::bigint, \
+                        CASE WHEN value_fence = fence AND expires_at > statement_timestamp() THEN value END \
                  FROM {t} WHERE lock_key = $1"
             )),
             // $1 the prefix, $2 the first text above it (NULL: none), $3 how many. Compared
@@ -115,18 +140,50 @@ impl Statements {
     }
 }
 
-/// The SQL that creates the lease table (what [`PostgresAuthority::migrate`] runs), for DBAs who
-/// apply schema themselves.
+/// The SQL that creates the lease table, or upgrades one an older version created (what
+/// [`PostgresAuthority::migrate`] runs), for DBAs who apply schema themselves. Idempotent.
+///
+/// `value` and `value_fence` hold what a grant proclaimed ([`Authority::proclaim`]); the value
+/// counts only while `value_fence` equals the row's `fence`, so acquire, renew and release never
+/// touch them and a new grant starts with none.
 pub fn schema_sql(table: &TableName) -> String {
+    format!("{}\n{}", create_sql(table), add_columns_sql(table))
+}
+
+fn create_sql(table: &TableName) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS {table} (\n\
-         \x20   lock_key   text        PRIMARY KEY,\n\
-         \x20   owner      text        NOT NULL,\n\
-         \x20   fence      bigint      NOT NULL CHECK (fence > 0),\n\
-         \x20   expires_at timestamptz NOT NULL\n\
+         \x20   lock_key    text        PRIMARY KEY,\n\
+         \x20   owner       text        NOT NULL,\n\
+         \x20   fence       bigint      NOT NULL CHECK (fence > 0),\n\
+         \x20   expires_at  timestamptz NOT NULL,\n\
+         \x20   value       bytea,\n\
+         \x20   value_fence bigint\n\
          ) WITH (fillfactor = 70);"
     )
 }
+
+/// The columns added since the first version: nullable without a default, so adding them to
+/// a table in use changes only the catalog, never rewrites the rows.
+fn add_columns_sql(table: &TableName) -> String {
+    format!(
+        "ALTER TABLE {table}\n\
+         \x20   ADD COLUMN IF NOT EXISTS value       bytea,\n\
+         \x20   ADD COLUMN IF NOT EXISTS value_fence bigint;"
+    )
+}
+
+/// How many of the added columns the table has: `ALTER TABLE` takes the table's strongest lock
+/// even when there is nothing to add, and would queue every lease statement behind it, so
+/// `migrate` looks first.
+const ADDED_COLUMNS: &str = "SELECT count(*) FROM pg_attribute \
+     WHERE attrelid = to_regclass($1) AND attname IN ('value', 'value_fence') \
+       AND attnum > 0 AND NOT attisdropped";
+const ADDED: i64 = 2;
+
+/// While LISTEN is not in place, how often a [`Authority::wait_for_change`] looks again at
+/// most: as waiters in `acquire` do, instead of waiting for a notification that cannot come.
+const UNHEARD_POLL: Duration = Duration::from_millis(250);
 
 struct Inner {
     pool: PgPool,
@@ -196,7 +253,7 @@ impl Inner {
         tokio::time::timeout_at(give_up, self.run(give_up, once))
             .await
             .map_err(|_| errors::timed_out(what, self.timeout()))?
-            .map_err(|e| errors::map(e, what, &self.config.table))
+            .map_err(|e| errors::map_lease(e, what, &self.config.table))
     }
 
     /// One acquisition statement, for `owner`. Runs in its own task (see
@@ -331,6 +388,9 @@ pub(crate) fn declare(
 /// * Waiting: one `LISTEN` connection per authority, outside the pool and checked every
 ///   `listen_check_ms`, wakes waiters on release; a timer at the holder's expiry (with jitter)
 ///   covers holders that vanish, and waiters re-try by timer while the listener is down.
+/// * Proclaim is an `UPDATE` matched as renew is, that stores the value with the grant's fence
+///   beside it (it counts only while that fence holds the row) and `NOTIFY`s like release, which
+///   is what wakes `wait_for_change`.
 /// * A conflict with a concurrent transaction (a `repeatable read` or `serializable` default)
 ///   is retried within the request timeout; a waiter treats it as "held".
 /// * Leases are rows, not session advisory locks, so it works behind a transaction-pooling proxy
@@ -368,6 +428,19 @@ impl PostgresAuthority {
             let pool = PgPoolOptions::new()
                 .max_connections(config.pool_size)
                 .acquire_timeout(timeout.min(FOREVER))
+                // sqlx pings every connection it hands out by default: a round trip in front of
+                // every lease statement. Only a connection that sat idle is pinged; one in use a
+                // moment ago that broke since fails its statement, which closes it (see
+                // `Inner::run`), and the caller sees a retryable error as for any outage.
+                .test_before_acquire(false)
+                .before_acquire(|conn, meta| {
+                    Box::pin(async move {
+                        if meta.idle_for >= PING_AFTER_IDLE {
+                            conn.ping().await?;
+                        }
+                        Ok(true)
+                    })
+                })
                 .connect_with(config.connect.clone())
                 .await?;
             let settings: (String, String) = sqlx::query_as(
@@ -391,7 +464,8 @@ impl PostgresAuthority {
                 "fence_safety=linearizable is overridden: with synchronous_commit=off a crash can lose the last commits"
             );
         }
-        let capabilities = Capabilities::new(BACKEND, safety, durable, TTL);
+        let capabilities =
+            Capabilities::new(BACKEND, safety, durable, TTL).with_batch_renewal(true);
         Ok(PostgresAuthority {
             inner: Arc::new(Inner {
                 statements: Statements::new(&config.table),
@@ -404,10 +478,16 @@ impl PostgresAuthority {
         })
     }
 
-    /// Creates the lease table if it does not exist (idempotent, safe to run concurrently).
-    /// The same SQL is in [`schema_sql`] and docs/postgres.md.
+    /// Creates the lease table if it does not exist, and adds the columns of this version to
+    /// one an older version created (its rows are kept). Idempotent, safe to run concurrently
+    /// and while leases are in use. The same SQL is in [`schema_sql`] and docs/postgres.md.
     pub async fn migrate(&self) -> Result<()> {
         let table = &self.inner.config.table;
+        let timeout = self.inner.timeout();
+        // The column check below avoids ALTER TABLE when nothing is missing; when it runs, its
+        // lock must not wait long behind a long transaction, or every lease statement on the
+        // table queues behind it, and a timeout here would not stop the server's wait.
+        let lock_ms = timeout.as_millis().clamp(1, i32::MAX as u128);
         let work = async {
             let mut tx = self.inner.pool.begin().await?;
             // Concurrent CREATE TABLE IF NOT EXISTS can still collide in the catalog; serialise.
@@ -415,12 +495,23 @@ impl PostgresAuthority {
                 .bind(table.plain())
                 .execute(&mut *tx)
                 .await?;
-            sqlx::query(sql(schema_sql(table)))
+            sqlx::query(sql(format!("SET LOCAL lock_timeout = {lock_ms}")))
                 .execute(&mut *tx)
                 .await?;
+            sqlx::query(sql(create_sql(table)))
+                .execute(&mut *tx)
+                .await?;
+            let present: i64 = sqlx::query_scalar(ADDED_COLUMNS)
+                .bind(table.to_string())
+                .fetch_one(&mut *tx)
+                .await?;
+            if present < ADDED {
+                sqlx::query(sql(add_columns_sql(table)))
+                    .execute(&mut *tx)
+                    .await?;
+            }
             tx.commit().await
         };
-        let timeout = self.inner.timeout();
         tokio::time::timeout(timeout, work)
             .await
             .map_err(|_| errors::timed_out("migrate", timeout))?
@@ -498,7 +589,7 @@ impl PostgresAuthority {
         };
         match acquired {
             Err(e) if waiting && errors::is_conflict(&e) => Ok(Attempt::Held(None)),
-            Err(e) => Err(errors::map(e, "acquire", &self.inner.config.table)),
+            Err(e) => Err(errors::map_lease(e, "acquire", &self.inner.config.table)),
             Ok((Some(raw), _)) => match self.grant(key, owner, raw, ttl, sent) {
                 Ok(grant) => Ok(Attempt::Won(grant)),
                 Err(e) => {
@@ -548,6 +639,10 @@ impl PostgresAuthority {
     }
 }
 
+/// A pooled connection idle this long is pinged before use (sqlx's own check, on every
+/// checkout, would cost a round trip per statement).
+const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+
 fn ttl_ms(ttl: Duration) -> f64 {
     ttl.as_millis() as f64
 }
@@ -570,7 +665,7 @@ impl Authority for PostgresAuthority {
         TTL.check(ttl)?;
         let start = Instant::now();
         let give_up = saturating_add(start, max_wait);
-        let notify = self.inner.waiters.for_key(key.as_str());
+        let registered = self.inner.waiters.for_key(key.as_str());
         let listening = self.listening();
         // While the listener is down (or an attempt could not tell how long the holder has
         // left), look again after a short jittered delay.
@@ -578,7 +673,7 @@ impl Authority for PostgresAuthority {
         loop {
             // Register for the release notification before the attempt, so a release between
             // the attempt and the wait is not missed.
-            let mut released = pin!(notify.notified());
+            let mut released = pin!(registered.notify().notified());
             released.as_mut().enable();
             let remaining = match self.attempt(key, ttl, true).await? {
                 Attempt::Won(grant) => return Ok(grant),
@@ -640,6 +735,75 @@ impl Authority for PostgresAuthority {
         Ok(self.inner.config.client.safety_margin.deadline(sent, ttl))
     }
 
+    /// One statement renews the whole batch, each row checked as `renew` checks it.
+    async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
+        for grant in grants {
+            if let Err(e) = TTL.check(grant.ttl()) {
+                return e.into_copies(grants.len()).into_iter().map(Err).collect();
+            }
+        }
+        let (mut keys, mut owners, mut fences, mut ttls) = (
+            Vec::with_capacity(grants.len()),
+            Vec::with_capacity(grants.len()),
+            Vec::with_capacity(grants.len()),
+            Vec::with_capacity(grants.len()),
+        );
+        for grant in grants {
+            let (key, owner, fence) = Self::owner_matches(grant);
+            keys.push(key);
+            owners.push(owner);
+            fences.push(fence);
+            ttls.push(ttl_ms(grant.ttl()));
+        }
+        let sent = Instant::now();
+        let statement = self.inner.statements.renew_many.clone();
+        let renewed: Result<Vec<(String, i64)>> = self
+            .inner
+            .bounded(
+                "renew",
+                saturating_add(sent, self.inner.timeout()),
+                move |c| {
+                    let (statement, keys, owners, fences, ttls) = (
+                        statement.clone(),
+                        keys.clone(),
+                        owners.clone(),
+                        fences.clone(),
+                        ttls.clone(),
+                    );
+                    Box::pin(async move {
+                        sqlx::query_as(statement)
+                            .bind(keys)
+                            .bind(owners)
+                            .bind(fences)
+                            .bind(ttls)
+                            .fetch_all(c)
+                            .await
+                    })
+                },
+            )
+            .await;
+        let renewed: std::collections::HashSet<(String, i64)> = match renewed {
+            Ok(rows) => rows.into_iter().collect(),
+            Err(e) => return e.into_copies(grants.len()).into_iter().map(Err).collect(),
+        };
+        grants
+            .iter()
+            .map(|grant| {
+                let (key, _, fence) = Self::owner_matches(grant);
+                if renewed.contains(&(key, fence)) {
+                    Ok(self
+                        .inner
+                        .config
+                        .client
+                        .safety_margin
+                        .deadline(sent, grant.ttl()))
+                } else {
+                    Err(Error::lease_lost(grant.key().as_str(), LostReason::Refused))
+                }
+            })
+            .collect()
+    }
+
     async fn release(&self, grant: &Grant) -> Result<Released> {
         let (key, owner, fence) = Self::owner_matches(grant);
         let statement = self.inner.statements.release.clone();
@@ -671,13 +835,78 @@ impl Authority for PostgresAuthority {
         })
     }
 
+    /// One conditional `UPDATE`, matched as renew is (owner token, fence, live by the
+    /// database's clock), that stamps the value with the grant's fence and `NOTIFY`s the key's
+    /// waiters in the same statement.
+    async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
+        leasehold_core::check_proclaimed(value)?;
+        let (key, owner, fence) = Self::owner_matches(grant);
+        let statement = self.inner.statements.proclaim.clone();
+        let table = self.inner.config.table.plain();
+        let value = value.to_vec();
+        let proclaimed: i64 = self
+            .inner
+            .bounded(
+                "proclaim",
+                saturating_add(Instant::now(), self.inner.timeout()),
+                move |c| {
+                    let (statement, key, owner, value, table) = (
+                        statement.clone(),
+                        key.clone(),
+                        owner.clone(),
+                        value.clone(),
+                        table.clone(),
+                    );
+                    Box::pin(async move {
+                        sqlx::query_scalar(statement)
+                            .bind(key)
+                            .bind(owner)
+                            .bind(fence)
+                            .bind(value)
+                            .bind(table)
+                            .fetch_one(c)
+                            .await
+                    })
+                },
+            )
+            .await?;
+        if proclaimed != 1 {
+            return Err(Error::lease_lost(grant.key().as_str(), LostReason::Refused));
+        }
+        Ok(())
+    }
+
+    /// Woken by the key's release and proclaim notifications through the authority's one
+    /// `LISTEN` connection; nothing is sent for it, and a dropped wait only gives up its local
+    /// registration. A grant is not announced (acquire stays one plain upsert), nor an expiry:
+    /// callers see those at their next read, within `max_wait`. While the listener is not in
+    /// place, it looks again on a short timer instead.
+    async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
+        let now = Instant::now();
+        let mut until = saturating_add(now, max_wait);
+        let registered = self.inner.waiters.for_key(key.as_str());
+        let mut changed = pin!(registered.notify().notified());
+        // Registered before looking at the listener: when it starts listening it wakes every
+        // registered waiter, so nothing between the two is missed.
+        changed.as_mut().enable();
+        if !*self.listening().borrow() {
+            let poll = Backoff::new(UNHEARD_POLL, UNHEARD_POLL).next_delay();
+            until = until.min(saturating_add(now, poll));
+        }
+        tokio::select! {
+            _ = changed => {}
+            _ = tokio::time::sleep_until(until) => {}
+        }
+        Ok(())
+    }
+
     /// Reads the key's row: the fence column is both the holder's fence (while live) and the
     /// last fence issued (release and expiry keep the row), and liveness and the remaining time
     /// are the database's `statement_timestamp()` against `expires_at`, never our clock.
     async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
         let statement = self.inner.statements.inspect.clone();
         let name = key.as_str().to_string();
-        let row: Option<(String, i64, bool, i64)> = self
+        let row: Option<(String, i64, bool, i64, Option<Vec<u8>>)> = self
             .inner
             .bounded(
                 "inspect",
@@ -690,7 +919,7 @@ impl Authority for PostgresAuthority {
                 },
             )
             .await?;
-        let Some((owner, raw, live, remaining_ms)) = row else {
+        let Some((owner, raw, live, remaining_ms, value)) = row else {
             return Ok(Inspection::free(BACKEND, key.clone()));
         };
         let fence = PgFence::from_column(raw, self.inner.capabilities.fence_safety)?
@@ -699,6 +928,7 @@ impl Authority for PostgresAuthority {
             Inspection::held(BACKEND, key.clone(), OwnerId::from_stored(&owner))
                 .with_fence(Some(fence))
                 .with_remaining(Some(Duration::from_millis(remaining_ms.max(0) as u64)))
+                .with_value(value)
         } else {
             Inspection::free(BACKEND, key.clone())
         };

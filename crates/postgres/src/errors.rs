@@ -39,6 +39,34 @@ pub(crate) fn discards_connection(error: &sqlx::Error) -> bool {
     }
 }
 
+/// SQLSTATE undefined_column.
+const UNDEFINED_COLUMN: &str = "42703";
+
+/// Maps a driver error met while running a statement on the lease table `table`: as [`map`],
+/// and a missing column (a table created by an older version, whose columns `migrate` adds)
+/// says to run migrate, instead of only naming the column. Only for the lease table: in a
+/// guarded write's table, a missing column is the caller's own.
+pub(crate) fn map_lease(error: sqlx::Error, what: &str, table: &TableName) -> Error {
+    match sqlstate(&error).as_deref() {
+        Some(UNDEFINED_COLUMN) => {
+            let detail = error
+                .as_database_error()
+                .map(|db| db.message().to_string())
+                .unwrap_or_default();
+            Error::Backend {
+                backend: BACKEND,
+                message: format!(
+                    "{what}: the lease table {} lacks a column of this version ({detail}); it was created by an older version: run migrate() again or apply the SQL in docs/postgres.md",
+                    table.plain()
+                ),
+                retryable: false,
+                source: Some(Box::new(error)),
+            }
+        }
+        _ => map(error, what, table),
+    }
+}
+
 /// Maps a driver error met while doing `what`.
 pub(crate) fn map(error: sqlx::Error, what: &str, table: &TableName) -> Error {
     if let Some(db) = error.as_database_error() {

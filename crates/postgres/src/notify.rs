@@ -11,8 +11,9 @@ use tokio::sync::{watch, Notify};
 
 use leasehold_core::redact_url;
 
-/// The channel every leasehold release is announced on. The payload is `<table> <key>` (keys
-/// have no spaces), so one channel serves every lease table of a database.
+/// The channel every leasehold release and proclaim is announced on. The payload is
+/// `<table> <key>` (keys have no spaces), so one channel serves every lease table of a
+/// database; a waiter woken by a proclaim looks again and finds the key still held.
 pub(crate) const CHANNEL: &str = "leasehold_release";
 
 /// Waiters of this process, by key.
@@ -21,13 +22,56 @@ pub(crate) struct Waiters {
     by_key: Mutex<HashMap<String, Arc<Notify>>>,
 }
 
+/// One waiter's registration for a key's notifications; dropping it forgets the key when
+/// nobody else waits on it, so the registry never outlives its waiters.
+#[derive(Debug)]
+pub(crate) struct Registration<'w> {
+    waiters: &'w Waiters,
+    key: String,
+    notify: Arc<Notify>,
+}
+
+impl Registration<'_> {
+    /// Woken by the key's notifications (and by every reconnection of the listener).
+    pub fn notify(&self) -> &Notify {
+        &self.notify
+    }
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        let mut map = self
+            .waiters
+            .by_key
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // The map's reference and ours: nobody else waits. Counted under the lock, which every
+        // new registration takes first, so none can appear meanwhile.
+        let last = map
+            .get(&self.key)
+            .is_some_and(|n| Arc::ptr_eq(n, &self.notify) && Arc::strong_count(n) == 2);
+        if last {
+            map.remove(&self.key);
+        }
+    }
+}
+
 impl Waiters {
-    /// The notifier for `key`; hold it while waiting.
-    pub fn for_key(&self, key: &str) -> Arc<Notify> {
+    /// Registers for `key`'s notifications; hold the registration while waiting.
+    pub fn for_key(&self, key: &str) -> Registration<'_> {
         let mut map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
-        // Forget keys nobody waits on any more, so the map does not grow with every key.
-        map.retain(|_, n| Arc::strong_count(n) > 1);
-        map.entry(key.to_string()).or_default().clone()
+        let notify = map.entry(key.to_string()).or_default().clone();
+        Registration {
+            waiters: self,
+            key: key.to_string(),
+            notify,
+        }
+    }
+
+    /// How many keys have waiters now.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.by_key.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     fn wake(&self, key: &str) {
@@ -159,5 +203,48 @@ pub(crate) async fn listen(
         drop(listener);
         drop(pool);
         tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn registrations_wake_their_key_and_leave_nothing_behind() {
+        let waiters = Waiters::default();
+        let (a1, a2, b) = (
+            waiters.for_key("a"),
+            waiters.for_key("a"),
+            waiters.for_key("b"),
+        );
+        assert!(Arc::ptr_eq(&a1.notify, &a2.notify));
+        assert_eq!(waiters.len(), 2);
+        {
+            let woken = a1.notify().notified();
+            let other = b.notify().notified();
+            tokio::pin!(woken, other);
+            woken.as_mut().enable();
+            other.as_mut().enable();
+            waiters.wake("a");
+            tokio::time::timeout(Duration::from_secs(1), woken)
+                .await
+                .expect("a's waiter is woken");
+            assert!(
+                tokio::time::timeout(Duration::from_millis(20), other)
+                    .await
+                    .is_err(),
+                "b's waiter is not woken by a's notification"
+            );
+        }
+        drop(a1);
+        assert_eq!(waiters.len(), 2, "a still has a waiter");
+        drop(a2);
+        drop(b);
+        assert_eq!(waiters.len(), 0);
+        // A key registered again after it was forgotten gets a fresh entry, and is forgotten
+        // again.
+        drop(waiters.for_key("a"));
+        assert_eq!(waiters.len(), 0);
     }
 }

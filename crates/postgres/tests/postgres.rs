@@ -540,3 +540,292 @@ async fn tls_through_the_url() {
     let err = PostgresAuthority::connect(&untrusted).await.unwrap_err();
     assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
 }
+
+// ---- proclaimed values and wait_for_change ------------------------------------------------------
+
+/// The value a grant proclaims belongs to that grant: a later grant on the key starts with none,
+/// a stale grant's proclaim is refused with `LeaseLost` and leaves the holder's value as it was,
+/// a released key shows no value, and a value over the limit is refused before any request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proclaimed_value_belongs_to_its_grant() {
+    let server = start().await;
+    let url = url(&server);
+    let (a, b) = (
+        PostgresAuthority::connect(&url).await.unwrap(),
+        PostgresAuthority::connect(&url).await.unwrap(),
+    );
+    a.migrate().await.unwrap();
+    let key = LockKey::new("proclaim/owned").unwrap();
+    let ttl = Duration::from_millis(400);
+    let old = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    a.proclaim(&old, b"old leader").await.unwrap();
+    let seen = b.inspect(&key).await.unwrap();
+    assert_eq!(seen.value.as_deref(), Some(&b"old leader"[..]), "{seen:?}");
+
+    // The old grant runs out; the next one starts without a value.
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    let new = b.try_acquire(&key, ttl * 10).await.unwrap().unwrap();
+    assert!(new.fence() > old.fence());
+    let seen = a.inspect(&key).await.unwrap();
+    assert!(seen.held && seen.value.is_none(), "{seen:?}");
+
+    // The stale grant cannot write over the new holder's value, nor set one where it has none.
+    let err = a.proclaim(&old, b"stale").await.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::LeaseLost {
+                reason: LostReason::Refused,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(a.inspect(&key).await.unwrap().value.is_none());
+    b.proclaim(&new, b"new leader").await.unwrap();
+    let err = a.proclaim(&old, b"stale").await.unwrap_err();
+    assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
+    let seen = a.inspect(&key).await.unwrap();
+    assert_eq!(seen.value.as_deref(), Some(&b"new leader"[..]), "{seen:?}");
+    assert_eq!(seen.fence, Some(new.fence()));
+
+    // An owner token that never held the key is refused the same way.
+    let forged = leasehold_core::Grant::new(
+        key.clone(),
+        OwnerToken::generate().unwrap(),
+        new.fence(),
+        ttl,
+        Instant::now() + ttl,
+    );
+    let err = a.proclaim(&forged, b"forged").await.unwrap_err();
+    assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
+
+    // Too long: refused before anything is sent; the value stays.
+    let err = b
+        .proclaim(&new, &vec![b'x'; leasehold_core::MAX_VALUE_LEN + 1])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig { .. }), "{err:?}");
+    b.proclaim(&new, &vec![b'y'; leasehold_core::MAX_VALUE_LEN])
+        .await
+        .unwrap();
+    assert_eq!(
+        a.inspect(&key).await.unwrap().value.map(|v| v.len()),
+        Some(leasehold_core::MAX_VALUE_LEN)
+    );
+
+    // Released: free, no value; the next grant (the same client's) starts without one too.
+    let _ = b.release(&new).await.unwrap();
+    let seen = a.inspect(&key).await.unwrap();
+    assert!(!seen.held && seen.value.is_none(), "{seen:?}");
+    let again = b.try_acquire(&key, ttl * 10).await.unwrap().unwrap();
+    assert!(b.inspect(&key).await.unwrap().value.is_none());
+    let err = b.proclaim(&new, b"released").await.unwrap_err();
+    assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
+    let _ = b.release(&again).await.unwrap();
+}
+
+/// A lease table made by the version before proclaim (created here by hand with that version's
+/// SQL, in a table of its own) keeps working for leases; inspect and proclaim fail with a clear
+/// permanent error that says to run migrate; `migrate()` adds the columns in place, keeping the
+/// rows (the live lease, its fence and the fence counter), and is idempotent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_of_the_previous_version_says_to_migrate_and_is_upgraded_in_place() {
+    let server = start().await;
+    let url = format!("{}&table=leases_v0", url(&server));
+    let a = PostgresAuthority::connect(&url).await.unwrap();
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS \"leases_v0\" (
+            lock_key   text        PRIMARY KEY,
+            owner      text        NOT NULL,
+            fence      bigint      NOT NULL CHECK (fence > 0),
+            expires_at timestamptz NOT NULL
+        ) WITH (fillfactor = 70)",
+    )
+    .execute(a.pool())
+    .await
+    .unwrap();
+    let key = LockKey::new("upgrade/held").unwrap();
+    let ttl = Duration::from_secs(30);
+    // Leases work on the old table: their statements did not change.
+    let first = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let _ = a.release(&first).await.unwrap();
+    let held = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let renewed = a.renew(&held, ttl).await;
+    assert!(renewed.is_ok(), "{renewed:?}");
+
+    for err in [
+        a.inspect(&key).await.unwrap_err(),
+        a.proclaim(&held, b"v").await.unwrap_err(),
+    ] {
+        assert!(
+            matches!(
+                err,
+                Error::Backend {
+                    retryable: false,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("migrate()") && text.contains("leases_v0"),
+            "{text}"
+        );
+    }
+
+    a.migrate().await.unwrap();
+    let seen = a.inspect(&key).await.unwrap();
+    assert!(seen.held && seen.value.is_none(), "{seen:?}");
+    assert_eq!(seen.fence, Some(held.fence()));
+    a.proclaim(&held, b"after migrate").await.unwrap();
+    assert_eq!(
+        a.inspect(&key).await.unwrap().value.as_deref(),
+        Some(&b"after migrate"[..])
+    );
+    // Idempotent, by migrate and by the published SQL, and leaves the value in place.
+    a.migrate().await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(leasehold_postgres::schema_sql(
+        a.table(),
+    )))
+    .execute(a.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        a.inspect(&key).await.unwrap().value.as_deref(),
+        Some(&b"after migrate"[..])
+    );
+    let _ = a.release(&held).await.unwrap();
+    let next = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert!(next.fence() > held.fence() && held.fence() > first.fence());
+    let _ = a.release(&next).await.unwrap();
+}
+
+/// `wait_for_change` is woken by the key's proclaim and release through another client (by
+/// NOTIFY, long before its bound), not by another key's; it returns at `max_wait` when nothing
+/// happens, and `Duration::MAX` waits without panicking and can be dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_change_is_woken_by_proclaim_and_release() {
+    let server = start().await;
+    let url = url(&server);
+    let holder = PostgresAuthority::connect(&url).await.unwrap();
+    holder.migrate().await.unwrap();
+    let observer = Arc::new(PostgresAuthority::connect(&url).await.unwrap());
+    let key = LockKey::new("wait/changes").unwrap();
+    let other = LockKey::new("wait/other").unwrap();
+    let ttl = Duration::from_secs(30);
+    let long = Duration::from_secs(20);
+
+    // Nothing happens: back at max_wait. This also starts the observer's listener.
+    let started = Instant::now();
+    observer
+        .wait_for_change(&key, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(2));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let g = holder.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let elsewhere = holder.try_acquire(&other, ttl).await.unwrap().unwrap();
+    let waiting = |key: LockKey| {
+        let observer = observer.clone();
+        tokio::spawn(async move {
+            observer.wait_for_change(&key, long).await.unwrap();
+            Instant::now()
+        })
+    };
+
+    // Another key's proclaim does not wake it; this key's does.
+    let w = waiting(key.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder.proclaim(&elsewhere, b"elsewhere").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!w.is_finished(), "woken by another key's proclaim");
+    let sent = Instant::now();
+    holder.proclaim(&g, b"here").await.unwrap();
+    let woken = tokio::time::timeout(Duration::from_secs(5), w)
+        .await
+        .expect("a proclaim wakes wait_for_change")
+        .unwrap();
+    assert!(woken - sent < Duration::from_secs(2), "{:?}", woken - sent);
+
+    // A release wakes it.
+    let w = waiting(key.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!w.is_finished(), "woken with nothing changed");
+    let sent = Instant::now();
+    let _ = holder.release(&g).await.unwrap();
+    let woken = tokio::time::timeout(Duration::from_secs(5), w)
+        .await
+        .expect("a release wakes wait_for_change")
+        .unwrap();
+    assert!(woken - sent < Duration::from_secs(2), "{:?}", woken - sent);
+
+    // No bound: no panic, still waiting, and dropping it is fine.
+    let forever = tokio::time::timeout(
+        Duration::from_millis(300),
+        observer.wait_for_change(&key, Duration::MAX),
+    )
+    .await;
+    assert!(forever.is_err(), "returned with nothing changed");
+    let _ = holder.release(&elsewhere).await.unwrap();
+}
+
+/// Issue 15: one statement renews a batch. A grant released behind its back and a stale grant
+/// (its key since taken by another client) are refused, each alone; the others in the same batch
+/// are renewed to their full TTL, by the database's clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_many_renews_a_batch_and_refuses_only_what_is_not_ours() {
+    let server = start().await;
+    let url = url(&server);
+    let (a, b) = (
+        PostgresAuthority::connect(&url).await.unwrap(),
+        PostgresAuthority::connect(&url).await.unwrap(),
+    );
+    a.migrate().await.unwrap();
+    assert!(a.capabilities().batch_renewal);
+    let short = Duration::from_millis(300);
+    let long = Duration::from_secs(20);
+    let mut grants = Vec::new();
+    for i in 0..5 {
+        let key = LockKey::new(format!("batch/{i}")).unwrap();
+        let ttl = if i == 3 { short } else { long };
+        grants.push(a.try_acquire(&key, ttl).await.unwrap().unwrap());
+    }
+    let _ = a.release(&grants[1]).await.unwrap();
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    let taken = b
+        .try_acquire(grants[3].key(), long)
+        .await
+        .unwrap()
+        .expect("grant 3 ran out");
+    let results = a.renew_many(&grants).await;
+    assert_eq!(results.len(), 5);
+    for (i, result) in results.iter().enumerate() {
+        match i {
+            1 | 3 => assert!(
+                matches!(
+                    result,
+                    Err(Error::LeaseLost {
+                        reason: LostReason::Refused,
+                        ..
+                    })
+                ),
+                "grant {i}: {result:?}"
+            ),
+            _ => {
+                let deadline = *result.as_ref().unwrap();
+                assert!(deadline > Instant::now() + long / 2, "grant {i}");
+                let seen = b.inspect(grants[i].key()).await.unwrap();
+                assert!(
+                    seen.held && seen.remaining.unwrap() > long - Duration::from_secs(2),
+                    "grant {i}: {seen:?}"
+                );
+            }
+        }
+    }
+    // The new holder of key 3 kept its own lease, untouched by the stale grant in the batch.
+    let seen = a.inspect(taken.key()).await.unwrap();
+    assert_eq!(seen.fence, Some(taken.fence()));
+}

@@ -66,6 +66,9 @@ struct Inner {
 ///   the waiters of a key when its release is announced; between announcements each waiter
 ///   tries again with jittered backoff (10-20 ms, doubling to 150-300 ms, never much past the
 ///   holder's remaining TTL), which finds holders that release without announcing.
+/// * Proclaim (for elections) is a script that compares the owner token like renew, stores the
+///   value with the grant's fence in a sibling key, and announces it on the release channel;
+///   `wait_for_change` waits on the same subscription for a key's release or proclaim.
 /// * Optional `WAIT` for replicas after each acquisition (`?wait_replicas=N`).
 ///
 /// Fences are [`FenceSafety::FailoverUnsafe`] and not durable across a restart without
@@ -139,7 +142,8 @@ impl RedisAuthority {
         .await?;
         let server = read_server_settings(&link, &config).await?;
         let durable = server.as_ref().is_some_and(ServerSettings::durable_fences);
-        let capabilities = Capabilities::new(BACKEND, FenceSafety::FailoverUnsafe, durable, TTL);
+        let capabilities = Capabilities::new(BACKEND, FenceSafety::FailoverUnsafe, durable, TTL)
+            .with_batch_renewal(true);
         Ok(RedisAuthority {
             inner: Arc::new(Inner {
                 config,
@@ -184,12 +188,12 @@ impl RedisAuthority {
         request_on(&self.inner.link, self.timeout(), what, send).await
     }
 
-    async fn script<T: redis::FromRedisValue>(
+    async fn script<T: redis::FromRedisValue, A: redis::ToRedisArgs + Sync>(
         &self,
         what: &str,
         script: &LuaScript,
         keys: &[&str],
-        args: &[&str],
+        args: &[A],
     ) -> Result<T> {
         self.request(what, |mut con| async move {
             script.run(&mut con, keys, args).await
@@ -197,8 +201,8 @@ impl RedisAuthority {
         .await
     }
 
-    /// The server deleted our key but refused to announce it: waiters elsewhere find it by
-    /// retrying. Logged once per authority.
+    /// The server deleted our key (or stored our value) but refused to announce it: waiters
+    /// elsewhere find it by retrying, observers by their timer. Logged once per authority.
     fn announcement_refused(&self) {
         if !self
             .inner
@@ -207,9 +211,9 @@ impl RedisAuthority {
         {
             tracing::warn!(
                 channel = %self.inner.config.channel,
-                "Redis refused to announce a release on the channel (an ACL user without rights \
-                 on it?); releases still happen, and waiters in other processes find the key \
-                 free by retrying instead of at once"
+                "Redis refused to announce a release or a proclaimed value on the channel (an \
+                 ACL user without rights on it?); both still happen, and waiters in other \
+                 processes find them by retrying instead of at once"
             );
         }
     }
@@ -239,7 +243,7 @@ impl RedisAuthority {
             .inner
             .scripts
             .acquire
-            .run::<i64>(&mut pending.con, &keys, &args);
+            .run::<i64, _>(&mut pending.con, &keys, &args);
         let reply = match tokio::time::timeout_at(give_up, run).await {
             Err(_) => {
                 self.inner.link.discard(id);
@@ -463,8 +467,9 @@ impl Drop for Pending<'_> {
             self.ttl,
         );
         runtime.spawn(async move {
-            let (keys, args) = ([lock_key.as_str()], [token.as_str(), &channel]);
-            let release = script.run::<i64>(&mut con, &keys, &args);
+            let value_key = KeyLayout::value_key_of(&lock_key);
+            let (keys, args) = ([lock_key.as_str(), &value_key], [token.as_str(), &channel]);
+            let release = script.run::<i64, _>(&mut con, &keys, &args);
             match tokio::time::timeout(ttl, release).await {
                 Ok(Ok(released::ANNOUNCED | released::UNANNOUNCED)) => {
                     tracing::debug!(%lock_key, "released a lease whose acquisition had no answer")
@@ -549,7 +554,7 @@ impl Authority for RedisAuthority {
                 "renew",
                 &self.inner.scripts.renew,
                 &[&lock_key],
-                &[&token, &ttl_ms],
+                &[token.as_str(), &ttl_ms],
             )
             .await?;
         if renewed != 1 {
@@ -558,15 +563,57 @@ impl Authority for RedisAuthority {
         Ok(self.inner.config.client.safety_margin.deadline(sent, ttl))
     }
 
+    /// One script call renews the whole batch, each key checked as `renew` checks it.
+    async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
+        for grant in grants {
+            if let Err(e) = TTL.check(grant.ttl()) {
+                return e.into_copies(grants.len()).into_iter().map(Err).collect();
+            }
+        }
+        let keys: Vec<String> = grants
+            .iter()
+            .map(|g| self.inner.config.layout.lock_key(g.key()))
+            .collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let args: Vec<String> = grants
+            .iter()
+            .flat_map(|g| [hex(&g.owner()), g.ttl().as_millis().to_string()])
+            .collect();
+        let sent = Instant::now();
+        let answered: Result<Vec<i64>> = self
+            .script("renew", &self.inner.scripts.renew_many, &keys, &args)
+            .await;
+        match answered {
+            Err(e) => e.into_copies(grants.len()).into_iter().map(Err).collect(),
+            Ok(renewed) => grants
+                .iter()
+                .enumerate()
+                .map(|(i, grant)| {
+                    if renewed.get(i) == Some(&1) {
+                        Ok(self
+                            .inner
+                            .config
+                            .client
+                            .safety_margin
+                            .deadline(sent, grant.ttl()))
+                    } else {
+                        Err(Error::lease_lost(grant.key().as_str(), LostReason::Refused))
+                    }
+                })
+                .collect(),
+        }
+    }
+
     async fn release(&self, grant: &Grant) -> Result<Released> {
         let lock_key = self.inner.config.layout.lock_key(grant.key());
+        let value_key = KeyLayout::value_key_of(&lock_key);
         let token = hex(&grant.owner());
         let released: i64 = self
             .script(
                 "release",
                 &self.inner.scripts.release,
-                &[&lock_key],
-                &[&token, &self.inner.config.channel],
+                &[&lock_key, &value_key],
+                &[token.as_str(), &self.inner.config.channel],
             )
             .await?;
         match released {
@@ -580,8 +627,8 @@ impl Authority for RedisAuthority {
     }
 
     /// One round trip, one atomic read: `MULTI GET <lock key> PTTL <lock key> GET <counter>
-    /// EXEC`. Only reads (no script, so nothing to cache and nothing that could write), and
-    /// the two keys share a hash slot, so it works on a cluster too.
+    /// HMGET <value key> fence value EXEC`. Only reads (no script, so nothing to cache and
+    /// nothing that could write), and the keys share a hash slot, so it works on a cluster too.
     ///
     /// * Held while the lock key exists; the remaining time is its `PTTL` on the server's
     ///   clock (`None` for a key some other client set without expiry).
@@ -591,18 +638,28 @@ impl Authority for RedisAuthority {
     ///   token is a plain `SET NX` peer's, which raised no counter: shown as `peer:foreign`
     ///   without a fence (a peer whose value happens to be 32 hex digits cannot be told apart).
     /// * The counter is also the last fence issued for the key, held or not.
+    /// * The proclaimed value is shown only for a leasehold holder, and only when the fence
+    ///   stored with it is that holder's fence (the counter): an earlier grant's value, left by
+    ///   an expiry or a peer's release, belongs to a smaller fence and stays hidden.
     async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
         let lock_key = self.inner.config.layout.lock_key(key);
         let fence_key = KeyLayout::fence_key_of(&lock_key);
-        let (value, pttl, counter): (Option<Vec<u8>>, i64, Option<i64>) = self
+        let value_key = KeyLayout::value_key_of(&lock_key);
+        type Read = (Option<Vec<u8>>, i64, Option<i64>, Vec<Option<Vec<u8>>>);
+        let (value, pttl, counter, proclaimed): Read = self
             .request("inspect", |mut con| {
-                let (lock_key, fence_key) = (lock_key.clone(), fence_key.clone());
+                let (lock_key, fence_key, value_key) =
+                    (lock_key.clone(), fence_key.clone(), value_key.clone());
                 async move {
                     redis::pipe()
                         .atomic()
                         .get(&lock_key)
                         .pttl(&lock_key)
                         .get(&fence_key)
+                        .cmd("HMGET")
+                        .arg(&value_key)
+                        .arg("fence")
+                        .arg("value")
                         .query_async(&mut con)
                         .await
                 }
@@ -621,13 +678,69 @@ impl Authority for RedisAuthority {
             .ok()
             .and_then(|v| v.parse::<OwnerToken>().ok());
         let seen = match owner {
-            Some(token) => {
-                Inspection::held(BACKEND, key.clone(), OwnerId::of(&token)).with_fence(last)
-            }
+            Some(token) => Inspection::held(BACKEND, key.clone(), OwnerId::of(&token))
+                .with_fence(last)
+                .with_value(proclaimed_by(proclaimed, counter)),
             None => Inspection::held(BACKEND, key.clone(), OwnerId::peer("foreign")),
         };
         let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
         Ok(seen.with_remaining(remaining).with_last_fence(last))
+    }
+
+    /// One script, one round trip (the `PROCLAIM` script in scripts.rs): the value is stored with
+    /// the grant's fence if the lock key still holds our owner token, and announced on the
+    /// release channel so that observers read again at once.
+    async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
+        leasehold_core::check_proclaimed(value)?;
+        let lock_key = self.inner.config.layout.lock_key(grant.key());
+        let value_key = KeyLayout::value_key_of(&lock_key);
+        let (token, fence) = (hex(&grant.owner()), grant.fence().raw().to_string());
+        let args: [&[u8]; 4] = [
+            token.as_bytes(),
+            fence.as_bytes(),
+            value,
+            self.inner.config.channel.as_bytes(),
+        ];
+        let stored: i64 = self
+            .script(
+                "proclaim",
+                &self.inner.scripts.proclaim,
+                &[&lock_key, &value_key],
+                &args,
+            )
+            .await?;
+        match stored {
+            released::ANNOUNCED => {}
+            released::UNANNOUNCED => self.announcement_refused(),
+            _ => return Err(Error::lease_lost(grant.key().as_str(), LostReason::Refused)),
+        }
+        // Observers of this authority need not wait for the announcement to come back.
+        self.inner.subscription.waiters().wake(&lock_key);
+        Ok(())
+    }
+
+    /// Woken by the announcements on the release channel that name the key (a release or a
+    /// proclaimed value, from any client that announces), through the authority's one
+    /// subscription, or by a release or proclaim of this authority at once; otherwise after
+    /// `max_wait`. A grant is not announced (acquiring stays one script without a `PUBLISH`), nor
+    /// is an expiry: callers find those by reading again when the time runs out. While the
+    /// subscription is down this is a timer. Waiting writes nothing at the server, and the
+    /// key's entry among the waiters goes with the last one waiting on it.
+    async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
+        let until = saturating_add(Instant::now(), max_wait);
+        let subscription = &self.inner.subscription;
+        let notify = subscription
+            .waiters()
+            .for_key(&self.inner.config.layout.lock_key(key));
+        // Registered before anything else, so nothing announced from here on is missed.
+        let mut changed = pin!(notify.notified());
+        changed.as_mut().enable();
+        subscription.settled(self.timeout().min(max_wait)).await;
+        tokio::select! {
+            _ = changed => {}
+            _ = tokio::time::sleep_until(until) => {}
+        }
+        Ok(())
     }
 
     /// `SCAN` over the layout's keys that start with the prefix, each request bounded by the
@@ -669,6 +782,15 @@ impl Authority for RedisAuthority {
             cursor = next;
         }
     }
+}
+
+/// The value in an `HMGET <value key> fence value` reply, if its fence is `counter` (the
+/// holder's fence); `None` for a value of an earlier grant, or none at all.
+fn proclaimed_by(reply: Vec<Option<Vec<u8>>>, counter: Option<i64>) -> Option<Vec<u8>> {
+    let mut fields = reply.into_iter();
+    let (fence, value) = (fields.next().flatten()?, fields.next().flatten()?);
+    let fence = std::str::from_utf8(&fence).ok()?.parse::<i64>().ok()?;
+    (Some(fence) == counter).then_some(value)
 }
 
 /// How many keys one `SCAN` step looks at: large enough that a listing of a big keyspace takes

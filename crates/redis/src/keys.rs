@@ -11,7 +11,7 @@ pub const DEFAULT_CHANNEL: &str = "leasehold:released";
 /// The longest prefix, so that prefix + key stays a short key.
 const MAX_PREFIX_LEN: usize = 100;
 
-/// Maps a [`LockKey`] to the two Redis keys of its lock.
+/// Maps a [`LockKey`] to the Redis keys of its lock.
 ///
 /// For the key `invoice:72` under the prefix `leasehold:`:
 ///
@@ -19,16 +19,20 @@ const MAX_PREFIX_LEN: usize = 100;
 /// |---|---|---|
 /// | `{leasehold:invoice:72}` | string, with a TTL | exactly the owner token (32 hex digits) |
 /// | `{leasehold:invoice:72}:fence` | string, no TTL | the fence counter (`INCR`) |
+/// | `{leasehold:invoice:72}:value` | hash, no TTL | the proclaimed value: fields `fence` and `value` |
 ///
-/// * The braces are a Redis Cluster hash tag: both keys hash to the same slot, so the scripts,
-///   which touch both, are valid on a cluster too.
+/// * The braces are a Redis Cluster hash tag: all three keys hash to the same slot, so the
+///   scripts, which touch several, are valid on a cluster too.
+/// * The value key exists once a grant proclaimed a value. It carries the fence of that grant,
+///   and counts only while that fence is the holder's, so it needs no TTL: a later grant (a
+///   greater fence) never sees an earlier grant's value. Release deletes it.
 /// * The lock key's value is exactly the owner token, so any client that follows the plain
 ///   convention (`SET {leasehold:invoice:72} <random> NX PX <ms>`, then a compare-and-delete
 ///   script) on the same key excludes leasehold and is excluded by it.
 /// * The counter never expires and release never deletes it, so fences grow across release and
 ///   expiry. It costs one small key per lock name ever used.
-/// * A lock key always ends in `}` and a counter key in `:fence`, so no lock key is ever some
-///   other lock's counter.
+/// * A lock key always ends in `}`, a counter key in `:fence` and a value key in `:value`, so no
+///   lock key is ever some other lock's counter or value.
 ///
 /// Nothing is escaped: keys are printable ASCII already. The prefix may be empty but may not
 /// contain braces (they would move the hash tag). One corner remains: with an empty prefix, a key
@@ -104,6 +108,19 @@ impl KeyLayout {
         fence_key
     }
 
+    /// The Redis key of the proclaimed value: `{<prefix><key>}:value`.
+    pub fn value_key(&self, key: &LockKey) -> String {
+        Self::value_key_of(&self.lock_key(key))
+    }
+
+    /// The value key for a lock key made by [`KeyLayout::lock_key`].
+    pub(crate) fn value_key_of(lock_key: &str) -> String {
+        let mut value_key = String::with_capacity(lock_key.len() + 6);
+        value_key.push_str(lock_key);
+        value_key.push_str(":value");
+        value_key
+    }
+
     /// The `SCAN ... MATCH` pattern of every lock key and counter key of the keys that start
     /// with `prefix`: `{<prefix><key prefix>*`, with the glob's special characters escaped.
     pub(crate) fn scan_pattern(&self, prefix: &KeyPrefix) -> String {
@@ -119,8 +136,9 @@ impl KeyLayout {
     }
 
     /// The lock key a Redis key of this layout belongs to (a lock key or a counter key), or
-    /// `None` for any other key. Exact: a lock key ends in `}` and a counter key in `}:fence`,
-    /// and [`KeyLayout::lock_key`] of the answer gives the key (or its counter) back.
+    /// `None` for any other key (a value key among them: it exists only beside a counter, which
+    /// is listed). Exact: a lock key ends in `}` and a counter key in `}:fence`, and
+    /// [`KeyLayout::lock_key`] of the answer gives the key (or its counter) back.
     pub(crate) fn key_of(&self, redis_key: &str) -> Option<LockKey> {
         let inner = redis_key
             .strip_prefix('{')?
@@ -161,21 +179,29 @@ mod tests {
     }
 
     #[test]
-    fn both_keys_share_a_hash_slot_and_never_collide() {
+    fn all_keys_share_a_hash_slot_and_never_collide() {
         for prefix in ["leasehold:", "app/", ""] {
             let layout = KeyLayout::new(prefix).unwrap();
-            for key in ["invoice:72", "a}b", "{x}", "x{", "~!", "a:fence"] {
+            for key in ["invoice:72", "a}b", "{x}", "x{", "~!", "a:fence", "a:value"] {
                 let key = LockKey::new(key).unwrap();
-                let (lock, fence) = (layout.lock_key(&key), layout.fence_key(&key));
+                let (lock, fence, value) = (
+                    layout.lock_key(&key),
+                    layout.fence_key(&key),
+                    layout.value_key(&key),
+                );
                 assert_eq!(hashed(&lock), hashed(&fence), "{lock} / {fence}");
+                assert_eq!(hashed(&lock), hashed(&value), "{lock} / {value}");
                 assert!(lock.ends_with('}') && fence.ends_with(":fence"));
-                assert_ne!(lock, fence);
+                assert!(value.ends_with(":value"));
+                assert!(lock != fence && lock != value && fence != value);
+                assert_eq!(layout.key_of(&value), None, "{value}");
             }
         }
         let layout = KeyLayout::default();
         let key = LockKey::new("invoice:72").unwrap();
         assert_eq!(layout.lock_key(&key), "{leasehold:invoice:72}");
         assert_eq!(layout.fence_key(&key), "{leasehold:invoice:72}:fence");
+        assert_eq!(layout.value_key(&key), "{leasehold:invoice:72}:value");
     }
 
     #[test]

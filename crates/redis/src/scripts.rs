@@ -1,7 +1,7 @@
-//! The three Lua scripts, and running them by SHA with the full text as the fallback.
+//! The four Lua scripts, and running them by SHA with the full text as the fallback.
 
 use redis::aio::MultiplexedConnection;
-use redis::{ErrorKind, FromRedisValue, RedisResult, ServerErrorKind};
+use redis::{ErrorKind, FromRedisValue, RedisResult, ServerErrorKind, ToRedisArgs};
 
 /// Acquire, one atomic step. `KEYS[1]` the lock key, `KEYS[2]` the fence counter; `ARGV[1]` the
 /// owner token, `ARGV[2]` the TTL in milliseconds.
@@ -39,9 +39,30 @@ end
 return 0
 "#;
 
+/// Renew many: [`RENEW`] for each lock key in `KEYS`, with `ARGV[2i-1]` its owner token and
+/// `ARGV[2i]` its TTL in milliseconds; answers one 1 (renewed) or 0 (not ours) per key, in
+/// order. One round trip renews every lease a client holds (all keys must live on this one
+/// server, as they do without Redis Cluster).
+pub(crate) const RENEW_MANY: &str = r#"
+local out = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[2 * i - 1] then
+    out[i] = redis.call('PEXPIRE', key, ARGV[2 * i])
+  else
+    out[i] = 0
+  end
+end
+return out
+"#;
+
 /// Release: delete only if the lock key still holds our owner token, and announce it on the
-/// release channel (payload: the lock key) so waiters try at once. `KEYS[1]` the lock key;
-/// `ARGV[1]` the owner token, `ARGV[2]` the channel.
+/// release channel (payload: the lock key) so waiters try at once. `KEYS[1]` the lock key,
+/// `KEYS[2]` the value key; `ARGV[1]` the owner token, `ARGV[2]` the channel.
+///
+/// The value key is deleted with the lease: it can only be ours or an earlier grant's (the
+/// token matched, so nobody holds a later grant), and deleting it keeps a released lock down to
+/// its counter. A release by a plain peer leaves it behind, which is harmless: inspect shows a
+/// value only while its fence is the holder's.
 ///
 /// Returns 1 (deleted and announced), 2 (deleted, but the announcement was refused), or 0 (not
 /// ours). The `PUBLISH` runs under `pcall`: an ACL user without rights on the channel (Redis
@@ -50,7 +71,7 @@ return 0
 /// happened. Waiters find such a key free by retrying (see `acquire`).
 pub(crate) const RELEASE: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[2])
   local announced = redis.pcall('PUBLISH', ARGV[2], KEYS[1])
   if type(announced) == 'table' and announced.err then
     return 2
@@ -60,11 +81,34 @@ end
 return 0
 "#;
 
-/// What [`RELEASE`] answers.
+/// Proclaim: attach a value to our grant, only if the lock key still holds our owner token (the
+/// same check as [`RENEW`]: the token is new for every grant, so it names this grant), and
+/// announce it on the release channel (payload: the lock key) so observers read again at once.
+/// `KEYS[1]` the lock key, `KEYS[2]` the value key; `ARGV[1]` the owner token, `ARGV[2]` the
+/// grant's fence (the counter value its acquisition returned), `ARGV[3]` the value (any bytes),
+/// `ARGV[4]` the channel.
+///
+/// The value is stored with the fence, in one hash, so that inspect can tell this grant's value
+/// from an earlier one's without a TTL. Returns 1 (stored and announced), 2 (stored, but the
+/// announcement was refused, as in [`RELEASE`]), or 0 (not ours: nothing written).
+pub(crate) const PROCLAIM: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('HSET', KEYS[2], 'fence', ARGV[2], 'value', ARGV[3])
+  local announced = redis.pcall('PUBLISH', ARGV[4], KEYS[1])
+  if type(announced) == 'table' and announced.err then
+    return 2
+  end
+  return 1
+end
+return 0
+"#;
+
+/// What [`RELEASE`] and [`PROCLAIM`] answer.
 pub(crate) mod released {
-    /// The key was ours; it is deleted and the release announced.
+    /// The key was ours; it is deleted (or its value stored) and that announced.
     pub(crate) const ANNOUNCED: i64 = 1;
-    /// The key was ours and is deleted, but the server refused the announcement.
+    /// The key was ours and is deleted (or its value stored), but the server refused the
+    /// announcement.
     pub(crate) const UNANNOUNCED: i64 = 2;
 }
 
@@ -88,12 +132,13 @@ impl LuaScript {
         }
     }
 
-    /// Runs the script with `keys` and `args` on `con`.
-    pub(crate) async fn run<T: FromRedisValue>(
+    /// Runs the script with `keys` and `args` on `con` (arguments as text, or as bytes where a
+    /// value need not be UTF-8).
+    pub(crate) async fn run<T: FromRedisValue, A: ToRedisArgs + Sync>(
         &self,
         con: &mut MultiplexedConnection,
         keys: &[&str],
-        args: &[&str],
+        args: &[A],
     ) -> RedisResult<T> {
         let call = |command: &str, body: &str| {
             let mut cmd = redis::cmd(command);
@@ -110,12 +155,14 @@ impl LuaScript {
     }
 }
 
-/// The three scripts, hashed once per authority.
+/// The scripts, hashed once per authority.
 #[derive(Debug, Clone)]
 pub(crate) struct Scripts {
     pub(crate) acquire: LuaScript,
     pub(crate) renew: LuaScript,
+    pub(crate) renew_many: LuaScript,
     pub(crate) release: LuaScript,
+    pub(crate) proclaim: LuaScript,
 }
 
 impl Default for Scripts {
@@ -123,7 +170,9 @@ impl Default for Scripts {
         Scripts {
             acquire: LuaScript::new(ACQUIRE),
             renew: LuaScript::new(RENEW),
+            renew_many: LuaScript::new(RENEW_MANY),
             release: LuaScript::new(RELEASE),
+            proclaim: LuaScript::new(PROCLAIM),
         }
     }
 }

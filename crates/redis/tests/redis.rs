@@ -4,7 +4,8 @@
 //! persistence, credentials, outages, interop with the plain `SET NX PX` convention, the
 //! subscription, the scripts' round trips, `WAIT` for replicas, ACL users without channel
 //! rights, waiters behind holders that never announce, the eviction policy and persistence read
-//! at connect, and `Duration::MAX` / huge URL durations.
+//! at connect, `Duration::MAX` / huge URL durations, and proclaimed values and waiting for a
+//! key to change.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,7 +15,8 @@ use leasehold_conformance::harness_error;
 use leasehold_conformance::scenarios::{self, run_all};
 use leasehold_conformance::{Connector, Context, Faults, Residue, Verdict};
 use leasehold_core::{
-    Authority, Capabilities, Error, Fence, FenceSafety, Grant, Instant, LockKey, Released,
+    Authority, Capabilities, Error, Fence, FenceSafety, Grant, Instant, Lease, LeaseOptions,
+    LockKey, LostReason, Released,
 };
 use leasehold_redis::{KeyLayout, RedisAuthority};
 use leasehold_servers::{free_port, RedisServer};
@@ -251,8 +253,10 @@ async fn passes_the_conformance_suite_with_faults() {
     for line in &report.lines {
         let expected = match line.scenario {
             // Declared in the capabilities, and shown: a restart without persistence resets the
-            // counter; a failover reissues a fence.
-            "fences_survive_restart" | "fences_survive_failover" => {
+            // counter (and so the election's epochs); a failover reissues a fence.
+            "fences_survive_restart"
+            | "election_epochs_survive_restart"
+            | "fences_survive_failover" => {
                 assert!(
                     matches!(line.outcome, Ok(Verdict::Declared(_))),
                     "{}:\n{report}",
@@ -772,6 +776,52 @@ async fn scripts_cost_one_round_trip_and_survive_a_flushed_script_cache() {
     assert_eq!(sha2.0 - sha1.0, 3);
     pair().await;
     assert_eq!(calls(&server, "eval").await, eval2, "and then by SHA again");
+}
+
+/// Issue 15: 200 leases held through one authority renew as one script call per renewal tick
+/// (counted by the server), and a lease whose key was deleted behind its back is refused in its
+/// batch and lost while the other 199 stay held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_leases_renew_in_one_script_call_per_tick() {
+    let server = start().await;
+    let a: Arc<dyn Authority> = Arc::new(RedisAuthority::connect(&url(&server)).await.unwrap());
+    let ttl = Duration::from_millis(1500);
+    let mut leases = Vec::new();
+    for i in 0..200 {
+        let key = LockKey::new(format!("batched/{i}")).unwrap();
+        leases.push(
+            Lease::try_acquire(a.clone(), &key, ttl, LeaseOptions::default())
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    // Let the first tick align them, then count three ticks.
+    tokio::time::sleep(ttl / 2).await;
+    let before = calls(&server, "evalsha").await.0;
+    tokio::time::sleep(ttl).await;
+    let calls_in_three_ticks = calls(&server, "evalsha").await.0 - before;
+    assert!(
+        (2..=5).contains(&calls_in_three_ticks),
+        "{calls_in_three_ticks} script calls renewed 200 leases for three ticks"
+    );
+    let victim = leases.remove(17);
+    let lock_key = KeyLayout::default().lock_key(victim.key());
+    command(&server, &["DEL", &lock_key]).await;
+    let reason = tokio::time::timeout(ttl, victim.lost()).await.unwrap();
+    assert!(matches!(reason, LostReason::Refused), "{reason:?}");
+    tokio::time::sleep(ttl / 2).await;
+    assert!(leases.iter().all(|l| l.state().is_held()));
+    let mut con = raw(&server).await;
+    let ttl_left: i64 = redis::cmd("PTTL")
+        .arg(KeyLayout::default().lock_key(leases[0].key()))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(
+        ttl_left > 0,
+        "the first lease's key has no TTL left: {ttl_left}"
+    );
 }
 
 /// All waiters of an authority share one subscription connection. A holder that never
@@ -1357,6 +1407,10 @@ async fn release_by_an_acl_user_without_channel_rights_releases_and_hands_off() 
     let second = holder.try_acquire(&key, ttl).await.unwrap().unwrap();
     {
         let _guard = tracing::subscriber::set_default(warnings.clone());
+        // A proclaim is announced the same way: refused, yet stored, and not warned twice.
+        holder.proclaim(&second, b"10.0.0.9:80").await.unwrap();
+        let seen = waiter.inspect(&key).await.unwrap();
+        assert_eq!(seen.value.as_deref(), Some(&b"10.0.0.9:80"[..]));
         assert_eq!(holder.release(&second).await.unwrap(), Released::Released);
     }
     let warnings = warnings.taken();
@@ -1687,6 +1741,8 @@ async fn fences_declared_durable_on_an_fsyncing_server_survive_a_crash() {
     assert!(ctx.capabilities().durable_fences);
     let outcome = scenarios::fences_survive_restart(&ctx).await;
     assert_eq!(outcome, Ok(Verdict::Passed), "{outcome:?}");
+    let outcome = scenarios::election_epochs_survive_restart(&ctx).await;
+    assert_eq!(outcome, Ok(Verdict::Passed), "{outcome:?}");
 }
 
 /// A leasehold release whose announcement never reaches the waiter (here: the holder announces
@@ -1735,4 +1791,272 @@ async fn a_release_whose_announcement_is_lost_is_found_well_before_the_ttl() {
     );
     assert!(got.fence() > held.fence());
     assert_eq!(waiter.release(&got).await.unwrap(), Released::Released);
+}
+
+/// The value key of a lock, as a plain client reads it: `(fence, value)`, each `None` when
+/// absent.
+async fn stored_value(
+    con: &mut MultiplexedConnection,
+    a: &RedisAuthority,
+    key: &LockKey,
+) -> (Option<u64>, Option<Vec<u8>>) {
+    redis::cmd("HMGET")
+        .arg(a.config().layout().value_key(key))
+        .arg("fence")
+        .arg("value")
+        .query_async(con)
+        .await
+        .unwrap()
+}
+
+/// A grant whose lease ran out and went to someone else cannot proclaim: `LeaseLost`, and the
+/// new holder's value (and the fence stored with it) are untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_grants_proclaim_is_refused_and_leaves_the_holders_value() {
+    let server = start().await;
+    let a = RedisAuthority::connect(&url(&server)).await.unwrap();
+    let b = RedisAuthority::connect(&url(&server)).await.unwrap();
+    let mut con = raw(&server).await;
+    let key = LockKey::new("proclaim-stale").unwrap();
+    let old = a
+        .try_acquire(&key, Duration::from_millis(200))
+        .await
+        .unwrap()
+        .unwrap();
+    a.proclaim(&old, b"old leader").await.unwrap();
+    assert_eq!(
+        a.inspect(&key).await.unwrap().value.as_deref(),
+        Some(&b"old leader"[..])
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let new = b
+        .try_acquire(&key, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("the old lease ran out");
+    b.proclaim(&new, b"new leader").await.unwrap();
+
+    let err = a.proclaim(&old, b"stale").await.unwrap_err();
+    assert!(err.is_lease_lost(), "{err:?}");
+    let seen = b.inspect(&key).await.unwrap();
+    assert_eq!(seen.fence, Some(new.fence()), "{seen:?}");
+    assert_eq!(seen.value.as_deref(), Some(&b"new leader"[..]));
+    assert_eq!(
+        stored_value(&mut con, &b, &key).await,
+        (Some(new.fence().raw()), Some(b"new leader".to_vec()))
+    );
+    // A grant that was released is refused too.
+    assert_eq!(b.release(&new).await.unwrap(), Released::Released);
+    let err = b.proclaim(&new, b"after release").await.unwrap_err();
+    assert!(err.is_lease_lost(), "{err:?}");
+    assert_eq!(stored_value(&mut con, &b, &key).await, (None, None));
+}
+
+/// A value belongs to its grant: a later grant starts without one, whether the earlier lease
+/// was released (its value key is deleted with it), ran out, or was released by a plain peer's
+/// compare-and-delete (its value key stays, but holds a smaller fence); nor is it shown for a
+/// plain peer holding the key. The lock key still holds exactly the owner token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_grant_starts_without_the_previous_value() {
+    let server = start().await;
+    let a = RedisAuthority::connect(&url(&server)).await.unwrap();
+    let mut con = raw(&server).await;
+    let key = LockKey::new("proclaim-fresh").unwrap();
+    let lock_key = a.config().layout().lock_key(&key);
+    let ttl = Duration::from_secs(10);
+
+    // Released: the value key goes with the lease.
+    let first = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    a.proclaim(&first, b"first").await.unwrap();
+    let token: String = redis::cmd("GET")
+        .arg(&lock_key)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(token, first.owner().to_hex(), "the lock key is unchanged");
+    assert_eq!(a.release(&first).await.unwrap(), Released::Released);
+    assert_eq!(stored_value(&mut con, &a, &key).await, (None, None));
+    let seen = a.inspect(&key).await.unwrap();
+    assert!(!seen.held && seen.value.is_none(), "{seen:?}");
+    let second = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert_eq!(a.inspect(&key).await.unwrap().value, None);
+
+    // Ran out: the value key is left, with the old fence, and not shown for the next grant.
+    a.proclaim(&second, b"second").await.unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&lock_key)
+        .arg(1)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        stored_value(&mut con, &a, &key).await,
+        (Some(second.fence().raw()), Some(b"second".to_vec()))
+    );
+    let third = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let seen = a.inspect(&key).await.unwrap();
+    assert_eq!(seen.fence, Some(third.fence()));
+    assert_eq!(seen.value, None, "{seen:?}");
+
+    // Released by a plain compare-and-delete: the same.
+    a.proclaim(&third, b"third").await.unwrap();
+    let deleted: i64 = redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    )
+    .key(&lock_key)
+    .arg(third.owner().to_hex())
+    .invoke_async(&mut con)
+    .await
+    .unwrap();
+    assert_eq!(deleted, 1);
+    assert_eq!(a.inspect(&key).await.unwrap().value, None);
+    // A plain peer holds the key now: no fence, no value.
+    let _: () = redis::cmd("SET")
+        .arg(&lock_key)
+        .arg("plain-token")
+        .arg("PX")
+        .arg(10_000)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let seen = a.inspect(&key).await.unwrap();
+    assert!(
+        seen.held && seen.fence.is_none() && seen.value.is_none(),
+        "{seen:?}"
+    );
+    let _: () = redis::cmd("DEL")
+        .arg(&lock_key)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let fourth = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert!(fourth.fence() > third.fence());
+    assert_eq!(a.inspect(&key).await.unwrap().value, None);
+    a.proclaim(&fourth, b"fourth").await.unwrap();
+    assert_eq!(
+        a.inspect(&key).await.unwrap().value.as_deref(),
+        Some(&b"fourth"[..])
+    );
+    assert_eq!(a.release(&fourth).await.unwrap(), Released::Released);
+}
+
+/// Values are bytes: any byte (NUL, invalid UTF-8), up to `MAX_VALUE_LEN` of them, round-trip
+/// exactly; an empty value is a value; a longer one is refused before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binary_value_round_trips() {
+    let server = start().await;
+    let a = RedisAuthority::connect(&url(&server)).await.unwrap();
+    let observer = RedisAuthority::connect(&url(&server)).await.unwrap();
+    let mut con = raw(&server).await;
+    let key = LockKey::new("proclaim-binary").unwrap();
+    let g = a
+        .try_acquire(&key, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .unwrap();
+    let binary = vec![0x00, 0xff, 0xfe, b'\n', 0xc3, 0x28, b' ', b'{', b'}', 0x80];
+    assert!(std::str::from_utf8(&binary).is_err());
+    let largest: Vec<u8> = (0..leasehold_core::MAX_VALUE_LEN)
+        .map(|i| (i * 7 % 256) as u8)
+        .collect();
+    for value in [binary.clone(), largest.clone(), Vec::new()] {
+        a.proclaim(&g, &value).await.unwrap();
+        let seen = observer.inspect(&key).await.unwrap();
+        assert_eq!(seen.value.as_ref(), Some(&value), "{} bytes", value.len());
+    }
+    a.proclaim(&g, &binary).await.unwrap();
+    let too_long = vec![0u8; leasehold_core::MAX_VALUE_LEN + 1];
+    let (evalsha, _) = calls(&server, "evalsha").await;
+    let err = a.proclaim(&g, &too_long).await.unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig { .. }), "{err:?}");
+    assert_eq!(calls(&server, "evalsha").await.0, evalsha, "nothing sent");
+    assert_eq!(
+        stored_value(&mut con, &a, &key).await,
+        (Some(g.fence().raw()), Some(binary.clone()))
+    );
+    assert_eq!(a.release(&g).await.unwrap(), Released::Released);
+}
+
+/// `wait_for_change` returns soon after another client releases the key or proclaims a value
+/// (by the announcement, long before its `max_wait`, also `Duration::MAX`), and after
+/// `max_wait` when nothing happens (once the subscription is up). However many waits come and go, the authority keeps one
+/// subscription connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_change_wakes_on_another_clients_release_and_proclaim() {
+    let server = start().await;
+    let holder = RedisAuthority::connect(&url(&server)).await.unwrap();
+    let observer = Arc::new(RedisAuthority::connect(&url(&server)).await.unwrap());
+    let mut con = raw(&server).await;
+    let key = LockKey::new("wait-for-change").unwrap();
+    let ttl = Duration::from_secs(30);
+    let held = holder.try_acquire(&key, ttl).await.unwrap().unwrap();
+
+    // The first wait starts the subscription, and may return as soon as it is up (whatever
+    // changed before that was not announced to it).
+    observer
+        .wait_for_change(&key, Duration::from_millis(50))
+        .await
+        .unwrap();
+    wait_subscribed(&mut con, 1).await;
+    // Nothing happens: it returns after max_wait, not before.
+    let since = Instant::now();
+    observer
+        .wait_for_change(&key, Duration::from_millis(150))
+        .await
+        .unwrap();
+    let waited = since.elapsed();
+    assert!(
+        waited >= Duration::from_millis(150) && waited < Duration::from_secs(2),
+        "{waited:?}"
+    );
+
+    let wait = |max_wait: Duration| {
+        let (observer, key) = (observer.clone(), key.clone());
+        tokio::spawn(async move {
+            observer.wait_for_change(&key, max_wait).await.unwrap();
+            Instant::now()
+        })
+    };
+    // A proclaim wakes it.
+    let task = wait(Duration::from_secs(20));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!task.is_finished(), "woke with nothing changed");
+    let proclaimed = Instant::now();
+    holder.proclaim(&held, b"leader-1").await.unwrap();
+    let woke = tokio::time::timeout(Duration::from_secs(2), task)
+        .await
+        .expect("the proclaim did not wake the waiter")
+        .unwrap();
+    println!("woken by a proclaim after {:?}", woke - proclaimed);
+
+    // A release wakes it, with no bound on the wait at all.
+    let task = wait(Duration::MAX);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!task.is_finished(), "woke with nothing changed");
+    let released = Instant::now();
+    assert_eq!(holder.release(&held).await.unwrap(), Released::Released);
+    let woke = tokio::time::timeout(Duration::from_secs(2), task)
+        .await
+        .expect("the release did not wake the waiter")
+        .unwrap();
+    println!("woken by a release after {:?}", woke - released);
+
+    // Dropped waits leave nothing behind: still one subscription, and a later one still works.
+    for _ in 0..50 {
+        let _ = tokio::time::timeout(
+            Duration::from_millis(1),
+            observer.wait_for_change(&key, Duration::from_secs(60)),
+        )
+        .await;
+    }
+    wait_subscribed(&mut con, 1).await;
+    let again = holder.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let task = wait(Duration::from_secs(20));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(holder.release(&again).await.unwrap(), Released::Released);
+    tokio::time::timeout(Duration::from_secs(2), task)
+        .await
+        .expect("a release after dropped waits did not wake the waiter")
+        .unwrap();
 }

@@ -50,6 +50,7 @@ struct Statements {
     holder: SqlStr,
     renew: SqlStr,
     release: SqlStr,
+    proclaim: SqlStr,
     inspect: SqlStr,
     list_keys: SqlStr,
 }
@@ -89,8 +90,20 @@ impl Statements {
                  WHERE lock_key = ?1 AND owner = ?2 AND fence = ?3 AND boot_id = ?4 \
                    AND expires_ns > ?5"
             )),
+            // ?1 key, ?2 owner, ?3 fence, ?4 boot id, ?5 now, ?6 the value. The same match as
+            // renew; the value is stamped with the grant's fence, so a later grant (which raises
+            // the fence) starts with none without acquire touching it.
+            proclaim: sql(format!(
+                "UPDATE \"{t}\" SET value = ?6, value_fence = fence \
+                 WHERE lock_key = ?1 AND owner = ?2 AND fence = ?3 AND boot_id = ?4 \
+                   AND expires_ns > ?5"
+            )),
+            // The value only if the grant in the row proclaimed it; liveness is decided by the
+            // caller, on the machine's clock.
             inspect: sql(format!(
-                "SELECT owner, fence, boot_id, expires_ns FROM \"{t}\" WHERE lock_key = ?1"
+                "SELECT owner, fence, boot_id, expires_ns, \
+                        CASE WHEN value_fence = fence THEN value END \
+                 FROM \"{t}\" WHERE lock_key = ?1"
             )),
             // ?1 the prefix, ?2 the first text above it (NULL: none), ?3 how many. SQLite
             // compares text bytewise (BINARY), as keys are ordered everywhere else.
@@ -103,21 +116,72 @@ impl Statements {
     }
 }
 
-/// The SQL that creates the lease table (the authority runs it at connect).
+/// The SQL that creates the lease table (the authority runs it at connect, and adds the
+/// [`ADDED_COLUMNS`] to a table an older version created).
 ///
 /// `expires_ns` is a reading of the machine's `CLOCK_MONOTONIC` in the boot `boot_id`; a row
-/// of another boot is expired whatever its number says.
+/// of another boot is expired whatever its number says. `value` is what the grant of fence
+/// `value_fence` proclaimed; it counts only while that grant holds the row.
 pub fn schema_sql(table: &str) -> Result<String> {
     let table = crate::config::table_name(table)?;
     Ok(format!(
         "CREATE TABLE IF NOT EXISTS \"{table}\" (\n\
-         \x20   lock_key   TEXT    NOT NULL PRIMARY KEY,\n\
-         \x20   owner      TEXT    NOT NULL,\n\
-         \x20   fence      INTEGER NOT NULL CHECK (fence > 0),\n\
-         \x20   boot_id    TEXT    NOT NULL,\n\
-         \x20   expires_ns INTEGER NOT NULL\n\
+         \x20   lock_key    TEXT    NOT NULL PRIMARY KEY,\n\
+         \x20   owner       TEXT    NOT NULL,\n\
+         \x20   fence       INTEGER NOT NULL CHECK (fence > 0),\n\
+         \x20   boot_id     TEXT    NOT NULL,\n\
+         \x20   expires_ns  INTEGER NOT NULL,\n\
+         \x20   value       BLOB,\n\
+         \x20   value_fence INTEGER\n\
          ) WITHOUT ROWID;"
     ))
+}
+
+/// The columns added since the first version, with their types: what opening a database adds
+/// to a lease table that lacks them (SQLite has no `ADD COLUMN IF NOT EXISTS`).
+const ADDED_COLUMNS: [(&str, &str); 2] = [("value", "BLOB"), ("value_fence", "INTEGER")];
+
+/// Adds the [`ADDED_COLUMNS`] that `table` lacks, keeping its rows. Looks first without the
+/// write lock, so that opening an up-to-date file never waits for a writer; adds them inside
+/// `BEGIN IMMEDIATE`, looking again there, so that processes opening the file together do not
+/// both add a column: the second one waits for the write lock and then finds it there.
+async fn add_missing_columns(
+    pool: &SqlitePool,
+    table: &str,
+) -> std::result::Result<(), sqlx::Error> {
+    const COLUMNS: &str = "SELECT name FROM pragma_table_info(?1)";
+    let missing = |present: &[String]| {
+        ADDED_COLUMNS
+            .into_iter()
+            .filter(|(column, _)| !present.iter().any(|p| p.eq_ignore_ascii_case(column)))
+            .collect::<Vec<_>>()
+    };
+    let present: Vec<String> = sqlx::query_scalar(COLUMNS)
+        .bind(table)
+        .fetch_all(pool)
+        .await?;
+    if missing(&present).is_empty() {
+        return Ok(());
+    }
+    let mut conn = pool.acquire().await?;
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    let present: Vec<String> = sqlx::query_scalar(COLUMNS)
+        .bind(table)
+        .fetch_all(&mut *tx)
+        .await?;
+    for (column, kind) in missing(&present) {
+        sqlx::query(sql(format!(
+            "ALTER TABLE \"{table}\" ADD COLUMN {column} {kind}"
+        )))
+        .execute(&mut *tx)
+        .await?;
+        tracing::info!(
+            table,
+            column,
+            "added a column of this version to the lease table"
+        );
+    }
+    tx.commit().await
 }
 
 struct Inner {
@@ -129,9 +193,17 @@ struct Inner {
     clock: MachineClock,
     capabilities: Capabilities,
     statements: Statements,
-    /// Wakes this client's own waiters when it releases a lease, so tasks sharing a client hand
-    /// a key on at once; other processes' waiters find out by polling.
-    released: Notify,
+    /// Wakes this client's own waiters when it releases a lease or proclaims a value, so tasks
+    /// sharing a client hand a key on (or see the value) at once; other processes' waiters find
+    /// out by polling.
+    changed: Notify,
+}
+
+/// What [`Inner::conditional`] does to a lease we hold.
+enum Step<'v> {
+    Renew(Duration),
+    Release,
+    Proclaim(&'v [u8]),
 }
 
 /// What one acquisition step found: the fence if we won, else how long the holder has left by
@@ -227,20 +299,20 @@ impl Inner {
         }))
     }
 
-    /// Renews (`Some(ttl)`) or releases (`None`) a lease we hold: one conditional `UPDATE` on
-    /// key, owner, fence and boot, only while the lease is live. Returns the rows changed.
+    /// Renews, releases or proclaims on a lease we hold: one conditional `UPDATE` on key,
+    /// owner, fence and boot, only while the lease is live. Returns the rows changed.
     async fn conditional(
         &self,
         key: &str,
         owner: &str,
         fence: i64,
-        renew_for: Option<Duration>,
+        step: Step<'_>,
     ) -> std::result::Result<u64, sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let now = self.clock.now_ns();
-        let done = match renew_for {
-            Some(ttl) => {
+        let done = match step {
+            Step::Renew(ttl) => {
                 sqlx::query(self.statements.renew.clone())
                     .bind(key)
                     .bind(owner)
@@ -251,7 +323,18 @@ impl Inner {
                     .execute(&mut *tx)
                     .await?
             }
-            None => {
+            Step::Proclaim(value) => {
+                sqlx::query(self.statements.proclaim.clone())
+                    .bind(key)
+                    .bind(owner)
+                    .bind(fence)
+                    .bind(&self.clock.boot_id)
+                    .bind(now)
+                    .bind(value)
+                    .execute(&mut *tx)
+                    .await?
+            }
+            Step::Release => {
                 sqlx::query(self.statements.release.clone())
                     .bind(key)
                     .bind(owner)
@@ -266,6 +349,30 @@ impl Inner {
         Ok(done.rows_affected())
     }
 
+    /// Renews a batch in one `BEGIN IMMEDIATE` transaction (one write lock, one commit and one
+    /// sync for all), each row matched as [`Step::Renew`] is. Returns whether each was renewed.
+    async fn renew_batch(&self, grants: &[Grant]) -> std::result::Result<Vec<bool>, sqlx::Error> {
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let now = self.clock.now_ns();
+        let mut renewed = Vec::with_capacity(grants.len());
+        for grant in grants {
+            let (key, owner, fence) = SqliteAuthority::owner_matches(grant);
+            let done = sqlx::query(self.statements.renew.clone())
+                .bind(key)
+                .bind(owner)
+                .bind(fence)
+                .bind(&self.clock.boot_id)
+                .bind(now)
+                .bind(now.saturating_add(ttl_ns(grant.ttl())))
+                .execute(&mut *tx)
+                .await?;
+            renewed.push(done.rows_affected() == 1);
+        }
+        tx.commit().await?;
+        Ok(renewed)
+    }
+
     /// Releases a lease nobody was told about (its acquisition was cancelled or timed out, or
     /// its fence could not be used), so the key is free at once instead of after its TTL.
     async fn give_back(&self, key: String, owner: String, raw: i64, ttl: Duration) {
@@ -274,12 +381,12 @@ impl Inner {
             .bounded(
                 "give back",
                 give_up,
-                self.conditional(&key, &owner, raw, None),
+                self.conditional(&key, &owner, raw, Step::Release),
             )
             .await;
         match released {
             Ok(n) if n > 0 => {
-                self.released.notify_waiters();
+                self.changed.notify_waiters();
                 tracing::debug!("gave back a lease whose acquisition nobody awaited")
             }
             Ok(_) => tracing::trace!("a lease nobody awaited had already ended"),
@@ -325,6 +432,9 @@ enum Attempt {
 /// * Waiting is jittered polling (2 to 50 ms, and never past the holder's expiry), reading
 ///   without the write lock until the key looks free; a release through the same client wakes
 ///   its waiters at once.
+/// * Proclaim is an `UPDATE` matched as renew is, that stores the value with the grant's fence
+///   beside it: it counts only while that grant holds the row. `wait_for_change` polls (a
+///   release or proclaim through the same client cuts it short).
 /// * WAL mode, `synchronous=FULL` (a grant is on disk before anyone hears of it), and a busy
 ///   timeout equal to the request timeout: a writer that keeps the lock longer makes requests
 ///   `Unavailable`, never "held".
@@ -390,7 +500,8 @@ fn checked_path(config: &SqliteConfig, mounts_table: Option<&str>) -> Result<Pat
 
 impl SqliteAuthority {
     /// Opens (creating if missing) the database a `sqlite://` URL names (see
-    /// [`SqliteConfig::from_url`]) and creates the lease table in it if needed.
+    /// [`SqliteConfig::from_url`]) and creates the lease table in it if needed, or adds the
+    /// columns of this version to one an older version created.
     pub async fn connect(url: &str) -> Result<Self> {
         Self::with_config(SqliteConfig::from_url(url)?).await
     }
@@ -428,6 +539,7 @@ impl SqliteAuthority {
                     .connect_with(options.clone())
                     .await?;
                 sqlx::query(sql(schema.clone())).execute(&pool).await?;
+                add_missing_columns(&pool, &config.table).await?;
                 Ok::<_, sqlx::Error>(pool)
             };
             match tokio::time::timeout_at(give_up, opened).await {
@@ -441,7 +553,8 @@ impl SqliteAuthority {
             }
         };
         let capabilities = Capabilities::new(BACKEND, FenceSafety::Linearizable, true, TTL)
-            .with_wait(WaitStrategy::Polling);
+            .with_wait(WaitStrategy::Polling)
+            .with_batch_renewal(true);
         Ok(SqliteAuthority {
             inner: Arc::new(Inner {
                 statements: Statements::new(&config.table),
@@ -451,7 +564,7 @@ impl SqliteAuthority {
                 shown,
                 clock,
                 capabilities,
-                released: Notify::new(),
+                changed: Notify::new(),
             }),
         })
     }
@@ -596,7 +709,7 @@ impl Authority for SqliteAuthority {
                 }
                 // Registered before the sleep, so a release by this client while we sleep
                 // is not missed.
-                let released = self.inner.released.notified();
+                let released = self.inner.changed.notified();
                 tokio::select! {
                     _ = released => {}
                     _ = tokio::time::sleep_until(saturating_add(now, delay).min(give_up)) => {}
@@ -626,13 +739,51 @@ impl Authority for SqliteAuthority {
             .bounded(
                 "renew",
                 saturating_add(sent, self.inner.timeout()),
-                self.inner.conditional(&key, &owner, fence, Some(ttl)),
+                self.inner
+                    .conditional(&key, &owner, fence, Step::Renew(ttl)),
             )
             .await?;
         if changed != 1 {
             return Err(Error::lease_lost(grant.key().as_str(), LostReason::Refused));
         }
         Ok(self.inner.config.client.safety_margin.deadline(sent, ttl))
+    }
+
+    /// One transaction renews the whole batch.
+    async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
+        for grant in grants {
+            if let Err(e) = TTL.check(grant.ttl()) {
+                return e.into_copies(grants.len()).into_iter().map(Err).collect();
+            }
+        }
+        let sent = Instant::now();
+        let renewed = self
+            .inner
+            .bounded(
+                "renew",
+                saturating_add(sent, self.inner.timeout()),
+                self.inner.renew_batch(grants),
+            )
+            .await;
+        match renewed {
+            Err(e) => e.into_copies(grants.len()).into_iter().map(Err).collect(),
+            Ok(renewed) => grants
+                .iter()
+                .zip(renewed)
+                .map(|(grant, ok)| {
+                    if ok {
+                        Ok(self
+                            .inner
+                            .config
+                            .client
+                            .safety_margin
+                            .deadline(sent, grant.ttl()))
+                    } else {
+                        Err(Error::lease_lost(grant.key().as_str(), LostReason::Refused))
+                    }
+                })
+                .collect(),
+        }
     }
 
     async fn release(&self, grant: &Grant) -> Result<Released> {
@@ -642,15 +793,50 @@ impl Authority for SqliteAuthority {
             .bounded(
                 "release",
                 saturating_add(Instant::now(), self.inner.timeout()),
-                self.inner.conditional(&key, &owner, fence, None),
+                self.inner.conditional(&key, &owner, fence, Step::Release),
             )
             .await?;
         Ok(if changed > 0 {
-            self.inner.released.notify_waiters();
+            self.inner.changed.notify_waiters();
             Released::Released
         } else {
             Released::AlreadyGone
         })
+    }
+
+    /// One conditional `UPDATE` in `BEGIN IMMEDIATE`, matched as renew is (owner, fence, boot,
+    /// live by the machine's clock read with the write lock held), that stamps the value with
+    /// the grant's fence.
+    async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
+        leasehold_core::check_proclaimed(value)?;
+        let (key, owner, fence) = Self::owner_matches(grant);
+        let changed = self
+            .inner
+            .bounded(
+                "proclaim",
+                saturating_add(Instant::now(), self.inner.timeout()),
+                self.inner
+                    .conditional(&key, &owner, fence, Step::Proclaim(value)),
+            )
+            .await?;
+        if changed != 1 {
+            return Err(Error::lease_lost(grant.key().as_str(), LostReason::Refused));
+        }
+        self.inner.changed.notify_waiters();
+        Ok(())
+    }
+
+    /// Polling, as the backend declares: nothing crosses processes, so it sleeps for
+    /// `max_wait`, cut short by a release or proclaim through this same client (any key: a
+    /// spurious wake costs one read).
+    async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
+        let _ = key;
+        let until = saturating_add(Instant::now(), max_wait);
+        tokio::select! {
+            _ = self.inner.changed.notified() => {}
+            _ = tokio::time::sleep_until(until) => {}
+        }
+        Ok(())
     }
 
     /// Reads the key's row outside any transaction: in WAL mode a reader takes no lock that a
@@ -660,7 +846,7 @@ impl Authority for SqliteAuthority {
     /// column is the last fence issued (release and expiry keep the row).
     async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
         let inner = &self.inner;
-        let row: Option<(String, i64, String, i64)> = inner
+        let row: Option<(String, i64, String, i64, Option<Vec<u8>>)> = inner
             .bounded(
                 "inspect",
                 saturating_add(Instant::now(), inner.timeout()),
@@ -669,7 +855,7 @@ impl Authority for SqliteAuthority {
                     .fetch_optional(&inner.pool),
             )
             .await?;
-        let Some((owner, raw, boot, expires_ns)) = row else {
+        let Some((owner, raw, boot, expires_ns, value)) = row else {
             return Ok(Inspection::free(BACKEND, key.clone()));
         };
         let fence = SqliteFence::from_column(raw)?.to_fence(BACKEND, inner.config.client.epoch)?;
@@ -678,6 +864,7 @@ impl Authority for SqliteAuthority {
             Inspection::held(BACKEND, key.clone(), OwnerId::from_stored(&owner))
                 .with_fence(Some(fence))
                 .with_remaining(Some(left))
+                .with_value(value)
         } else {
             Inspection::free(BACKEND, key.clone())
         };

@@ -33,6 +33,13 @@ pub(crate) fn is_busy(error: &sqlx::Error) -> bool {
     )
 }
 
+/// SQLite reports a missing column only in its message (under the generic SQLITE_ERROR).
+fn is_missing_column(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .is_some_and(|db| db.message().starts_with("no such column"))
+}
+
 /// Maps a driver error met while doing `what` on the database at `path`.
 pub(crate) fn map(error: sqlx::Error, what: &str, path: &str) -> Error {
     if let Some(code) = primary_code(&error) {
@@ -60,6 +67,16 @@ pub(crate) fn map(error: sqlx::Error, what: &str, path: &str) -> Error {
             SQLITE_PERM | SQLITE_READONLY | SQLITE_CANTOPEN => Error::Backend {
                 backend: BACKEND,
                 message: format!("{message}: check the file's and its directory's permissions"),
+                retryable: false,
+                source: Some(Box::new(error)),
+            },
+            // The lease table lacks a column of this version: another program made (or
+            // remade) it after this client opened the file, which is when columns are added.
+            _ if is_missing_column(&error) => Error::Backend {
+                backend: BACKEND,
+                message: format!(
+                    "{message}: the lease table was created by an older version; connect again (opening the database adds the missing columns, keeping the rows)"
+                ),
                 retryable: false,
                 source: Some(Box::new(error)),
             },

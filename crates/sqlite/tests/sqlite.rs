@@ -625,3 +625,299 @@ async fn a_release_wakes_waiters_of_the_same_client_at_once() {
         "hand-offs within one client: {handoffs:?}"
     );
 }
+
+// ---- proclaimed values ------------------------------------------------------------------------
+
+/// The value a grant proclaims belongs to that grant: a later grant on the key starts with none,
+/// a stale grant's proclaim is refused with `LeaseLost` and leaves the holder's value as it was,
+/// a released key shows no value, and a value over the limit is refused before any request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proclaimed_value_belongs_to_its_grant() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locks.db");
+    let (a, b) = (
+        SqliteAuthority::connect(&url(&path)).await.unwrap(),
+        SqliteAuthority::connect(&url(&path)).await.unwrap(),
+    );
+    let key = LockKey::new("proclaim/owned").unwrap();
+    let ttl = Duration::from_millis(300);
+    let old = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    a.proclaim(&old, b"old leader").await.unwrap();
+    let seen = b.inspect(&key).await.unwrap();
+    assert_eq!(seen.value.as_deref(), Some(&b"old leader"[..]), "{seen:?}");
+
+    // The old grant runs out; the next one starts without a value.
+    tokio::time::sleep(ttl + Duration::from_millis(50)).await;
+    let new = b.try_acquire(&key, ttl * 100).await.unwrap().unwrap();
+    assert!(new.fence() > old.fence());
+    let seen = a.inspect(&key).await.unwrap();
+    assert!(seen.held && seen.value.is_none(), "{seen:?}");
+
+    // The stale grant cannot write over the new holder's value, nor set one where it has none.
+    let err = a.proclaim(&old, b"stale").await.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::LeaseLost {
+                reason: leasehold_core::LostReason::Refused,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(a.inspect(&key).await.unwrap().value.is_none());
+    b.proclaim(&new, b"new leader").await.unwrap();
+    let err = a.proclaim(&old, b"stale").await.unwrap_err();
+    assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
+    let seen = a.inspect(&key).await.unwrap();
+    assert_eq!(seen.value.as_deref(), Some(&b"new leader"[..]), "{seen:?}");
+    assert_eq!(seen.fence, Some(new.fence()));
+
+    // Too long: refused before anything is sent; the value stays.
+    let err = b
+        .proclaim(&new, &vec![b'x'; leasehold_core::MAX_VALUE_LEN + 1])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig { .. }), "{err:?}");
+    assert_eq!(
+        a.inspect(&key).await.unwrap().value.as_deref(),
+        Some(&b"new leader"[..])
+    );
+
+    // Released: free, no value; the next grant (the same client's) starts without one too.
+    let _ = b.release(&new).await.unwrap();
+    let seen = a.inspect(&key).await.unwrap();
+    assert!(!seen.held && seen.value.is_none(), "{seen:?}");
+    let again = b.try_acquire(&key, ttl * 100).await.unwrap().unwrap();
+    assert!(b.inspect(&key).await.unwrap().value.is_none());
+    let err = b.proclaim(&new, b"released").await.unwrap_err();
+    assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
+    let _ = b.release(&again).await.unwrap();
+}
+
+/// The previous version's lease table, created by hand with its SQL, with a live lease in it.
+const PREVIOUS_SCHEMA: &str = "CREATE TABLE \"leases_v0\" (
+    lock_key   TEXT    NOT NULL PRIMARY KEY,
+    owner      TEXT    NOT NULL,
+    fence      INTEGER NOT NULL CHECK (fence > 0),
+    boot_id    TEXT    NOT NULL,
+    expires_ns INTEGER NOT NULL
+) WITHOUT ROWID";
+
+async fn previous_version_table(path: &Path, boot_id: &str) {
+    let mut conn = SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", path.display()))
+        .await
+        .unwrap();
+    sqlx::query(PREVIOUS_SCHEMA)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO leases_v0 (lock_key, owner, fence, boot_id, expires_ns) \
+         VALUES ('upgrade/held', 'an-older-process', 7, ?1, ?2)",
+    )
+    .bind(boot_id)
+    .bind(now_ns() + 3_600_000_000_000)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+}
+
+/// A file whose lease table the previous version made (with a live lease in it) is upgraded when
+/// clients open it, several at once: the columns are added, the rows kept (the held lease, its
+/// fence, the counter), and proclaim works. A table remade the old way under an open client
+/// (another program) gives a clear permanent error that says to connect again, which upgrades it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_of_the_previous_version_is_upgraded_when_the_file_is_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    previous_version_table(&path, boot_id.trim()).await;
+    let url = format!("{}&table=leases_v0", url(&path));
+    let opening: Vec<_> = (0..6)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { SqliteAuthority::connect(&url).await })
+        })
+        .collect();
+    let mut clients = Vec::new();
+    for o in opening {
+        clients.push(o.await.unwrap().unwrap());
+    }
+    let a = clients[0].clone();
+    let columns: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM pragma_table_info('leases_v0')")
+            .fetch_all(a.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        columns,
+        [
+            "lock_key",
+            "owner",
+            "fence",
+            "boot_id",
+            "expires_ns",
+            "value",
+            "value_fence"
+        ]
+    );
+    let held = LockKey::new("upgrade/held").unwrap();
+    let seen = a.inspect(&held).await.unwrap();
+    assert!(seen.held && seen.value.is_none(), "{seen:?}");
+    assert_eq!(seen.fence.map(|f| f.raw()), Some(7));
+    assert!(a
+        .try_acquire(&held, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .is_none());
+    let key = LockKey::new("upgrade/new").unwrap();
+    let g = a
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    a.proclaim(&g, b"after the upgrade").await.unwrap();
+    assert_eq!(
+        clients[1].inspect(&key).await.unwrap().value.as_deref(),
+        Some(&b"after the upgrade"[..])
+    );
+
+    // Another program remakes the table the old way while this client is open.
+    sqlx::query("DROP TABLE leases_v0")
+        .execute(a.pool())
+        .await
+        .unwrap();
+    drop(clients);
+    previous_version_table(&path, boot_id.trim()).await;
+    let err = a.inspect(&held).await.unwrap_err();
+    let err2 = a.proclaim(&g, b"v").await.unwrap_err();
+    for err in [err, err2] {
+        assert!(
+            matches!(
+                err,
+                Error::Backend {
+                    retryable: false,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("connect again"), "{err}");
+    }
+    // Leases still work on it: their statements did not change.
+    let g = a
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let again = SqliteAuthority::connect(&url).await.unwrap();
+    let seen = again.inspect(&held).await.unwrap();
+    assert!(
+        seen.held && seen.fence.map(|f| f.raw()) == Some(7),
+        "{seen:?}"
+    );
+    again.proclaim(&g, b"again").await.unwrap();
+    assert_eq!(
+        a.inspect(&key).await.unwrap().value.as_deref(),
+        Some(&b"again"[..])
+    );
+}
+
+/// Tasks sharing a client see its proclaim and release at once in `wait_for_change` (polling
+/// otherwise, as declared), and `Duration::MAX` waits without panicking and can be dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_change_wakes_on_the_same_clients_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Arc::new(
+        SqliteAuthority::connect(&url(&dir.path().join("locks.db")))
+            .await
+            .unwrap(),
+    );
+    let key = LockKey::new("wait/same-client").unwrap();
+    let g = a
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    for proclaim in [true, false] {
+        let w = {
+            let (a, key) = (a.clone(), key.clone());
+            tokio::spawn(async move {
+                a.wait_for_change(&key, Duration::from_secs(20))
+                    .await
+                    .unwrap();
+                Instant::now()
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!w.is_finished());
+        let sent = Instant::now();
+        if proclaim {
+            a.proclaim(&g, b"v").await.unwrap();
+        } else {
+            let _ = a.release(&g).await.unwrap();
+        }
+        let woken = tokio::time::timeout(Duration::from_secs(5), w)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(woken - sent < Duration::from_secs(1), "{:?}", woken - sent);
+    }
+    let forever = tokio::time::timeout(
+        Duration::from_millis(100),
+        a.wait_for_change(&key, Duration::MAX),
+    )
+    .await;
+    assert!(forever.is_err());
+}
+
+/// Issue 15: one transaction renews a batch. A grant released behind its back and a stale grant
+/// (its key since taken by another client) are refused, each alone; the others in the same batch
+/// are renewed to their full TTL.
+#[tokio::test]
+async fn renew_many_renews_a_batch_and_refuses_only_what_is_not_ours() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locks.db");
+    let (a, b) = (
+        SqliteAuthority::connect(&url(&path)).await.unwrap(),
+        SqliteAuthority::connect(&url(&path)).await.unwrap(),
+    );
+    assert!(a.capabilities().batch_renewal);
+    let short = Duration::from_millis(200);
+    let long = Duration::from_secs(20);
+    let mut grants = Vec::new();
+    for i in 0..5 {
+        let key = LockKey::new(format!("batch/{i}")).unwrap();
+        let ttl = if i == 3 { short } else { long };
+        grants.push(a.try_acquire(&key, ttl).await.unwrap().unwrap());
+    }
+    let _ = a.release(&grants[1]).await.unwrap();
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    let taken = b
+        .try_acquire(grants[3].key(), long)
+        .await
+        .unwrap()
+        .expect("grant 3 ran out");
+    let results = a.renew_many(&grants).await;
+    assert_eq!(results.len(), 5);
+    for (i, result) in results.iter().enumerate() {
+        if i == 1 || i == 3 {
+            assert!(
+                matches!(result, Err(Error::LeaseLost { .. })),
+                "grant {i}: {result:?}"
+            );
+        } else {
+            let deadline = *result.as_ref().unwrap();
+            assert!(deadline > Instant::now() + long / 2, "grant {i}");
+            let seen = b.inspect(grants[i].key()).await.unwrap();
+            assert!(
+                seen.held && seen.remaining.unwrap() > long - Duration::from_secs(2),
+                "grant {i}: {seen:?}"
+            );
+        }
+    }
+    let seen = a.inspect(taken.key()).await.unwrap();
+    assert_eq!(seen.fence, Some(taken.fence()));
+}

@@ -95,6 +95,19 @@ impl Authority for Freezable {
         self.thawed().await;
         self.inner.list_keys(prefix, limit).await
     }
+
+    async fn proclaim(&self, grant: &Grant, value: &[u8]) -> leasehold_core::Result<()> {
+        self.thawed().await;
+        self.inner.proclaim(grant, value).await
+    }
+
+    async fn wait_for_change(
+        &self,
+        key: &LockKey,
+        max_wait: Duration,
+    ) -> leasehold_core::Result<()> {
+        self.inner.wait_for_change(key, max_wait).await
+    }
 }
 
 /// What an in-process run does.

@@ -1,7 +1,7 @@
 //! The ZooKeeper authority: a lease is the lowest ephemeral-sequential node under the key's
 //! parent, alive as long as its session, fenced by its czxid.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,7 +13,7 @@ use leasehold_core::{
     KeyPrefix, LockKey, LostReason, OwnerToken, Released, Result, SmallestKeys, TtlRange,
     WaitStrategy,
 };
-use zookeeper_client::Error as ZkError;
+use zookeeper_client::{Error as ZkError, Stat};
 
 use crate::cleanup;
 use crate::config::ZkConfig;
@@ -35,6 +35,23 @@ const INSPECT_TRIES: usize = 3;
 /// forgotten key only costs one queued and withdrawn node on its next try).
 const KNOWN_HELD: usize = 4096;
 
+/// Keys whose last seen state is remembered, at most; past that the memory starts afresh (a
+/// forgotten key only lets a change just before a wait go unnoticed until `max_wait`).
+const KNOWN_SEEN: usize = 4096;
+
+/// How often a proclaim sets the data again after finding it written since this grant last did.
+const PROCLAIM_TRIES: usize = 3;
+
+/// What this client last saw of a key, by inspect or by a wait: the holder's node and, where
+/// this client reads its data, the data's version. A wait that finds something else returns
+/// at once: the key changed between the caller's read and the wait's watches, a window a
+/// holder's proclaim right after its grant falls into.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Seen {
+    holder: Option<String>,
+    version: Option<i32>,
+}
+
 struct Inner {
     config: Arc<ZkConfig>,
     sessions: Sessions,
@@ -43,11 +60,32 @@ struct Inner {
     /// The lock paths whose last `try_acquire` here found someone ahead: the next one lists
     /// before queueing.
     known_held: Mutex<HashSet<String>>,
+    /// By lock path: what inspect or a wait last saw there.
+    seen: Mutex<HashMap<String, Seen>>,
 }
 
 impl Inner {
     fn known_held(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
         self.known_held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Remembers `now` as the state of the key at `path`; `true` if it differs from the state
+    /// remembered before (nothing remembered is no difference).
+    fn note_seen(&self, path: &str, now: Seen) -> bool {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.len() >= KNOWN_SEEN && !seen.contains_key(path) {
+            seen.clear();
+        }
+        seen.insert(path.to_owned(), now.clone())
+            .is_some_and(|before| before != now)
+    }
+
+    /// Forgets what was seen of the key at `path`, once a watch said it changed: the caller reads
+    /// the new state next, and comparing the next wait with the old one would only wake it for
+    /// nothing.
+    fn forget_seen(&self, path: &str) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.remove(path);
     }
 }
 
@@ -123,6 +161,7 @@ impl ZkAuthority {
                 sessions: Sessions::new(config.clone()),
                 tenures: Tenures::default(),
                 known_held: Mutex::default(),
+                seen: Mutex::default(),
                 config,
                 capabilities,
             }),
@@ -174,6 +213,105 @@ impl ZkAuthority {
         ))
     }
 
+    /// Watches `key` until something about it may have changed: the body of
+    /// [`Authority::wait_for_change`], which bounds it by time.
+    ///
+    /// One-shot watches on the parent's children (a contender queues or leaves: a grant, a
+    /// release, a holder's session ending) and on the holder node's data (a proclaim); an exists
+    /// watch while the parent is missing. Dropping the future drops the watchers, which the
+    /// client then removes, so nothing stays registered.
+    async fn changed(&self, key: &LockKey) -> Result<()> {
+        let session = self.reading_session().await?;
+        let client = &session.client;
+        let config = &self.inner.config;
+        let parent = self.lock_path(key);
+        // A session that ended is no reason to fail: the caller reads again, on a new session.
+        let failed = |e: ZkError, what: &str| {
+            if is_session_end(&e) && !matches!(e, ZkError::AuthFailed) {
+                self.inner.sessions.forget(&session);
+                Ok(())
+            } else {
+                Err(errors::map(e, what))
+            }
+        };
+        // The parent was missing when first looked at: any contender under it is a change.
+        let mut appeared = false;
+        loop {
+            let listed = session::read(config, "watch the contenders", || {
+                client.list_and_watch_children(&parent)
+            })
+            .await?;
+            let (children, children_changed) = match listed {
+                Ok(listed) => listed,
+                Err(ZkError::NoNode) => {
+                    // Nobody has queued yet, or the container was removed: free.
+                    if self.inner.note_seen(&parent, Seen::default()) {
+                        return Ok(());
+                    }
+                    let exists = session::read(config, "watch the lock's parent", || {
+                        client.check_and_watch_stat(&parent)
+                    })
+                    .await?;
+                    match exists {
+                        Ok((None, created)) => {
+                            created.changed().await;
+                            if !session.is_alive() {
+                                self.inner.forget_seen(&parent);
+                                return Ok(());
+                            }
+                        }
+                        Ok((Some(_), _)) => {}
+                        Err(e) => return failed(e, "watch the lock's parent"),
+                    }
+                    appeared = true;
+                    continue;
+                }
+                Err(e) => return failed(e, "watch the contenders"),
+            };
+            let holder = names::queue(&children).into_iter().next();
+            let mut version = None;
+            let mut data_changed = None;
+            if let Some(first) = holder.as_ref().filter(|n| !names::owner_of(n).is_peer()) {
+                let path = format!("{parent}/{first}");
+                let watched = session::read(config, "watch the holder", || {
+                    client.get_and_watch_data(&path)
+                })
+                .await?;
+                match watched {
+                    Ok((_, stat, watcher)) => {
+                        version = Some(stat.version);
+                        data_changed = Some(watcher);
+                    }
+                    // Gone since the listing: that is a change.
+                    Err(ZkError::NoNode) => {
+                        self.inner.forget_seen(&parent);
+                        return Ok(());
+                    }
+                    // Another principal's node: its value is not shown, the children tell the rest.
+                    Err(ZkError::NoAuth) => {}
+                    Err(e) => return failed(e, "watch the holder"),
+                }
+            }
+            let someone = holder.is_some();
+            if self.inner.note_seen(&parent, Seen { holder, version }) || (appeared && someone) {
+                return Ok(());
+            }
+            match data_changed {
+                Some(data_changed) => {
+                    tokio::select! {
+                        _ = children_changed.changed() => {}
+                        _ = data_changed.changed() => {}
+                    }
+                }
+                None => {
+                    children_changed.changed().await;
+                }
+            }
+            self.inner.forget_seen(&parent);
+            return Ok(());
+        }
+    }
+
     fn held(grant: &Grant) -> Result<&Arc<Held>> {
         grant
             .backend_state::<Arc<Held>>()
@@ -207,6 +345,31 @@ async fn synced_children(
         Ok(children) => Ok(children),
         Err(ZkError::NoNode) => Ok(Vec::new()),
         Err(e) => Err(errors::map(e, what)),
+    }
+}
+
+/// The holder node's `Stat`, with its data when `with_data` and this client may read it; `None`
+/// when the node is gone. A peer's data is not ours to show, so it is not asked for; another
+/// principal's creator-only node cannot be read, but its `Stat` can (`exists` needs no
+/// permission).
+async fn read_holder(
+    config: &ZkConfig,
+    client: &zookeeper_client::Client,
+    path: &str,
+    with_data: bool,
+) -> Result<Option<(Stat, Option<Vec<u8>>)>> {
+    if with_data {
+        match session::read(config, "inspect", || client.get_data(path)).await? {
+            Ok((data, stat)) => return Ok(Some((stat, Some(data)))),
+            Err(ZkError::NoNode) => return Ok(None),
+            Err(ZkError::NoAuth) => {}
+            Err(e) => return Err(errors::map(e, "inspect")),
+        }
+    }
+    match session::read(config, "inspect", || client.check_stat(path)).await? {
+        Ok(Some(stat)) => Ok(Some((stat, None))),
+        Ok(None) | Err(ZkError::NoNode) => Ok(None),
+        Err(e) => Err(errors::map(e, "inspect")),
     }
 }
 
@@ -399,7 +562,7 @@ impl Authority for ZkAuthority {
     }
 
     /// Lists the key's parent (after a `sync`, so the listing is not older than the request)
-    /// and reads the first contender's `Stat`: reads only, so no node is created and no
+    /// and reads the first contender's data and `Stat`: reads only, so no node is created and no
     /// watcher is woken. It uses any session this client has open, or opens one of the
     /// shortest TTL (a session alone holds no lock).
     ///
@@ -407,6 +570,9 @@ impl Authority for ZkAuthority {
     ///   the owner id is the UUID's short id, or `peer:kazoo`, `peer:foreign`); its czxid is its fence and the last
     ///   fence issued (earlier holders' nodes were created before it). When nobody queues the
     ///   last fence is unknown: deleted nodes leave nothing to read.
+    /// * The value is the holder node's data after [`names::VALUE_TAG`]: what it proclaimed. A
+    ///   Curator node (named as ours) carries untagged data, so it shows none; a peer's data is
+    ///   not read, and another principal's creator-only node cannot be, so neither shows one.
     /// * The remaining time is always `None`: ZooKeeper does not tell one session how long
     ///   another session has left before it expires, and a leasehold holder's client withdraws
     ///   an unrenewed grant at its own deadline, which the server does not know either.
@@ -418,22 +584,30 @@ impl Authority for ZkAuthority {
         for _ in 0..INSPECT_TRIES {
             let children = synced_children(&self.inner.config, client, &parent, "inspect").await?;
             let Some(first) = names::queue(&children).into_iter().next() else {
+                self.inner.note_seen(&parent, Seen::default());
                 return Ok(Inspection::free(BACKEND, key.clone()));
             };
             let path = format!("{parent}/{first}");
-            let stat = session::read(&self.inner.config, "inspect", || client.check_stat(&path));
-            let stat = match stat.await? {
-                Ok(Some(stat)) => stat,
-                Ok(None) | Err(ZkError::NoNode) => continue,
-                Err(e) => return Err(errors::map(e, "inspect")),
+            let owner = names::owner_of(&first);
+            let read = read_holder(&self.inner.config, client, &path, !owner.is_peer()).await?;
+            let Some((stat, data)) = read else {
+                continue;
             };
             let fence =
                 Czxid::new(stat.czxid)?.to_fence(BACKEND, self.inner.config.client.epoch)?;
-            return Ok(
-                Inspection::held(BACKEND, key.clone(), names::owner_of(&first))
-                    .with_fence(Some(fence))
-                    .with_last_fence(Some(fence)),
+            let value = data.as_deref().and_then(names::decode_value);
+            let version = data.is_some().then_some(stat.version);
+            self.inner.note_seen(
+                &parent,
+                Seen {
+                    holder: Some(first),
+                    version,
+                },
             );
+            return Ok(Inspection::held(BACKEND, key.clone(), owner)
+                .with_fence(Some(fence))
+                .with_last_fence(Some(fence))
+                .with_value(value));
         }
         Err(Error::Unavailable {
             backend: BACKEND,
@@ -457,6 +631,105 @@ impl Authority for ZkAuthority {
             }
         }
         Ok(keys.into_sorted())
+    }
+
+    /// Sets my node's data to [`names::encode_value`] of `value`, on the data version this
+    /// grant last wrote: the path names this grant's node alone (its UUID and sequence), and the
+    /// write goes through the leader, so it succeeds only while the node exists at the ensemble,
+    /// and never lands on anyone else's. A node gone (expired session, deleted) or a tenure over
+    /// is `LeaseLost`, and nothing is written; a tenure that runs out while the write is in
+    /// flight is `LeaseLost` too, and the value goes with the node, as every value does: a later
+    /// grant, a new node, starts with none.
+    async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
+        leasehold_core::check_proclaimed(value)?;
+        let held = Self::held(grant)?;
+        let key = grant.key().as_str();
+        let refused = || Error::lease_lost(key, LostReason::Refused);
+        if held.is_over(Instant::now()) {
+            return Err(refused());
+        }
+        let Some(session) = held.session.upgrade().filter(|s| s.is_alive()) else {
+            held.end();
+            return Err(Error::lease_lost(key, LostReason::SessionEnded));
+        };
+        let config = &self.inner.config;
+        let client = &session.client;
+        let data = names::encode_value(value);
+        let mine =
+            |stat: &Stat| stat.czxid == held.czxid.get() && stat.ephemeral_owner == held.session_id;
+        for _ in 0..PROCLAIM_TRIES {
+            let version = held.data_version();
+            // A retry after a lost reply that was applied meets `BadVersion`, handled below.
+            let set = session::read(config, "proclaim", || {
+                client.set_data(&held.path, &data, Some(version))
+            })
+            .await?;
+            let stat = match set {
+                Ok(stat) => stat,
+                Err(ZkError::BadVersion) => {
+                    // Written since this grant last did (a concurrent proclaim of the same
+                    // grant, or a retry of this one): make sure the node is still mine, then set
+                    // on its version.
+                    let read =
+                        session::read(config, "proclaim", || client.check_stat(&held.path)).await?;
+                    match read {
+                        Ok(Some(stat)) if mine(&stat) => {
+                            held.note_data_version(stat.version);
+                            continue;
+                        }
+                        Ok(_) | Err(ZkError::NoNode) => {
+                            held.end();
+                            return Err(refused());
+                        }
+                        Err(e) if is_session_end(&e) => {
+                            held.end();
+                            return Err(Error::lease_lost(key, LostReason::SessionEnded));
+                        }
+                        Err(e) => return Err(errors::map(e, "proclaim")),
+                    }
+                }
+                Err(ZkError::NoNode) => {
+                    held.end();
+                    return Err(refused());
+                }
+                Err(e) if is_session_end(&e) => {
+                    held.end();
+                    return Err(Error::lease_lost(key, LostReason::SessionEnded));
+                }
+                Err(e) => return Err(errors::map(e, "proclaim")),
+            };
+            if !mine(&stat) {
+                // Only this grant's own client names a node with its UUID, so this cannot be
+                // someone else's; whatever it is, it is not the grant's node.
+                held.end();
+                return Err(refused());
+            }
+            held.note_data_version(stat.version);
+            // The tenure ran out while the write was in flight: the node is being deleted, and
+            // the value with it.
+            if held.is_over(Instant::now()) {
+                return Err(refused());
+            }
+            return Ok(());
+        }
+        Err(Error::Backend {
+            backend: BACKEND,
+            message: format!(
+                "proclaim on `{key}`: the node's data kept changing under the write ({PROCLAIM_TRIES} tries)"
+            ),
+            retryable: true,
+            source: None,
+        })
+    }
+
+    /// One-shot watches on the key's parent's children and its holder node's data (see
+    /// `changed`), bounded by `max_wait`. A state other than the one inspect (or the previous
+    /// wait) last saw here returns at once: the change came between that read and this wait.
+    async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
+        let until = saturating_add(Instant::now(), max_wait);
+        tokio::time::timeout_at(until, self.changed(key))
+            .await
+            .unwrap_or(Ok(()))
     }
 }
 

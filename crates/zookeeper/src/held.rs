@@ -10,6 +10,7 @@
 //! second holder that the first one does not already consider gone.
 
 use std::fmt;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use leasehold_core::Instant;
@@ -60,6 +61,9 @@ pub(crate) struct Held {
     pub session_id: i64,
     pub config: Arc<ZkConfig>,
     tenure: Mutex<Tenure>,
+    /// The node's data version as this grant last wrote or read it (0: created empty). A
+    /// proclaim sets the data on that version, so it never overwrites a write it has not seen.
+    data_version: AtomicI32,
 }
 
 impl fmt::Debug for Held {
@@ -92,6 +96,7 @@ impl Held {
                 ended: false,
                 active: Some(session.enter()),
             }),
+            data_version: AtomicI32::new(0),
         })
     }
 
@@ -107,6 +112,23 @@ impl Held {
     /// Whether the tenure ended.
     pub fn has_ended(&self) -> bool {
         self.tenure().ended
+    }
+
+    /// Whether the tenure is over as of `now`: ended, or run out (the keeper deletes the node
+    /// then; this only looks, so it leaves that to the keeper).
+    pub fn is_over(&self, now: Instant) -> bool {
+        let tenure = self.tenure();
+        tenure.ended || now >= tenure.until
+    }
+
+    /// The node's data version last seen by this grant.
+    pub fn data_version(&self) -> i32 {
+        self.data_version.load(Ordering::Acquire)
+    }
+
+    /// Notes the node's data version after a write or read of it.
+    pub fn note_data_version(&self, version: i32) {
+        self.data_version.store(version, Ordering::Release);
     }
 
     /// Extends the tenure to `until`, unless it already ended (then the renewal that wants to

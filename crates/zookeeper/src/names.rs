@@ -11,11 +11,37 @@
 //! Curator service and a leasehold service locking the same path exclude each other. It orders
 //! every child that ends in a ZooKeeper sequence suffix, whatever its prefix, so kazoo's
 //! `Lock` nodes (and any other sequential recipe's) exclude it too.
+//!
+//! # Data
+//! A contender node is created empty. A holder that proclaims a value
+//! ([`leasehold_core::Authority::proclaim`]) writes [`VALUE_TAG`] followed by the value's bytes
+//! (see [`encode_value`]): a Curator node, named like ours, carries its client's address or a
+//! participant id by default, and the tag keeps that from being shown as a proclaimed value.
 
 use leasehold_core::{LockKey, OwnerId, OwnerToken};
 
 /// What leasehold and Curator's `InterProcessMutex` put between the UUID and the sequence.
 pub const LOCK_NAME: &str = "lock-";
+
+/// What a proclaimed value's node data starts with: a line of text of its own, so `zkCli get`
+/// shows the value readably below it, and Curator's or kazoo's data (an address, a participant
+/// id, an identifier) is never taken for a value.
+pub const VALUE_TAG: &[u8] = b"leasehold:value\n";
+
+/// The node data that carries `value`: [`VALUE_TAG`], then the bytes as they are (any bytes:
+/// the tag alone says where the value starts, and the node's data length where it ends).
+pub fn encode_value(value: &[u8]) -> Vec<u8> {
+    let mut data = Vec::with_capacity(VALUE_TAG.len() + value.len());
+    data.extend_from_slice(VALUE_TAG);
+    data.extend_from_slice(value);
+    data
+}
+
+/// The value a node's data carries, if it was written by [`encode_value`]; `None` for an empty
+/// node (a holder that proclaimed nothing) and for anyone else's data.
+pub fn decode_value(data: &[u8]) -> Option<Vec<u8>> {
+    data.strip_prefix(VALUE_TAG).map(<[u8]>::to_vec)
+}
 
 /// The node name of a lock key's parent: the key, with `%` and `/` percent-escaped (and `.`,
 /// `..` and `zookeeper`, which ZooKeeper reserves, escaped too). Reversible with
@@ -264,6 +290,17 @@ mod tests {
             owner_of("_c_short-lock-0000000045").as_str(),
             "peer:foreign"
         );
+    }
+
+    #[test]
+    fn values_round_trip_and_foreign_data_is_no_value() {
+        for value in [&b""[..], b"10.0.0.1:7000", b"\0\xff\n", VALUE_TAG] {
+            assert_eq!(decode_value(&encode_value(value)).as_deref(), Some(value));
+        }
+        // An empty node, Curator's default data (its client's address), kazoo's identifier.
+        for data in [&b""[..], b"127.0.1.1", b"worker-1", b"leasehold:value"] {
+            assert_eq!(decode_value(data), None, "{data:?}");
+        }
     }
 
     #[test]
