@@ -1,7 +1,11 @@
-//! etcd: leasehold against, on the same server with the same client library,
-//! * the raw pair on a reused lease: a put-if-absent transaction attached to a lease granted
-//!   once, then a plain delete (what a hand-written etcd lock does, minus every check);
-//! * etcd's own server-side Lock/Unlock RPC (v3lock), on the same kind of reused lease.
+//! etcd: leasehold against, on the same server with the same client library (each on a client
+//! of its own),
+//! * the raw **fenced** minimum on a reused lease: a put-if-absent transaction attached to a
+//!   lease granted once (its revision is the fence), then a delete that compares the key's
+//!   create revision (what a fence costs the release);
+//! * the raw unfenced minimum: the same put-if-absent, then a plain delete;
+//! * etcd's own server-side Lock/Unlock RPC (v3lock), on the same kind of reused lease (no
+//!   fence is handed to the caller).
 
 use std::sync::Arc;
 
@@ -10,7 +14,7 @@ use etcd_client::{Client, Compare, CompareOp, LockOptions, PutOptions, Txn, TxnO
 use leasehold::Instrumented;
 use leasehold_etcd::EtcdAuthority;
 
-use crate::{BoxError, RawPair, Subject};
+use crate::{Baseline, BoxError, RawPair, ServerOps, Subject};
 
 /// Long enough for any run; the lease is left to expire afterwards.
 const RAW_LEASE_TTL: i64 = 3600;
@@ -18,12 +22,14 @@ const RAW_LEASE_TTL: i64 = 3600;
 struct RawTxn {
     client: Client,
     lease: i64,
+    fenced: bool,
 }
 
 impl std::fmt::Debug for RawTxn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RawTxn")
             .field("lease", &self.lease)
+            .field("fenced", &self.fenced)
             .finish()
     }
 }
@@ -31,7 +37,17 @@ impl std::fmt::Debug for RawTxn {
 #[async_trait]
 impl RawPair for RawTxn {
     fn name(&self) -> &'static str {
-        "raw txn put-if-absent + delete"
+        if self.fenced {
+            "raw txn put-if-absent + delete-if-rev"
+        } else {
+            "raw txn put-if-absent + delete"
+        }
+    }
+
+    fn baseline(&self) -> Baseline {
+        Baseline::Raw {
+            fenced: self.fenced,
+        }
     }
 
     async fn pair(&self, key: &str) -> Result<(), BoxError> {
@@ -43,10 +59,21 @@ impl RawPair for RawTxn {
                 "",
                 Some(PutOptions::new().with_lease(self.lease)),
             )]);
-        if !kv.txn(take).await?.succeeded() {
+        let taken = kv.txn(take).await?;
+        if !taken.succeeded() {
             return Err("raw key held".into());
         }
-        kv.delete(key, None).await?;
+        if self.fenced {
+            let fence = taken.header().map(|h| h.revision()).ok_or("no header")?;
+            let release = Txn::new()
+                .when([Compare::create_revision(key, CompareOp::Equal, fence)])
+                .and_then([TxnOp::delete(key, None)]);
+            if !kv.txn(release).await?.succeeded() {
+                return Err("raw release found another revision".into());
+            }
+        } else {
+            kv.delete(key, None).await?;
+        }
         Ok(())
     }
 }
@@ -70,9 +97,8 @@ impl RawPair for LockRpc {
         "etcd Lock + Unlock RPC"
     }
 
-    /// Another lock implementation: leasehold, fence included, must be faster.
-    fn target(&self) -> f64 {
-        1.0
+    fn baseline(&self) -> Baseline {
+        Baseline::Peer
     }
 
     async fn pair(&self, key: &str) -> Result<(), BoxError> {
@@ -86,19 +112,64 @@ impl RawPair for LockRpc {
     }
 }
 
+/// gRPC calls the server handled, from its `/metrics` page (`grpc_server_handled_total`).
+struct Rpcs(String);
+
+#[async_trait]
+impl ServerOps for Rpcs {
+    fn unit(&self) -> &'static str {
+        "RPCs"
+    }
+
+    async fn count(&self) -> Result<u64, BoxError> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(&self.0).await?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: etcd\r\n\r\n")
+            .await?;
+        let mut page = String::new();
+        stream.read_to_string(&mut page).await?;
+        let total: f64 = page
+            .lines()
+            .filter(|l| l.starts_with("grpc_server_handled_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        Ok(total as u64)
+    }
+}
+
 pub async fn subject(url: &str) -> Result<Subject, BoxError> {
     let authority = EtcdAuthority::connect(url).await?;
-    let client = authority.client().clone();
+    let endpoints = authority.config().endpoints().to_vec();
+    let connect = || Client::connect(endpoints.clone(), None);
+    let mut raw: Vec<Box<dyn RawPair>> = Vec::new();
+    let mut concurrent = None;
+    for fenced in [true, false, true] {
+        let client = connect().await?;
+        let lease = client.lease_client().grant(RAW_LEASE_TTL, None).await?.id();
+        let pair = RawTxn {
+            client,
+            lease,
+            fenced,
+        };
+        if raw.len() < 2 {
+            raw.push(Box::new(pair));
+        } else {
+            concurrent = Some(Arc::new(pair) as Arc<dyn RawPair>);
+        }
+    }
+    let client = connect().await?;
     let lease = client.lease_client().grant(RAW_LEASE_TTL, None).await?.id();
+    raw.push(Box::new(LockRpc { client, lease }));
+    let metrics = endpoints
+        .first()
+        .map(|e| e.trim_start_matches("http://").to_string())
+        .ok_or("no etcd endpoint")?;
     Ok(Subject {
         authority: Arc::new(Instrumented::new(Arc::new(authority))),
-        raw: vec![
-            Box::new(RawTxn {
-                client: client.clone(),
-                lease,
-            }),
-            Box::new(LockRpc { client, lease }),
-        ],
+        raw,
+        concurrent_raw: concurrent,
+        server_ops: Some(Box::new(Rpcs(metrics))),
         targets: true,
     })
 }

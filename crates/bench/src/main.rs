@@ -1,23 +1,40 @@
-//! `leasehold-bench <backend> [--iterations N]`: measures, in one run on the same server,
-//! leasehold's uncontended acquire+release and its hand-off (release -> the next waiter holds),
-//! next to the raw protocol pair done with the same client library, and prints p50, p99 and the
-//! p50 ratio. Run it in release mode:
+//! `leasehold-bench <backend> [options]`: measures, in one run on the same server, leasehold as a
+//! user holds it (through `connect(url)`) next to the backend's raw protocol minimum on a
+//! dedicated connection, and prints p50, p99 and the p50 ratio. Run it in release mode:
 //!
 //! ```text
 //! cargo run --release -p leasehold-bench -- memory
 //! cargo run --release -p leasehold-bench -- postgres              # starts its own server
 //! cargo run --release -p leasehold-bench -- postgres --url postgres://...
+//! cargo run --release -p leasehold-bench -- redis --runtime multi --only throughput
 //! ```
 //!
-//! Targets: acquire+release <= 1.10x the raw pair; hand-off <= 1.5x one raw pair.
+//! Measurements (`--only` picks one; all by default):
+//! * `pair`: one uncontended acquire + release, against each baseline in rotated order per
+//!   round: the raw **fenced** minimum (the cheapest pair that still hands out an ordered fence),
+//!   the raw unfenced minimum where the fence costs the protocol something, and peers (other
+//!   lock libraries on the same server, printed for reference: none of them hands out a fence).
+//!   Targets: <= 1.05x the raw fenced minimum, <= 1.10x the raw unfenced minimum.
+//! * `handoff`: release -> the next waiter holds, against one raw pair after the same idle gap.
+//!   Target: <= 1.5x.
+//! * `held`: `--held N` (default 10,000) leases of `--held-ttl-ms` (6,000) held at once and
+//!   renewed in the background, for three renewal ticks:
+//!   renewal calls and server commands per renewal tick, client CPU per tick, client memory per
+//!   held lease. Target: <= 1 round trip per tick per connection.
+//! * `throughput`: `--tasks T` (64) tasks acquire and release over `--keys K` (1,000) keys for
+//!   `--seconds S` (3), against the raw fenced pair driven the same way, on the runtime chosen by
+//!   `--runtime current|multi` (default current: one thread, as an application's client task).
+//!
 //! The numbers are printed, never asserted: timing belongs in benchmarks, not in tests.
 
 mod etcd;
 mod harness;
+mod held;
 mod memory;
 mod postgres;
 mod redis;
 mod stats;
+mod throughput;
 mod zookeeper;
 
 use std::sync::Arc;
@@ -29,65 +46,172 @@ use stats::Samples;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The backend's raw protocol: the cheapest take-and-free pair its client library can do, with
-/// none of leasehold's checks (no owner token, no fence, no deadline).
+/// What a baseline is, which decides its target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Baseline {
+    /// The backend's raw protocol on a dedicated connection, with none of leasehold's checks;
+    /// `fenced` when it still hands out an ordered fence (what leasehold must come close to).
+    Raw { fenced: bool },
+    /// Another lock library on the same server (no fence: printed for reference).
+    Peer,
+}
+
+impl Baseline {
+    /// The p50 ratio leasehold must stay under against this baseline.
+    pub fn target(self) -> Option<f64> {
+        match self {
+            Baseline::Raw { fenced: true } => Some(1.05),
+            Baseline::Raw { fenced: false } => Some(1.10),
+            Baseline::Peer => None,
+        }
+    }
+}
+
+/// A baseline pair: the cheapest take-and-free its client library can do.
 #[async_trait]
 pub trait RawPair: Send + Sync + std::fmt::Debug {
     /// What the pair is, for the printed line.
     fn name(&self) -> &'static str;
+    /// Raw (fenced or not) or a peer.
+    fn baseline(&self) -> Baseline;
     /// One take + free on `key`.
     async fn pair(&self, key: &str) -> Result<(), BoxError>;
-    /// The p50 ratio leasehold must stay under against this pair: 1.10 against the raw
-    /// protocol, 1.0 ("no slower") against another lock library.
-    fn target(&self) -> f64 {
-        1.10
-    }
+}
+
+/// Counts what the server did, for the `held` measurement (Redis commands, PostgreSQL
+/// transactions, etcd RPCs, ZooKeeper packets).
+#[async_trait]
+pub trait ServerOps: Send + Sync {
+    /// What is counted.
+    fn unit(&self) -> &'static str;
+    /// The server's counter now.
+    async fn count(&self) -> Result<u64, BoxError>;
 }
 
 /// A backend under measurement.
-#[derive(Debug)]
 pub struct Subject {
     pub authority: Arc<dyn Authority>,
+    /// Baselines on dedicated connections, used one request at a time.
     pub raw: Vec<Box<dyn RawPair>>,
+    /// The raw fenced pair for many concurrent tasks (pipelined on one connection where the
+    /// protocol allows, else a pool without per-checkout pings).
+    pub concurrent_raw: Option<Arc<dyn RawPair>>,
+    /// The server's own counter of work done.
+    pub server_ops: Option<Box<dyn ServerOps>>,
     /// Whether the ratio targets apply (they do for every network backend).
     pub targets: bool,
 }
 
+impl std::fmt::Debug for Subject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subject")
+            .field("authority", &self.authority)
+            .field("raw", &self.raw)
+            .finish_non_exhaustive()
+    }
+}
+
 const TTL: Duration = Duration::from_secs(10);
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> Result<(), BoxError> {
+#[derive(Debug, Clone)]
+struct Options {
+    backend: String,
+    url: Option<String>,
+    iterations: usize,
+    multi_thread: bool,
+    only: Option<String>,
+    held: usize,
+    held_ttl: Duration,
+    keys: usize,
+    tasks: usize,
+    seconds: u64,
+}
+
+fn parse() -> Result<Options, BoxError> {
     let mut args = std::env::args().skip(1);
-    let backend = args.next().unwrap_or_else(|| "memory".into());
-    let mut iterations = 2000usize;
-    let mut url = None;
+    let mut o = Options {
+        backend: args.next().unwrap_or_else(|| "memory".into()),
+        url: None,
+        iterations: 2000,
+        multi_thread: false,
+        only: None,
+        held: 10_000,
+        held_ttl: Duration::from_secs(6),
+        keys: 1000,
+        tasks: 64,
+        seconds: 3,
+    };
+    let number = |v: Option<String>, what: &str| -> Result<usize, BoxError> {
+        v.and_then(|n| n.parse().ok())
+            .ok_or_else(|| format!("{what} needs a number").into())
+    };
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--url" => url = Some(args.next().ok_or("--url needs a URL")?),
-            "--iterations" => {
-                iterations = args
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .ok_or("--iterations needs a number")?
+            "--url" => o.url = Some(args.next().ok_or("--url needs a URL")?),
+            "--iterations" => o.iterations = number(args.next(), "--iterations")?,
+            "--held" => o.held = number(args.next(), "--held")?,
+            "--held-ttl-ms" => {
+                o.held_ttl =
+                    Duration::from_millis(number(args.next(), "--held-ttl-ms")?.max(30) as u64)
+            }
+            "--keys" => o.keys = number(args.next(), "--keys")?.max(1),
+            "--tasks" => o.tasks = number(args.next(), "--tasks")?.max(1),
+            "--seconds" => o.seconds = number(args.next(), "--seconds")? as u64,
+            "--runtime" => {
+                o.multi_thread = match args.next().as_deref() {
+                    Some("current") => false,
+                    Some("multi") => true,
+                    _ => return Err("--runtime is current or multi".into()),
+                }
+            }
+            "--only" => {
+                let what = args.next().ok_or("--only needs a measurement")?;
+                if !["pair", "handoff", "held", "throughput"].contains(&what.as_str()) {
+                    return Err(format!(
+                        "unknown measurement {what}; known: pair, handoff, held, throughput"
+                    )
+                    .into());
+                }
+                o.only = Some(what);
             }
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
+    Ok(o)
+}
+
+fn main() -> Result<(), BoxError> {
+    let options = parse()?;
+    let runtime = if options.multi_thread {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    };
+    runtime.block_on(bench(options))
+}
+
+async fn bench(o: Options) -> Result<(), BoxError> {
+    let backend = o.backend.as_str();
     // Keeps a server the bench started alive until the end of the run.
     let mut _server: Option<Box<dyn std::any::Any>> = None;
-    let subject = match backend.as_str() {
+    let subject = match backend {
         "memory" => memory::subject().await?,
         "postgres" | "redis" | "etcd" | "zookeeper" => {
-            let url = match url {
+            let url = match o.url.clone() {
                 Some(url) => url,
                 None => {
-                    let (server, url) = harness::start(&backend)?;
+                    let (server, url) = harness::start(backend)?;
                     println!("started a {backend} server for this run: {url}");
                     _server = Some(server);
                     url
                 }
             };
-            match backend.as_str() {
+            match backend {
                 "postgres" => postgres::subject(&url).await?,
                 "redis" => redis::subject(&url).await?,
                 "etcd" => etcd::subject(&url).await?,
@@ -102,7 +226,13 @@ async fn main() -> Result<(), BoxError> {
         }
     };
     println!(
-        "leasehold-bench: backend {backend}, {iterations} iterations per measurement{}",
+        "leasehold-bench: backend {backend}, {} runtime, {} iterations per measurement{}",
+        if o.multi_thread {
+            "multi_thread (2 workers)"
+        } else {
+            "current_thread"
+        },
+        o.iterations,
         if cfg!(debug_assertions) {
             " (DEBUG BUILD: use --release for real figures)"
         } else {
@@ -114,10 +244,25 @@ async fn main() -> Result<(), BoxError> {
             "(no targets: the in-memory raw pair has no round trip to amortise leasehold's work)"
         );
     }
-    run(&subject, iterations).await
+    let wants = |m: &str| o.only.as_deref().is_none_or(|only| only == m);
+    if wants("pair") || wants("handoff") {
+        run(&subject, o.iterations, wants("pair"), wants("handoff")).await?;
+    }
+    if wants("throughput") {
+        throughput::run(&subject, o.keys, o.tasks, Duration::from_secs(o.seconds)).await?;
+    }
+    if wants("held") {
+        held::run(&subject, o.held, o.held_ttl).await?;
+    }
+    Ok(())
 }
 
-async fn run(subject: &Subject, iterations: usize) -> Result<(), BoxError> {
+async fn run(
+    subject: &Subject,
+    iterations: usize,
+    pairs: bool,
+    handoffs: bool,
+) -> Result<(), BoxError> {
     let key = LockKey::new(format!("bench/{}", std::process::id()))?;
     let warmup = iterations / 10 + 1;
     let mut ours = Samples::default();
@@ -126,45 +271,55 @@ async fn run(subject: &Subject, iterations: usize) -> Result<(), BoxError> {
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let mut recorded = Samples::default();
     let mut raws: Vec<Samples> = subject.raw.iter().map(|_| Samples::default()).collect();
-    // Interleave the measurements so drift on a noisy machine hits them alike.
+    // Every round measures each contestant once, starting with a different one each round, so
+    // drift on a noisy machine and "who goes first after a pause" hit them all alike.
+    let contestants = subject.raw.len() + 2;
     for i in 0..warmup + iterations {
-        let took = pair(subject, &key).await?;
-        {
-            let _recording = metrics::set_default_local_recorder(&recorder);
-            let with_recorder = pair(subject, &key).await?;
+        for turn in 0..contestants {
+            let which = (turn + i) % contestants;
+            let took = match which {
+                0 => pair(subject, &key).await?,
+                1 => {
+                    let _recording = metrics::set_default_local_recorder(&recorder);
+                    pair(subject, &key).await?
+                }
+                n => {
+                    let t = Instant::now();
+                    subject.raw[n - 2].pair(&format!("{key}-raw{n}")).await?;
+                    t.elapsed()
+                }
+            };
             if i >= warmup {
-                recorded.push(with_recorder);
+                match which {
+                    0 => ours.push(took),
+                    1 => recorded.push(took),
+                    n => raws[n - 2].push(took),
+                }
             }
-        }
-        for (raw, samples) in subject.raw.iter().zip(raws.iter_mut()) {
-            let t = Instant::now();
-            raw.pair(&format!("{key}-raw")).await?;
-            if i >= warmup {
-                samples.push(t.elapsed());
-            }
-        }
-        if i >= warmup {
-            ours.push(took);
         }
     }
-    let first_raw = raws.first().cloned().unwrap_or_default();
-    for (raw, samples) in subject.raw.iter().zip(&raws) {
-        let target = subject.targets.then_some(raw.target());
+    if pairs {
+        for (raw, samples) in subject.raw.iter().zip(&raws) {
+            let target = raw.baseline().target().filter(|_| subject.targets);
+            stats::report(
+                "uncontended acquire+release",
+                &ours,
+                raw.name(),
+                samples,
+                target,
+            );
+        }
         stats::report(
-            "uncontended acquire+release",
+            "acquire+release, metrics recorded (Prometheus recorder)",
+            &recorded,
+            "the same with no recorder installed",
             &ours,
-            raw.name(),
-            samples,
-            target,
+            None,
         );
     }
-    stats::report(
-        "acquire+release, metrics recorded (Prometheus recorder)",
-        &recorded,
-        "the same with no recorder installed",
-        &ours,
-        None,
-    );
+    if !handoffs {
+        return Ok(());
+    }
     let (handoff, idle_raw) = handoff(subject, &key, iterations / 4 + 1).await?;
     if let Some(raw) = subject.raw.first() {
         let target = subject.targets.then_some(1.5);
@@ -179,7 +334,7 @@ async fn run(subject: &Subject, iterations: usize) -> Result<(), BoxError> {
             "hand-off (release -> waiter holds)",
             &handoff,
             raw.name(),
-            &first_raw,
+            &raws[0],
             None,
         );
     }

@@ -4,7 +4,9 @@ use async_trait::async_trait;
 use leasehold::{LockKey, OwnerToken};
 use leasehold_memory::MemoryServer;
 
-use crate::{BoxError, RawPair, Subject, TTL};
+use std::sync::Arc;
+
+use crate::{Baseline, BoxError, RawPair, Subject, TTL};
 
 #[derive(Debug)]
 struct Raw(MemoryServer);
@@ -13,6 +15,11 @@ struct Raw(MemoryServer);
 impl RawPair for Raw {
     fn name(&self) -> &'static str {
         "raw map insert + remove"
+    }
+
+    fn baseline(&self) -> Baseline {
+        // The unchecked grant still bumps the fence counter.
+        Baseline::Raw { fenced: true }
     }
 
     async fn pair(&self, key: &str) -> Result<(), BoxError> {
@@ -29,6 +36,8 @@ pub async fn subject() -> Result<Subject, BoxError> {
     Ok(Subject {
         authority,
         raw: vec![Box::new(Raw(MemoryServer::named("bench")))],
+        concurrent_raw: Some(Arc::new(Raw(MemoryServer::named("bench")))),
+        server_ops: None,
         targets: false,
     })
 }

@@ -1,60 +1,185 @@
-//! PostgreSQL: leasehold against the raw upsert + update pair, prepared, on the same server.
+//! PostgreSQL: leasehold against the raw fenced pair (the upsert that bumps the fence + the
+//! release update), prepared, on a **dedicated connection** (no pool, so no per-checkout ping in
+//! the baseline), and against session advisory locks (the PostgreSQL lock peers use: no lease,
+//! no fence), also on a dedicated connection.
 
 use async_trait::async_trait;
 use leasehold::postgres::PostgresAuthority;
-use sqlx::{AssertSqlSafe, PgPool, SqlSafeStr, SqlStr};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool, SqlSafeStr, SqlStr};
+use tokio::sync::Mutex;
 
-use crate::{BoxError, RawPair, Subject};
+use crate::{Baseline, BoxError, RawPair, ServerOps, Subject};
 
-#[derive(Debug)]
-struct Raw {
-    pool: PgPool,
+#[derive(Debug, Clone)]
+struct Statements {
     upsert: SqlStr,
     update: SqlStr,
 }
 
-#[async_trait]
-impl RawPair for Raw {
-    fn name(&self) -> &'static str {
-        "raw upsert + update (prepared)"
+impl Statements {
+    fn new(table: &str) -> Self {
+        Statements {
+            upsert: AssertSqlSafe(format!(
+                "INSERT INTO {table} AS l (lock_key, owner, fence, expires_at) \
+                 VALUES ($1, $2, 1, now() + interval '10 seconds') \
+                 ON CONFLICT (lock_key) DO UPDATE SET owner = excluded.owner, fence = l.fence + 1, \
+                 expires_at = excluded.expires_at WHERE l.expires_at <= now() RETURNING fence"
+            ))
+            .into_sql_str(),
+            update: AssertSqlSafe(format!(
+                "UPDATE {table} SET expires_at = now() WHERE lock_key = $1 AND owner = $2"
+            ))
+            .into_sql_str(),
+        }
     }
 
-    async fn pair(&self, key: &str) -> Result<(), BoxError> {
+    async fn pair(&self, conn: &mut PgConnection, key: &str) -> Result<(), BoxError> {
         let fence: Option<i64> = sqlx::query_scalar(self.upsert.clone())
             .bind(key)
             .bind("raw-owner")
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *conn)
             .await?;
         fence.ok_or("raw key held")?;
         sqlx::query(self.update.clone())
             .bind(key)
             .bind("raw-owner")
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await?;
         Ok(())
+    }
+}
+
+/// The raw fenced pair on one connection of its own.
+#[derive(Debug)]
+struct Dedicated {
+    conn: Mutex<PgConnection>,
+    statements: Statements,
+}
+
+#[async_trait]
+impl RawPair for Dedicated {
+    fn name(&self) -> &'static str {
+        "raw fenced upsert + update, own conn"
+    }
+
+    fn baseline(&self) -> Baseline {
+        // The fence is one column bumped in the same upsert: it costs the protocol nothing.
+        Baseline::Raw { fenced: true }
+    }
+
+    async fn pair(&self, key: &str) -> Result<(), BoxError> {
+        let mut conn = self.conn.lock().await;
+        self.statements.pair(&mut conn, key).await
+    }
+}
+
+/// The same pair from a pool without per-checkout pings, for many concurrent tasks.
+#[derive(Debug)]
+struct Pooled {
+    pool: PgPool,
+    statements: Statements,
+}
+
+#[async_trait]
+impl RawPair for Pooled {
+    fn name(&self) -> &'static str {
+        "raw fenced pair, pool of 10, no ping"
+    }
+
+    fn baseline(&self) -> Baseline {
+        Baseline::Raw { fenced: true }
+    }
+
+    async fn pair(&self, key: &str) -> Result<(), BoxError> {
+        let mut conn = self.pool.acquire().await?;
+        self.statements.pair(&mut conn, key).await
+    }
+}
+
+/// Session advisory locks: `pg_try_advisory_lock` + `pg_advisory_unlock`.
+#[derive(Debug)]
+struct Advisory(Mutex<PgConnection>);
+
+#[async_trait]
+impl RawPair for Advisory {
+    fn name(&self) -> &'static str {
+        "advisory lock + unlock (no fence)"
+    }
+
+    fn baseline(&self) -> Baseline {
+        Baseline::Peer
+    }
+
+    async fn pair(&self, key: &str) -> Result<(), BoxError> {
+        let mut conn = self.0.lock().await;
+        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtext($1))")
+            .bind(key)
+            .fetch_one(&mut *conn)
+            .await?;
+        if !got {
+            return Err("raw key held".into());
+        }
+        sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock(hashtext($1))")
+            .bind(key)
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Transactions the database committed or rolled back (the stats lag by up to a second).
+struct Transactions(Mutex<PgConnection>);
+
+#[async_trait]
+impl ServerOps for Transactions {
+    fn unit(&self) -> &'static str {
+        "transactions"
+    }
+
+    async fn count(&self) -> Result<u64, BoxError> {
+        let mut conn = self.0.lock().await;
+        sqlx::query("SELECT pg_stat_force_next_flush()")
+            .execute(&mut *conn)
+            .await?;
+        let n: i64 = sqlx::query_scalar(
+            "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database \
+             WHERE datname = current_database()",
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(n as u64)
     }
 }
 
 pub async fn subject(url: &str) -> Result<Subject, BoxError> {
     let authority = PostgresAuthority::connect(url).await?;
     authority.migrate().await?;
-    let t = authority.table().to_string();
-    let raw = Raw {
-        pool: authority.pool().clone(),
-        upsert: AssertSqlSafe(format!(
-            "INSERT INTO {t} AS l (lock_key, owner, fence, expires_at) VALUES ($1, $2, 1, now() + interval '10 seconds') \
-             ON CONFLICT (lock_key) DO UPDATE SET owner = excluded.owner, fence = l.fence + 1, expires_at = excluded.expires_at \
-             WHERE l.expires_at <= now() RETURNING fence"
-        ))
-        .into_sql_str(),
-        update: AssertSqlSafe(format!(
-            "UPDATE {t} SET expires_at = now() WHERE lock_key = $1 AND owner = $2"
-        ))
-        .into_sql_str(),
+    let statements = Statements::new(&authority.table().to_string());
+    // The baselines connect without leasehold's URL parameters.
+    let base = url.split('?').next().unwrap_or(url);
+    let dedicated = Dedicated {
+        conn: Mutex::new(PgConnection::connect(base).await?),
+        statements: statements.clone(),
+    };
+    let pooled = Pooled {
+        pool: PgPoolOptions::new()
+            .max_connections(10)
+            .test_before_acquire(false)
+            .connect(base)
+            .await?,
+        statements,
     };
     Ok(Subject {
         authority: leasehold::connect(url).await?,
-        raw: vec![Box::new(raw)],
+        raw: vec![
+            Box::new(dedicated),
+            Box::new(Advisory(Mutex::new(PgConnection::connect(base).await?))),
+        ],
+        concurrent_raw: Some(std::sync::Arc::new(pooled)),
+        server_ops: Some(Box::new(Transactions(Mutex::new(
+            PgConnection::connect(base).await?,
+        )))),
         targets: true,
     })
 }

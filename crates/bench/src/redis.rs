@@ -1,8 +1,11 @@
-//! Redis: leasehold against the plain convention done with the same client library on the same
-//! server: `SET key token NX PX` + a compare-and-delete script, sent as `EVAL` (the text every
-//! time, as most hand-written locks do) and as `EVALSHA`.
-//! And against the `rslock` crate with one instance (Redlock's single-server case), which hands
-//! out no fence: leasehold must be no slower.
+//! Redis: leasehold against, on the same server with the same client library, each on a
+//! connection of its own:
+//! * the raw **fenced** minimum: one script that does `SET key token NX PX` and `INCR` of the
+//!   fence counter (what a fence costs the protocol), + a compare-and-delete script, by
+//!   `EVALSHA`;
+//! * the raw unfenced minimum: `SET NX PX` + the compare-and-delete script by `EVALSHA`;
+//! * the `rslock` crate with one instance (Redlock's single-server case), which hands out no
+//!   fence.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -12,38 +15,42 @@ use leasehold::Instrumented;
 use leasehold_redis::RedisAuthority;
 use redis::aio::MultiplexedConnection;
 
-use crate::{BoxError, RawPair, Subject, TTL};
+use crate::{Baseline, BoxError, RawPair, ServerOps, Subject, TTL};
 
 const COMPARE_AND_DELETE: &str =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
 
-#[derive(Debug, Clone, Copy)]
-enum Release {
-    Eval,
-    EvalSha,
-}
+/// Takes the lock and bumps its fence counter in one step; returns the fence, or 0 when held.
+const SET_AND_FENCE: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then \
+     return redis.call('INCR', KEYS[2]) end return 0";
 
 struct Raw {
     con: MultiplexedConnection,
-    release: Release,
-    script: redis::Script,
+    fenced: bool,
+    take: redis::Script,
+    release: redis::Script,
     next: AtomicU64,
 }
 
 impl std::fmt::Debug for Raw {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Raw")
-            .field("release", &self.release)
-            .finish()
+        f.debug_struct("Raw").field("fenced", &self.fenced).finish()
     }
 }
 
 #[async_trait]
 impl RawPair for Raw {
     fn name(&self) -> &'static str {
-        match self.release {
-            Release::Eval => "raw SET NX PX + EVAL del-if-equal",
-            Release::EvalSha => "raw SET NX PX + EVALSHA del-if-eq",
+        if self.fenced {
+            "raw SET NX PX+INCR script + del-if-eq"
+        } else {
+            "raw SET NX PX + EVALSHA del-if-eq"
+        }
+    }
+
+    fn baseline(&self) -> Baseline {
+        Baseline::Raw {
+            fenced: self.fenced,
         }
     }
 
@@ -51,33 +58,36 @@ impl RawPair for Raw {
         let mut con = self.con.clone();
         // A token as long as leasehold's (32 hex digits), different every time.
         let token = format!("{:032x}", self.next.fetch_add(1, Ordering::Relaxed));
-        let set: Option<String> = redis::cmd("SET")
-            .arg(key)
+        let ttl_ms = TTL.as_millis() as u64;
+        if self.fenced {
+            let fence: i64 = self
+                .take
+                .key(format!("{{{key}}}"))
+                .key(format!("{{{key}}}:fence"))
+                .arg(&token)
+                .arg(ttl_ms)
+                .invoke_async(&mut con)
+                .await?;
+            if fence == 0 {
+                return Err("raw key held".into());
+            }
+        } else {
+            let set: Option<String> = redis::cmd("SET")
+                .arg(format!("{{{key}}}"))
+                .arg(&token)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms)
+                .query_async(&mut con)
+                .await?;
+            set.ok_or("raw key held")?;
+        }
+        let deleted: i64 = self
+            .release
+            .key(format!("{{{key}}}"))
             .arg(&token)
-            .arg("NX")
-            .arg("PX")
-            .arg(TTL.as_millis() as u64)
-            .query_async(&mut con)
+            .invoke_async(&mut con)
             .await?;
-        set.ok_or("raw key held")?;
-        let deleted: i64 = match self.release {
-            Release::Eval => {
-                redis::cmd("EVAL")
-                    .arg(COMPARE_AND_DELETE)
-                    .arg(1)
-                    .arg(key)
-                    .arg(&token)
-                    .query_async(&mut con)
-                    .await?
-            }
-            Release::EvalSha => {
-                self.script
-                    .key(key)
-                    .arg(&token)
-                    .invoke_async(&mut con)
-                    .await?
-            }
-        };
         if deleted != 1 {
             return Err("raw release found another token".into());
         }
@@ -110,34 +120,70 @@ impl RawPair for RsLock {
         Ok(())
     }
 
-    fn target(&self) -> f64 {
-        1.0
+    fn baseline(&self) -> Baseline {
+        Baseline::Peer
+    }
+}
+
+/// `total_commands_processed` from `INFO stats` (the count itself adds one).
+struct Commands(MultiplexedConnection);
+
+#[async_trait]
+impl ServerOps for Commands {
+    fn unit(&self) -> &'static str {
+        "commands"
+    }
+
+    async fn count(&self) -> Result<u64, BoxError> {
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query_async(&mut self.0.clone())
+            .await?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_commands_processed:"))
+            .and_then(|n| n.trim().parse().ok())
+            .ok_or_else(|| "no total_commands_processed in INFO".into())
     }
 }
 
 pub async fn subject(url: &str) -> Result<Subject, BoxError> {
     let authority = RedisAuthority::connect(url).await?;
-    // The raw pairs use the same server, without leasehold's parameters in the URL.
+    // The raw pairs use the same server, without leasehold's parameters in the URL, each on a
+    // connection of its own.
     let base = url.split('?').next().unwrap_or(url);
-    let con = redis::Client::open(base)?
-        .get_multiplexed_async_connection()
-        .await?;
-    let raw = |release| {
-        Box::new(Raw {
-            con: con.clone(),
-            release,
-            script: redis::Script::new(COMPARE_AND_DELETE),
+    let client = redis::Client::open(base)?;
+    let mut raw = Vec::new();
+    for fenced in [true, false] {
+        raw.push(Raw {
+            con: client.get_multiplexed_async_connection().await?,
+            fenced,
+            take: redis::Script::new(SET_AND_FENCE),
+            release: redis::Script::new(COMPARE_AND_DELETE),
             next: AtomicU64::new(0),
-        }) as Box<dyn RawPair>
+        });
+    }
+    let concurrent = Raw {
+        con: client.get_multiplexed_async_connection().await?,
+        fenced: true,
+        take: redis::Script::new(SET_AND_FENCE),
+        release: redis::Script::new(COMPARE_AND_DELETE),
+        next: AtomicU64::new(1 << 40),
     };
+    let mut raw: Vec<Box<dyn RawPair>> = raw
+        .into_iter()
+        .map(|r| Box::new(r) as Box<dyn RawPair>)
+        .collect();
+    raw.push(Box::new(RsLock(rslock::LockManager::new(vec![
+        base.to_string()
+    ]))));
     Ok(Subject {
         // As `leasehold::connect` would hand it out.
         authority: Arc::new(Instrumented::new(Arc::new(authority))),
-        raw: vec![
-            raw(Release::Eval),
-            raw(Release::EvalSha),
-            Box::new(RsLock(rslock::LockManager::new(vec![base.to_string()]))),
-        ],
+        raw,
+        concurrent_raw: Some(Arc::new(concurrent)),
+        server_ops: Some(Box::new(Commands(
+            client.get_multiplexed_async_connection().await?,
+        ))),
         targets: true,
     })
 }

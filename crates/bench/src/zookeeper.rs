@@ -10,7 +10,7 @@ use leasehold::Instrumented;
 use leasehold_zookeeper::{ZkAuthority, ZkConfig};
 use zookeeper_client::{Acls, Client, CreateMode, LockOptions, LockPrefix};
 
-use crate::{BoxError, RawPair, Subject};
+use crate::{Baseline, BoxError, RawPair, ServerOps, Subject};
 
 /// The raw protocol: what every ZooKeeper lock recipe does at least, one request at a time.
 #[derive(Debug)]
@@ -23,6 +23,11 @@ struct RawTriple {
 impl RawPair for RawTriple {
     fn name(&self) -> &'static str {
         "raw create-seq + getChildren + delete"
+    }
+
+    fn baseline(&self) -> Baseline {
+        // The sequence number is the fence: it costs the protocol nothing more.
+        Baseline::Raw { fenced: true }
     }
 
     async fn pair(&self, _key: &str) -> Result<(), BoxError> {
@@ -53,9 +58,8 @@ impl RawPair for Recipe {
         "zookeeper-client lock recipe"
     }
 
-    /// Another lock implementation: leasehold, fence included, must be faster.
-    fn target(&self) -> f64 {
-        1.0
+    fn baseline(&self) -> Baseline {
+        Baseline::Peer
     }
 
     async fn pair(&self, _key: &str) -> Result<(), BoxError> {
@@ -69,6 +73,67 @@ impl RawPair for Recipe {
         // the next measurement); it was deleted above, so only its path string is leaked.
         std::mem::forget(lock);
         Ok(())
+    }
+}
+
+/// The raw triple for many tasks at once on one session (ZooKeeper pipelines a session's
+/// requests): each key is a parent node of its own, made before the run.
+#[derive(Debug)]
+struct Keyed {
+    client: Client,
+    dir: String,
+}
+
+#[async_trait]
+impl RawPair for Keyed {
+    fn name(&self) -> &'static str {
+        "raw triple, one session, node per key"
+    }
+
+    fn baseline(&self) -> Baseline {
+        Baseline::Raw { fenced: true }
+    }
+
+    async fn pair(&self, key: &str) -> Result<(), BoxError> {
+        let leaf = key.rsplit('/').next().unwrap_or(key);
+        let parent = format!("{}/{leaf}", self.dir);
+        let prefix = format!("{parent}/n-");
+        let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let (_, sequence) = self.client.create(&prefix, &[], &options).await?;
+        let children = self.client.list_children(&parent).await?;
+        let ours = format!("n-{sequence}");
+        if children.iter().any(|c| c.as_str() < ours.as_str()) {
+            self.client
+                .delete(&format!("{prefix}{sequence}"), None)
+                .await?;
+            return Err("raw key held".into());
+        }
+        self.client
+            .delete(&format!("{prefix}{sequence}"), None)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Packets the server received, from the `mntr` four-letter word.
+struct Packets(String);
+
+#[async_trait]
+impl ServerOps for Packets {
+    fn unit(&self) -> &'static str {
+        "packets received"
+    }
+
+    async fn count(&self) -> Result<u64, BoxError> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(&self.0).await?;
+        stream.write_all(b"mntr").await?;
+        let mut page = String::new();
+        stream.read_to_string(&mut page).await?;
+        page.lines()
+            .find_map(|l| l.strip_prefix("zk_packets_received"))
+            .and_then(|n| n.trim().parse().ok())
+            .ok_or_else(|| "no zk_packets_received in mntr".into())
     }
 }
 
@@ -88,13 +153,27 @@ pub async fn subject(url: &str) -> Result<Subject, BoxError> {
     let dirs = [
         format!("{root}/bench-raw-{pid}"),
         format!("{root}/bench-recipe-{pid}"),
+        format!("{root}/bench-tp-{pid}"),
     ];
-    let (raw_client, recipe_client) = (connect().await?, connect().await?);
+    let (raw_client, recipe_client, keyed_client) =
+        (connect().await?, connect().await?, connect().await?);
     let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
     for dir in &dirs {
         raw_client.mkdir(dir, &persistent).await?;
     }
-    let [raw_dir, recipe_dir] = dirs;
+    let [raw_dir, recipe_dir, keyed_dir] = dirs;
+    // One parent per throughput key (the throughput run uses at most a few thousand keys).
+    for k in 0..1000 {
+        raw_client
+            .create(&format!("{keyed_dir}/{k}"), &[], &persistent)
+            .await?;
+    }
+    let first_host = config
+        .hosts()
+        .split(',')
+        .next()
+        .ok_or("no ZooKeeper host")?
+        .to_string();
     Ok(Subject {
         authority: Arc::new(Instrumented::new(Arc::new(authority))),
         raw: vec![
@@ -107,6 +186,11 @@ pub async fn subject(url: &str) -> Result<Subject, BoxError> {
                 dir: recipe_dir,
             }),
         ],
+        concurrent_raw: Some(Arc::new(Keyed {
+            client: keyed_client,
+            dir: keyed_dir,
+        })),
+        server_ops: Some(Box::new(Packets(first_host))),
         targets: true,
     })
 }
