@@ -17,6 +17,42 @@ struct Statements {
     update: SqlStr,
 }
 
+/// The same fenced pair whose release also announces itself with `pg_notify`, as leasehold's
+/// does so that waiters wake at once: the cost of waiting by notification, on its own line.
+#[derive(Debug)]
+struct Notifying {
+    conn: Mutex<PgConnection>,
+    upsert: SqlStr,
+    update: SqlStr,
+}
+
+#[async_trait]
+impl RawPair for Notifying {
+    fn name(&self) -> &'static str {
+        "raw fenced + pg_notify to a listener"
+    }
+
+    fn baseline(&self) -> Baseline {
+        Baseline::Raw { fenced: true }
+    }
+
+    async fn pair(&self, key: &str) -> Result<(), BoxError> {
+        let mut conn = self.conn.lock().await;
+        let fence: Option<i64> = sqlx::query_scalar(self.upsert.clone())
+            .bind(key)
+            .bind("raw-owner")
+            .fetch_optional(&mut *conn)
+            .await?;
+        fence.ok_or("raw key held")?;
+        sqlx::query(self.update.clone())
+            .bind(key)
+            .bind("raw-owner")
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+}
+
 impl Statements {
     fn new(table: &str) -> Self {
         Statements {
@@ -162,6 +198,22 @@ pub async fn subject(url: &str) -> Result<Subject, BoxError> {
         conn: Mutex::new(PgConnection::connect(base).await?),
         statements: statements.clone(),
     };
+    let table = authority.table().to_string();
+    // A listener on the channel, as leasehold keeps one: delivering each notification to it is
+    // part of what waking waiters costs.
+    let mut listener = sqlx::postgres::PgListener::connect(base).await?;
+    listener.listen("leasehold_bench").await?;
+    tokio::spawn(async move { while listener.recv().await.is_ok() {} });
+    let notifying = Notifying {
+        conn: Mutex::new(PgConnection::connect(base).await?),
+        upsert: statements.upsert.clone(),
+        update: AssertSqlSafe(format!(
+            "WITH released AS (UPDATE {table} SET expires_at = now() \
+               WHERE lock_key = $1 AND owner = $2 RETURNING lock_key) \
+             SELECT count(*) FROM (SELECT pg_notify('leasehold_bench', lock_key) FROM released) n"
+        ))
+        .into_sql_str(),
+    };
     let pooled = Pooled {
         pool: PgPoolOptions::new()
             .max_connections(10)
@@ -174,6 +226,7 @@ pub async fn subject(url: &str) -> Result<Subject, BoxError> {
         authority: leasehold::connect(url).await?,
         raw: vec![
             Box::new(dedicated),
+            Box::new(notifying),
             Box::new(Advisory(Mutex::new(PgConnection::connect(base).await?))),
         ],
         concurrent_raw: Some(std::sync::Arc::new(pooled)),

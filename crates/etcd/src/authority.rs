@@ -149,6 +149,7 @@ impl EtcdAuthority {
         let capabilities = Capabilities::new(BACKEND, FenceSafety::Linearizable, true, ttl)
             .with_wait(WaitStrategy::Notification)
             .with_renew_with_other_ttl(false)
+            .with_batch_renewal(true)
             .with_expiry_slack(EXPIRY_SLACK);
         let (closing, closed) = watch::channel(());
         let settings = SessionSettings {
@@ -300,6 +301,105 @@ impl EtcdAuthority {
         Ok(Grant::new(key.clone(), *owner, fence, ttl, deadline)
             .with_loss_signal(loss)
             .with_backend_state(won))
+    }
+}
+
+/// etcd's default limit on operations in one transaction (`--max-txn-ops`).
+const MAX_TXN_OPS: usize = 128;
+
+impl EtcdAuthority {
+    /// What renew checks before its read: the TTL, the session, and the session's own record
+    /// of the contender (moved so the session cannot withdraw the key while we look).
+    fn renew_begin<'g>(&self, grant: &'g Grant, ttl: Duration) -> Result<(&'g Contender, Instant)> {
+        self.check_ttl(ttl)?;
+        if ttl != grant.ttl() {
+            return Err(Error::InvalidTtl {
+                ttl,
+                reason: format!(
+                    "an etcd grant lives on its session's lease, whose TTL is fixed: renew with \
+                     the TTL it was granted with ({:?})",
+                    grant.ttl()
+                ),
+            });
+        }
+        let c = contender(grant)?;
+        let lost = |reason| Err(Error::lease_lost(grant.key().as_str(), reason));
+        if c.session.is_ended() {
+            return lost(LostReason::SessionEnded);
+        }
+        let sent = Instant::now();
+        // First move the session's withdrawal time, so it cannot delete the key while we look.
+        if !c
+            .session
+            .contenders
+            .renew(&c.name, c.revision, saturating_add(sent, ttl))
+        {
+            return lost(LostReason::Refused);
+        }
+        Ok((c, sent))
+    }
+
+    /// What renew decides from its read: `found` is the contender key as etcd has it now.
+    async fn renew_end(
+        &self,
+        grant: &Grant,
+        c: &Contender,
+        ttl: Duration,
+        sent: Instant,
+        found: Option<&KeyValue>,
+    ) -> Result<Instant> {
+        let lost = |reason| Err(Error::lease_lost(grant.key().as_str(), reason));
+        let ours = found.is_some_and(|kv| {
+            kv.create_revision() == c.revision && kv.lease() == c.session.lease()
+        });
+        if c.session.is_ended() {
+            return lost(LostReason::SessionEnded);
+        }
+        if !ours {
+            // Deleted behind our back: by an operator (`etcdctl del`), or with the whole lease
+            // revoked or expired. Ask which, so that a lost session ends every lease on it now
+            // rather than at its next keep-alive. (Only on this rare path: an extra request.)
+            c.session.contenders.forget(&c.name, c.owner);
+            if lease_gone(&self.inner.client, c.session.lease(), self.timeout()).await {
+                c.session.end();
+                return lost(LostReason::SessionEnded);
+            }
+            return lost(LostReason::Refused);
+        }
+        let wanted = self.inner.config.client.safety_margin.deadline(sent, ttl);
+        // Against the time of the answer, not of the request: a read sent just before an
+        // outage and answered after it must not vouch for a lease the keep-alive has not
+        // extended since.
+        if c.session.deadline() < deadline_in(ttl / 2) {
+            // The session's keep-alive is late (normally its deadline is at least two thirds
+            // of a TTL ahead): after an outage it may still be backing off while this read
+            // already succeeded. Have it extend the lease now, so a renewal that succeeds also
+            // moves the deadline.
+            c.session.refresh(self.timeout()).await;
+            if !c.session.is_ended() && c.session.deadline() < deadline_in(ttl / 3) {
+                // The key is there, but etcd has not confirmed extending the lease within a
+                // request timeout: the renewal's outcome is unknown, not a success that leaves
+                // the deadline where it was.
+                return Err(Error::Unavailable {
+                    backend: BACKEND,
+                    message: format!(
+                        "renew `{}`: no keep-alive extended the session lease within {:?}",
+                        grant.key(),
+                        self.timeout()
+                    ),
+                    source: None,
+                });
+            }
+        }
+        let deadline = wanted.min(c.session.deadline());
+        if c.session.is_ended() {
+            return lost(LostReason::SessionEnded);
+        }
+        if deadline <= Instant::now() {
+            // The session's keep-alive has been failing for a whole TTL.
+            return lost(LostReason::SessionEnded);
+        }
+        Ok(deadline)
     }
 }
 
@@ -726,31 +826,7 @@ impl Authority for EtcdAuthority {
     }
 
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Instant> {
-        self.check_ttl(ttl)?;
-        if ttl != grant.ttl() {
-            return Err(Error::InvalidTtl {
-                ttl,
-                reason: format!(
-                    "an etcd grant lives on its session's lease, whose TTL is fixed: renew with \
-                     the TTL it was granted with ({:?})",
-                    grant.ttl()
-                ),
-            });
-        }
-        let c = contender(grant)?;
-        let lost = |reason| Err(Error::lease_lost(grant.key().as_str(), reason));
-        if c.session.is_ended() {
-            return lost(LostReason::SessionEnded);
-        }
-        let sent = Instant::now();
-        // First move the session's withdrawal time, so it cannot delete the key while we look.
-        if !c
-            .session
-            .contenders
-            .renew(&c.name, c.revision, saturating_add(sent, ttl))
-        {
-            return lost(LostReason::Refused);
-        }
+        let (c, sent) = self.renew_begin(grant, ttl)?;
         // A read: safe to retry on another member while an election is under way.
         let found = errors::read_with_retry("renew", self.timeout(), || {
             let mut kv = self.inner.client.kv_client();
@@ -758,57 +834,70 @@ impl Authority for EtcdAuthority {
             async move { kv.get(name, None).await }
         })
         .await?;
-        let ours = found.kvs().first().is_some_and(|kv| {
-            kv.create_revision() == c.revision && kv.lease() == c.session.lease()
+        self.renew_end(grant, c, ttl, sent, found.kvs().first())
+            .await
+    }
+
+    /// Many renewals, with their reads in transactions of at most [`MAX_TXN_OPS`] gets (etcd's
+    /// default limit), all sent at once: one round trip per tick for a client's leases, where
+    /// one read per lease was sent before. Each grant is then judged as `renew` judges it.
+    async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
+        let begun: Vec<Result<(&Contender, Instant)>> = grants
+            .iter()
+            .map(|g| self.renew_begin(g, g.ttl()))
+            .collect();
+        let names: Vec<String> = begun
+            .iter()
+            .filter_map(|b| b.as_ref().ok().map(|(c, _)| c.name.clone()))
+            .collect();
+        let reads = names.chunks(MAX_TXN_OPS).map(|chunk| {
+            errors::read_with_retry("renew", self.timeout(), move || {
+                let mut kv = self.inner.client.kv_client();
+                let gets: Vec<TxnOp> = chunk.iter().map(|n| TxnOp::get(n.as_str(), None)).collect();
+                async move { kv.txn(Txn::new().and_then(gets)).await }
+            })
         });
-        if c.session.is_ended() {
-            return lost(LostReason::SessionEnded);
-        }
-        if !ours {
-            // Deleted behind our back: by an operator (`etcdctl del`), or with the whole lease
-            // revoked or expired. Ask which, so that a lost session ends every lease on it now
-            // rather than at its next keep-alive. (Only on this rare path: an extra request.)
-            c.session.contenders.forget(&c.name, c.owner);
-            if lease_gone(&self.inner.client, c.session.lease(), self.timeout()).await {
-                c.session.end();
-                return lost(LostReason::SessionEnded);
-            }
-            return lost(LostReason::Refused);
-        }
-        let wanted = self.inner.config.client.safety_margin.deadline(sent, ttl);
-        // Against the time of the answer, not of the request: a read sent just before an
-        // outage and answered after it must not vouch for a lease the keep-alive has not
-        // extended since.
-        if c.session.deadline() < deadline_in(ttl / 2) {
-            // The session's keep-alive is late (normally its deadline is at least two thirds
-            // of a TTL ahead): after an outage it may still be backing off while this read
-            // already succeeded. Have it extend the lease now, so a renewal that succeeds also
-            // moves the deadline.
-            c.session.refresh(self.timeout()).await;
-            if !c.session.is_ended() && c.session.deadline() < deadline_in(ttl / 3) {
-                // The key is there, but etcd has not confirmed extending the lease within a
-                // request timeout: the renewal's outcome is unknown, not a success that leaves
-                // the deadline where it was.
-                return Err(Error::Unavailable {
-                    backend: BACKEND,
-                    message: format!(
-                        "renew `{}`: no keep-alive extended the session lease within {:?}",
-                        grant.key(),
-                        self.timeout()
-                    ),
-                    source: None,
-                });
+        let answers = futures_util::future::join_all(reads).await;
+        // One found key (or none) per name, in order; a failed chunk fails its grants.
+        let mut found: Vec<Result<Option<KeyValue>>> = Vec::with_capacity(names.len());
+        for (chunk, answer) in names.chunks(MAX_TXN_OPS).zip(answers) {
+            match answer {
+                Ok(txn) => {
+                    let mut got: Vec<Option<KeyValue>> = txn
+                        .op_responses()
+                        .into_iter()
+                        .map(|op| match op {
+                            TxnOpResponse::Get(r) => r.kvs().first().cloned(),
+                            _ => None,
+                        })
+                        .collect();
+                    got.resize(chunk.len(), None);
+                    found.extend(got.into_iter().map(Ok));
+                }
+                Err(e) => found.extend(e.into_copies(chunk.len()).into_iter().map(Err)),
             }
         }
-        let deadline = wanted.min(c.session.deadline());
-        if c.session.is_ended() {
-            return lost(LostReason::SessionEnded);
+        let mut found = found.into_iter();
+        let mut results = Vec::with_capacity(grants.len());
+        for (grant, begun) in grants.iter().zip(begun) {
+            results.push(match begun {
+                Err(e) => Err(e),
+                Ok((c, sent)) => match found.next() {
+                    Some(Ok(kv)) => {
+                        self.renew_end(grant, c, grant.ttl(), sent, kv.as_ref())
+                            .await
+                    }
+                    Some(Err(e)) => Err(e),
+                    None => Err(Error::Backend {
+                        backend: BACKEND,
+                        message: "renew: a batched read answered fewer keys than it asked".into(),
+                        retryable: true,
+                        source: None,
+                    }),
+                },
+            });
         }
-        if deadline <= Instant::now() {
-            // The session's keep-alive has been failing for a whole TTL.
-            return lost(LostReason::SessionEnded);
-        }
-        Ok(deadline)
+        results
     }
 
     async fn release(&self, grant: &Grant) -> Result<Released> {

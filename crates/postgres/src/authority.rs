@@ -14,13 +14,13 @@ use leasehold_core::{
     Result, TtlRange, Unanswered,
 };
 use sqlx::postgres::PgPoolOptions;
-use sqlx::Connection as _;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, SqlSafeStr, SqlStr};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::{FenceSafetyOption, PostgresConfig};
 use crate::errors::{self, BACKEND};
+use crate::lanes::Lanes;
 use crate::notify::{self, ListenConfig, Waiters};
 use crate::table::TableName;
 use crate::token::PgFence;
@@ -187,6 +187,7 @@ const UNHEARD_POLL: Duration = Duration::from_millis(250);
 
 struct Inner {
     pool: PgPool,
+    lanes: Lanes,
     config: PostgresConfig,
     capabilities: Capabilities,
     statements: Statements,
@@ -214,10 +215,10 @@ impl Inner {
         self.config.client.request_timeout
     }
 
-    /// Runs `once` on a pooled connection. A conflict with a concurrent transaction (SQLSTATE
+    /// Runs `once` on a lane's connection (see [`Lanes`]). A conflict with a concurrent transaction (SQLSTATE
     /// 40001 or 40P01, under a `repeatable read` or `serializable` default) changed nothing: it
     /// is run again, with a fresh snapshot, until `give_up`. A connection that broke or reaches
-    /// a read-only server is closed instead of going back to the pool.
+    /// a read-only server is closed, and its lane connects afresh next time.
     async fn run<T>(
         &self,
         give_up: Instant,
@@ -225,17 +226,20 @@ impl Inner {
     ) -> std::result::Result<T, sqlx::Error> {
         let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(20));
         loop {
-            let mut conn = self.pool.acquire().await?;
-            match once(&mut conn).await {
+            let mut lane = self.lanes.take().await?;
+            let conn = lane
+                .conn()
+                .ok_or_else(|| sqlx::Error::Protocol("a lane without a connection".into()))?;
+            match once(conn).await {
                 Ok(v) => return Ok(v),
                 Err(e) if errors::is_conflict(&e) && Instant::now() < give_up => {
-                    drop(conn);
+                    drop(lane);
                     let next = saturating_add(Instant::now(), backoff.next_delay());
                     tokio::time::sleep_until(next.min(give_up)).await;
                 }
                 Err(e) => {
                     if errors::discards_connection(&e) {
-                        conn.close_on_drop();
+                        lane.discard();
                     }
                     return Err(e);
                 }
@@ -428,19 +432,6 @@ impl PostgresAuthority {
             let pool = PgPoolOptions::new()
                 .max_connections(config.pool_size)
                 .acquire_timeout(timeout.min(FOREVER))
-                // sqlx pings every connection it hands out by default: a round trip in front of
-                // every lease statement. Only a connection that sat idle is pinged; one in use a
-                // moment ago that broke since fails its statement, which closes it (see
-                // `Inner::run`), and the caller sees a retryable error as for any outage.
-                .test_before_acquire(false)
-                .before_acquire(|conn, meta| {
-                    Box::pin(async move {
-                        if meta.idle_for >= PING_AFTER_IDLE {
-                            conn.ping().await?;
-                        }
-                        Ok(true)
-                    })
-                })
                 .connect_with(config.connect.clone())
                 .await?;
             let settings: (String, String) = sqlx::query_as(
@@ -469,6 +460,7 @@ impl PostgresAuthority {
         Ok(PostgresAuthority {
             inner: Arc::new(Inner {
                 statements: Statements::new(&config.table),
+                lanes: Lanes::new(config.connect.clone(), config.pool_size as usize),
                 pool,
                 config,
                 capabilities,
@@ -638,10 +630,6 @@ impl PostgresAuthority {
         )
     }
 }
-
-/// A pooled connection idle this long is pinged before use (sqlx's own check, on every
-/// checkout, would cost a round trip per statement).
-const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 
 fn ttl_ms(ttl: Duration) -> f64 {
     ttl.as_millis() as f64

@@ -20,6 +20,7 @@ mod authority;
 mod config;
 mod errors;
 pub mod guarded;
+mod lanes;
 mod notify;
 mod table;
 mod token;

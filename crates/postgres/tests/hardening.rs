@@ -833,7 +833,17 @@ mod failover {
         }
     }
 
-    async fn pair(options: &str) -> Arc<Pair> {
+    /// How the primary replicates to its standby.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Replication {
+        /// The default: commits do not wait for the standby.
+        Asynchronous,
+        /// `synchronous_standby_names = '*'` with `synchronous_commit = on`: a commit returns
+        /// only once the standby has it.
+        Synchronous,
+    }
+
+    async fn pair_with(options: &str, replication: Replication) -> Arc<Pair> {
         let primary = start().await;
         connect(&url(&primary)).await.migrate().await.unwrap();
         let standby = {
@@ -849,6 +859,16 @@ mod failover {
             standby,
             options: options.to_string(),
         });
+        if replication == Replication::Synchronous {
+            let primary_url = pair.primary_url();
+            sql_on(
+                &primary_url,
+                "ALTER SYSTEM SET synchronous_standby_names = '*'",
+            )
+            .await;
+            sql_on(&primary_url, "ALTER SYSTEM SET synchronous_commit = 'on'").await;
+            sql_on(&primary_url, "SELECT pg_reload_conf()").await;
+        }
         *pair.url.lock().unwrap() = pair.primary_url();
         // The standby serves reads once it is consistent.
         let started = Instant::now();
@@ -963,7 +983,14 @@ mod failover {
     }
 
     async fn failover_verdict(options: &str) -> (FenceSafety, Result<Verdict, String>) {
-        let pair = pair(options).await;
+        failover_verdict_with(options, Replication::Asynchronous).await
+    }
+
+    async fn failover_verdict_with(
+        options: &str,
+        replication: Replication,
+    ) -> (FenceSafety, Result<Verdict, String>) {
+        let pair = pair_with(options, replication).await;
         let ctx = Context::new(Arc::new(Clients(pair.clone())))
             .await
             .unwrap()
@@ -979,6 +1006,21 @@ mod failover {
         (ctx.capabilities().fence_safety, outcome)
     }
 
+    /// Issue 16: with a synchronous standby, every acquisition the primary confirmed is on the
+    /// standby, so after the standby is promoted the next fence is greater than every fence
+    /// handed out before: the backend declares linearizable fences and the scenario passes. (The
+    /// old primary, cut off from its standby, cannot confirm the acquisition tried during the
+    /// failover: it waits for the standby until the request times out.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failover_to_a_synchronous_standby_keeps_fences_growing() {
+        let (safety, outcome) = failover_verdict_with("", Replication::Synchronous).await;
+        assert_eq!(safety, FenceSafety::Linearizable);
+        assert!(
+            matches!(outcome, Ok(Verdict::Passed)),
+            "fences must survive a failover to a synchronous standby: {outcome:?}"
+        );
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failover_to_an_async_standby_reissues_a_fence_as_declared() {
         let (safety, outcome) = failover_verdict("").await;
@@ -992,4 +1034,58 @@ mod failover {
         assert_eq!(safety, FenceSafety::Linearizable);
         assert!(outcome.is_err(), "an overclaim must fail: {outcome:?}");
     }
+}
+
+/// Issue 15: lease statements run on lanes (kept connections) instead of sqlx's pool, which
+/// pinged every connection it took back. What the ping protected against still holds: with every
+/// lane's server process terminated (an operator, a failover), a lane used within the last second
+/// fails its next statement with a retryable error and connects afresh, so the call after it
+/// succeeds; a lane idle for longer is pinged first and replaced before the statement, so the
+/// call succeeds at once. Nothing is left held by mistake either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_recover_from_terminated_connections() {
+    let server = start().await;
+    let url = url(&server);
+    let a = connect(&format!("{url}&pool_size=2")).await;
+    a.migrate().await.unwrap();
+    let admin = connect(&url).await;
+    let ttl = Duration::from_secs(5);
+    let terminate = || async {
+        let killed: i64 = sqlx::query_scalar(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid() \
+               AND backend_type = 'client backend' AND query NOT ILIKE '%LISTEN%'",
+        )
+        .fetch_one(admin.pool())
+        .await
+        .unwrap();
+        killed
+    };
+    // A lane in use a moment ago.
+    let g = a.try_acquire(&key("lane/hot"), ttl).await.unwrap().unwrap();
+    assert!(terminate().await >= 1);
+    let mut failed = 0;
+    let released = loop {
+        match a.release(&g).await {
+            Ok(r) => break r,
+            Err(e) => {
+                assert!(e.is_retryable(), "{e}");
+                failed += 1;
+                assert!(failed <= 2, "the lane did not reconnect: {e}");
+            }
+        }
+    };
+    assert_eq!(released, Released::Released);
+    assert_eq!(live_rows(&admin, &key("lane/hot")).await, 0);
+    // Lanes idle past the ping threshold are replaced before use.
+    let g = a
+        .try_acquire(&key("lane/idle"), ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(terminate().await >= 1);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(a.release(&g).await.unwrap(), Released::Released);
+    let again = a.try_acquire(&key("lane/idle"), ttl).await.unwrap();
+    assert!(again.is_some(), "the key was left held");
 }

@@ -235,7 +235,10 @@ pub async fn run_in_process(
         } else if choice == 1 {
             if context.faults().begin_failover().await.is_ok() {
                 log.record(start(fault, FaultKind::PromoteReplica));
-                tokio::time::sleep(hold).await;
+                // Long enough that some acquisition lands on the old primary before the standby
+                // takes over (what an asynchronous standby then loses), whatever the workers'
+                // rhythm.
+                tokio::time::sleep(hold + Duration::from_millis(1000)).await;
                 let _ = context.faults().complete_failover().await;
                 log.record(end_of(fault, FaultKind::PromoteReplica));
             }

@@ -154,6 +154,7 @@ impl ZkAuthority {
         let capabilities = Capabilities::new(BACKEND, FenceSafety::Linearizable, true, ttl)
             .with_wait(WaitStrategy::Notification)
             .with_renew_with_other_ttl(false)
+            .with_batch_renewal(true)
             .with_expiry_slack(tick);
         let config = Arc::new(config);
         Ok(ZkAuthority {
@@ -312,6 +313,33 @@ impl ZkAuthority {
         }
     }
 
+    /// One multi of version checks on `paths` (a write the leader commits, proving the session
+    /// alive there) and one multi-read of their stats, sent together.
+    async fn confirm_and_stat(
+        &self,
+        session: &session::Session,
+        paths: Vec<&str>,
+    ) -> Result<std::result::Result<Vec<zookeeper_client::MultiReadResult>, ZkError>> {
+        let client = &session.client;
+        session::read(&self.inner.config, "renew", || {
+            let mut writer = client.new_multi_writer();
+            let mut reader = client.new_multi_reader();
+            let mut added = Ok(());
+            for path in &paths {
+                added = added
+                    .and_then(|()| writer.add_check_version(path, -1))
+                    .and_then(|()| reader.add_get_data(path));
+            }
+            let sent = added.map(|()| (writer.commit(), reader.commit()));
+            async move {
+                let (confirm, read) = sent?;
+                confirm.await.map_err(ZkError::from)?;
+                read.await
+            }
+        })
+        .await
+    }
+
     fn held(grant: &Grant) -> Result<&Arc<Held>> {
         grant
             .backend_state::<Arc<Held>>()
@@ -389,6 +417,9 @@ fn session_lost(key: &LockKey) -> Error {
         source: None,
     }
 }
+
+/// The most nodes one batched renewal request names (see `renew_many`).
+const RENEW_CHUNK: usize = 200;
 
 #[async_trait]
 impl Authority for ZkAuthority {
@@ -527,6 +558,95 @@ impl Authority for ZkAuthority {
             .inner
             .config
             .deadline(sent, ttl, session.quiet_before(sent)))
+    }
+
+    /// Per session, one multi of version checks (the write the leader commits, as each renew
+    /// sends) and one multi-read of the nodes' stats, sent together: two requests per session
+    /// per tick for all its leases. Anything unusual (a node gone, a session ending, a server
+    /// without multi-read) is left to `renew`, one grant at a time, which knows every case.
+    async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
+        let mut results: Vec<Option<Result<Instant>>> = grants.iter().map(|_| None).collect();
+        // Grants by session, each with when its renewal was sent.
+        let mut by_session: Vec<(Arc<session::Session>, Vec<(usize, Arc<Held>, Instant)>)> =
+            Vec::new();
+        for (i, grant) in grants.iter().enumerate() {
+            let sent = Instant::now();
+            let ready = self
+                .check_ttl(grant.ttl())
+                .and_then(|()| Self::held(grant).cloned());
+            let held = match ready {
+                Ok(held) => held,
+                Err(e) => {
+                    results[i] = Some(Err(e));
+                    continue;
+                }
+            };
+            match held.session.upgrade().filter(|s| s.is_alive()) {
+                Some(session) if !held.has_ended() => {
+                    match by_session
+                        .iter_mut()
+                        .find(|(s, _)| Arc::ptr_eq(s, &session))
+                    {
+                        Some((_, members)) => members.push((i, held, sent)),
+                        None => by_session.push((session, vec![(i, held, sent)])),
+                    }
+                }
+                // Ended or without a session: `renew` says which, one by one.
+                _ => {}
+            }
+        }
+        for (session, members) in by_session {
+            session.note_send();
+            // At most RENEW_CHUNK nodes a request, so an answer with every node's data (a
+            // proclaimed value each) stays well under ZooKeeper's 1 MB `jute.maxbuffer`; the
+            // chunks go out together on the session.
+            let checks = members.chunks(RENEW_CHUNK).map(|chunk| {
+                let paths: Vec<&str> = chunk.iter().map(|(_, h, _)| h.path.as_str()).collect();
+                self.confirm_and_stat(&session, paths)
+            });
+            let answers = futures_util::future::join_all(checks).await;
+            for (chunk, answer) in members.chunks(RENEW_CHUNK).zip(answers) {
+                let stats = match answer {
+                    Ok(Ok(stats)) if stats.len() == chunk.len() => stats,
+                    // No answer in time: every renewal in the chunk has an unknown outcome.
+                    Err(e) => {
+                        for ((i, _, _), e) in chunk.iter().zip(e.into_copies(chunk.len())) {
+                            results[*i] = Some(Err(e));
+                        }
+                        continue;
+                    }
+                    // A node gone, a session ending, a server without multi-read: `renew`,
+                    // one by one, below.
+                    Ok(_) => continue,
+                };
+                for ((i, held, sent), answer) in chunk.iter().zip(stats) {
+                    let ours = match &answer {
+                        zookeeper_client::MultiReadResult::Data { stat, .. } => {
+                            stat.czxid == held.czxid.get()
+                                && stat.ephemeral_owner == held.session_id
+                        }
+                        _ => false,
+                    };
+                    let ttl = grants[*i].ttl();
+                    if ours && held.extend(saturating_add(*sent, ttl)) {
+                        results[*i] = Some(Ok(self.inner.config.deadline(
+                            *sent,
+                            ttl,
+                            session.quiet_before(*sent),
+                        )));
+                    }
+                    // Not ours, or its tenure over: `renew` finds out which, and ends it.
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(grants.len());
+        for (grant, result) in grants.iter().zip(results) {
+            out.push(match result {
+                Some(result) => result,
+                None => self.renew(grant, grant.ttl()).await,
+            });
+        }
+        out
     }
 
     async fn release(&self, grant: &Grant) -> Result<Released> {
