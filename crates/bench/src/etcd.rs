@@ -23,6 +23,9 @@ struct RawTxn {
     client: Client,
     lease: i64,
     fenced: bool,
+    /// The etcd mutex layout (etcd's concurrency.Mutex, `etcdctl lock`): a contender key under
+    /// the lock's prefix, taken only when the prefix is empty.
+    layout: bool,
 }
 
 impl std::fmt::Debug for RawTxn {
@@ -37,10 +40,10 @@ impl std::fmt::Debug for RawTxn {
 #[async_trait]
 impl RawPair for RawTxn {
     fn name(&self) -> &'static str {
-        if self.fenced {
-            "raw txn put-if-absent + delete-if-rev"
-        } else {
-            "raw txn put-if-absent + delete"
+        match (self.layout, self.fenced) {
+            (true, _) => "raw mutex layout: prefix-empty put + delete-if-rev",
+            (false, true) => "raw txn put-if-absent + delete-if-rev",
+            (false, false) => "raw txn put-if-absent + delete",
         }
     }
 
@@ -52,13 +55,20 @@ impl RawPair for RawTxn {
 
     async fn pair(&self, key: &str) -> Result<(), BoxError> {
         let mut kv = self.client.kv_client();
-        let take = Txn::new()
-            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key,
-                "",
-                Some(PutOptions::new().with_lease(self.lease)),
-            )]);
+        let (prefix, contender) = (format!("{key}/"), format!("{key}/{:x}", self.lease));
+        let (compare, key) = if self.layout {
+            (
+                Compare::create_revision(prefix.as_str(), CompareOp::Equal, 0).with_prefix(),
+                contender.as_str(),
+            )
+        } else {
+            (Compare::create_revision(key, CompareOp::Equal, 0), key)
+        };
+        let take = Txn::new().when([compare]).and_then([TxnOp::put(
+            key,
+            "",
+            Some(PutOptions::new().with_lease(self.lease)),
+        )]);
         let taken = kv.txn(take).await?;
         if !taken.succeeded() {
             return Err("raw key held".into());
@@ -144,15 +154,16 @@ pub async fn subject(url: &str) -> Result<Subject, BoxError> {
     let connect = || Client::connect(endpoints.clone(), None);
     let mut raw: Vec<Box<dyn RawPair>> = Vec::new();
     let mut concurrent = None;
-    for fenced in [true, false, true] {
+    for (fenced, layout) in [(true, true), (true, false), (false, false), (true, true)] {
         let client = connect().await?;
         let lease = client.lease_client().grant(RAW_LEASE_TTL, None).await?.id();
         let pair = RawTxn {
             client,
             lease,
             fenced,
+            layout,
         };
-        if raw.len() < 2 {
+        if raw.len() < 3 {
             raw.push(Box::new(pair));
         } else {
             concurrent = Some(Arc::new(pair) as Arc<dyn RawPair>);

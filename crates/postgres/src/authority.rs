@@ -817,6 +817,9 @@ impl Authority for PostgresAuthority {
             )
             .await?;
         Ok(if released > 0 {
+            // Waiters of this authority need not wait for the notification to come back
+            // through the listening connection (as Redis's release does too).
+            self.inner.waiters.wake(grant.key().as_str());
             Released::Released
         } else {
             Released::AlreadyGone

@@ -74,7 +74,7 @@ impl Waiters {
         self.by_key.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
-    fn wake(&self, key: &str) {
+    pub(crate) fn wake(&self, key: &str) {
         let map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(n) = map.get(key) {
             n.notify_waiters();
