@@ -22,8 +22,7 @@ struct Statements {
 #[derive(Debug)]
 struct Notifying {
     conn: Mutex<PgConnection>,
-    upsert: SqlStr,
-    update: SqlStr,
+    statements: Statements,
 }
 
 #[async_trait]
@@ -38,18 +37,7 @@ impl RawPair for Notifying {
 
     async fn pair(&self, key: &str) -> Result<(), BoxError> {
         let mut conn = self.conn.lock().await;
-        let fence: Option<i64> = sqlx::query_scalar(self.upsert.clone())
-            .bind(key)
-            .bind("raw-owner")
-            .fetch_optional(&mut *conn)
-            .await?;
-        fence.ok_or("raw key held")?;
-        sqlx::query(self.update.clone())
-            .bind(key)
-            .bind("raw-owner")
-            .execute(&mut *conn)
-            .await?;
-        Ok(())
+        self.statements.pair(&mut conn, key).await
     }
 }
 
@@ -206,13 +194,15 @@ pub async fn subject(url: &str) -> Result<Subject, BoxError> {
     tokio::spawn(async move { while listener.recv().await.is_ok() {} });
     let notifying = Notifying {
         conn: Mutex::new(PgConnection::connect(base).await?),
-        upsert: statements.upsert.clone(),
-        update: AssertSqlSafe(format!(
-            "WITH released AS (UPDATE {table} SET expires_at = now() \
+        statements: Statements {
+            upsert: statements.upsert.clone(),
+            update: AssertSqlSafe(format!(
+                "WITH released AS (UPDATE {table} SET expires_at = now() \
                WHERE lock_key = $1 AND owner = $2 RETURNING lock_key) \
              SELECT count(*) FROM (SELECT pg_notify('leasehold_bench', lock_key) FROM released) n"
-        ))
-        .into_sql_str(),
+            ))
+            .into_sql_str(),
+        },
     };
     let pooled = Pooled {
         pool: PgPoolOptions::new()

@@ -34,6 +34,7 @@
 
 mod authority;
 mod backoff;
+mod batch_answers;
 mod batched_renewal;
 mod capabilities;
 mod election;
@@ -63,6 +64,7 @@ mod unclaimed;
 
 pub use authority::{check_proclaimed, Authority, Released, MAX_VALUE_LEN};
 pub use backoff::{poll_acquire, Backoff};
+pub use batch_answers::{batch_answers, batch_failed, check_batch_ttls};
 pub use capabilities::{Capabilities, WaitStrategy};
 pub use election::{Election, Leader, Leadership, Observer, DEFAULT_OBSERVE_INTERVAL};
 pub use error::{BoxError, Error, Result, SharedError};

@@ -170,10 +170,8 @@ impl Authority for MemoryAuthority {
 
     /// One request renews the whole batch, each grant checked as `renew` checks it.
     async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
-        for grant in grants {
-            if let Err(e) = TTL.check(grant.ttl()) {
-                return e.into_copies(grants.len()).into_iter().map(Err).collect();
-            }
+        if let Err(refused) = leasehold_core::check_batch_ttls(grants, &TTL) {
+            return refused;
         }
         let sent = Instant::now();
         let renewed = self
@@ -192,18 +190,12 @@ impl Authority for MemoryAuthority {
             })
             .await;
         match renewed {
-            Err(e) => e.into_copies(grants.len()).into_iter().map(Err).collect(),
-            Ok(renewed) => grants
-                .iter()
-                .zip(renewed)
-                .map(|(grant, ok)| {
-                    if ok {
-                        Ok(self.options.safety_margin.deadline(sent, grant.ttl()))
-                    } else {
-                        Err(Error::lease_lost(grant.key().as_str(), LostReason::Refused))
-                    }
+            Err(e) => leasehold_core::batch_failed(e, grants.len()),
+            Ok(renewed) => {
+                leasehold_core::batch_answers(grants, sent, &self.options.safety_margin, |i, _| {
+                    renewed.get(i) == Some(&true)
                 })
-                .collect(),
+            }
         }
     }
 

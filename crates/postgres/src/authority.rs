@@ -725,10 +725,8 @@ impl Authority for PostgresAuthority {
 
     /// One statement renews the whole batch, each row checked as `renew` checks it.
     async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
-        for grant in grants {
-            if let Err(e) = TTL.check(grant.ttl()) {
-                return e.into_copies(grants.len()).into_iter().map(Err).collect();
-            }
+        if let Err(refused) = leasehold_core::check_batch_ttls(grants, &TTL) {
+            return refused;
         }
         let (mut keys, mut owners, mut fences, mut ttls) = (
             Vec::with_capacity(grants.len()),
@@ -772,24 +770,17 @@ impl Authority for PostgresAuthority {
             .await;
         let renewed: std::collections::HashSet<(String, i64)> = match renewed {
             Ok(rows) => rows.into_iter().collect(),
-            Err(e) => return e.into_copies(grants.len()).into_iter().map(Err).collect(),
+            Err(e) => return leasehold_core::batch_failed(e, grants.len()),
         };
-        grants
-            .iter()
-            .map(|grant| {
+        leasehold_core::batch_answers(
+            grants,
+            sent,
+            &self.inner.config.client.safety_margin,
+            |_, grant| {
                 let (key, _, fence) = Self::owner_matches(grant);
-                if renewed.contains(&(key, fence)) {
-                    Ok(self
-                        .inner
-                        .config
-                        .client
-                        .safety_margin
-                        .deadline(sent, grant.ttl()))
-                } else {
-                    Err(Error::lease_lost(grant.key().as_str(), LostReason::Refused))
-                }
-            })
-            .collect()
+                renewed.contains(&(key, fence))
+            },
+        )
     }
 
     async fn release(&self, grant: &Grant) -> Result<Released> {

@@ -565,10 +565,8 @@ impl Authority for RedisAuthority {
 
     /// One script call renews the whole batch, each key checked as `renew` checks it.
     async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
-        for grant in grants {
-            if let Err(e) = TTL.check(grant.ttl()) {
-                return e.into_copies(grants.len()).into_iter().map(Err).collect();
-            }
+        if let Err(refused) = leasehold_core::check_batch_ttls(grants, &TTL) {
+            return refused;
         }
         let keys: Vec<String> = grants
             .iter()
@@ -584,23 +582,13 @@ impl Authority for RedisAuthority {
             .script("renew", &self.inner.scripts.renew_many, &keys, &args)
             .await;
         match answered {
-            Err(e) => e.into_copies(grants.len()).into_iter().map(Err).collect(),
-            Ok(renewed) => grants
-                .iter()
-                .enumerate()
-                .map(|(i, grant)| {
-                    if renewed.get(i) == Some(&1) {
-                        Ok(self
-                            .inner
-                            .config
-                            .client
-                            .safety_margin
-                            .deadline(sent, grant.ttl()))
-                    } else {
-                        Err(Error::lease_lost(grant.key().as_str(), LostReason::Refused))
-                    }
-                })
-                .collect(),
+            Err(e) => leasehold_core::batch_failed(e, grants.len()),
+            Ok(renewed) => leasehold_core::batch_answers(
+                grants,
+                sent,
+                &self.inner.config.client.safety_margin,
+                |i, _| renewed.get(i) == Some(&1),
+            ),
         }
     }
 

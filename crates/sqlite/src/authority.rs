@@ -751,10 +751,8 @@ impl Authority for SqliteAuthority {
 
     /// One transaction renews the whole batch.
     async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
-        for grant in grants {
-            if let Err(e) = TTL.check(grant.ttl()) {
-                return e.into_copies(grants.len()).into_iter().map(Err).collect();
-            }
+        if let Err(refused) = leasehold_core::check_batch_ttls(grants, &TTL) {
+            return refused;
         }
         let sent = Instant::now();
         let renewed = self
@@ -766,23 +764,13 @@ impl Authority for SqliteAuthority {
             )
             .await;
         match renewed {
-            Err(e) => e.into_copies(grants.len()).into_iter().map(Err).collect(),
-            Ok(renewed) => grants
-                .iter()
-                .zip(renewed)
-                .map(|(grant, ok)| {
-                    if ok {
-                        Ok(self
-                            .inner
-                            .config
-                            .client
-                            .safety_margin
-                            .deadline(sent, grant.ttl()))
-                    } else {
-                        Err(Error::lease_lost(grant.key().as_str(), LostReason::Refused))
-                    }
-                })
-                .collect(),
+            Err(e) => leasehold_core::batch_failed(e, grants.len()),
+            Ok(renewed) => leasehold_core::batch_answers(
+                grants,
+                sent,
+                &self.inner.config.client.safety_margin,
+                |i, _| renewed.get(i) == Some(&true),
+            ),
         }
     }
 

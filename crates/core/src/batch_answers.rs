@@ -1,0 +1,52 @@
+//! The answers of [`crate::Authority::renew_many`], built the same way by every backend: a
+//! batch is sent whole or not at all, each grant it renewed gets its deadline from the moment the
+//! batch was sent, and each it did not is no longer ours.
+
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::grant::Grant;
+use crate::lost::LostReason;
+use crate::margin::SafetyMargin;
+use crate::ttl::TtlRange;
+
+/// Checks every grant's TTL against `range` before anything is sent: when one is invalid, every
+/// grant of the batch gets that error.
+pub fn check_batch_ttls(
+    grants: &[Grant],
+    range: &TtlRange,
+) -> std::result::Result<(), Vec<Result<Instant>>> {
+    for grant in grants {
+        if let Err(e) = range.check(grant.ttl()) {
+            return Err(batch_failed(e, grants.len()));
+        }
+    }
+    Ok(())
+}
+
+/// Every grant of a batch failed with `error` (no answer: each renewal's outcome is unknown).
+pub fn batch_failed(error: Error, grants: usize) -> Vec<Result<Instant>> {
+    error.into_copies(grants).into_iter().map(Err).collect()
+}
+
+/// A batch's answers: each grant `renewed(i, grant)` says was renewed gets its deadline counted
+/// from `sent` (read before the batch left) with `margin`; the others were not ours any more and
+/// are [`Error::LeaseLost`] (refused).
+pub fn batch_answers(
+    grants: &[Grant],
+    sent: Instant,
+    margin: &SafetyMargin,
+    renewed: impl Fn(usize, &Grant) -> bool,
+) -> Vec<Result<Instant>> {
+    grants
+        .iter()
+        .enumerate()
+        .map(|(i, grant)| {
+            if renewed(i, grant) {
+                Ok(margin.deadline(sent, grant.ttl()))
+            } else {
+                Err(Error::lease_lost(grant.key().as_str(), LostReason::Refused))
+            }
+        })
+        .collect()
+}
