@@ -29,30 +29,42 @@ fn key_index(task: usize, round: usize, tasks: usize, keys: usize) -> usize {
     (task + round * tasks) % keys
 }
 
-async fn ours(
-    authority: Arc<dyn Authority>,
-    keys: Arc<Vec<LockKey>>,
+/// How one pair ended.
+enum Ended {
+    Done,
+    Busy,
+    Failed,
+}
+
+/// `tasks` tasks run `one` on their keys until `window` has passed, counting how each pair
+/// ended: the same driver for leasehold and for the raw pair.
+async fn drive<K, F, Fut>(
+    keys: Arc<Vec<K>>,
     tasks: usize,
     window: Duration,
-) -> Result<Tally, BoxError> {
+    one: F,
+) -> Result<Tally, BoxError>
+where
+    K: Send + Sync + 'static,
+    F: Fn(Arc<Vec<K>>, usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Ended> + Send,
+{
     let tally = Arc::new(Tally::default());
     let until = Instant::now() + window;
     let mut handles = Vec::new();
     for task in 0..tasks {
-        let (authority, keys, tally) = (authority.clone(), keys.clone(), tally.clone());
+        let (keys, tally, one) = (keys.clone(), tally.clone(), one.clone());
         handles.push(tokio::spawn(async move {
             let mut round = 0;
             while Instant::now() < until {
-                let key = &keys[key_index(task, round, tasks, keys.len())];
+                let at = key_index(task, round, tasks, keys.len());
                 round += 1;
-                match authority.try_acquire(key, TTL).await {
-                    Ok(Some(grant)) => match authority.release(&grant).await {
-                        Ok(_) => tally.done.fetch_add(1, Ordering::Relaxed),
-                        Err(_) => tally.errors.fetch_add(1, Ordering::Relaxed),
-                    },
-                    Ok(None) => tally.busy.fetch_add(1, Ordering::Relaxed),
-                    Err(_) => tally.errors.fetch_add(1, Ordering::Relaxed),
+                let counter = match one(keys.clone(), at).await {
+                    Ended::Done => &tally.done,
+                    Ended::Busy => &tally.busy,
+                    Ended::Failed => &tally.errors,
                 };
+                counter.fetch_add(1, Ordering::Relaxed);
             }
         }));
     }
@@ -62,36 +74,45 @@ async fn ours(
     Ok(Arc::try_unwrap(tally).unwrap_or_default())
 }
 
+async fn ours(
+    authority: Arc<dyn Authority>,
+    keys: Arc<Vec<LockKey>>,
+    tasks: usize,
+    window: Duration,
+) -> Result<Tally, BoxError> {
+    drive(keys, tasks, window, move |keys, at| {
+        let authority = authority.clone();
+        async move {
+            match authority.try_acquire(&keys[at], TTL).await {
+                Ok(Some(grant)) => match authority.release(&grant).await {
+                    Ok(_) => Ended::Done,
+                    Err(_) => Ended::Failed,
+                },
+                Ok(None) => Ended::Busy,
+                Err(_) => Ended::Failed,
+            }
+        }
+    })
+    .await
+}
+
 async fn raw(
     pair: Arc<dyn RawPair>,
     keys: Arc<Vec<String>>,
     tasks: usize,
     window: Duration,
 ) -> Result<Tally, BoxError> {
-    let tally = Arc::new(Tally::default());
-    let until = Instant::now() + window;
-    let mut handles = Vec::new();
-    for task in 0..tasks {
-        let (pair, keys, tally) = (pair.clone(), keys.clone(), tally.clone());
-        handles.push(tokio::spawn(async move {
-            let mut round = 0;
-            while Instant::now() < until {
-                let key = &keys[key_index(task, round, tasks, keys.len())];
-                round += 1;
-                match pair.pair(key).await {
-                    Ok(()) => tally.done.fetch_add(1, Ordering::Relaxed),
-                    Err(e) if e.to_string().contains("held") => {
-                        tally.busy.fetch_add(1, Ordering::Relaxed)
-                    }
-                    Err(_) => tally.errors.fetch_add(1, Ordering::Relaxed),
-                };
+    drive(keys, tasks, window, move |keys, at| {
+        let pair = pair.clone();
+        async move {
+            match pair.pair(&keys[at]).await {
+                Ok(()) => Ended::Done,
+                Err(e) if e.to_string().contains("held") => Ended::Busy,
+                Err(_) => Ended::Failed,
             }
-        }));
-    }
-    for h in handles {
-        h.await?;
-    }
-    Ok(Arc::try_unwrap(tally).unwrap_or_default())
+        }
+    })
+    .await
 }
 
 /// Runs both sides one after the other, twice in alternating order, and prints the better of

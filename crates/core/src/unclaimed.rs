@@ -10,9 +10,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+
+use crate::error::Error;
 
 /// Why no answer was claimed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,6 +24,23 @@ pub enum Unanswered {
     TimedOut,
     /// The task ended without an answer (it panicked, or the runtime is shutting down).
     NoAnswer,
+}
+
+impl Unanswered {
+    /// The error a caller gets for `operation` on `backend` whose request was given `after`:
+    /// no answer in time is unavailable; a task that ended without one is a retryable backend
+    /// error. Both say nothing about the lease, which is given back if it was won.
+    pub fn into_error(self, backend: &'static str, operation: &str, after: Duration) -> Error {
+        match self {
+            Unanswered::TimedOut => Error::request_timeout(backend, operation, after),
+            Unanswered::NoAnswer => Error::Backend {
+                backend,
+                message: format!("{operation}: the request ended without an answer"),
+                retryable: true,
+                source: None,
+            },
+        }
+    }
 }
 
 /// Whether the caller has stopped waiting: a request polls it between its steps, so that one
@@ -123,6 +143,31 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn unanswered_is_a_retryable_error() {
+        let after = std::time::Duration::from_millis(300);
+        let timed_out = Unanswered::TimedOut.into_error("t", "acquire", after);
+        assert!(
+            matches!(timed_out, Error::Unavailable { .. }),
+            "{timed_out}"
+        );
+        assert_eq!(
+            timed_out.to_string(),
+            "t authority unavailable: acquire got no answer within 300ms"
+        );
+        let none = Unanswered::NoAnswer.into_error("t", "acquire", after);
+        assert!(
+            matches!(
+                none,
+                Error::Backend {
+                    retryable: true,
+                    ..
+                }
+            ),
+            "{none}"
+        );
+    }
 
     type Given = Arc<Mutex<Vec<u32>>>;
 

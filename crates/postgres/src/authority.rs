@@ -11,7 +11,7 @@ use leasehold_core::time::{saturating_add, FOREVER};
 use leasehold_core::{
     claim_or_give_back, Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant,
     Inspection, Instant, KeyPrefix, Left, LockKey, LostReason, OwnerId, OwnerToken, Released,
-    Result, TtlRange, Unanswered,
+    Result, TtlRange,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, SqlSafeStr, SqlStr};
@@ -565,20 +565,9 @@ impl PostgresAuthority {
                 async move { inner.give_back(key, owner, raw, ttl).await }
             }
         };
-        let acquired = match claim_or_give_back(request, give_up, won, give_back).await {
-            Ok(acquired) => acquired,
-            Err(Unanswered::TimedOut) => {
-                return Err(errors::timed_out("acquire", self.inner.timeout()))
-            }
-            Err(Unanswered::NoAnswer) => {
-                return Err(Error::Backend {
-                    backend: BACKEND,
-                    message: "acquire: the request ended without an answer".into(),
-                    retryable: true,
-                    source: None,
-                })
-            }
-        };
+        let acquired = claim_or_give_back(request, give_up, won, give_back)
+            .await
+            .map_err(|why| why.into_error(BACKEND, "acquire", self.inner.timeout()))?;
         match acquired {
             Err(e) if waiting && errors::is_conflict(&e) => Ok(Attempt::Held(None)),
             Err(e) => Err(errors::map_lease(e, "acquire", &self.inner.config.table)),
