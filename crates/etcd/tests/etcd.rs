@@ -805,88 +805,19 @@ async fn bad_input_gets_typed_errors() {
     }
 }
 
-/// An etcd with TLS and a longer election timeout (so a higher minimum lease TTL), started as a
-/// plain process by the harness.
+/// An etcd with TLS, client certificates required, and a longer election timeout (so a higher
+/// minimum lease TTL), started as a plain process by the harness, with certificates made for
+/// the test.
 struct TlsEtcd {
     process: ManagedProcess,
     port: u16,
-    ca: std::path::PathBuf,
-}
-
-fn openssl(dir: &std::path::Path, args: &[&str]) {
-    let out = std::process::Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("openssl");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    certs: servers::TestCerts,
 }
 
 fn start_tls_etcd() -> TlsEtcd {
     let dir = servers::process::server_dir("etcd-tls").unwrap();
     let d = dir.path();
-    openssl(
-        d,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=leasehold test CA",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-        ],
-    );
-    std::fs::write(
-        d.join("san.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .unwrap();
-    openssl(
-        d,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=localhost",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-        ],
-    );
-    openssl(
-        d,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-extfile",
-            "san.ext",
-            "-out",
-            "server.pem",
-        ],
-    );
+    let certs = servers::TestCerts::generate().unwrap();
     let ports = servers::free_ports(2).unwrap();
     let (port, peer) = (ports[0], ports[1]);
     let etcd = servers::process::find_program("etcd").expect("etcd");
@@ -899,17 +830,20 @@ fn start_tls_etcd() -> TlsEtcd {
         format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
         format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
         format!("--initial-cluster=tls=http://127.0.0.1:{peer}"),
-        format!("--cert-file={}", path("server.pem")),
-        format!("--key-file={}", path("server.key")),
+        format!("--cert-file={}", certs.server_cert().display()),
+        format!("--key-file={}", certs.server_key().display()),
+        "--client-cert-auth=true".into(),
+        format!("--trusted-ca-file={}", certs.ca().display()),
         // A 2 s election timeout makes etcd's minimum lease TTL 3 s.
         "--heartbeat-interval=200".into(),
         "--election-timeout=2000".into(),
     ];
-    let ca = d.join("ca.pem");
     let process = ManagedProcess::spawn("etcd-tls", dir, CommandSpec::new(etcd, args)).unwrap();
     let mut command = etcdctl_command(&[format!("127.0.0.1:{port}")]).unwrap();
     command
-        .arg(format!("--cacert={}", ca.display()))
+        .arg(format!("--cacert={}", certs.ca().display()))
+        .arg(format!("--cert={}", certs.client_cert().display()))
+        .arg(format!("--key={}", certs.client_key().display()))
         .args(["endpoint", "health"]);
     process
         .wait_ready(READY_TIMEOUT, || match command.output() {
@@ -918,20 +852,37 @@ fn start_tls_etcd() -> TlsEtcd {
             Err(e) => Err(e.to_string()),
         })
         .unwrap();
-    TlsEtcd { process, port, ca }
+    TlsEtcd {
+        process,
+        port,
+        certs,
+    }
 }
 
-/// `etcds://` with the server's CA works; without it the handshake fails as Unavailable; the
-/// server's minimum TTL (3 s with a 2 s election timeout) is learned and declared, and a TTL
+/// `etcds://` with the server's CA and a client certificate works; without the CA, trusting
+/// another CA, without a client certificate, or with one from another CA, the connection is
+/// refused with a typed error; the server's minimum TTL (3 s with a 2 s election timeout) is learned and declared, and a TTL
 /// below it is InvalidTtl, never raised silently.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_and_the_servers_minimum_ttl() {
     let etcd = tokio::task::spawn_blocking(start_tls_etcd).await.unwrap();
-    let secure = format!(
-        "etcds://127.0.0.1:{}?tls_ca={}&timeout_ms=3000",
-        etcd.port,
-        etcd.ca.display()
-    );
+    let certs = &etcd.certs;
+    let with = |ca: &servers::TestCerts, client: Option<&servers::TestCerts>, timeout_ms: u32| {
+        let mut url = format!(
+            "etcds://127.0.0.1:{}?tls_ca={}&timeout_ms={timeout_ms}",
+            etcd.port,
+            ca.ca().display()
+        );
+        if let Some(c) = client {
+            url.push_str(&format!(
+                "&tls_cert={}&tls_key={}",
+                c.client_cert().display(),
+                c.client_key().display()
+            ));
+        }
+        url
+    };
+    let secure = with(certs, Some(certs), 3000);
     let a = EtcdAuthority::connect(&secure)
         .await
         .expect("TLS with the CA");
@@ -959,6 +910,28 @@ async fn tls_and_the_servers_minimum_ttl() {
         matches!(untrusted, Error::Unavailable { .. }),
         "{untrusted:?}"
     );
+    let other = servers::TestCerts::generate().unwrap();
+    for (what, url) in [
+        ("trusting another CA", with(&other, Some(certs), 1000)),
+        ("without a client certificate", with(certs, None, 1000)),
+        (
+            "with another CA's client certificate",
+            with(certs, Some(&other), 1000),
+        ),
+    ] {
+        let started = Instant::now();
+        let err = EtcdAuthority::connect(&url).await.unwrap_err();
+        assert!(
+            matches!(err, Error::Unavailable { .. } | Error::Unauthorized { .. }),
+            "{what}: {err:?}"
+        );
+        // Bounded by the request timeout (1 s), with room for a loaded machine.
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{what}: refused only after {:?}",
+            started.elapsed()
+        );
+    }
     let plain = EtcdAuthority::connect(&format!("etcd://127.0.0.1:{}?timeout_ms=1000", etcd.port))
         .await
         .unwrap_err();

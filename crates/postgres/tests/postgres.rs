@@ -466,26 +466,17 @@ async fn bad_input_gets_typed_errors() {
 }
 
 /// TLS through the URL: `sslmode=verify-full` with the CA from `sslrootcert` connects and the
-/// session is really encrypted; without the CA the certificate is refused with a typed error.
+/// session is really encrypted; without the CA, or trusting another CA, the certificate is
+/// refused with a typed error. The certificates are made for this test (rcgen).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_through_the_url() {
-    use leasehold_servers::test_tls_file;
+    use leasehold_servers::TestCerts;
     let server = start().await;
-    // Hand the server the test certificate (readable by the server's user only) and turn TLS on.
-    let data = server.data_dir().to_path_buf();
-    let owner = std::fs::metadata(&data)
-        .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+    // Hand the server its certificate (readable by the server's user only) and turn TLS on.
+    let certs = TestCerts::generate().unwrap();
+    certs
+        .copy_server_pair_to(server.data_dir(), "tls.crt", "tls.key")
         .unwrap();
-    let group = std::fs::metadata(&data)
-        .map(|m| std::os::unix::fs::MetadataExt::gid(&m))
-        .unwrap();
-    for (from, to) in [("server.pem", "tls.crt"), ("server.key", "tls.key")] {
-        let dest = data.join(to);
-        std::fs::copy(test_tls_file(from), &dest).unwrap();
-        std::os::unix::fs::chown(&dest, Some(owner), Some(group)).unwrap();
-        std::fs::set_permissions(&dest, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-            .unwrap();
-    }
     let admin = PostgresAuthority::connect(&url(&server)).await.unwrap();
     for setting in [
         "ALTER SYSTEM SET ssl_cert_file = 'tls.crt'",
@@ -498,7 +489,7 @@ async fn tls_through_the_url() {
         .execute(admin.pool())
         .await
         .unwrap();
-    let ca = test_tls_file("ca.pem").display().to_string();
+    let ca = certs.ca().display().to_string();
     let tls_url = format!(
         "postgres://leasehold@localhost:{}/postgres?sslmode=verify-full&sslrootcert={ca}&timeout_ms=2000",
         server.port()
@@ -538,6 +529,15 @@ async fn tls_through_the_url() {
         server.port()
     );
     let err = PostgresAuthority::connect(&untrusted).await.unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    // Trusting another CA: refused too.
+    let other = TestCerts::generate().unwrap();
+    let wrong_ca = format!(
+        "postgres://leasehold@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}&timeout_ms=2000",
+        server.port(),
+        other.ca().display()
+    );
+    let err = PostgresAuthority::connect(&wrong_ca).await.unwrap_err();
     assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
 }
 

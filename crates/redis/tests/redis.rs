@@ -1098,18 +1098,17 @@ async fn a_broken_fence_counter_fails_the_acquisition_and_holds_nothing() {
     assert_eq!(g.fence().raw(), 1001);
 }
 
-/// A Redis that speaks only TLS, with the test CA in `tests/tls` (started with the harness's
-/// process management, since its Redis servers are plain-text).
+/// A Redis that speaks only TLS, with certificates made for the test (started with the
+/// harness's process management, since its Redis servers are plain-text).
 struct TlsRedis {
     port: u16,
+    certs: leasehold_servers::TestCerts,
     _process: leasehold_servers::ManagedProcess,
 }
 
-fn tls_file(name: &str) -> String {
-    leasehold_servers::test_tls_file(name).display().to_string()
-}
-
 fn start_tls_redis() -> TlsRedis {
+    let certs = leasehold_servers::TestCerts::generate().unwrap();
+    let file = |p: std::path::PathBuf| p.display().to_string();
     use leasehold_servers::process::{find_program, server_dir};
     use leasehold_servers::{CommandSpec, ManagedProcess, READY_TIMEOUT};
     let program = find_program("redis-server").expect("redis-server must be installed");
@@ -1123,11 +1122,11 @@ fn start_tls_redis() -> TlsRedis {
         "--bind".into(),
         "127.0.0.1".into(),
         "--tls-cert-file".into(),
-        tls_file("server.pem"),
+        file(certs.server_cert()),
         "--tls-key-file".into(),
-        tls_file("server.key"),
+        file(certs.server_key()),
         "--tls-ca-cert-file".into(),
-        tls_file("ca.pem"),
+        file(certs.ca()),
         "--tls-auth-clients".into(),
         "no".into(),
         "--requirepass".into(),
@@ -1154,6 +1153,7 @@ fn start_tls_redis() -> TlsRedis {
         .expect("the TLS Redis must start for this test");
     TlsRedis {
         port,
+        certs,
         _process: process,
     }
 }
@@ -1165,7 +1165,10 @@ fn start_tls_redis() -> TlsRedis {
 async fn tls_with_a_ca_from_the_url() {
     let server = blocking(start_tls_redis).await;
     let base = format!("rediss://:tls-pw@127.0.0.1:{}", server.port);
-    let url = format!("{base}?timeout_ms=2000&tls_ca_file={}", tls_file("ca.pem"));
+    let url = format!(
+        "{base}?timeout_ms=2000&tls_ca_file={}",
+        server.certs.ca().display()
+    );
     let a = Arc::new(RedisAuthority::connect(&url).await.unwrap());
     let b = RedisAuthority::connect(&url).await.unwrap();
     let key = LockKey::new("tls").unwrap();
@@ -1193,6 +1196,18 @@ async fn tls_with_a_ca_from_the_url() {
         matches!(untrusted, Error::Unavailable { .. }),
         "{untrusted:?}"
     );
+    // Trusting another CA is no better.
+    let other = leasehold_servers::TestCerts::generate().unwrap();
+    let wrong_ca = RedisAuthority::connect(&format!(
+        "{base}?timeout_ms=2000&tls_ca_file={}",
+        other.ca().display()
+    ))
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(wrong_ca, Error::Unavailable { .. }),
+        "{wrong_ca:?}"
+    );
     let plain = RedisAuthority::connect(&format!(
         "redis://:tls-pw@127.0.0.1:{}?timeout_ms=500",
         server.port
@@ -1200,7 +1215,7 @@ async fn tls_with_a_ca_from_the_url() {
     .await
     .unwrap_err();
     assert!(matches!(plain, Error::Unavailable { .. }), "{plain:?}");
-    for err in [&untrusted, &plain] {
+    for err in [&untrusted, &wrong_ca, &plain] {
         assert!(!format!("{err} {err:?}").contains("tls-pw"), "{err:?}");
     }
     let missing = RedisAuthority::connect(&format!("{base}?tls_ca_file=/nonexistent/ca.pem"))

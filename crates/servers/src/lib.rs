@@ -6,6 +6,7 @@
 //!
 //! * Start: [`EtcdServer::start`], [`EtcdCluster::start`], [`ZkServer::start`],
 //!   [`ZkEnsemble::start`], [`RedisServer::start`], [`RedisServer::start_replica_of`],
+//!   [`SentinelDeployment::start`] (a primary, a replica and three sentinels),
 //!   [`PostgresServer::start`] (and `start_with_password` variants). Each returns once the
 //!   server really serves (bounded by [`READY_TIMEOUT`]), or an error with the tail of the
 //!   server's log. A server that cannot start is an error, never a skip.
@@ -30,6 +31,9 @@
 //! runtime worker for its duration; use a multi-threaded runtime or `spawn_blocking` when a
 //! client must make progress meanwhile.
 //!
+//! [`TestCerts`] makes a throwaway CA with server and client certificates at test time (with
+//! rcgen, no `openssl` program and no key checked in), for TLS tests.
+//!
 //! [`external`] reads endpoints of servers started by someone else (e.g. docker compose).
 //!
 //! leasehold's conformance suite, every backend's tests, the bench and the fault workload use
@@ -44,6 +48,8 @@ pub mod ports;
 pub mod postgres;
 pub mod process;
 pub mod redis;
+pub mod redis_cluster;
+pub mod tls;
 pub mod zookeeper;
 
 pub use error::{HarnessError, Result};
@@ -52,13 +58,7 @@ pub use partition::{Isolatable, MemberIdentity, Partition};
 pub use ports::{free_port, free_ports};
 pub use postgres::PostgresServer;
 pub use process::{CommandSpec, ManagedProcess, READY_TIMEOUT, STOP_GRACE};
-pub use redis::RedisServer;
+pub use redis::{RedisSentinel, RedisServer, SentinelDeployment, SentinelOptions};
+pub use redis_cluster::{ClusterNode, RedisCluster};
+pub use tls::TestCerts;
 pub use zookeeper::{ZkConfig, ZkEnsemble, ZkServer, ZK_CONTAINER_CHECK_INTERVAL};
-
-/// A file of the test-only TLS material in `crates/servers/tls/` (a throwaway CA, and a server
-/// certificate for `127.0.0.1` and `localhost`), for backends' TLS tests.
-pub fn test_tls_file(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tls")
-        .join(name)
-}

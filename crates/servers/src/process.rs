@@ -227,6 +227,12 @@ impl ManagedProcess {
         self.pid().is_some()
     }
 
+    /// Whether the process is running and not paused (SIGSTOP): whether it can answer.
+    pub fn is_serving(&self) -> bool {
+        let paused = self.lock().paused;
+        !paused && self.is_running()
+    }
+
     /// The last lines of the log (up to 200).
     pub fn logs(&self) -> String {
         self.log_tail(200)

@@ -1,5 +1,6 @@
 //! ZooKeeper: a standalone server or an ensemble, from Debian's `zookeeper` package, run as a
-//! plain JVM (`java -cp zookeeper.jar:slf4j-simple.jar ...`).
+//! plain JVM (`java -cp zookeeper.jar:slf4j-simple.jar ...`). A standalone server can also
+//! serve TLS on a second client port ([`ZkServer::start_tls`]).
 
 use std::fmt::Write as _;
 use std::fs;
@@ -16,6 +17,7 @@ use crate::process::{
     delegate_faults, require_program, restart_and_wait, retry_on_port_clash, server_dir,
     CommandSpec, ManagedProcess, READY_TIMEOUT,
 };
+use crate::tls::TestCerts;
 
 /// ZooKeeper's `tickTime` in every harness server. The server clamps session timeouts to
 /// 2x..20x this unless configured otherwise; the harness keeps the 2x minimum (400 ms, for fast
@@ -39,6 +41,15 @@ const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
 
 /// An SLF4J binding, so that the server's log reaches stderr (and thus the log file).
 const SLF4J_SIMPLE_JAR: &str = "/usr/share/java/slf4j-simple.jar";
+
+/// Netty jars that Debian's ZooKeeper jar does not name in its manifest but whose classes
+/// Netty's TLS handler needs (`io.netty.handler.codec.ByteToMessageDecoder`, the resolver that
+/// netty-transport loads): without them every TLS handshake fails with a
+/// `ClassNotFoundException` in the server's log.
+const NETTY_EXTRA_JARS: &[&str] = &[
+    "/usr/share/java/netty-codec.jar",
+    "/usr/share/java/netty-resolver.jar",
+];
 
 /// Lean JVM flags: a small heap, no JIT tiers beyond C1 and no perf-data file under /tmp.
 const JVM_FLAGS: &[&str] = &[
@@ -117,6 +128,29 @@ impl ZkConfig {
     }
 }
 
+/// Whether a TLS server asks its clients for a certificate (ZooKeeper's `ssl.clientAuth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ZkClientAuth {
+    /// `ssl.clientAuth=none`: the server does not ask; any client that verifies the server may
+    /// connect.
+    None,
+    /// `ssl.clientAuth=need`: a client without a certificate signed by the trusted CA is refused
+    /// during the handshake.
+    Need,
+}
+
+/// A standalone server's TLS settings, chosen before it starts.
+#[derive(Debug, Clone)]
+struct ZkTlsPlan {
+    secure_port: u16,
+    /// The server's key and certificate in one PEM file (`ssl.keyStore.location`).
+    key_store: String,
+    /// The CA that client certificates must chain to (`ssl.trustStore.location`).
+    trust_store: String,
+    client_auth: ZkClientAuth,
+}
+
 /// Sends a four-letter word (`srvr`, `ruok`, `stat`, `mntr`) to `127.0.0.1:port` and returns the
 /// answer.
 pub fn four_letter_word(port: u16, word: &str) -> std::io::Result<String> {
@@ -143,6 +177,8 @@ pub struct ZkServer {
     /// `Some` when it runs under a uid of its own (see [`ZkEnsemble::start_isolatable`]).
     uid: Option<u32>,
     client_port: u16,
+    /// The TLS client port (`secureClientPort`), when started by [`ZkServer::start_tls`].
+    secure_port: Option<u16>,
     tick_time: Duration,
     /// `None` when standalone, else its `myid`.
     myid: Option<usize>,
@@ -176,7 +212,47 @@ impl ZkServer {
                 quorum_port: 0,
                 election_port: 0,
             };
-            let server = ZkServer::spawn(&member, None, &ZkConfig::default())?;
+            let server = ZkServer::spawn(&member, None, &ZkConfig::default(), None)?;
+            server.wait_ready()?;
+            Ok(server)
+        })
+    }
+
+    /// Starts a standalone server that also serves TLS, on a second client port
+    /// ([`ZkServer::secure_port`]), through Netty (`serverCnxnFactory=NettyServerCnxnFactory`,
+    /// `secureClientPort`, PEM key and trust stores): its certificate is `certs`' server
+    /// certificate (for `localhost` and `127.0.0.1`), and client certificates must chain to
+    /// `certs`' CA (asked for or not as `client_auth` says). The plain client port stays open
+    /// (for `srvr`, and for tests of a plain client at the TLS port). Waits until both ports
+    /// serve. The certificate files are copied into the server's dir, so `certs` may be dropped.
+    pub fn start_tls(certs: &TestCerts, client_auth: ZkClientAuth) -> Result<Self> {
+        Self::start_tls_on(Ipv4Addr::LOCALHOST, certs, client_auth)
+    }
+
+    /// Like [`ZkServer::start_tls`], with both ports on the loopback address `addr` (any in
+    /// 127/8). On one other than `127.0.0.1` the server's certificate does not name the address
+    /// a client connects to, which is what a test of host name verification needs.
+    pub fn start_tls_on(
+        addr: Ipv4Addr,
+        certs: &TestCerts,
+        client_auth: ZkClientAuth,
+    ) -> Result<Self> {
+        retry_on_port_clash(5, || {
+            let ports = free_ports(2)?;
+            let member = ZkMemberPlan {
+                myid: 0,
+                addr,
+                uid: None,
+                client_port: ports[0],
+                quorum_port: 0,
+                election_port: 0,
+            };
+            let server = ZkServer::spawn(
+                &member,
+                None,
+                &ZkConfig::default(),
+                Some((certs, ports[1], client_auth)),
+            )?;
             server.wait_ready()?;
             Ok(server)
         })
@@ -184,10 +260,14 @@ impl ZkServer {
 
     /// `ensemble` holds every member's plan, `None` when standalone (then only the member's
     /// address, uid and client port count).
+    ///
+    /// `tls` (standalone only): the certificates, the TLS port and whether client certificates
+    /// are required.
     fn spawn(
         member: &ZkMemberPlan,
         ensemble: Option<&[ZkMemberPlan]>,
         config: &ZkConfig,
+        tls: Option<(&TestCerts, u16, ZkClientAuth)>,
     ) -> Result<Self> {
         let myid = ensemble.map(|_| member.myid);
         let client_port = member.client_port;
@@ -221,6 +301,39 @@ impl ZkServer {
             addr = member.addr,
             max_session = ZK_MAX_SESSION_TIMEOUT.as_millis(),
         );
+        let tls = match tls {
+            None => None,
+            Some(_) if ensemble.is_some() => {
+                return Err(HarnessError::server(
+                    &name,
+                    "TLS is only set up for a standalone server",
+                ))
+            }
+            Some((certs, secure_port, client_auth)) => {
+                Some(tls_plan(dir.path(), certs, secure_port, client_auth)?)
+            }
+        };
+        if let Some(tls) = &tls {
+            let _ = write!(
+                zoo_cfg,
+                "secureClientPort={port}\n\
+                 secureClientPortAddress={addr}\n\
+                 serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+                 ssl.keyStore.location={key_store}\n\
+                 ssl.keyStore.type=PEM\n\
+                 ssl.trustStore.location={trust_store}\n\
+                 ssl.trustStore.type=PEM\n\
+                 ssl.clientAuth={client_auth}\n",
+                port = tls.secure_port,
+                addr = member.addr,
+                key_store = tls.key_store,
+                trust_store = tls.trust_store,
+                client_auth = match tls.client_auth {
+                    ZkClientAuth::None => "none",
+                    ZkClientAuth::Need => "need",
+                },
+            );
+        }
         for m in ensemble.unwrap_or_default() {
             let _ = writeln!(
                 zoo_cfg,
@@ -245,6 +358,14 @@ impl ZkServer {
         let mut class_path = ZOOKEEPER_JAR.to_string();
         if Path::new(SLF4J_SIMPLE_JAR).is_file() {
             class_path = format!("{class_path}:{SLF4J_SIMPLE_JAR}");
+        }
+        if tls.is_some() {
+            for jar in NETTY_EXTRA_JARS {
+                if !Path::new(jar).is_file() {
+                    return Err(HarnessError::missing(&name, *jar));
+                }
+                class_path = format!("{class_path}:{jar}");
+            }
         }
         let mut args: Vec<String> = JVM_FLAGS.iter().map(|s| s.to_string()).collect();
         args.push(format!(
@@ -274,6 +395,7 @@ impl ZkServer {
             addr: member.addr,
             uid: member.uid,
             client_port,
+            secure_port: tls.map(|tls| tls.secure_port),
             tick_time: config.tick_time,
             myid,
             process,
@@ -303,6 +425,18 @@ impl ZkServer {
     /// The client port.
     pub fn client_port(&self) -> u16 {
         self.client_port
+    }
+
+    /// The TLS client port (`secureClientPort`), `None` unless started by
+    /// [`ZkServer::start_tls`].
+    pub fn secure_port(&self) -> Option<u16> {
+        self.secure_port
+    }
+
+    /// The connect string of the TLS port, `ADDR:PORT`, `None` unless started by
+    /// [`ZkServer::start_tls`]. The server's certificate names `127.0.0.1` and `localhost`.
+    pub fn secure_connect_string(&self) -> Option<String> {
+        self.secure_port.map(|port| format!("{}:{port}", self.addr))
     }
 
     /// The server's `tickTime`; session timeouts are clamped to 2x of it at least.
@@ -350,10 +484,49 @@ impl ZkServer {
             .find_map(|line| line.strip_prefix("Mode:"))
             .map(str::trim);
         match (mode, self.myid) {
-            (Some("standalone"), None) | (Some("leader" | "follower"), Some(_)) => Ok(()),
-            _ => Err(format!("srvr answered {:?}", answer.trim())),
+            (Some("standalone"), None) | (Some("leader" | "follower"), Some(_)) => {}
+            _ => return Err(format!("srvr answered {:?}", answer.trim())),
         }
+        // The server binds its TLS port after it serves on the plain one.
+        if let Some(port) = self.secure_port {
+            let addr = SocketAddr::from((self.addr, port));
+            TcpStream::connect_timeout(&addr, Duration::from_secs(1))
+                .map_err(|e| format!("the TLS port {port} does not accept connections: {e}"))?;
+        }
+        Ok(())
     }
+}
+
+/// Copies `certs`' server key and certificate (one PEM file, key first, as ZooKeeper's PEM key
+/// store reads it) and CA into the server's dir, readable by the server's user only.
+fn tls_plan(
+    dir: &Path,
+    certs: &TestCerts,
+    secure_port: u16,
+    client_auth: ZkClientAuth,
+) -> Result<ZkTlsPlan> {
+    use std::os::unix::fs::PermissionsExt;
+    let read = |path: PathBuf| {
+        fs::read_to_string(&path)
+            .map_err(|e| HarnessError::io(format!("reading {}", path.display()), e))
+    };
+    let key_store = dir.join("server-keystore.pem");
+    let key_and_cert = format!(
+        "{}{}",
+        read(certs.server_key())?,
+        read(certs.server_cert())?
+    );
+    write_file(&key_store, &key_and_cert)?;
+    fs::set_permissions(&key_store, fs::Permissions::from_mode(0o600))
+        .map_err(|e| HarnessError::io(format!("restricting {}", key_store.display()), e))?;
+    let trust_store = dir.join("truststore.pem");
+    write_file(&trust_store, &read(certs.ca())?)?;
+    Ok(ZkTlsPlan {
+        secure_port,
+        key_store: key_store.display().to_string(),
+        trust_store: trust_store.display().to_string(),
+        client_auth,
+    })
 }
 
 fn write_file(path: &PathBuf, text: &str) -> Result<()> {
@@ -414,7 +587,7 @@ impl ZkEnsemble {
             }
             let members = plan
                 .iter()
-                .map(|m| ZkServer::spawn(m, Some(&plan), &config))
+                .map(|m| ZkServer::spawn(m, Some(&plan), &config, None))
                 .collect::<Result<Vec<_>>>()?;
             for member in &members {
                 member.wait_ready()?;
