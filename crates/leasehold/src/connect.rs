@@ -12,9 +12,11 @@ const SCHEMES: &[(&str, &str)] = &[
     ("sqlite", "sqlite"),
     ("redis", "redis"),
     ("rediss", "redis"),
+    ("redis+sentinel", "redis"),
     ("etcd", "etcd"),
     ("etcds", "etcd"),
     ("zk", "zookeeper"),
+    ("zks", "zookeeper"),
 ];
 
 /// Connects to the authority a URL names, so an application picks its backend per deployment
@@ -26,8 +28,9 @@ const SCHEMES: &[(&str, &str)] = &[
 /// | `postgres://user:pass@host/db` | PostgreSQL lease table | `postgres` |
 /// | `sqlite:///abs/path.db`, `sqlite://relative/path.db` | embedded SQLite file, for the processes of one machine | `sqlite` |
 /// | `redis://host:6379`, `rediss://` | Redis | `redis` |
+/// | `redis+sentinel://s1:26379,s2:26379/mymaster` | Redis behind Sentinel (follows failovers) | `redis` |
 /// | `etcd://h1:2379,h2:2379`, `etcds://` | etcd | `etcd` |
-/// | `zk://h1:2181,h2:2181/chroot` | ZooKeeper | `zookeeper` |
+/// | `zk://h1:2181,h2:2181/chroot`, `zks://...?tls_ca=ca.pem` | ZooKeeper | `zookeeper` |
 ///
 /// Every backend understands the common query parameters `epoch` (the deployment epoch in the
 /// top bits of every fence), `safety_margin_ms` and `clock_drift_per_mille` (what a grant's local
@@ -57,11 +60,13 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Authority>> {
         #[cfg(feature = "sqlite")]
         "sqlite" => Arc::new(leasehold_sqlite::SqliteAuthority::connect(url).await?),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => Arc::new(leasehold_redis::RedisAuthority::connect(url).await?),
+        "redis" | "rediss" | "redis+sentinel" => {
+            Arc::new(leasehold_redis::RedisAuthority::connect(url).await?)
+        }
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Arc::new(leasehold_etcd::EtcdAuthority::connect(url).await?),
         #[cfg(feature = "zookeeper")]
-        "zk" => Arc::new(leasehold_zookeeper::ZkAuthority::connect(url).await?),
+        "zk" | "zks" => Arc::new(leasehold_zookeeper::ZkAuthority::connect(url).await?),
         other => return Err(not_built_in(other, url)),
     };
     Ok(Arc::new(Instrumented::new(inner)))
@@ -152,6 +157,10 @@ mod tests {
         let err = not_built_in("sqlite", "sqlite:///tmp/x.db");
         assert!(err.to_string().contains("`sqlite` feature"), "{err}");
         let err = not_built_in("rediss", "rediss://:hunter2@localhost");
+        let shown = format!("{err} {err:?}");
+        assert!(shown.contains("`redis` feature"), "{shown}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        let err = not_built_in("redis+sentinel", "redis+sentinel://:hunter2@h1,h2/m");
         let shown = format!("{err} {err:?}");
         assert!(shown.contains("`redis` feature"), "{shown}");
         assert!(!shown.contains("hunter2"), "{shown}");

@@ -47,7 +47,7 @@
 //! | `postgres` | `postgres://`, `postgresql://` | a lease table; hand-off by LISTEN/NOTIFY |
 //! | `redis` | `redis://`, `rediss://` | `SET NX PX` with an `INCR` fence (failover-unsafe, declared) |
 //! | `etcd` | `etcd://`, `etcds://` | etcd's lock recipe; the create revision as the fence |
-//! | `zookeeper` | `zk://` | Curator's and kazoo's lock recipe; the czxid as the fence |
+//! | `zookeeper` | `zk://`, `zks://` | Curator's and kazoo's lock recipe; the czxid as the fence |
 //! | `full` | all of the above | every backend |
 //!
 //! [`connect`] with a scheme whose feature is off answers [`Error::InvalidUrl`], naming the

@@ -126,6 +126,32 @@ proptest! {
         prop_assert_ne!(layout.value_key(&ka), la);
     }
 
+    /// Redis Sentinel URLs: any list of sentinels and any printable master name
+    /// (percent-encoded) come back as given, duplicates once, in order.
+    #[test]
+    fn redis_sentinel_urls_round_trip(
+        ports in proptest::collection::vec(1u16..=65535, 1..6),
+        name in "[!-~]{1,40}",
+        db in proptest::option::of(0u32..100),
+    ) {
+        let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let encoded: String = name
+            .bytes()
+            .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+            .collect();
+        let db_path = db.map(|d| format!("/{d}")).unwrap_or_default();
+        let url = format!("redis+sentinel://{}/{encoded}{db_path}", hosts.join(","));
+        let config = RedisConfig::from_url(&url).unwrap();
+        let mut expected: Vec<String> = Vec::new();
+        for h in hosts {
+            if !expected.contains(&h) {
+                expected.push(h);
+            }
+        }
+        prop_assert_eq!(config.sentinels(), expected);
+        prop_assert_eq!(config.sentinel_master_name(), Some(name.as_str()));
+    }
+
     /// Every backend's URL parser, on any text and on its own scheme with any query: a value or
     /// a typed error, never a panic.
     #[test]
@@ -134,8 +160,14 @@ proptest! {
             s.clone(),
             format!("postgres://u:p@127.0.0.1:5432/db?{query}"),
             format!("redis://u:p@127.0.0.1:6379/0?{query}"),
+            format!("redis+sentinel://u:p@127.0.0.1:26379,[::1]:26380/mymaster/0?{query}"),
+            format!("redis+sentinel://{s}"),
+            format!("redis+sentinel://h:26379/{s}"),
+            format!("redis+sentinel://{s}/mymaster?sentinel_password={query}"),
             format!("etcd://127.0.0.1:2379?{query}"),
             format!("zk://127.0.0.1:2181/locks?{query}"),
+            format!("zks://127.0.0.1:2181/locks?tls_ca=ca.pem&{query}"),
+            format!("zks://{s}/locks?tls_ca=ca.pem"),
             format!("sqlite:///tmp/locks.db?{query}"),
         ] {
             let _ = PostgresConfig::from_url(&url);

@@ -16,11 +16,12 @@ use leasehold_core::{
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ProtocolVersion, RedisResult, TlsCertificates};
 
-use crate::config::RedisConfig;
-use crate::errors::{self, breaks_connection, BACKEND};
+use crate::config::{RedisConfig, Target};
+use crate::errors::{self, breaks_connection, not_the_primary, replace_connection, BACKEND};
 use crate::keys::KeyLayout;
-use crate::link::{Conn, Link};
-use crate::scripts::{released, LuaScript, Scripts};
+use crate::link::{Conn, Link, Source};
+use crate::scripts::{released, Int, Ints, LuaScript, Scripts};
+use crate::sentinel::Resolver;
 use crate::server::ServerSettings;
 use crate::subscription::Subscription;
 use crate::token::RedisFence;
@@ -51,6 +52,8 @@ struct Inner {
     /// Set once the server refused to announce a release (an ACL without channel rights), so
     /// that this is logged once, not at every release.
     announcement_refused: AtomicBool,
+    /// Behind Sentinel: asks the sentinels every second whether the primary moved.
+    _sentinel_watch: Option<AbortOnDrop>,
 }
 
 /// A Redis server as an [`Authority`].
@@ -92,9 +95,49 @@ impl fmt::Debug for RedisAuthority {
     }
 }
 
-fn client(config: &RedisConfig, protocol: ProtocolVersion) -> Result<Client> {
-    let settings = config.info.redis_settings().clone().set_protocol(protocol);
-    let info = config.info.clone().set_redis_settings(settings);
+/// Where the requests (RESP2) and the subscription (RESP3) connect: one address, or, behind
+/// Sentinel, the primary the sentinels name, found by one resolver that both share (returned
+/// too, for its watcher).
+fn sources(config: &RedisConfig) -> Result<(Source, Source, Option<Arc<Resolver>>)> {
+    match &config.target {
+        Target::Direct(info) => Ok((
+            Source::Direct(Box::new(client(config, info, ProtocolVersion::RESP2)?)),
+            Source::Direct(Box::new(client(config, info, ProtocolVersion::RESP3)?)),
+            None,
+        )),
+        Target::Sentinel(target) => {
+            let resolver = Arc::new(Resolver::new(target.clone(), config.client.request_timeout));
+            Ok((
+                Source::Sentinel {
+                    resolver: resolver.clone(),
+                    protocol: ProtocolVersion::RESP2,
+                },
+                Source::Sentinel {
+                    resolver: resolver.clone(),
+                    protocol: ProtocolVersion::RESP3,
+                },
+                Some(resolver),
+            ))
+        }
+    }
+}
+
+/// A background task that ends with its owner.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn client(
+    config: &RedisConfig,
+    info: &redis::ConnectionInfo,
+    protocol: ProtocolVersion,
+) -> Result<Client> {
+    let settings = info.redis_settings().clone().set_protocol(protocol);
+    let info = info.clone().set_redis_settings(settings);
     let built = match &config.tls_ca_file {
         Some(path) => {
             let pem = std::fs::read(path).map_err(|e| Error::InvalidConfig {
@@ -114,9 +157,10 @@ fn client(config: &RedisConfig, protocol: ProtocolVersion) -> Result<Client> {
 }
 
 impl RedisAuthority {
-    /// Connects with a `redis://` or `rediss://` URL (see [`RedisConfig::from_url`]). Fails with
-    /// `Unauthorized` on bad credentials and `Unavailable` when the server cannot be reached
-    /// within the request timeout.
+    /// Connects with a `redis://`, `rediss://` or `redis+sentinel://` URL (see
+    /// [`RedisConfig::from_url`]). Fails with `Unauthorized` on bad credentials and
+    /// `Unavailable` when the server (behind Sentinel: a primary the sentinels name, confirmed by
+    /// `ROLE`) cannot be reached within the request timeout.
     pub async fn connect(url: &str) -> Result<Self> {
         Self::with_config(RedisConfig::from_url(url)?).await
     }
@@ -124,17 +168,14 @@ impl RedisAuthority {
     /// Connects with a parsed configuration.
     pub async fn with_config(config: RedisConfig) -> Result<Self> {
         let timeout = config.client.request_timeout;
+        let (requests, notifications, resolver) = sources(&config)?;
         let link = Link::new(
-            client(&config, ProtocolVersion::RESP2)?,
+            requests,
             AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(timeout))
                 .set_response_timeout(None),
         );
-        let subscription = Subscription::new(
-            client(&config, ProtocolVersion::RESP3)?,
-            config.channel.clone(),
-            timeout,
-        );
+        let subscription = Subscription::new(notifications, config.channel.clone(), timeout);
         // Fail now, with the right error, on a wrong password or an unreachable server.
         let _: String = request_on(&link, timeout, "connect", |mut con| async move {
             redis::cmd("PING").query_async(&mut con).await
@@ -144,6 +185,9 @@ impl RedisAuthority {
         let durable = server.as_ref().is_some_and(ServerSettings::durable_fences);
         let capabilities = Capabilities::new(BACKEND, FenceSafety::FailoverUnsafe, durable, TTL)
             .with_batch_renewal(true);
+        // Behind Sentinel, started only once connected, so a failed connect leaves no task.
+        let sentinel_watch =
+            resolver.map(|resolver| AbortOnDrop(tokio::spawn(resolver.watch_sentinels())));
         Ok(RedisAuthority {
             inner: Arc::new(Inner {
                 config,
@@ -153,6 +197,7 @@ impl RedisAuthority {
                 capabilities,
                 server,
                 announcement_refused: AtomicBool::new(false),
+                _sentinel_watch: sentinel_watch,
             }),
         })
     }
@@ -227,7 +272,7 @@ impl RedisAuthority {
         let ttl_ms = ttl.as_millis().to_string();
         let sent = Instant::now();
         let give_up = saturating_add(sent, self.timeout());
-        let Conn { id, con } = self.connection("acquire", give_up).await?;
+        let Conn { id, con, .. } = self.connection("acquire", give_up).await?;
         // From here until the outcome is known, a timeout or a cancellation may leave a lease
         // at the server that nobody was told about: the guard then releases it.
         let mut pending = Pending {
@@ -243,7 +288,7 @@ impl RedisAuthority {
             .inner
             .scripts
             .acquire
-            .run::<i64, _>(&mut pending.con, &keys, &args);
+            .run::<Int, _>(&mut pending.con, &keys, &args);
         let reply = match tokio::time::timeout_at(give_up, run).await {
             Err(_) => {
                 self.inner.link.discard(id);
@@ -255,10 +300,14 @@ impl RedisAuthority {
                 } else {
                     // The server answered with an error: the script took nothing (see ACQUIRE).
                     pending.armed = false;
+                    if not_the_primary(&e) {
+                        // A replica now (READONLY): the next request finds the primary again.
+                        self.inner.link.discard(id);
+                    }
                 }
                 return Err(errors::map(e, "acquire"));
             }
-            Ok(Ok(reply)) => reply,
+            Ok(Ok(Int(reply))) => reply,
         };
         if reply <= 0 {
             pending.armed = false;
@@ -323,22 +372,22 @@ async fn connection_on(
     }
 }
 
-/// Sends one request on `link`, bounded by `timeout`. A connection that times out or breaks is
-/// replaced for the next request.
+/// Sends one request on `link`, bounded by `timeout`. A connection that times out, breaks, or
+/// reaches a server that is not the primary (any more) is replaced for the next request.
 async fn request_on<T, F, Fut>(link: &Link, timeout: Duration, what: &str, send: F) -> Result<T>
 where
     F: FnOnce(MultiplexedConnection) -> Fut,
     Fut: Future<Output = RedisResult<T>>,
 {
     let give_up = deadline_in(timeout);
-    let Conn { id, con } = connection_on(link, timeout, what, give_up).await?;
+    let Conn { id, con, .. } = connection_on(link, timeout, what, give_up).await?;
     match tokio::time::timeout_at(give_up, send(con)).await {
         Err(_) => {
             link.discard(id);
             Err(errors::timed_out(what, timeout))
         }
         Ok(Err(e)) => {
-            if breaks_connection(&e) {
+            if replace_connection(&e) {
                 link.discard(id);
             }
             Err(errors::map(e, what))
@@ -549,7 +598,7 @@ impl Authority for RedisAuthority {
         let lock_key = self.inner.config.layout.lock_key(grant.key());
         let (token, ttl_ms) = (hex(&grant.owner()), ttl.as_millis().to_string());
         let sent = Instant::now();
-        let renewed: i64 = self
+        let Int(renewed) = self
             .script(
                 "renew",
                 &self.inner.scripts.renew,
@@ -578,12 +627,27 @@ impl Authority for RedisAuthority {
             .flat_map(|g| [hex(&g.owner()), g.ttl().as_millis().to_string()])
             .collect();
         let sent = Instant::now();
-        let answered: Result<Vec<i64>> = self
+        let answered: Result<Ints> = self
             .script("renew", &self.inner.scripts.renew_many, &keys, &args)
             .await;
         match answered {
             Err(e) => leasehold_core::batch_failed(e, grants.len()),
-            Ok(renewed) => leasehold_core::batch_answers(
+            // One answer per grant, or nobody knows which were renewed: a protocol error for
+            // the whole batch (retryable, as any unknown outcome).
+            Ok(Ints(renewed)) if renewed.len() != grants.len() => leasehold_core::batch_failed(
+                Error::Backend {
+                    backend: BACKEND,
+                    message: format!(
+                        "renew: the script answered {} results for {} leases",
+                        renewed.len(),
+                        grants.len()
+                    ),
+                    retryable: true,
+                    source: None,
+                },
+                grants.len(),
+            ),
+            Ok(Ints(renewed)) => leasehold_core::batch_answers(
                 grants,
                 sent,
                 &self.inner.config.client.safety_margin,
@@ -596,7 +660,7 @@ impl Authority for RedisAuthority {
         let lock_key = self.inner.config.layout.lock_key(grant.key());
         let value_key = KeyLayout::value_key_of(&lock_key);
         let token = hex(&grant.owner());
-        let released: i64 = self
+        let Int(released) = self
             .script(
                 "release",
                 &self.inner.scripts.release,
@@ -689,7 +753,7 @@ impl Authority for RedisAuthority {
             value,
             self.inner.config.channel.as_bytes(),
         ];
-        let stored: i64 = self
+        let Int(stored) = self
             .script(
                 "proclaim",
                 &self.inner.scripts.proclaim,

@@ -1,4 +1,4 @@
-//! What a `redis://` or `rediss://` URL configures.
+//! What a `redis://`, `rediss://` or `redis+sentinel://` URL configures.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -8,6 +8,26 @@ use leasehold_core::{redact_url, ClientOptions, Error, Result, UrlParams};
 use redis::{ConnectionInfo, IntoConnectionInfo};
 
 use crate::keys::{check_channel, KeyLayout, DEFAULT_CHANNEL};
+use crate::sentinel::{parse_target, SentinelTarget};
+
+/// Where the authority finds its server.
+#[derive(Clone)]
+pub(crate) enum Target {
+    /// One address (`redis://`, `rediss://`).
+    Direct(ConnectionInfo),
+    /// Whichever server the sentinels name as the primary (`redis+sentinel://`).
+    Sentinel(SentinelTarget),
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The connection info holds the password: the redacted URL says the rest.
+        match self {
+            Target::Direct(_) => f.write_str("Direct"),
+            Target::Sentinel(target) => target.fmt(f),
+        }
+    }
+}
 
 /// After each acquisition, `WAIT` until this many replicas acknowledged it, at most `timeout`.
 ///
@@ -26,7 +46,11 @@ pub struct WaitReplicas {
 ///
 /// From a URL: `redis://[user][:password@]host[:port][/db][?params]`, or `rediss://` for TLS,
 /// which always verifies the server's certificate (the client library's `#insecure` is
-/// refused; trust a private CA with `tls_ca_file` instead). Parameters:
+/// refused; trust a private CA with `tls_ca_file` instead); or, behind Redis Sentinel,
+/// `redis+sentinel://[user][:password@]host[:port][,host[:port]...]/<master name>[/db][?params]`:
+/// the hosts are sentinels (port 26379 by default), the user and password are the primary's,
+/// and the authority connects to whichever server the sentinels name as the primary, again
+/// after every failover (see docs/redis.md). Parameters:
 ///
 /// | parameter | default | meaning |
 /// |---|---|---|
@@ -35,13 +59,14 @@ pub struct WaitReplicas {
 /// | `wait_replicas` | 0 (off) | after an acquisition, `WAIT` for this many replicas |
 /// | `wait_timeout_ms` | 100 | how long that `WAIT` may take |
 /// | `tls_ca_file` | system roots | a PEM file of CA certificates to trust (`rediss://` only) |
-/// | `epoch`, `safety_margin_ms`, `clock_drift_per_mille`, `timeout_ms` | | shared by every backend |
+/// | `sentinel_user`, `sentinel_password` | none | credentials for the sentinels themselves (`redis+sentinel://` only; percent-encoded) |
+/// | `epoch`, `safety_margin_ms`, `clock_drift_per_mille`, `timeout_ms` | | shared by every backend; with Sentinel, one round of asking the sentinels fits in `timeout_ms` |
 ///
-/// An unknown parameter is an error. The password is kept only in the client library's
+/// An unknown parameter is an error. Passwords are kept only in the client library's
 /// connection info and never printed.
 #[derive(Clone)]
 pub struct RedisConfig {
-    pub(crate) info: ConnectionInfo,
+    pub(crate) target: Target,
     pub(crate) redacted_url: String,
     pub(crate) layout: KeyLayout,
     pub(crate) channel: String,
@@ -54,6 +79,7 @@ impl fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisConfig")
             .field("url", &self.redacted_url)
+            .field("target", &self.target)
             .field("layout", &self.layout)
             .field("channel", &self.channel)
             .field("wait", &self.wait)
@@ -71,7 +97,7 @@ const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(100);
 const MAX_WAIT_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
 
 impl RedisConfig {
-    /// Parses a `redis://` or `rediss://` URL.
+    /// Parses a `redis://`, `rediss://` or `redis+sentinel://` URL.
     pub fn from_url(url: &str) -> Result<Self> {
         let redacted_url = redact_url(url);
         let invalid = |reason: String| Error::InvalidUrl {
@@ -79,10 +105,20 @@ impl RedisConfig {
             reason,
         };
         let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
-        let tls = match scheme.as_deref() {
-            Some("redis") => false,
-            Some("rediss") => true,
-            _ => return Err(invalid("expected a redis:// or rediss:// URL".into())),
+        let (tls, sentinel) = match scheme.as_deref() {
+            Some("redis") => (false, false),
+            Some("rediss") => (true, false),
+            Some("redis+sentinel") => (false, true),
+            Some("rediss+sentinel") => return Err(invalid(
+                "TLS to a Sentinel deployment is not supported yet; use redis+sentinel:// on a \
+                     trusted network, or rediss:// to an address that follows the primary"
+                    .into(),
+            )),
+            _ => {
+                return Err(invalid(
+                    "expected a redis://, rediss:// or redis+sentinel:// URL".into(),
+                ))
+            }
         };
         let mut params = UrlParams::parse(url)?;
         let client = params.take_client_options()?;
@@ -99,6 +135,14 @@ impl RedisConfig {
             .take_parsed::<u64>("wait_timeout_ms")?
             .map(Duration::from_millis);
         let tls_ca_file = params.take("tls_ca_file").map(PathBuf::from);
+        let (sentinel_user, sentinel_password) = if sentinel {
+            (
+                params.take("sentinel_user"),
+                params.take("sentinel_password"),
+            )
+        } else {
+            (None, None)
+        };
         params.finish()?;
         if tls_ca_file.is_some() && !tls {
             return Err(invalid("tls_ca_file needs a rediss:// URL".into()));
@@ -119,14 +163,24 @@ impl RedisConfig {
             )));
         }
         let driver_url = url.split('?').next().unwrap_or(url);
-        let info = driver_url.into_connection_info().map_err(|e| {
-            invalid(format!(
-                "the Redis client rejected it: {}",
-                redact_url(&e.to_string())
-            ))
-        })?;
+        let target = if sentinel {
+            let rest = driver_url.split_once("://").map_or("", |(_, rest)| rest);
+            Target::Sentinel(parse_target(
+                rest,
+                sentinel_user,
+                sentinel_password,
+                &invalid,
+            )?)
+        } else {
+            Target::Direct(driver_url.into_connection_info().map_err(|e| {
+                invalid(format!(
+                    "the Redis client rejected it: {}",
+                    redact_url(&e.to_string())
+                ))
+            })?)
+        };
         let config = RedisConfig {
-            info,
+            target,
             redacted_url,
             layout,
             channel,
@@ -213,6 +267,22 @@ impl RedisConfig {
     pub fn redacted_url(&self) -> &str {
         &self.redacted_url
     }
+
+    /// For a `redis+sentinel://` URL, the name of the primary the sentinels are asked for.
+    pub fn sentinel_master_name(&self) -> Option<&str> {
+        match &self.target {
+            Target::Sentinel(target) => Some(&target.master_name),
+            Target::Direct(_) => None,
+        }
+    }
+
+    /// For a `redis+sentinel://` URL, the sentinels' addresses (`host:port`), in the URL's order.
+    pub fn sentinels(&self) -> Vec<String> {
+        match &self.target {
+            Target::Sentinel(target) => target.sentinels.iter().map(|s| s.to_string()).collect(),
+            Target::Direct(_) => Vec::new(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -235,9 +305,13 @@ mod tests {
             })
         );
         assert_eq!(c.client.epoch.get(), 2);
-        assert_eq!(c.info.redis_settings().db(), 2);
-        assert_eq!(c.info.redis_settings().username(), Some("app"));
-        assert_eq!(c.info.redis_settings().password(), Some("hunter2"));
+        let Target::Direct(info) = &c.target else {
+            panic!("not a direct target")
+        };
+        assert_eq!(info.redis_settings().db(), 2);
+        assert_eq!(info.redis_settings().username(), Some("app"));
+        assert_eq!(info.redis_settings().password(), Some("hunter2"));
+        assert_eq!(c.sentinel_master_name(), None);
         let shown = format!("{c:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
 
@@ -260,6 +334,14 @@ mod tests {
             "postgres://u:hunter2@h",
             "redis://:hunter2@h?timeout_ms=0",
             "rediss://:hunter2@h#insecure",
+            "redis+sentinel://:hunter2@h",
+            "redis+sentinel://:hunter2@h/m?tls_ca_file=/ca.pem",
+            "redis+sentinel://:hunter2@h/m?sentinel_password=",
+            "redis+sentinel://:hunter2@h/m?sentinel_user=u",
+            "redis+sentinel://:hunter2@h/m#x",
+            "redis+sentinel://:hunter2@h:70000/m",
+            "rediss+sentinel://:hunter2@h/m",
+            "redis://:hunter2@h?sentinel_password=x",
         ] {
             let err = RedisConfig::from_url(bad).unwrap_err();
             let shown = format!("{err} {err:?}");
@@ -269,5 +351,30 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn parses_sentinel_urls_without_showing_secrets() {
+        let c = RedisConfig::from_url(
+            "redis+sentinel://app:hunter2@10.0.0.1:26380,10.0.0.2/mymaster/4?prefix=p:&sentinel_user=mon&sentinel_password=hunter3&timeout_ms=700&wait_replicas=1&wait_timeout_ms=50",
+        )
+        .unwrap();
+        assert_eq!(c.sentinel_master_name(), Some("mymaster"));
+        assert_eq!(c.sentinels(), ["10.0.0.1:26380", "10.0.0.2:26379"]);
+        assert_eq!(c.layout.prefix(), "p:");
+        assert_eq!(c.client.request_timeout, Duration::from_millis(700));
+        assert!(c.wait.is_some());
+        let Target::Sentinel(target) = &c.target else {
+            panic!("not a sentinel target")
+        };
+        assert_eq!(target.node.db(), 4);
+        assert_eq!(target.node.password(), Some("hunter2"));
+        assert_eq!(target.sentinel_auth.password(), Some("hunter3"));
+        let shown = format!("{c:?} {c:#?} {}", c.redacted_url());
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("hunter3"),
+            "{shown}"
+        );
+        assert!(RedisConfig::from_url("REDIS+SENTINEL://h/m").is_ok());
     }
 }

@@ -16,6 +16,30 @@ pub(crate) fn breaks_connection(error: &RedisError) -> bool {
     )
 }
 
+/// Whether the server that answered `error` is not the primary (any more): `READONLY` from a
+/// replica, `MASTERDOWN` from a replica that lost its primary. The connection is replaced, so
+/// that the next request finds the primary again (through Sentinel, the one it names now).
+pub(crate) fn not_the_primary(error: &RedisError) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+    ) || matches!(error.code(), Some("READONLY" | "MASTERDOWN"))
+}
+
+/// Whether the connection that produced `error` must not be used for new requests: it broke
+/// ([`breaks_connection`]) or reaches a server that is not the primary ([`not_the_primary`]).
+pub(crate) fn replace_connection(error: &RedisError) -> bool {
+    breaks_connection(error) || not_the_primary(error)
+}
+
+/// Whether the server refused our credentials or permissions (`Unauthorized`, never retried).
+pub(crate) fn is_refused(error: &RedisError) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::AuthenticationFailed | ErrorKind::Server(ServerErrorKind::NoPerm)
+    ) || matches!(error.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+}
+
 /// Maps a client error met while doing `what`.
 pub(crate) fn map(error: RedisError, what: &str) -> Error {
     // The library's messages carry no credentials, but a URL could appear in an I/O error text
@@ -100,6 +124,18 @@ mod tests {
             matches!(e, Error::Unavailable { .. }) && e.is_retryable(),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn replies_of_a_replica_replace_the_connection() {
+        let e = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ReadOnly),
+            "You can't write against a read only replica.",
+        ));
+        assert!(not_the_primary(&e) && replace_connection(&e) && !breaks_connection(&e));
+        assert!(matches!(map(e, "acquire"), Error::Unavailable { .. }));
+        let e = RedisError::from((ErrorKind::AuthenticationFailed, "no"));
+        assert!(is_refused(&e) && !not_the_primary(&e));
     }
 
     #[test]

@@ -8,6 +8,9 @@
 //! # async fn demo() -> leasehold_core::Result<()> {
 //! use leasehold_redis::RedisAuthority;
 //! let authority = RedisAuthority::connect("redis://:secret@cache:6379/0?prefix=billing:").await?;
+//! // Behind Redis Sentinel: the hosts are sentinels, `locks` the name they monitor the primary
+//! // under; the authority follows failovers (docs/redis.md, "Redis Sentinel").
+//! let followed = RedisAuthority::connect("redis+sentinel://:secret@s1:26379,s2:26379/locks").await?;
 //! # Ok(()) }
 //! ```
 //!
@@ -26,6 +29,7 @@ mod errors;
 mod keys;
 mod link;
 mod scripts;
+mod sentinel;
 mod server;
 mod subscription;
 mod token;

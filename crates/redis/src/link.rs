@@ -1,10 +1,13 @@
 //! One multiplexed connection to the server, opened on demand and replaced when it breaks.
 
 use std::fmt;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, RedisResult};
+use redis::{AsyncConnectionConfig, Client, ErrorKind, ProtocolVersion, RedisError, RedisResult};
+use tokio::sync::watch;
+
+use crate::sentinel::{NodeAddr, Resolver};
 
 /// Opens a connection in a task of its own, so that a panic inside the client library turns
 /// into an error instead of unwinding through the caller.
@@ -54,12 +57,59 @@ fn ensure_crypto_provider() {
     }
 }
 
+/// Where new connections go: one address, or the primary that Redis Sentinel names.
+#[derive(Clone)]
+pub(crate) enum Source {
+    /// One address (`redis://`, `rediss://`).
+    Direct(Box<Client>),
+    /// Asks the sentinels, connects to the server they name, checks `ROLE` (`redis+sentinel://`).
+    Sentinel {
+        resolver: Arc<Resolver>,
+        protocol: ProtocolVersion,
+    },
+}
+
+impl Source {
+    /// Opens a connection (unbounded by itself: callers bound the wait), with the primary's
+    /// address for a Sentinel source.
+    pub(crate) async fn open(
+        &self,
+        config: AsyncConnectionConfig,
+    ) -> RedisResult<(Option<NodeAddr>, MultiplexedConnection)> {
+        match self {
+            Source::Direct(client) => Ok((None, connect((**client).clone(), config).await?)),
+            Source::Sentinel { resolver, protocol } => {
+                let (addr, con) = resolver.connect(*protocol, config).await?;
+                Ok((Some(addr), con))
+            }
+        }
+    }
+
+    /// The primary last confirmed through Sentinel (`None` for one address).
+    pub(crate) fn primary(&self) -> Option<NodeAddr> {
+        match self {
+            Source::Direct(_) => None,
+            Source::Sentinel { resolver, .. } => resolver.primary(),
+        }
+    }
+
+    /// Follows the confirmed primary (`None` for one address, which never moves).
+    pub(crate) fn watch(&self) -> Option<watch::Receiver<Option<NodeAddr>>> {
+        match self {
+            Source::Direct(_) => None,
+            Source::Sentinel { resolver, .. } => Some(resolver.watch()),
+        }
+    }
+}
+
 /// A connection with an identity, so that a failure on it only discards *that* connection and
 /// not the one another task opened meanwhile.
 #[derive(Clone)]
 pub(crate) struct Conn {
     pub(crate) id: u64,
     pub(crate) con: MultiplexedConnection,
+    /// The server it reaches, for a Sentinel source.
+    pub(crate) addr: Option<NodeAddr>,
 }
 
 /// The connection every request of an authority shares (Redis pipelines them).
@@ -69,9 +119,12 @@ pub(crate) struct Conn {
 /// `Unauthorized`; it keeps a connection whose server stopped answering; and it answers the
 /// first request after an outage with the stale failure. Here each request either uses the
 /// current connection or opens one (one attempt, bounded by the request timeout), and a
-/// connection is dropped as soon as it fails below the protocol or a request on it times out.
+/// connection is dropped as soon as it fails below the protocol, a request on it times out, or
+/// its server answers as a replica (`READONLY`). Behind Sentinel, a new connection goes to the
+/// primary the sentinels name, and one to another server than the primary last confirmed is
+/// dropped before its next use.
 pub(crate) struct Link {
-    client: Client,
+    source: Source,
     config: AsyncConnectionConfig,
     current: Mutex<Option<Conn>>,
     /// Serialises connecting, so a crowd of requests after an outage opens one connection.
@@ -86,20 +139,26 @@ impl fmt::Debug for Link {
 }
 
 impl Link {
-    pub(crate) fn new(client: Client, config: AsyncConnectionConfig) -> Self {
+    pub(crate) fn new(source: Source, config: AsyncConnectionConfig) -> Self {
         Link {
-            client,
+            source,
             config,
             current: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(0),
         }
     }
 
+    /// The current connection, unless Sentinel has since named another primary (found by the
+    /// subscription, say): then it is discarded, and the next connection goes to the new one.
     fn cached(&self) -> Option<Conn> {
-        self.current
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        let conn = current.clone()?;
+        let primary = self.source.primary();
+        if conn.addr.is_some() && primary.is_some() && conn.addr != primary {
+            *current = None;
+            return None;
+        }
+        Some(conn)
     }
 
     /// The current connection, or a new one. The caller bounds the wait.
@@ -111,9 +170,13 @@ impl Link {
         if let Some(conn) = self.cached() {
             return Ok(conn);
         }
-        let con = connect(self.client.clone(), self.config.clone()).await?;
+        let (addr, con) = self.source.open(self.config.clone()).await?;
         *next_id += 1;
-        let conn = Conn { id: *next_id, con };
+        let conn = Conn {
+            id: *next_id,
+            con,
+            addr,
+        };
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
         Ok(conn)
     }

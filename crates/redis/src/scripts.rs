@@ -1,7 +1,9 @@
 //! The four Lua scripts, and running them by SHA with the full text as the fallback.
 
 use redis::aio::MultiplexedConnection;
-use redis::{ErrorKind, FromRedisValue, RedisResult, ServerErrorKind, ToRedisArgs};
+use redis::{
+    ErrorKind, FromRedisValue, ParsingError, RedisResult, ServerErrorKind, ToRedisArgs, Value,
+};
 
 /// Acquire, one atomic step. `KEYS[1]` the lock key, `KEYS[2]` the fence counter; `ARGV[1]` the
 /// owner token, `ARGV[2]` the TTL in milliseconds.
@@ -152,6 +154,61 @@ impl LuaScript {
             }
             other => other,
         }
+    }
+}
+
+/// A script's integer reply, read strictly.
+///
+/// Every script answers with RESP integers only. The client library would also read a bulk or
+/// status string such as `"7"` as the integer 7, so a reply that no Redis running these scripts
+/// sends (a proxy's garbage, a wrong server) could become a grant or a renewal; here it is a
+/// type error instead, which keeps the acquisition's release armed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Int(pub(crate) i64);
+
+impl FromRedisValue for Int {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        match v {
+            Value::Int(n) => Ok(Int(n)),
+            other => Err(format!(
+                "a script answered {} where an integer was due",
+                kind(&other)
+            )
+            .into()),
+        }
+    }
+}
+
+/// A script's array of integers (`renew_many`'s reply), read strictly: an array, each item a
+/// RESP integer (see [`Int`]). The caller checks that there is one per grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Ints(pub(crate) Vec<i64>);
+
+impl FromRedisValue for Ints {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        match v {
+            Value::Array(items) => items
+                .into_iter()
+                .map(|item| Int::from_redis_value(item).map(|Int(n)| n))
+                .collect::<Result<Vec<_>, _>>()
+                .map(Ints),
+            other => {
+                Err(format!("a script answered {} where an array was due", kind(&other)).into())
+            }
+        }
+    }
+}
+
+/// What kind of reply `v` is, for an error message (never its content: it may be anything).
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Nil => "nil",
+        Value::Int(_) => "an integer",
+        Value::BulkString(_) => "a bulk string",
+        Value::Array(_) => "an array",
+        Value::SimpleString(_) => "a status",
+        Value::Okay => "OK",
+        _ => "another type",
     }
 }
 

@@ -6,9 +6,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_core::Backoff;
-use redis::{AsyncConnectionConfig, Client, Msg, PushInfo, PushKind, RedisError, Value};
+use redis::{AsyncConnectionConfig, Msg, PushInfo, PushKind, RedisError, Value};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
+
+use crate::link::Source;
+use crate::sentinel::NodeAddr;
 
 /// How often the subscription connection is checked with a `PING`, so a connection whose server
 /// vanished without closing it is noticed and replaced (waiters rely on their retries meanwhile).
@@ -61,9 +64,11 @@ pub(crate) enum State {
 ///
 /// It uses RESP3, where a subscribed connection still answers commands, so it can be checked
 /// with `PING`; messages arrive as pushes and are dispatched to the waiters of the key named in
-/// the payload. It is started by the first waiter and ends with the authority.
+/// the payload. It is started by the first waiter and ends with the authority. Behind Sentinel
+/// it subscribes on the primary the sentinels name, and moves (subscribing again, waking every
+/// waiter) when its connection fails or the authority's requests found another primary.
 pub(crate) struct Subscription {
-    client: Client,
+    source: Source,
     channel: String,
     timeout: Duration,
     waiters: Arc<Waiters>,
@@ -89,10 +94,10 @@ impl Drop for Subscription {
 }
 
 impl Subscription {
-    /// `client` must speak RESP3.
-    pub(crate) fn new(client: Client, channel: String, timeout: Duration) -> Self {
+    /// `source` must speak RESP3.
+    pub(crate) fn new(source: Source, channel: String, timeout: Duration) -> Self {
         Subscription {
-            client,
+            source,
             channel,
             timeout,
             waiters: Arc::default(),
@@ -113,7 +118,7 @@ impl Subscription {
             let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
             if task.as_ref().is_none_or(|t| t.is_finished()) {
                 *task = Some(tokio::spawn(run(
-                    self.client.clone(),
+                    self.source.clone(),
                     self.channel.clone(),
                     self.timeout,
                     self.waiters.clone(),
@@ -125,10 +130,29 @@ impl Subscription {
     }
 }
 
+/// Resolves once Sentinel names a primary other than `ours` (`true`), or never (one address,
+/// or an authority that is gone: then it stays pending, and the other branches decide).
+async fn moved_away(
+    primary: &mut Option<tokio::sync::watch::Receiver<Option<NodeAddr>>>,
+    ours: &Option<NodeAddr>,
+) -> bool {
+    let Some(primary) = primary else {
+        return std::future::pending().await;
+    };
+    let moved = primary
+        .wait_for(|now| now.is_some() && now != ours)
+        .await
+        .is_ok();
+    if !moved {
+        std::future::pending::<()>().await;
+    }
+    moved
+}
+
 /// Subscribes, dispatches, checks the connection, and subscribes again after a failure, until
 /// aborted.
 async fn run(
-    client: Client,
+    source: Source,
     channel: String,
     timeout: Duration,
     waiters: Arc<Waiters>,
@@ -157,21 +181,23 @@ async fn run(
             .set_response_timeout(None)
             .set_push_sender(sender);
         let subscribed = tokio::time::timeout(timeout, async {
-            let mut con = crate::link::connect(client.clone(), config).await?;
+            let (addr, mut con) = source.open(config).await?;
             con.subscribe(&channel).await?;
-            Ok::<_, RedisError>(con)
+            Ok::<_, RedisError>((addr, con))
         })
         .await;
         match subscribed {
-            Ok(Ok(mut con)) => {
+            Ok(Ok((addr, mut con))) => {
                 state.send_replace(State::Ready);
                 // Anything released before the subscription took effect was missed.
                 waiters.wake_all();
                 backoff.reset();
+                let mut primary = source.watch();
                 loop {
                     tokio::select! {
                         _ = gone.notified() => break,
                         _ = tokio::time::sleep(HEALTH_CHECK_EVERY) => {}
+                        moved = moved_away(&mut primary, &addr) => if moved { break },
                     }
                     let cmd = redis::cmd("PING");
                     let ping = cmd.query_async::<Value>(&mut con);

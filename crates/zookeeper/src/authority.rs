@@ -133,12 +133,13 @@ impl fmt::Debug for ZkAuthority {
 }
 
 impl ZkAuthority {
-    /// Connects with a `zk://` URL (see [`ZkConfig::from_url`]).
+    /// Connects with a `zk://` or `zks://` (TLS) URL (see [`ZkConfig::from_url`]).
     ///
     /// Connecting opens two short-lived sessions to learn the session timeouts the server grants
     /// (unless [`ZkConfig::with_ttl_range`] declares them) and creates the chroot if it is
-    /// missing. Fails with `Unavailable` when no server answers within the request timeout,
-    /// `Unauthorized` when the credentials may not create the chroot.
+    /// missing. Fails with `Unavailable` when no server answers within the request timeout (with
+    /// TLS, also when the handshake fails), `Unauthorized` when the credentials may not create
+    /// the chroot, `InvalidConfig` when a TLS file is missing or unusable.
     pub async fn connect(url: &str) -> Result<Self> {
         Self::with_config(ZkConfig::from_url(url)?).await
     }

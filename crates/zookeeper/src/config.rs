@@ -1,6 +1,7 @@
-//! What a `zk://` URL configures.
+//! What a `zk://` or `zks://` URL configures.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use leasehold_core::Instant;
@@ -26,6 +27,18 @@ pub enum AclMode {
     CreatorOnly,
 }
 
+/// TLS material for `zks://`: PEM files, read each time a session is opened (so a rotated
+/// certificate is picked up by the next session).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TlsFiles {
+    /// The CA certificates the servers' certificates must chain to. Required: the server is
+    /// always verified (chain and host name), there is no insecure mode.
+    pub ca: PathBuf,
+    /// The client certificate and its (unencrypted PKCS#8, PKCS#1 or SEC1) key, for servers with
+    /// `ssl.clientAuth=need`.
+    pub identity: Option<(PathBuf, PathBuf)>,
+}
+
 /// What kind of node a lock key's parent (`<chroot>/<escaped key>`) is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ParentMode {
@@ -42,8 +55,12 @@ pub enum ParentMode {
 
 /// Settings of a ZooKeeper authority.
 ///
-/// From a URL: `zk://[user:password@]host1:2181,host2:2181[/chroot][?params]`
-/// * the hosts are handed to the client as the connect string (port 2181 when omitted);
+/// From a URL: `zk://[user:password@]host1:2181,host2:2181[/chroot][?params]`, or
+/// `zks://...?tls_ca=ca.pem[&tls_cert=client.pem&tls_key=client.key]` for TLS on every
+/// connection (ZooKeeper's `secureClientPort`):
+/// * the hosts are handed to the client as the connect string (port 2181 when omitted; with
+///   `zks://` each must be a DNS name or an IP address, which the server's certificate must
+///   name);
 /// * the path is the chroot under which every lock lives (default [`DEFAULT_CHROOT`]; `/` for
 ///   the server's root). It is created as persistent nodes on connect when missing;
 /// * `user:password` adds `digest` authentication to every session and makes lock nodes
@@ -51,6 +68,11 @@ pub enum ParentMode {
 /// * parameters: `acl=open|creator`, `parent=container|persistent` (see [`ParentMode`]), and
 ///   the common `epoch`, `safety_margin_ms`,
 ///   `clock_drift_per_mille`, `timeout_ms`. Anything else is an error.
+/// * `zks://` only: `tls_ca` (required: the PEM CA certificates the servers' certificates must
+///   chain to; the server is always verified, chain and host name), and `tls_cert` with
+///   `tls_key` (a PEM client certificate and its unencrypted key, for servers that require one),
+///   as percent-encoded paths. The files are read when a session is opened: a missing or
+///   unusable file is an `InvalidConfig` error on connect.
 ///
 /// The password lives in a [`Secret`] and never reaches `Debug`, `Display`, errors or logs.
 #[derive(Clone)]
@@ -58,6 +80,7 @@ pub struct ZkConfig {
     pub(crate) hosts: String,
     pub(crate) chroot: String,
     pub(crate) credentials: Option<(String, Secret)>,
+    pub(crate) tls: Option<TlsFiles>,
     pub(crate) acl: AclMode,
     pub(crate) parent: ParentMode,
     pub(crate) client: ClientOptions,
@@ -77,6 +100,7 @@ impl fmt::Debug for ZkConfig {
             .field("hosts", &self.hosts)
             .field("chroot", &self.chroot)
             .field("user", &self.credentials.as_ref().map(|(user, _)| user))
+            .field("tls", &self.tls)
             .field("acl", &self.acl)
             .field("parent", &self.parent)
             .field("client", &self.client)
@@ -87,7 +111,7 @@ impl fmt::Debug for ZkConfig {
 }
 
 impl ZkConfig {
-    /// Parses a `zk://` URL.
+    /// Parses a `zk://` or `zks://` URL.
     pub fn from_url(url: &str) -> Result<Self> {
         let redacted_url = redact_url(url);
         let invalid = |reason: String| Error::InvalidUrl {
@@ -95,16 +119,22 @@ impl ZkConfig {
             reason,
         };
         let Some((scheme, rest)) = url.split_once("://") else {
-            return Err(invalid("expected a zk:// URL".into()));
+            return Err(invalid("expected a zk:// or zks:// URL".into()));
         };
-        if !scheme.eq_ignore_ascii_case("zk") {
-            return Err(invalid("expected a zk:// URL".into()));
-        }
+        let secure = match scheme.to_ascii_lowercase().as_str() {
+            "zk" => false,
+            "zks" => true,
+            _ => return Err(invalid("expected a zk:// or zks:// URL".into())),
+        };
         let mut params = UrlParams::parse(url)?;
         let client = params.take_client_options()?;
         let acl = params.take("acl");
         let parent = params.take("parent");
+        let tls_ca = params.take("tls_ca");
+        let tls_cert = params.take("tls_cert");
+        let tls_key = params.take("tls_key");
         params.finish()?;
+        let tls = tls_files(secure, tls_ca, tls_cert, tls_key).map_err(&invalid)?;
 
         let rest = rest.split(['?', '#']).next().unwrap_or("");
         let (authority, path) = match rest.find('/') {
@@ -133,7 +163,7 @@ impl ZkConfig {
                 Some((user, Secret::new(password)))
             }
         };
-        let hosts = parse_hosts(hosts).map_err(invalid)?;
+        let hosts = parse_hosts(hosts, secure).map_err(invalid)?;
         let chroot = match path {
             "" => DEFAULT_CHROOT.to_string(),
             "/" => "/".to_string(),
@@ -170,6 +200,7 @@ impl ZkConfig {
             hosts,
             chroot,
             credentials,
+            tls,
             acl,
             parent,
             client,
@@ -183,6 +214,24 @@ impl ZkConfig {
     /// The connect string handed to the client: `host:port,host:port`, without chroot.
     pub fn hosts(&self) -> &str {
         &self.hosts
+    }
+
+    /// Whether every connection uses TLS (a `zks://` URL).
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The CA file a `zks://` URL trusts (`tls_ca`), `None` for `zk://`.
+    pub fn tls_ca(&self) -> Option<&Path> {
+        self.tls.as_ref().map(|tls| tls.ca.as_path())
+    }
+
+    /// The client certificate and key files a `zks://` URL presents (`tls_cert`, `tls_key`).
+    pub fn tls_identity(&self) -> Option<(&Path, &Path)> {
+        self.tls
+            .as_ref()
+            .and_then(|tls| tls.identity.as_ref())
+            .map(|(cert, key)| (cert.as_path(), key.as_path()))
     }
 
     /// The chroot every lock lives under (`/` for the root).
@@ -266,8 +315,47 @@ impl ZkConfig {
     }
 }
 
-/// Validates a comma-separated host list and returns it as a connect string.
-fn parse_hosts(hosts: &str) -> std::result::Result<String, String> {
+/// Checks the TLS parameters against the scheme: `zks://` needs `tls_ca`; `tls_cert` and
+/// `tls_key` go together; `zk://` takes none of them.
+fn tls_files(
+    secure: bool,
+    ca: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+) -> std::result::Result<Option<TlsFiles>, String> {
+    if !secure {
+        if ca.is_some() || cert.is_some() || key.is_some() {
+            return Err("tls_ca, tls_cert and tls_key need a zks:// URL".into());
+        }
+        return Ok(None);
+    }
+    // A path is percent-decoded, so that one holding `&`, `#`, `%` or a space can be given.
+    let nonempty = |name: &str, value: Option<String>| match value {
+        None => Ok(None),
+        Some(v) if v.is_empty() => Err(format!("parameter `{name}` is empty")),
+        Some(v) => percent_decode(&v)
+            .map(|path| Some(PathBuf::from(path)))
+            .ok_or_else(|| format!("parameter `{name}` is not valid percent-encoded UTF-8")),
+    };
+    let ca = nonempty("tls_ca", ca)?.ok_or_else(|| {
+        "zks:// needs tls_ca=<PEM file of the CA that signed the servers' certificates>".to_string()
+    })?;
+    let identity =
+        match (nonempty("tls_cert", cert)?, nonempty("tls_key", key)?) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => return Err(
+                "tls_cert and tls_key must be given together (a client certificate and its key)"
+                    .into(),
+            ),
+        };
+    Ok(Some(TlsFiles { ca, identity }))
+}
+
+/// Validates a comma-separated host list and returns it as a connect string. With TLS
+/// (`secure`), each host must also be a name a certificate can be checked against: a DNS name
+/// or an IP address.
+fn parse_hosts(hosts: &str, secure: bool) -> std::result::Result<String, String> {
     if hosts.is_empty() {
         return Err("no hosts given; expected zk://host:2181[,host:2181...]".into());
     }
@@ -290,6 +378,20 @@ fn parse_hosts(hosts: &str) -> std::result::Result<String, String> {
         };
         if name.is_empty() || name.contains(['/', '@', ' ']) {
             return Err(format!("`{host}` is not a host"));
+        }
+        if secure {
+            let checkable = match name.strip_prefix('[') {
+                Some(v6) => v6
+                    .trim_end_matches(']')
+                    .parse::<std::net::Ipv6Addr>()
+                    .is_ok(),
+                None => rustls::pki_types::ServerName::try_from(name.as_str()).is_ok(),
+            };
+            if !checkable {
+                return Err(format!(
+                    "`{host}` is neither a DNS name nor an IP address, so a server certificate cannot be checked against it"
+                ));
+            }
         }
         let port: u16 = match port {
             None => 2181,
@@ -369,6 +471,38 @@ mod tests {
     }
 
     #[test]
+    fn zks_urls_carry_tls_files_and_always_a_ca() {
+        let c = ZkConfig::from_url(
+            "ZKS://app:hunter2@localhost:2281,127.0.0.1:2282,[::1]:2283/locks?tls_ca=/etc/zk/ca.pem&tls_cert=/etc/zk/my%20client.pem&tls_key=/etc/zk/client.key&timeout_ms=900",
+        )
+        .unwrap();
+        assert!(c.is_tls());
+        assert_eq!(c.hosts(), "localhost:2281,127.0.0.1:2282,[::1]:2283");
+        assert_eq!(c.chroot(), "/locks");
+        assert_eq!(c.acl(), AclMode::CreatorOnly);
+        assert_eq!(c.tls_ca(), Some(Path::new("/etc/zk/ca.pem")));
+        assert_eq!(
+            c.tls_identity(),
+            Some((
+                Path::new("/etc/zk/my client.pem"),
+                Path::new("/etc/zk/client.key")
+            ))
+        );
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("ca.pem"), "{shown}");
+
+        let no_identity = ZkConfig::from_url("zks://h1/x?tls_ca=ca.pem").unwrap();
+        assert!(no_identity.is_tls());
+        assert_eq!(no_identity.tls_identity(), None);
+        let plain = ZkConfig::from_url("zk://h1/x").unwrap();
+        assert!(!plain.is_tls());
+        assert_eq!(plain.tls_ca(), None);
+        // Host names a plain URL takes, which a certificate cannot name.
+        assert!(ZkConfig::from_url("zk://bad_host!:2181/x").is_ok());
+    }
+
+    #[test]
     fn rejects_what_it_cannot_honour_without_showing_the_password() {
         for bad in [
             "zk://u:hunter2@h1:2181/a//b",
@@ -385,6 +519,22 @@ mod tests {
             "zk://h1/x?acl=creator",
             "etcd://u:hunter2@h1:2181",
             "zk://u:hunter2@h1:2181/x?timeout_ms=0",
+            // TLS parameters on a plain URL, and TLS without a CA to verify the server with.
+            "zk://u:hunter2@h1:2181/x?tls_ca=/ca.pem",
+            "zk://u:hunter2@h1:2181/x?tls_cert=/c.pem&tls_key=/c.key",
+            "zks://u:hunter2@h1:2181/x",
+            "zks://u:hunter2@h1:2181/x?tls_cert=/c.pem&tls_key=/c.key",
+            // A certificate without its key, and the other way round.
+            "zks://u:hunter2@h1:2181/x?tls_ca=/ca.pem&tls_cert=/c.pem",
+            "zks://u:hunter2@h1:2181/x?tls_ca=/ca.pem&tls_key=/c.key",
+            "zks://u:hunter2@h1:2181/x?tls_ca=",
+            "zks://u:hunter2@h1:2181/x?tls_ca=%zz",
+            "zks://u:hunter2@h1:2181/x?tls_ca=/ca.pem&tls_domain=zk.local",
+            "zks://u:hunter2@h1:2181/x?tls_ca=/ca.pem&tls_ca=/other.pem",
+            // A host a certificate cannot name (the client would panic on it).
+            "zks://u:hunter2@bad_host!:2181/x?tls_ca=/ca.pem",
+            "zks://u:hunter2@[zz]:2181/x?tls_ca=/ca.pem",
+            "zkss://u:hunter2@h1:2181/x?tls_ca=/ca.pem",
         ] {
             let err = ZkConfig::from_url(bad).unwrap_err();
             let shown = format!("{err} {err:?}");

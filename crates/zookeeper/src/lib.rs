@@ -33,6 +33,11 @@
 //!   not renewed within its TTL is deleted by the authority too (see `held.rs`), so the TTL
 //!   means the same as on every other backend.
 //!
+//! # TLS
+//! `zks://host:2281/chroot?tls_ca=ca.pem&tls_cert=client.pem&tls_key=client.key` connects to
+//! the servers' `secureClientPort` over TLS, always verifying the server's certificate against
+//! `tls_ca` and the host name; see [`ZkConfig`].
+//!
 //! See `docs/zookeeper.md` for the guarantees, the failure modes and interoperation with Curator
 //! and kazoo.
 #![deny(missing_docs)]

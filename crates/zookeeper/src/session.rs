@@ -11,15 +11,16 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_core::time::deadline_in;
 use leasehold_core::{Error, Instant, LossSignal, LostReason, Result, TtlRange};
-use zookeeper_client::{Acls, Client, CreateMode, CreateOptions, Error as ZkError};
+use zookeeper_client::{Acls, Client, CreateMode, CreateOptions, Error as ZkError, TlsOptions};
 
-use crate::config::{AclMode, ZkConfig};
+use crate::config::{AclMode, TlsFiles, ZkConfig};
 use crate::errors::{self, is_definite, is_session_end, BACKEND};
 
 /// Sessions with distinct TTLs one authority keeps open at most. Idle ones are closed to make
@@ -207,7 +208,33 @@ async fn open(config: &ZkConfig, timeout: Duration) -> Result<Session> {
     if let Some((major, minor, patch)) = config.server_version {
         connector = connector.with_server_version(major, minor, patch);
     }
-    let client = bounded(config, "connect", connector.connect(&config.hosts)).await?;
+    let client = match &config.tls {
+        None => bounded(config, "connect", connector.connect(&config.hosts)).await?,
+        Some(files) => {
+            let connector = connector.with_tls(tls_options(files)?);
+            let timeout = config.client.request_timeout;
+            match tokio::time::timeout(timeout, connector.secure_connect(&config.hosts)).await {
+                Ok(Ok(client)) => client,
+                // A handshake the server refuses (or whose certificate does not verify) is
+                // retried by the client until the session timeout, like an unreachable server.
+                Err(_) => {
+                    return Err(errors::timed_out(
+                        "connect over TLS (a server that is down and a TLS handshake that fails look the same here; zookeeper-client logs the handshake's error at debug level)",
+                        timeout,
+                    ))
+                }
+                // Only setting TLS up fails this way, before anything is sent (network errors
+                // are retried inside the client): rustls refused the certificate or key, or
+                // they do not belong together.
+                Ok(Err(e @ ZkError::Custom(_))) => {
+                    return Err(Error::InvalidConfig {
+                        reason: format!("setting up TLS with the client certificate and key: {e}"),
+                    })
+                }
+                Ok(Err(e)) => return Err(errors::map(e, "connect over TLS")),
+            }
+        }
+    };
     let granted = client.session_timeout();
     let id = client.session_id().0;
     let loss = LossSignal::new();
@@ -220,6 +247,48 @@ async fn open(config: &ZkConfig, timeout: Duration) -> Result<Session> {
         sends: Mutex::new(VecDeque::with_capacity(SENDS_KEPT)),
         active: Arc::new(AtomicUsize::new(0)),
     })
+}
+
+/// The client's TLS settings for `zks://`: the CA to verify the servers with (chain and host
+/// name, always) and the client's certificate, read from their PEM files now. A file that
+/// cannot be read or holds nothing usable is `InvalidConfig`, naming the file but never showing
+/// its content.
+fn tls_options(files: &TlsFiles) -> Result<TlsOptions> {
+    // zookeeper-client builds its rustls configuration with the process-wide crypto provider,
+    // and with more than one provider compiled in (ring for the workspace, aws-lc-rs by
+    // zookeeper-client's default rustls features) rustls cannot pick one and would panic.
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Another thread may install one at the same time; either is fine.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    let read = |path: &Path, what: &str| {
+        std::fs::read_to_string(path).map_err(|e| Error::InvalidConfig {
+            reason: format!("reading the TLS {what} {}: {e}", path.display()),
+        })
+    };
+    let unusable = |path: &Path, what: &str, e: ZkError| Error::InvalidConfig {
+        reason: format!("the TLS {what} {} is not usable: {e}", path.display()),
+    };
+    let ca = read(&files.ca, "CA file")?;
+    let mut options = TlsOptions::new()
+        .with_pem_ca(&ca)
+        .map_err(|e| unusable(&files.ca, "CA file", e))?;
+    if let Some((cert_path, key_path)) = &files.identity {
+        let cert = read(cert_path, "client certificate")?;
+        let key = read(key_path, "client key")?;
+        if !cert.contains("-----BEGIN CERTIFICATE-----") {
+            return Err(Error::InvalidConfig {
+                reason: format!(
+                    "the TLS client certificate {} holds no PEM certificate",
+                    cert_path.display()
+                ),
+            });
+        }
+        options = options
+            .with_pem_identity(&cert, &key)
+            .map_err(|e| unusable(key_path, "client certificate and key", e))?;
+    }
+    Ok(options)
 }
 
 /// Fires `loss` once the session ends. The client hears of an expiry when it reconnects (the

@@ -1,0 +1,778 @@
+//! Redis Sentinel: the `redis+sentinel://` URL, and finding the primary through the sentinels.
+//!
+//! The resolver follows the Sentinel client guidelines: ask the sentinels one after another
+//! (`SENTINEL MASTER`, for the address and its configuration epoch, or `SENTINEL
+//! get-master-addr-by-name` where an ACL allows only that), each within its share of the request
+//! timeout; connect to the address the first one names; keep the connection only if `ROLE` on it
+//! says `master` (a sentinel's view lags a failover); pass over answers older than the newest
+//! configuration seen; and ask the one that answered first next time. Every
+//! new connection, of requests and of the subscription alike, is found this way, so a
+//! connection that broke, timed out, or reached a server that is now a replica (`READONLY`) is
+//! replaced by one to the primary the sentinels name now. An authority also asks the sentinels
+//! once a second whether the primary moved ([`Resolver::watch_sentinels`]), since an old
+//! primary can keep answering for seconds after the sentinels switched.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasehold_core::{percent_decode, Error, Result};
+use redis::aio::MultiplexedConnection;
+use redis::{
+    AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, IntoConnectionInfo, ProtocolVersion,
+    RedisConnectionInfo, RedisError, RedisResult, Value,
+};
+use tokio::sync::watch;
+
+/// How often an authority asks the sentinels whether the primary moved (see
+/// [`Resolver::watch_sentinels`]).
+pub(crate) const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// The port a sentinel listens on when the URL names none.
+pub(crate) const DEFAULT_SENTINEL_PORT: u16 = 26379;
+
+/// A server address, `host:port`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct NodeAddr {
+    pub(crate) host: String,
+    pub(crate) port: u16,
+}
+
+impl fmt::Display for NodeAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// What a `redis+sentinel://` URL names: the sentinels, the primary's name, and the credentials
+/// for each (kept only in the client library's settings, which never print them).
+#[derive(Clone)]
+pub(crate) struct SentinelTarget {
+    pub(crate) sentinels: Vec<NodeAddr>,
+    pub(crate) master_name: String,
+    /// User and password for the sentinels (`sentinel_user`, `sentinel_password`).
+    pub(crate) sentinel_auth: RedisConnectionInfo,
+    /// Database, user and password for the primary (the URL's user info and `/db`).
+    pub(crate) node: RedisConnectionInfo,
+}
+
+impl fmt::Debug for SentinelTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sentinels: Vec<String> = self.sentinels.iter().map(|s| s.to_string()).collect();
+        f.debug_struct("SentinelTarget")
+            .field("sentinels", &sentinels)
+            .field("master_name", &self.master_name)
+            .field("db", &self.node.db())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Parses the part of a `redis+sentinel://` URL after the scheme and before `?`:
+/// `[user][:password@]host[:port][,host[:port]...]/<master name>[/db]`.
+pub(crate) fn parse_target(
+    rest: &str,
+    sentinel_user: Option<String>,
+    sentinel_password: Option<String>,
+    invalid: &dyn Fn(String) -> Error,
+) -> Result<SentinelTarget> {
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => (rest, ""),
+    };
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
+        None => (None, authority),
+    };
+    let mut node = RedisConnectionInfo::default();
+    if let Some(info) = userinfo {
+        let (user, password) = match info.split_once(':') {
+            Some((user, password)) => (user, Some(password)),
+            None => (info, None),
+        };
+        let user = percent_decode(user)
+            .ok_or_else(|| invalid("the user name is not valid percent-encoded UTF-8".into()))?;
+        if !user.is_empty() {
+            node = node.set_username(user);
+        }
+        if let Some(password) = password {
+            let password = percent_decode(password)
+                .ok_or_else(|| invalid("the password is not valid percent-encoded UTF-8".into()))?;
+            if !password.is_empty() {
+                node = node.set_password(password);
+            }
+        }
+    }
+    let mut sentinels = Vec::new();
+    for host in hosts.split(',') {
+        let addr = parse_host(host).map_err(invalid)?;
+        if !sentinels.contains(&addr) {
+            sentinels.push(addr);
+        }
+    }
+    if sentinels.is_empty() {
+        return Err(invalid(
+            "no sentinel: expected redis+sentinel://host:port[,host:port...]/<master name>".into(),
+        ));
+    }
+    let mut segments = path.split('/');
+    let name = segments.next().unwrap_or("");
+    let master_name = percent_decode(name)
+        .ok_or_else(|| invalid("the master name is not valid percent-encoded UTF-8".into()))?;
+    if master_name.is_empty() {
+        return Err(invalid(
+            "no master name: expected redis+sentinel://host:port[,host:port...]/<master name>[/db]"
+                .into(),
+        ));
+    }
+    if !master_name.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(invalid(
+            "the master name must be printable ASCII without spaces".into(),
+        ));
+    }
+    match (segments.next(), segments.next()) {
+        (None, _) => {}
+        (Some(db), None) => {
+            let db: i64 = match db.parse::<u32>() {
+                Ok(db) => i64::from(db),
+                Err(_) => {
+                    return Err(invalid(format!(
+                        "the database must be a number (redis+sentinel://.../<master name>/<db>), \
+                         not `{db}`"
+                    )))
+                }
+            };
+            node = node.set_db(db);
+        }
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "the path is /<master name> or /<master name>/<db>".into(),
+            ))
+        }
+    }
+    let mut sentinel_auth = RedisConnectionInfo::default();
+    if let Some(user) = sentinel_user.filter(|u| !u.is_empty()) {
+        sentinel_auth =
+            sentinel_auth.set_username(percent_decode(&user).ok_or_else(|| {
+                invalid("sentinel_user is not valid percent-encoded UTF-8".into())
+            })?);
+    }
+    if let Some(password) = sentinel_password {
+        let password = percent_decode(&password).ok_or_else(|| {
+            invalid("sentinel_password is not valid percent-encoded UTF-8".into())
+        })?;
+        if password.is_empty() {
+            return Err(invalid("sentinel_password is empty".into()));
+        }
+        sentinel_auth = sentinel_auth.set_password(password);
+    } else if sentinel_auth.username().is_some() {
+        return Err(invalid("sentinel_user needs sentinel_password".into()));
+    }
+    Ok(SentinelTarget {
+        sentinels,
+        master_name,
+        sentinel_auth,
+        node,
+    })
+}
+
+/// `host`, `host:port`, `[v6]` or `[v6]:port`.
+fn parse_host(text: &str) -> std::result::Result<NodeAddr, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err("an empty sentinel address".into());
+    }
+    let (host, port) = if let Some(bracketed) = text.strip_prefix('[') {
+        let Some((host, after)) = bracketed.split_once(']') else {
+            return Err(format!("`{text}`: a `[` without `]`"));
+        };
+        let port = match after {
+            "" => None,
+            p => Some(
+                p.strip_prefix(':')
+                    .ok_or_else(|| format!("`{text}`: expected `:port` after `]`"))?,
+            ),
+        };
+        (host, port)
+    } else {
+        match text.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (text, None),
+        }
+    };
+    if host.is_empty()
+        || !host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'))
+    {
+        return Err(format!("`{text}` is not a valid sentinel host"));
+    }
+    let port = match port {
+        None => DEFAULT_SENTINEL_PORT,
+        Some(p) => match p.parse::<u16>() {
+            Ok(port) if port > 0 => port,
+            _ => return Err(format!("`{text}`: invalid port `{p}`")),
+        },
+    };
+    Ok(NodeAddr {
+        host: host.to_string(),
+        port,
+    })
+}
+
+/// What a sentinel says about the primary: its address, and the configuration epoch of that
+/// answer (`None` when the sentinel only allowed `get-master-addr-by-name`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Named {
+    addr: NodeAddr,
+    epoch: Option<u64>,
+}
+
+/// The primary in use, and the newest configuration epoch any sentinel reported for it.
+#[derive(Clone, Debug, Default)]
+struct Confirmed {
+    addr: Option<NodeAddr>,
+    epoch: Option<u64>,
+}
+
+/// Finds the primary through the sentinels, and remembers the last one confirmed.
+///
+/// Sentinel numbers its configurations: every failover takes a new, greater configuration
+/// epoch (`config-epoch` in `SENTINEL MASTER`). A sentinel that has not heard of the last
+/// failover yet names the previous primary with an older epoch, and that primary may still be
+/// up and still say it is the master (a forced failover, a partition). So an answer older than
+/// the newest one seen is never followed: the authority does not go back to a primary that the
+/// sentinels already replaced.
+pub(crate) struct Resolver {
+    target: SentinelTarget,
+    /// The request timeout: one whole round over the sentinels fits in it.
+    timeout: Duration,
+    /// Indexes into `target.sentinels`, the one that answered last first.
+    order: Mutex<Vec<usize>>,
+    /// The newest configuration epoch seen, with the primary it named when it was confirmed.
+    confirmed: Mutex<Confirmed>,
+    /// The primary last confirmed (by `ROLE`), so that connections to another server are
+    /// replaced and the subscription moves with the requests.
+    primary: watch::Sender<Option<NodeAddr>>,
+}
+
+impl fmt::Debug for Resolver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Resolver")
+            .field("target", &self.target)
+            .field("primary", &*self.primary.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Resolver {
+    pub(crate) fn new(target: SentinelTarget, timeout: Duration) -> Self {
+        let order = (0..target.sentinels.len()).collect();
+        Resolver {
+            target,
+            timeout,
+            order: Mutex::new(order),
+            confirmed: Mutex::default(),
+            primary: watch::channel(None).0,
+        }
+    }
+
+    /// The primary last confirmed, if any.
+    pub(crate) fn primary(&self) -> Option<NodeAddr> {
+        self.primary.borrow().clone()
+    }
+
+    /// Follows changes of the confirmed primary.
+    pub(crate) fn watch(&self) -> watch::Receiver<Option<NodeAddr>> {
+        self.primary.subscribe()
+    }
+
+    /// How long one sentinel may take to answer: a share of the request timeout, so that an
+    /// unresponsive sentinel leaves time to ask the others.
+    fn per_sentinel(&self) -> Duration {
+        let n = u32::try_from(self.target.sentinels.len())
+            .unwrap_or(u32::MAX)
+            .max(1);
+        (self.timeout / n).max(Duration::from_millis(1))
+    }
+
+    /// A connection to one sentinel.
+    async fn sentinel_connection(&self, sentinel: &NodeAddr) -> RedisResult<MultiplexedConnection> {
+        let info = ConnectionAddr::Tcp(sentinel.host.clone(), sentinel.port)
+            .into_connection_info()?
+            .set_redis_settings(
+                self.target
+                    .sentinel_auth
+                    .clone()
+                    .set_protocol(ProtocolVersion::RESP2),
+            );
+        let client = Client::open(info)?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.per_sentinel()))
+            .set_response_timeout(None);
+        crate::link::connect(client, config).await
+    }
+
+    /// Asks one sentinel for the primary, on a new connection.
+    async fn ask(&self, sentinel: &NodeAddr) -> RedisResult<Option<Named>> {
+        let mut con = self.sentinel_connection(sentinel).await?;
+        self.ask_on(&mut con).await
+    }
+
+    /// The primary a sentinel names: `SENTINEL MASTER <name>` for the address and the
+    /// configuration epoch; where that is not allowed (an ACL user limited to the client
+    /// commands), `SENTINEL get-master-addr-by-name`, without an epoch.
+    async fn ask_on(&self, con: &mut MultiplexedConnection) -> RedisResult<Option<Named>> {
+        let name = &self.target.master_name;
+        let master: RedisResult<Vec<String>> = redis::cmd("SENTINEL")
+            .arg("MASTER")
+            .arg(name)
+            .query_async(con)
+            .await;
+        let fields = match master {
+            Ok(fields) => fields,
+            Err(e) if e.to_string().contains("No such master") => return Ok(None),
+            Err(e) if crate::errors::breaks_connection(&e) => return Err(e),
+            Err(_) => return self.ask_address_on(con).await,
+        };
+        let field = |key: &str| {
+            fields
+                .chunks(2)
+                .find(|pair| pair.first().map(String::as_str) == Some(key))
+                .and_then(|pair| pair.get(1))
+        };
+        let (Some(host), Some(port)) = (field("ip"), field("port")) else {
+            return Err(unexpected("SENTINEL MASTER without ip and port".into()));
+        };
+        let port = port
+            .parse::<u16>()
+            .map_err(|_| unexpected(format!("a port `{port}`")))?;
+        let epoch = field("config-epoch").and_then(|e| e.parse::<u64>().ok());
+        Ok(Some(Named {
+            addr: NodeAddr {
+                host: host.clone(),
+                port,
+            },
+            epoch,
+        }))
+    }
+
+    /// `SENTINEL get-master-addr-by-name` on a sentinel connection.
+    async fn ask_address_on(&self, con: &mut MultiplexedConnection) -> RedisResult<Option<Named>> {
+        let reply: Option<Vec<String>> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(&self.target.master_name)
+            .query_async(con)
+            .await?;
+        let Some(reply) = reply else {
+            return Ok(None);
+        };
+        match reply.as_slice() {
+            [host, port] => match port.parse::<u16>() {
+                Ok(port) => Ok(Some(Named {
+                    addr: NodeAddr {
+                        host: host.clone(),
+                        port,
+                    },
+                    epoch: None,
+                })),
+                Err(_) => Err(unexpected(format!("a port `{port}`"))),
+            },
+            other => Err(unexpected(format!("{} fields", other.len()))),
+        }
+    }
+
+    /// The newest configuration epoch seen, if `named` is older than it: a sentinel that has
+    /// not heard of the last failover.
+    fn outdated(&self, named: &Named) -> Option<u64> {
+        let confirmed = self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
+        match (named.epoch, confirmed.epoch) {
+            (Some(epoch), Some(newest)) if epoch < newest => Some(newest),
+            _ => None,
+        }
+    }
+
+    /// Asks the sentinels, every [`CHECK_EVERY`], which server is the primary, one sentinel a
+    /// tick in turn (a sentinel cut off with an old primary cannot hide a failover from us), on
+    /// connections kept for it. When one names a newer configuration than the primary in use,
+    /// and `ROLE` confirms it, the authority moves: the requests' and the subscription's
+    /// connections to the old primary are replaced at their next use. Without this, a
+    /// connection to an old primary that is still up (a forced failover, or a partition that
+    /// hides it from the sentinels but not from us) would keep working until Sentinel demotes
+    /// it, seconds later, and what it granted meanwhile would be thrown away. Runs until
+    /// aborted (the authority is dropped).
+    pub(crate) async fn watch_sentinels(self: Arc<Self>) {
+        let mut kept: Vec<Option<MultiplexedConnection>> = vec![None; self.target.sentinels.len()];
+        let mut next = 0;
+        loop {
+            tokio::time::sleep(CHECK_EVERY).await;
+            let Some(current) = self.primary() else {
+                continue;
+            };
+            let index = next % self.target.sentinels.len().max(1);
+            next = index + 1;
+            let Some(named) = self.ask_kept(index, &mut kept).await else {
+                continue;
+            };
+            if named.addr == current {
+                self.learn(&named);
+                continue;
+            }
+            if self.outdated(&named).is_some() {
+                continue;
+            }
+            let config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(self.timeout))
+                .set_response_timeout(None);
+            let check = self.open_primary(&named.addr, ProtocolVersion::RESP2, config);
+            if let Ok(Ok(_)) = tokio::time::timeout(self.timeout, check).await {
+                if self.confirmed(&named) {
+                    // Requests that resolve now ask this sentinel first: it knows of the switch.
+                    self.prefer(index);
+                }
+            }
+        }
+    }
+
+    /// The primary sentinel `index` names, on its kept connection (opened if needed), within
+    /// its share of the request timeout.
+    async fn ask_kept(
+        &self,
+        index: usize,
+        kept: &mut [Option<MultiplexedConnection>],
+    ) -> Option<Named> {
+        let sentinel = self.target.sentinels.get(index)?;
+        let slot = kept.get_mut(index)?;
+        let asked = tokio::time::timeout(self.per_sentinel(), async {
+            if slot.is_none() {
+                *slot = Some(self.sentinel_connection(sentinel).await?);
+            }
+            match slot.as_mut() {
+                Some(con) => self.ask_on(con).await,
+                None => Ok(None),
+            }
+        })
+        .await;
+        match asked {
+            Ok(Ok(named)) => named,
+            _ => {
+                *slot = None;
+                None
+            }
+        }
+    }
+
+    /// Asks the sentinels in turn for the primary, connects to it with `protocol` and `config`,
+    /// and returns the connection once `ROLE` on it says `master`. A sentinel whose answer is
+    /// older than the newest configuration seen is passed over. Unbounded by itself: the
+    /// caller bounds it by its deadline; each sentinel gets its share of the request timeout,
+    /// each candidate the whole request timeout.
+    pub(crate) async fn connect(
+        &self,
+        protocol: ProtocolVersion,
+        config: AsyncConnectionConfig,
+    ) -> RedisResult<(NodeAddr, MultiplexedConnection)> {
+        let order = self.order.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut failures: Vec<String> = Vec::new();
+        let mut refused: Option<RedisError> = None;
+        let mut tried: Vec<NodeAddr> = Vec::new();
+        for index in order {
+            let Some(sentinel) = self.target.sentinels.get(index) else {
+                continue;
+            };
+            let named = match tokio::time::timeout(self.per_sentinel(), self.ask(sentinel)).await {
+                Err(_) => {
+                    failures.push(format!(
+                        "sentinel {sentinel}: no answer within {:?}",
+                        self.per_sentinel()
+                    ));
+                    continue;
+                }
+                Ok(Err(e)) => {
+                    failures.push(format!("sentinel {sentinel}: {e}"));
+                    if crate::errors::is_refused(&e) {
+                        refused.get_or_insert(refusal(
+                            format!("sentinel {sentinel} (sentinel_user, sentinel_password)"),
+                            &e,
+                        ));
+                    }
+                    continue;
+                }
+                Ok(Ok(None)) => {
+                    failures.push(format!(
+                        "sentinel {sentinel} knows no primary named `{}`",
+                        self.target.master_name
+                    ));
+                    continue;
+                }
+                Ok(Ok(Some(named))) => named,
+            };
+            if let Some(newest) = self.outdated(&named) {
+                failures.push(format!(
+                    "sentinel {sentinel} names {} from configuration epoch {}, older than {newest} \
+                     (it has not heard of the last failover yet)",
+                    named.addr,
+                    named.epoch.unwrap_or_default()
+                ));
+                continue;
+            }
+            if tried.contains(&named.addr) {
+                continue;
+            }
+            tried.push(named.addr.clone());
+            let checked = tokio::time::timeout(
+                self.timeout,
+                self.open_primary(&named.addr, protocol, config.clone()),
+            )
+            .await;
+            match checked {
+                Ok(Ok(con)) => {
+                    // Another connection may have confirmed a newer primary meanwhile.
+                    if !self.confirmed(&named) {
+                        failures.push(format!(
+                            "sentinel {sentinel} named {}, an older primary than the one in use",
+                            named.addr
+                        ));
+                        continue;
+                    }
+                    self.prefer(index);
+                    return Ok((named.addr, con));
+                }
+                Ok(Err(e)) => {
+                    failures.push(format!("sentinel {sentinel} named {}: {e}", named.addr));
+                    if crate::errors::is_refused(&e) {
+                        // Wrong credentials for the primary: no other sentinel can fix that.
+                        return Err(refusal(
+                            format!("the primary {} (the URL's user and password)", named.addr),
+                            &e,
+                        ));
+                    }
+                }
+                Err(_) => failures.push(format!(
+                    "sentinel {sentinel} named {}, which did not answer within {:?}",
+                    named.addr, self.timeout
+                )),
+            }
+        }
+        if let Some(refused) = refused {
+            return Err(refused);
+        }
+        Err(RedisError::from((
+            ErrorKind::Io,
+            "no primary found through Redis Sentinel",
+            failures.join("; "),
+        )))
+    }
+
+    /// Connects to the server a sentinel named and checks with `ROLE` that it is a primary.
+    async fn open_primary(
+        &self,
+        addr: &NodeAddr,
+        protocol: ProtocolVersion,
+        config: AsyncConnectionConfig,
+    ) -> RedisResult<MultiplexedConnection> {
+        let info = ConnectionAddr::Tcp(addr.host.clone(), addr.port)
+            .into_connection_info()?
+            .set_redis_settings(self.target.node.clone().set_protocol(protocol));
+        let client = Client::open(info)?;
+        let mut con = crate::link::connect(client, config).await?;
+        let role: Value = redis::cmd("ROLE").query_async(&mut con).await?;
+        match role_of(&role).as_deref() {
+            Some("master") => Ok(con),
+            Some(other) => Err(RedisError::from((
+                ErrorKind::Io,
+                "the server a sentinel named is not a primary (a failover in progress?)",
+                format!("ROLE says {other}"),
+            ))),
+            None => Err(unexpected("a ROLE reply without a role".into())),
+        }
+    }
+
+    fn prefer(&self, index: usize) {
+        let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = order.iter().position(|i| *i == index) {
+            let first = order.remove(at);
+            order.insert(0, first);
+        }
+    }
+
+    /// A sentinel named the primary in use again: remember its epoch, if newer.
+    fn learn(&self, named: &Named) {
+        let mut confirmed = self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
+        if confirmed.addr.as_ref() == Some(&named.addr) {
+            confirmed.epoch = confirmed.epoch.max(named.epoch);
+        }
+    }
+
+    /// Makes `named` (checked by `ROLE`) the primary in use, unless a newer configuration was
+    /// confirmed meanwhile; `false` then.
+    fn confirmed(&self, named: &Named) -> bool {
+        // Held until the primary is published, so two confirmations cannot cross.
+        let mut confirmed = self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(epoch), Some(newest)) = (named.epoch, confirmed.epoch) {
+            if epoch < newest {
+                return false;
+            }
+        }
+        confirmed.epoch = confirmed.epoch.max(named.epoch);
+        confirmed.addr = Some(named.addr.clone());
+        let name = &self.target.master_name;
+        let addr = &named.addr;
+        self.primary.send_if_modified(|current| {
+            if current.as_ref() == Some(addr) {
+                return false;
+            }
+            match current {
+                Some(old) => tracing::warn!(
+                    master = %name,
+                    old = %old,
+                    new = %addr,
+                    epoch = ?named.epoch,
+                    "Redis Sentinel names a new primary; requests and the subscription move to it"
+                ),
+                None => tracing::debug!(master = %name, primary = %addr, "Redis Sentinel primary"),
+            }
+            *current = Some(addr.clone());
+            true
+        });
+        true
+    }
+}
+
+/// The role in a `ROLE` reply: its first element.
+fn role_of(reply: &Value) -> Option<String> {
+    let Value::Array(items) = reply else {
+        return None;
+    };
+    match items.first()? {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// A refusal of our credentials, saying who refused which: it stays `Unauthorized`.
+fn refusal(who: String, error: &RedisError) -> RedisError {
+    RedisError::from((
+        ErrorKind::AuthenticationFailed,
+        "refused the credentials",
+        format!("{who}: {error}"),
+    ))
+}
+
+fn unexpected(what: String) -> RedisError {
+    RedisError::from((
+        ErrorKind::Parse,
+        "unexpected reply from Redis Sentinel",
+        what,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn invalid(reason: String) -> Error {
+        Error::InvalidUrl {
+            url: "test".into(),
+            reason,
+        }
+    }
+
+    #[test]
+    fn parses_hosts_names_and_credentials() {
+        let t = parse_target(
+            "app:p%40ss@s1:26380,s2,[::1]:26381/mymaster/3",
+            Some("watch".into()),
+            Some("sp".into()),
+            &invalid,
+        )
+        .unwrap();
+        let shown: Vec<String> = t.sentinels.iter().map(|s| s.to_string()).collect();
+        assert_eq!(shown, ["s1:26380", "s2:26379", "[::1]:26381"]);
+        assert_eq!(t.master_name, "mymaster");
+        assert_eq!(t.node.db(), 3);
+        assert_eq!(t.node.username(), Some("app"));
+        assert_eq!(t.node.password(), Some("p@ss"));
+        assert_eq!(t.sentinel_auth.username(), Some("watch"));
+        assert_eq!(t.sentinel_auth.password(), Some("sp"));
+        let debug = format!("{t:?}");
+        assert!(
+            !debug.contains("p@ss") && !debug.contains("sp\""),
+            "{debug}"
+        );
+
+        let plain = parse_target(":pw@h/m", None, None, &invalid).unwrap();
+        assert_eq!(plain.node.username(), None);
+        assert_eq!(plain.node.password(), Some("pw"));
+        assert_eq!(plain.node.db(), 0);
+        assert_eq!(plain.sentinel_auth.password(), None);
+
+        for bad in [
+            "h",
+            "h/",
+            "/m",
+            ",/m",
+            "h:0/m",
+            "h:99999/m",
+            "h:x/m",
+            "[::1/m",
+            "[::1]x/m",
+            "h h/m",
+            "h/m/x",
+            "h/m/1/2",
+            "h/m%zz",
+            "h/m n",
+            "u:%zz@h/m",
+        ] {
+            assert!(
+                matches!(
+                    parse_target(bad, None, None, &invalid),
+                    Err(Error::InvalidUrl { .. })
+                ),
+                "{bad}"
+            );
+        }
+        assert!(parse_target("h/m", Some("u".into()), None, &invalid).is_err());
+        assert!(parse_target("h/m", None, Some(String::new()), &invalid).is_err());
+    }
+
+    fn named(port: u16, epoch: Option<u64>) -> Named {
+        Named {
+            addr: NodeAddr {
+                host: "127.0.0.1".into(),
+                port,
+            },
+            epoch,
+        }
+    }
+
+    /// A sentinel that has not heard of the last failover names the old primary with an older
+    /// configuration epoch: never followed back, whatever `ROLE` said.
+    #[test]
+    fn older_configurations_are_never_followed_back() {
+        let target = parse_target("h/m", None, None, &invalid).unwrap();
+        let resolver = Resolver::new(target, Duration::from_secs(1));
+        assert!(resolver.confirmed(&named(1, Some(1))));
+        assert!(resolver.confirmed(&named(2, Some(2))));
+        assert_eq!(resolver.primary().map(|a| a.port), Some(2));
+        assert_eq!(resolver.outdated(&named(1, Some(1))), Some(2));
+        assert!(!resolver.confirmed(&named(1, Some(1))));
+        assert_eq!(resolver.primary().map(|a| a.port), Some(2));
+        // Without an epoch (get-master-addr-by-name only) the ROLE check alone decides.
+        assert_eq!(resolver.outdated(&named(1, None)), None);
+        assert!(resolver.confirmed(&named(3, Some(5))));
+        resolver.learn(&named(3, Some(7)));
+        assert_eq!(resolver.outdated(&named(4, Some(6))), Some(7));
+    }
+
+    #[test]
+    fn roles() {
+        let reply = Value::Array(vec![Value::BulkString(b"master".to_vec()), Value::Int(1)]);
+        assert_eq!(role_of(&reply).as_deref(), Some("master"));
+        assert_eq!(role_of(&Value::Nil), None);
+    }
+}
