@@ -172,4 +172,65 @@ mod tests {
             }
         }
     }
+
+    mod properties {
+        use std::time::Duration;
+
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, RngSeed};
+
+        use super::super::*;
+
+        /// A fixed seed, so `./scripts/test` runs the same cases every time; `PROPTEST_CASES` and
+        /// `PROPTEST_RNG_SEED` run more or others.
+        fn config() -> Config {
+            let mut config = Config {
+                failure_persistence: None,
+                ..Config::default()
+            };
+            if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
+                config.rng_seed = RngSeed::Fixed(2026);
+            }
+            config
+        }
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// Issue 17: what `human` prints, `parse` reads back to the same duration (to the
+            /// microsecond, which is what `human` prints), for every duration up to the largest.
+            #[test]
+            fn printed_durations_read_back(secs in any::<u64>(), nanos in 0u32..1_000_000_000) {
+                let d = Duration::new(secs, nanos);
+                let micros = Duration::new(secs, nanos / 1000 * 1000);
+                prop_assert_eq!(parse(&human(d)), Ok(micros));
+            }
+
+            /// Any text: a duration or a message, never a panic; and what parses is exact.
+            #[test]
+            fn any_text_parses_or_is_refused(text in "[0-9.a-z ]{0,24}|\\PC{0,24}") {
+                if let Ok(d) = parse(&text) {
+                    prop_assert!(!text.is_empty());
+                    // Whatever was accepted prints and reads back (to the microsecond).
+                    let again = parse(&human(d)).unwrap();
+                    prop_assert_eq!(again.as_micros(), d.as_micros());
+                }
+            }
+
+            /// Whole numbers of each unit are exact, and too long is refused, not wrapped.
+            #[test]
+            fn whole_units_are_exact_and_overflow_is_refused(n in any::<u64>()) {
+                prop_assert_eq!(parse(&format!("{n}s")), Ok(Duration::from_secs(n)));
+                prop_assert_eq!(parse(&format!("{n}ms")), Ok(Duration::from_millis(n)));
+                let days = u128::from(n) * 86_400;
+                match parse(&format!("{n}d")) {
+                    Ok(d) => prop_assert_eq!(u128::from(d.as_secs()), days),
+                    Err(e) => {
+                        prop_assert!(days > u128::from(u64::MAX));
+                        prop_assert!(e.contains("too long"), "{}", e);
+                    }
+                }
+            }
+        }
+    }
 }

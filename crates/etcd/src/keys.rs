@@ -178,4 +178,104 @@ mod tests {
         // A suffixed name is never another lease's plain name: hex has no `_`.
         assert_ne!(contender("ns/k/", 0x69, 4), contender("ns/k/", 0x694, 0));
     }
+
+    mod properties {
+        use leasehold_core::MAX_KEY_LEN;
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, RngSeed};
+
+        use super::super::*;
+
+        /// A fixed seed, so `./scripts/test` runs the same cases every time; `PROPTEST_CASES` and
+        /// `PROPTEST_RNG_SEED` run more or others.
+        fn config() -> Config {
+            let mut config = Config {
+                failure_persistence: None,
+                ..Config::default()
+            };
+            if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
+                config.rng_seed = RngSeed::Fixed(2026);
+            }
+            config
+        }
+
+        /// Valid lock keys, rich in the two characters escaping changes.
+        fn valid_key() -> impl Strategy<Value = String> {
+            prop_oneof![
+                proptest::collection::vec(33u8..=126, 1..=MAX_KEY_LEN)
+                    .prop_map(|b| String::from_utf8(b).unwrap_or_default()),
+                "[a%/]{1,12}",
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// Issue 17: escaping round-trips exactly, for any text, and its output holds no
+            /// `/`, so a lock key is always one path segment.
+            #[test]
+            fn escaping_round_trips_and_never_leaves_a_slash(s in any::<String>()) {
+                let escaped = escape(&s);
+                prop_assert!(!escaped.contains('/'));
+                prop_assert_eq!(unescape(&escaped), Some(s));
+            }
+
+            /// Every contender key of a lock key maps back to exactly that key.
+            #[test]
+            fn contender_keys_map_back_to_their_lock_key(
+                k in valid_key(),
+                lease in any::<i64>(),
+                n in any::<u64>(),
+            ) {
+                let space = KeySpace::new("ns");
+                let key = LockKey::new(&k).unwrap();
+                let c = contender(&space.prefix(&key), lease, n);
+                prop_assert_eq!(space.key_of(c.as_bytes()), Some(key.clone()));
+                prop_assert!(space.after(&key) > c);
+            }
+
+            /// Two distinct keys never share a queue: neither's prefix starts the other's.
+            #[test]
+            fn distinct_keys_never_nest(a in valid_key(), b in valid_key()) {
+                prop_assume!(a != b);
+                let space = KeySpace::new("ns");
+                let (pa, pb) = (
+                    space.prefix(&LockKey::new(&a).unwrap()),
+                    space.prefix(&LockKey::new(&b).unwrap()),
+                );
+                prop_assert!(!pa.starts_with(&pb) && !pb.starts_with(&pa));
+            }
+
+            /// A key's contenders lie in a prefix's listing range exactly when the key starts
+            /// with the prefix.
+            #[test]
+            fn listing_ranges_hold_exactly_the_keys_with_the_prefix(
+                k in valid_key(),
+                p in "[a%/]{0,6}",
+            ) {
+                let space = KeySpace::new("ns");
+                let Ok(prefix) = KeyPrefix::new(&p) else {
+                    return Ok(());
+                };
+                let (start, end) = space.range(&prefix);
+                let c = contender(&space.prefix(&LockKey::new(&k).unwrap()), 1, 0);
+                let inside = start <= c && c < end;
+                prop_assert_eq!(inside, k.starts_with(&p), "{} in [{}, {})", c, start, end);
+            }
+
+            /// Any bytes under the namespace: a key or `None`, never a panic.
+            #[test]
+            fn any_etcd_key_reads_without_panicking(
+                bytes in proptest::collection::vec(any::<u8>(), 0..64),
+            ) {
+                let space = KeySpace::new("ns");
+                let mut key = b"ns/".to_vec();
+                key.extend_from_slice(&bytes);
+                if let Some(found) = space.key_of(&key) {
+                    // What it reads is what the layout would write for that key.
+                    prop_assert!(key.starts_with(space.prefix(&found).as_bytes()));
+                }
+            }
+        }
+    }
 }

@@ -23,7 +23,7 @@ use crate::errors::{self, BACKEND};
 use crate::lanes::Lanes;
 use crate::notify::{self, ListenConfig, Waiters};
 use crate::table::TableName;
-use crate::token::PgFence;
+use crate::token::{PgFence, StrictBigint};
 
 /// TTLs in whole milliseconds from 1 ms to 30 days: `timestamptz` has microsecond precision, and
 /// a lease longer than a month is a configuration mistake, not a lock.
@@ -278,22 +278,24 @@ impl Inner {
         self.run(give_up, move |c| {
             let (statement, key, owner) = (statement.clone(), key.clone(), owner.clone());
             Box::pin(async move {
+                // The fence is read strictly (see StrictBigint): it becomes a grant.
                 if waiting {
-                    sqlx::query_as::<_, (Option<i64>, Option<i64>)>(statement)
+                    sqlx::query_as::<_, (Option<StrictBigint>, Option<i64>)>(statement)
                         .bind(key)
                         .bind(owner)
                         .bind(ttl_ms(ttl))
                         .fetch_one(c)
                         .await
+                        .map(|(fence, remaining)| (fence.map(|f| f.0), remaining))
                 } else {
                     // The plain upsert returns the fence alone, or no row.
-                    sqlx::query_scalar::<_, i64>(statement)
+                    sqlx::query_scalar::<_, StrictBigint>(statement)
                         .bind(key)
                         .bind(owner)
                         .bind(ttl_ms(ttl))
                         .fetch_optional(c)
                         .await
-                        .map(|fence| (fence, None))
+                        .map(|fence| (fence.map(|f| f.0), None))
                 }
             })
         })
@@ -426,6 +428,22 @@ impl PostgresAuthority {
     /// Connects with a parsed configuration, and reads what the server's replication settings
     /// promise for fences (see [`Capabilities::fence_safety`]).
     pub async fn with_config(config: PostgresConfig) -> Result<Self> {
+        if let Some(mode) = crate::config::unverified_tls(&config.connect) {
+            tracing::warn!(
+                url = %config.redacted_url,
+                sslmode = mode,
+                "the PostgreSQL server is not verified: anyone between here and it could answer \
+                 as the lock authority; use sslmode=verify-full with sslrootcert"
+            );
+        } else if !matches!(
+            config.connect.get_ssl_mode(),
+            sqlx::postgres::PgSslMode::VerifyFull
+        ) {
+            tracing::debug!(
+                url = %config.redacted_url,
+                "the PostgreSQL server is not verified (a local connection)"
+            );
+        }
         let timeout = config.client.request_timeout;
         let give_up = saturating_add(Instant::now(), timeout);
         let connected = async {

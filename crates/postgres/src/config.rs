@@ -255,9 +255,67 @@ fn query_password(url: &str) -> std::result::Result<Option<Secret>, String> {
     Ok(found)
 }
 
+/// Whether a connection made with these options is unverified: its server is not proven to be
+/// the one named (anything below `sslmode=verify-full`: no TLS, TLS without checking the
+/// certificate, or a certificate checked without its host name). `None` when verified, or when
+/// no network lies in between (a Unix socket, a loopback address), where nobody can sit in the
+/// middle; otherwise the mode, for the warning given at connect.
+pub(crate) fn unverified_tls(options: &PgConnectOptions) -> Option<&'static str> {
+    use sqlx::postgres::PgSslMode;
+    let mode = match options.get_ssl_mode() {
+        PgSslMode::VerifyFull => return None,
+        PgSslMode::Disable => "disable",
+        PgSslMode::Allow => "allow",
+        PgSslMode::Prefer => "prefer",
+        PgSslMode::Require => "require",
+        PgSslMode::VerifyCa => "verify-ca",
+    };
+    let host = options.get_host();
+    let local = options.get_socket().is_some()
+        || host.starts_with('/')
+        || host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    (!local).then_some(mode)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 17: a connection over a network that does not verify its server is reported, so
+    /// the warning at connect names it; loopback and Unix sockets have nobody in between.
+    #[test]
+    fn connections_below_verify_full_over_a_network_are_unverified() {
+        let mode = |url: &str| unverified_tls(&PostgresConfig::from_url(url).unwrap().connect);
+        assert_eq!(mode("postgres://u@db.example/app"), Some("prefer"));
+        assert_eq!(
+            mode("postgres://u@db.example/app?sslmode=require"),
+            Some("require")
+        );
+        assert_eq!(
+            mode("postgres://u@10.0.0.5/app?sslmode=verify-ca"),
+            Some("verify-ca")
+        );
+        assert_eq!(
+            mode("postgres://u@db.example/app?sslmode=disable"),
+            Some("disable")
+        );
+        assert_eq!(
+            mode("postgres://u@db.example/app?sslmode=verify-full"),
+            None
+        );
+        for local in [
+            "postgres://u@localhost/app",
+            "postgres://u@127.0.0.1/app?sslmode=require",
+            "postgres://u@[::1]/app",
+        ] {
+            assert_eq!(mode(local), None, "{local}");
+        }
+    }
 
     #[test]
     fn secrets_are_masked_and_the_query_password_is_read() {

@@ -38,6 +38,37 @@ impl PgFence {
     }
 }
 
+/// A `bigint` column read strictly. In the binary format a PostgreSQL server always sends a
+/// `bigint` as eight bytes; sqlx's decoder also takes fewer (as a shorter integer), so a
+/// malformed row would read as a fence. An acquisition's fence is read with this, so a reply
+/// that is not what any server sends is an error, never a grant.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StrictBigint(pub(crate) i64);
+
+impl sqlx::Type<sqlx::Postgres> for StrictBigint {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <i64 as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <i64 as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for StrictBigint {
+    fn decode(
+        value: sqlx::postgres::PgValueRef<'r>,
+    ) -> std::result::Result<Self, sqlx::error::BoxDynError> {
+        if value.format() == sqlx::postgres::PgValueFormat::Binary {
+            let len = value.as_bytes()?.len();
+            if len != 8 {
+                return Err(format!("a bigint sent as {len} bytes instead of 8").into());
+            }
+        }
+        <i64 as sqlx::Decode<'r, sqlx::Postgres>>::decode(value).map(StrictBigint)
+    }
+}
+
 impl PartialEq for PgFence {
     fn eq(&self, other: &Self) -> bool {
         self.raw == other.raw
