@@ -53,8 +53,31 @@ impl Faults for EnsembleFaults {
         self.each(|m| m.pause()).await
     }
 
+    /// Every member runs again, and the resume is over when the ensemble takes writes again.
+    /// After a pause of every member, the followers may give up on the leader and elect anew;
+    /// on a loaded machine that once took over 15 s (CI), and the scenarios measure clients
+    /// after the servers are back, not the ensemble's recovery. Bounded by 30 s.
     async fn resume(&self) -> leasehold_core::Result<()> {
-        self.each(|m| m.resume()).await
+        self.each(|m| m.resume()).await?;
+        let probe_key = LockKey::new("harness/resume-probe").expect("a valid key");
+        let ttl = self.ensemble.tick_time() * 4;
+        let started = Instant::now();
+        loop {
+            let probe = async {
+                let a = ZkAuthority::connect(&self.url).await?;
+                if let Some(g) = a.try_acquire(&probe_key, ttl).await? {
+                    a.release(&g).await?;
+                }
+                Ok::<_, Error>(())
+            };
+            match probe.await {
+                Ok(()) => return Ok(()),
+                Err(_) if started.elapsed() < Duration::from_secs(30) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<()> {
