@@ -110,6 +110,31 @@ proptest! {
         let _ = names::queue(&[s.clone(), format!("{s}{n}")]);
     }
 
+    /// Issue 17: the sequence ZooKeeper appends (`%010d` of a 32-bit counter, so every width
+    /// of positive number and, past `i32::MAX`, negative ones with the sign among the ten
+    /// characters; or 19 digits of a 64-bit one) reads back exactly, after leasehold's prefix
+    /// and after kazoo's and Curator's.
+    #[test]
+    fn zookeeper_sequences_of_every_width_and_sign_read_back(
+        n in any::<i32>(),
+        wide in 0..=i64::MAX,
+        uuid in "[0-9a-f]{32}",
+    ) {
+        for prefix in [
+            format!("_c_{uuid}-lock-"),
+            format!("{uuid}__lock__"),
+            format!("_c_{uuid}-lock-").replace("-lock-", "-lease-"),
+        ] {
+            let name = format!("{prefix}{n:010}");
+            prop_assert_eq!(names::contender_sequence(&name), Some(i64::from(n)), "{}", name);
+            let name = format!("{prefix}{wide:019}");
+            prop_assert_eq!(names::contender_sequence(&name), Some(wide), "{}", name);
+        }
+        // A suffix of another width is no ZooKeeper sequence.
+        let odd = format!("_c_{uuid}-lock-{}", n.unsigned_abs() % 1_000_000);
+        prop_assert_eq!(names::contender_sequence(&odd), None, "{}", odd);
+    }
+
     #[test]
     fn zookeeper_values_round_trip(value in proptest::collection::vec(any::<u8>(), 0..512)) {
         prop_assert_eq!(names::decode_value(&names::encode_value(&value)), Some(value));

@@ -66,7 +66,7 @@ impl Faults for EnsembleFaults {
             let probe = async {
                 let a = ZkAuthority::connect(&self.url).await?;
                 if let Some(g) = a.try_acquire(&probe_key, ttl).await? {
-                    a.release(&g).await?;
+                    let _ = a.release(&g).await?;
                 }
                 Ok::<_, Error>(())
             };
