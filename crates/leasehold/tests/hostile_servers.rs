@@ -1270,6 +1270,19 @@ async fn redis_slow_ping_under_succeeds_over_times_out() {
     }
 }
 
+/// The ways the transport can spoil a well-formed `reply`: garbage instead, half of it and then
+/// nothing or a close, nothing at all, or the reply after the timeout.
+fn transport_faults(reply: &[u8]) -> Vec<(&'static str, Vec<u8>, fake::Behaviour)> {
+    use fake::Behaviour::*;
+    vec![
+        ("bytes that are no RESP", reply.to_vec(), Garbage),
+        ("half a reply, then nothing", reply.to_vec(), HalfThenStall),
+        ("half a reply, then close", reply.to_vec(), CloseMidReply),
+        ("no reply", reply.to_vec(), Silent),
+        ("a reply after the timeout", reply.to_vec(), Slow(T * 3 / 2)),
+    ]
+}
+
 /// Replies of the wrong type, or broken, to the acquire script: never a grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_acquire_script_garbage_is_never_a_grant() {
@@ -1298,24 +1311,10 @@ async fn redis_acquire_script_garbage_is_never_a_grant() {
         ),
         ("a fence out of range", fence_too_big, Correct),
         ("an integer that is not one", b":12x\r\n".to_vec(), Correct),
-        ("bytes that are no RESP", b":7\r\n".to_vec(), Garbage),
-        (
-            "half a reply, then nothing",
-            b":7\r\n".to_vec(),
-            HalfThenStall,
-        ),
-        (
-            "half a reply, then close",
-            b":7\r\n".to_vec(),
-            CloseMidReply,
-        ),
-        ("no reply", b":7\r\n".to_vec(), Silent),
-        (
-            "a reply after the timeout",
-            b":7\r\n".to_vec(),
-            Slow(T * 3 / 2),
-        ),
-    ];
+    ]
+    .into_iter()
+    .chain(transport_faults(b":7\r\n"))
+    .collect();
     for (label, reply, how) in replies {
         let answer = reply.clone();
         let (server, seen) = redis_with_scripts(move |kind, _| match kind {
@@ -1393,24 +1392,10 @@ async fn redis_renew_and_release_garbage_is_never_a_renewal() {
         ("an empty array", b"*0\r\n".to_vec(), Correct),
         ("a nil bulk string", b"$-1\r\n".to_vec(), Correct),
         ("an error", b"-ERR something broke\r\n".to_vec(), Correct),
-        ("bytes that are no RESP", b":1\r\n".to_vec(), Garbage),
-        (
-            "half a reply, then nothing",
-            b":1\r\n".to_vec(),
-            HalfThenStall,
-        ),
-        (
-            "half a reply, then close",
-            b":1\r\n".to_vec(),
-            CloseMidReply,
-        ),
-        ("no reply", b":1\r\n".to_vec(), Silent),
-        (
-            "a reply after the timeout",
-            b":1\r\n".to_vec(),
-            Slow(T * 3 / 2),
-        ),
-    ];
+    ]
+    .into_iter()
+    .chain(transport_faults(b":1\r\n"))
+    .collect();
     for (label, reply, how) in replies {
         let answer = reply.clone();
         let (server, _) = redis_with_scripts(move |kind, _| match kind {
