@@ -13,6 +13,7 @@ const SCHEMES: &[(&str, &str)] = &[
     ("redis", "redis"),
     ("rediss", "redis"),
     ("redis+sentinel", "redis"),
+    ("redis+cluster", "redis"),
     ("etcd", "etcd"),
     ("etcds", "etcd"),
     ("zk", "zookeeper"),
@@ -29,6 +30,7 @@ const SCHEMES: &[(&str, &str)] = &[
 /// | `sqlite:///abs/path.db`, `sqlite://relative/path.db` | embedded SQLite file, for the processes of one machine | `sqlite` |
 /// | `redis://host:6379`, `rediss://` | Redis | `redis` |
 /// | `redis+sentinel://s1:26379,s2:26379/mymaster` | Redis behind Sentinel (follows failovers) | `redis` |
+/// | `redis+cluster://n1:6379,n2:6379,n3:6379` | Redis Cluster (sharded pub/sub, follows slot moves) | `redis` |
 /// | `etcd://h1:2379,h2:2379`, `etcds://` | etcd | `etcd` |
 /// | `zk://h1:2181,h2:2181/chroot`, `zks://...?tls_ca=ca.pem` | ZooKeeper | `zookeeper` |
 ///
@@ -60,7 +62,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Authority>> {
         #[cfg(feature = "sqlite")]
         "sqlite" => Arc::new(leasehold_sqlite::SqliteAuthority::connect(url).await?),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+sentinel" => {
+        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => {
             Arc::new(leasehold_redis::RedisAuthority::connect(url).await?)
         }
         #[cfg(feature = "etcd")]
@@ -161,6 +163,9 @@ mod tests {
         assert!(shown.contains("`redis` feature"), "{shown}");
         assert!(!shown.contains("hunter2"), "{shown}");
         let err = not_built_in("redis+sentinel", "redis+sentinel://:hunter2@h1,h2/m");
+        let shown = format!("{err} {err:?}");
+        assert!(shown.contains("`redis` feature"), "{shown}");
+        let err = not_built_in("redis+cluster", "redis+cluster://:hunter2@h1:7000,h2:7001");
         let shown = format!("{err} {err:?}");
         assert!(shown.contains("`redis` feature"), "{shown}");
         assert!(!shown.contains("hunter2"), "{shown}");

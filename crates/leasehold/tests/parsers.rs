@@ -177,6 +177,39 @@ proptest! {
         prop_assert_eq!(config.sentinel_master_name(), Some(name.as_str()));
     }
 
+    /// Redis Cluster URLs: any list of seed nodes comes back as given, duplicates once, in
+    /// order; the database is 0 or absent, and `wait_replicas` is refused with a typed error.
+    #[test]
+    fn redis_cluster_urls_round_trip(
+        ports in proptest::collection::vec(1u16..=65535, 1..7),
+        db in proptest::option::of(0u32..100),
+        wait in proptest::bool::ANY,
+    ) {
+        let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let db_path = db.map(|d| format!("/{d}")).unwrap_or_default();
+        let query = if wait { "?wait_replicas=1" } else { "" };
+        let url = format!("redis+cluster://u:pw@{}{db_path}{query}", hosts.join(","));
+        match RedisConfig::from_url(&url) {
+            Ok(config) => {
+                prop_assert!(db.unwrap_or(0) == 0 && !wait, "{} was accepted", url);
+                let mut expected: Vec<String> = Vec::new();
+                for h in hosts {
+                    if !expected.contains(&h) {
+                        expected.push(h);
+                    }
+                }
+                prop_assert!(config.is_cluster());
+                prop_assert_eq!(config.cluster_seeds(), expected);
+                let shown = format!("{config:?}");
+                prop_assert!(!shown.contains(":pw@"), "{}", shown);
+            }
+            Err(e) => {
+                prop_assert!(db.unwrap_or(0) != 0 || wait, "{}: {}", url, e);
+                prop_assert!(matches!(e, Error::InvalidUrl { .. }), "{}: {}", url, e);
+            }
+        }
+    }
+
     /// Every backend's URL parser, on any text and on its own scheme with any query: a value or
     /// a typed error, never a panic.
     #[test]
@@ -189,6 +222,9 @@ proptest! {
             format!("redis+sentinel://{s}"),
             format!("redis+sentinel://h:26379/{s}"),
             format!("redis+sentinel://{s}/mymaster?sentinel_password={query}"),
+            format!("redis+cluster://u:p@127.0.0.1:7000,[::1]:7001/0?{query}"),
+            format!("redis+cluster://{s}"),
+            format!("redis+cluster://{s}:7000,h/{query}"),
             format!("etcd://127.0.0.1:2379?{query}"),
             format!("zk://127.0.0.1:2181/locks?{query}"),
             format!("zks://127.0.0.1:2181/locks?tls_ca=ca.pem&{query}"),

@@ -13,17 +13,19 @@ use leasehold_core::{
     Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
     KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, SmallestKeys, TtlRange,
 };
-use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ProtocolVersion, RedisResult, TlsCertificates};
 
+use crate::cluster::shard_channel;
 use crate::config::{RedisConfig, Target};
-use crate::errors::{self, breaks_connection, not_the_primary, replace_connection, BACKEND};
+use crate::errors::{
+    self, breaks_connection, is_redirect, not_the_primary, replace_connection, BACKEND,
+};
 use crate::keys::KeyLayout;
-use crate::link::{Conn, Link, Source};
+use crate::link::{Conn, Connection, Link, Source};
 use crate::scripts::{released, Int, Ints, LuaScript, Scripts};
 use crate::sentinel::Resolver;
 use crate::server::ServerSettings;
-use crate::subscription::Subscription;
+use crate::subscription::{Notifications, Subscription};
 use crate::token::RedisFence;
 
 /// TTLs in whole milliseconds (`PX`), from 1 ms to 30 days: a lease longer than a month is a
@@ -54,6 +56,18 @@ struct Inner {
     announcement_refused: AtomicBool,
     /// Behind Sentinel: asks the sentinels every second whether the primary moved.
     _sentinel_watch: Option<AbortOnDrop>,
+}
+
+impl Inner {
+    /// The channel announcements of `lock_key` go to: the release channel, or on a Redis
+    /// Cluster the key's shard channel (in the key's slot, for `SPUBLISH` in its scripts).
+    fn channel_of(&self, lock_key: &str) -> String {
+        if self.config.is_cluster() {
+            shard_channel(lock_key, &self.config.channel)
+        } else {
+            self.config.channel.clone()
+        }
+    }
 }
 
 /// A Redis server as an [`Authority`].
@@ -95,16 +109,34 @@ impl fmt::Debug for RedisAuthority {
     }
 }
 
-/// Where the requests (RESP2) and the subscription (RESP3) connect: one address, or, behind
+/// Where the requests (RESP2) and the subscription (RESP3) connect: one address; behind
 /// Sentinel, the primary the sentinels name, found by one resolver that both share (returned
-/// too, for its watcher).
-fn sources(config: &RedisConfig) -> Result<(Source, Source, Option<Arc<Resolver>>)> {
+/// too, for its watcher); or a Redis Cluster, whose subscription uses sharded pub/sub.
+fn sources(config: &RedisConfig) -> Result<(Source, Notifications, Option<Arc<Resolver>>)> {
     match &config.target {
         Target::Direct(info) => Ok((
             Source::Direct(Box::new(client(config, info, ProtocolVersion::RESP2)?)),
-            Source::Direct(Box::new(client(config, info, ProtocolVersion::RESP3)?)),
+            Notifications::PubSub(Source::Direct(Box::new(client(
+                config,
+                info,
+                ProtocolVersion::RESP3,
+            )?))),
             None,
         )),
+        Target::Cluster(target) => {
+            let requests = target
+                .client(
+                    ProtocolVersion::RESP2,
+                    config.client.request_timeout,
+                    None::<fn(redis::PushInfo) -> std::result::Result<(), ()>>,
+                )
+                .map_err(|e| errors::map(e, "configure the cluster client"))?;
+            Ok((
+                Source::Cluster(Box::new(requests)),
+                Notifications::Sharded(target.clone()),
+                None,
+            ))
+        }
         Target::Sentinel(target) => {
             let resolver = Arc::new(Resolver::new(target.clone(), config.client.request_timeout));
             Ok((
@@ -112,10 +144,10 @@ fn sources(config: &RedisConfig) -> Result<(Source, Source, Option<Arc<Resolver>
                     resolver: resolver.clone(),
                     protocol: ProtocolVersion::RESP2,
                 },
-                Source::Sentinel {
+                Notifications::PubSub(Source::Sentinel {
                     resolver: resolver.clone(),
                     protocol: ProtocolVersion::RESP3,
-                },
+                }),
                 Some(resolver),
             ))
         }
@@ -183,16 +215,18 @@ impl RedisAuthority {
         .await?;
         let server = read_server_settings(&link, &config).await?;
         let durable = server.as_ref().is_some_and(ServerSettings::durable_fences);
+        // On a cluster the keys of a batch live in different slots, which one script cannot
+        // touch (CROSSSLOT): each lease renews on its own there.
         let capabilities = Capabilities::new(BACKEND, FenceSafety::FailoverUnsafe, durable, TTL)
-            .with_batch_renewal(true);
+            .with_batch_renewal(!config.is_cluster());
         // Behind Sentinel, started only once connected, so a failed connect leaves no task.
         let sentinel_watch =
             resolver.map(|resolver| AbortOnDrop(tokio::spawn(resolver.watch_sentinels())));
         Ok(RedisAuthority {
             inner: Arc::new(Inner {
+                scripts: Scripts::new(config.is_cluster()),
                 config,
                 link,
-                scripts: Scripts::default(),
                 subscription,
                 capabilities,
                 server,
@@ -227,7 +261,7 @@ impl RedisAuthority {
     /// is replaced for the next request.
     async fn request<T, F, Fut>(&self, what: &str, send: F) -> Result<T>
     where
-        F: FnOnce(MultiplexedConnection) -> Fut,
+        F: FnOnce(Connection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         request_on(&self.inner.link, self.timeout(), what, send).await
@@ -284,6 +318,7 @@ impl RedisAuthority {
             armed: true,
         };
         let (keys, args) = ([lock_key.as_str(), &fence_key], [token.as_str(), &ttl_ms]);
+        let cluster = matches!(pending.con, Connection::Cluster(_));
         let run = self
             .inner
             .scripts
@@ -300,12 +335,13 @@ impl RedisAuthority {
                 } else {
                     // The server answered with an error: the script took nothing (see ACQUIRE).
                     pending.armed = false;
-                    if not_the_primary(&e) {
-                        // A replica now (READONLY): the next request finds the primary again.
+                    if not_the_primary(&e) || (cluster && is_redirect(&e)) {
+                        // A replica now (READONLY), or a slot that moved: the next request
+                        // finds the primary again.
                         self.inner.link.discard(id);
                     }
                 }
-                return Err(errors::map(e, "acquire"));
+                return Err(errors::map_on(e, "acquire", cluster));
             }
             Ok(Ok(Int(reply))) => reply,
         };
@@ -376,30 +412,33 @@ async fn connection_on(
 /// reaches a server that is not the primary (any more) is replaced for the next request.
 async fn request_on<T, F, Fut>(link: &Link, timeout: Duration, what: &str, send: F) -> Result<T>
 where
-    F: FnOnce(MultiplexedConnection) -> Fut,
+    F: FnOnce(Connection) -> Fut,
     Fut: Future<Output = RedisResult<T>>,
 {
     let give_up = deadline_in(timeout);
     let Conn { id, con, .. } = connection_on(link, timeout, what, give_up).await?;
+    let cluster = matches!(con, Connection::Cluster(_));
     match tokio::time::timeout_at(give_up, send(con)).await {
         Err(_) => {
             link.discard(id);
             Err(errors::timed_out(what, timeout))
         }
         Ok(Err(e)) => {
-            if replace_connection(&e) {
+            if replace_connection(&e) || (cluster && is_redirect(&e)) {
                 link.discard(id);
             }
-            Err(errors::map(e, what))
+            Err(errors::map_on(e, what, cluster))
         }
         Ok(Ok(v)) => Ok(v),
     }
 }
 
-/// Reads the eviction policy and persistence settings (one round trip, `CONFIG GET` each) and
-/// warns when the server may evict lock keys or fence counters. `None` when the server refuses
-/// (an ACL user without `CONFIG`, a renamed command): that is no reason to refuse to lock. An
-/// unreachable server is still an error.
+/// Reads the eviction policy and persistence settings (one round trip, `CONFIG GET` each; on a
+/// Redis Cluster one per primary) and warns when the server may evict lock keys or fence
+/// counters. `None` when the server refuses (an ACL user without `CONFIG`, a renamed command):
+/// that is no reason to refuse to lock. An unreachable server is still an error. On a cluster
+/// the settings kept are the least safe primary's: fences count as durable only if every
+/// primary fsyncs every write and evicts no counter.
 async fn read_server_settings(link: &Link, config: &RedisConfig) -> Result<Option<ServerSettings>> {
     let timeout = config.client.request_timeout;
     let read = request_on(
@@ -407,15 +446,23 @@ async fn read_server_settings(link: &Link, config: &RedisConfig) -> Result<Optio
         timeout,
         "read the server's configuration",
         |mut con| async move {
-            let mut pipe = redis::pipe();
-            for parameter in ServerSettings::PARAMETERS {
-                pipe.cmd("CONFIG").arg("GET").arg(parameter);
+            let nodes = con.primaries().await?;
+            let mut per_node = Vec::with_capacity(nodes.len());
+            for node in &nodes {
+                let mut pipe = redis::pipe();
+                for parameter in ServerSettings::PARAMETERS {
+                    pipe.cmd("CONFIG").arg("GET").arg(parameter);
+                }
+                per_node.push(
+                    con.query_pipeline_on::<Vec<Vec<String>>>(node, pipe)
+                        .await?,
+                );
             }
-            pipe.query_async::<Vec<Vec<String>>>(&mut con).await
+            Ok(per_node)
         },
     )
     .await;
-    let values = match read {
+    let per_node = match read {
         Ok(values) => values,
         Err(e @ Error::Unavailable { .. }) => return Err(e),
         Err(error) => {
@@ -427,20 +474,41 @@ async fn read_server_settings(link: &Link, config: &RedisConfig) -> Result<Optio
             return Ok(None);
         }
     };
-    let value = |i: usize| {
-        values
-            .get(i)
-            .and_then(|pair| pair.get(1))
-            .map(String::as_str)
-    };
-    let (Some(policy), Some(appendonly), Some(appendfsync)) = (value(0), value(1), value(2)) else {
-        tracing::debug!(
-            ?values,
-            "the Redis server did not report its eviction and persistence settings"
-        );
+    let mut least_safe: Option<ServerSettings> = None;
+    for values in &per_node {
+        let value = |i: usize| {
+            values
+                .get(i)
+                .and_then(|pair| pair.get(1))
+                .map(String::as_str)
+        };
+        let (Some(policy), Some(appendonly), Some(appendfsync)) = (value(0), value(1), value(2))
+        else {
+            tracing::debug!(
+                ?values,
+                "the Redis server did not report its eviction and persistence settings"
+            );
+            return Ok(None);
+        };
+        let settings = ServerSettings::from_values(policy, appendonly, appendfsync);
+        let risk = |s: &ServerSettings| {
+            (
+                s.may_evict_fence_counters(),
+                s.may_evict_lock_keys(),
+                !s.durable_fences(),
+            )
+        };
+        if least_safe
+            .as_ref()
+            .is_none_or(|l| risk(&settings) > risk(l))
+        {
+            least_safe = Some(settings);
+        }
+    }
+    let Some(settings) = least_safe else {
         return Ok(None);
     };
-    let settings = ServerSettings::from_values(policy, appendonly, appendfsync);
+    let policy = settings.maxmemory_policy().to_string();
     let url = config.redacted_url();
     if settings.may_evict_fence_counters() {
         tracing::warn!(
@@ -490,7 +558,7 @@ enum Attempt {
 /// anyway.
 struct Pending<'a> {
     inner: &'a Inner,
-    con: MultiplexedConnection,
+    con: Connection,
     lock_key: &'a str,
     token: &'a str,
     ttl: Duration,
@@ -507,7 +575,7 @@ impl Drop for Pending<'_> {
         };
         let (script, channel) = (
             self.inner.scripts.release.clone(),
-            self.inner.config.channel.clone(),
+            self.inner.channel_of(self.lock_key),
         );
         let (mut con, lock_key, token, ttl) = (
             self.con.clone(),
@@ -550,10 +618,11 @@ impl Authority for RedisAuthority {
         let start = Instant::now();
         let give_up = saturating_add(start, max_wait);
         let subscription = &self.inner.subscription;
-        let notify = subscription
-            .waiters()
-            .for_key(&self.inner.config.layout.lock_key(key));
-        subscription.settled(self.timeout().min(max_wait)).await;
+        let lock_key = self.inner.config.layout.lock_key(key);
+        let notify = subscription.waiters().for_key(&lock_key);
+        subscription
+            .settled(&lock_key, self.timeout().min(max_wait))
+            .await;
         // Announcements make hand-offs immediate, but not every holder announces: a plain
         // `SET NX PX` client (redis-py's `Lock`, say) deletes its key silently, an ACL may
         // forbid publishing, a message can be lost, the subscription can be down. So between
@@ -660,12 +729,13 @@ impl Authority for RedisAuthority {
         let lock_key = self.inner.config.layout.lock_key(grant.key());
         let value_key = KeyLayout::value_key_of(&lock_key);
         let token = hex(&grant.owner());
+        let channel = self.inner.channel_of(&lock_key);
         let Int(released) = self
             .script(
                 "release",
                 &self.inner.scripts.release,
                 &[&lock_key, &value_key],
-                &[token.as_str(), &self.inner.config.channel],
+                &[token.as_str(), &channel],
             )
             .await?;
         match released {
@@ -747,11 +817,12 @@ impl Authority for RedisAuthority {
         let lock_key = self.inner.config.layout.lock_key(grant.key());
         let value_key = KeyLayout::value_key_of(&lock_key);
         let (token, fence) = (hex(&grant.owner()), grant.fence().raw().to_string());
+        let channel = self.inner.channel_of(&lock_key);
         let args: [&[u8]; 4] = [
             token.as_bytes(),
             fence.as_bytes(),
             value,
-            self.inner.config.channel.as_bytes(),
+            channel.as_bytes(),
         ];
         let Int(stored) = self
             .script(
@@ -781,13 +852,14 @@ impl Authority for RedisAuthority {
     async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
         let until = saturating_add(Instant::now(), max_wait);
         let subscription = &self.inner.subscription;
-        let notify = subscription
-            .waiters()
-            .for_key(&self.inner.config.layout.lock_key(key));
+        let lock_key = self.inner.config.layout.lock_key(key);
+        let notify = subscription.waiters().for_key(&lock_key);
         // Registered before anything else, so nothing announced from here on is missed.
         let mut changed = pin!(notify.notified());
         changed.as_mut().enable();
-        subscription.settled(self.timeout().min(max_wait)).await;
+        subscription
+            .settled(&lock_key, self.timeout().min(max_wait))
+            .await;
         tokio::select! {
             _ = changed => {}
             _ = tokio::time::sleep_until(until) => {}
@@ -803,36 +875,39 @@ impl Authority for RedisAuthority {
         let layout = &self.inner.config.layout;
         let pattern = layout.scan_pattern(prefix);
         let mut keys = SmallestKeys::new(limit);
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, batch): (u64, Vec<Vec<u8>>) = self
-                .request("list_keys", |mut con| {
-                    let pattern = pattern.clone();
-                    async move {
-                        redis::cmd("SCAN")
-                            .arg(cursor)
+        // On a Redis Cluster every primary holds its own slots' keys: scan each in turn.
+        let nodes = self
+            .request("list_keys", |mut con| async move { con.primaries().await })
+            .await?;
+        for node in &nodes {
+            let mut cursor: u64 = 0;
+            loop {
+                let (next, batch): (u64, Vec<Vec<u8>>) = self
+                    .request("list_keys", |mut con| {
+                        let mut cmd = redis::cmd("SCAN");
+                        cmd.arg(cursor)
                             .arg("MATCH")
-                            .arg(pattern)
+                            .arg(&pattern)
                             .arg("COUNT")
-                            .arg(SCAN_COUNT)
-                            .query_async(&mut con)
-                            .await
+                            .arg(SCAN_COUNT);
+                        async move { con.query_on(node, cmd).await }
+                    })
+                    .await?;
+                for redis_key in &batch {
+                    let key = std::str::from_utf8(redis_key)
+                        .ok()
+                        .and_then(|k| layout.key_of(k));
+                    if let Some(key) = key.filter(|k| prefix.matches(k)) {
+                        keys.offer(key);
                     }
-                })
-                .await?;
-            for redis_key in &batch {
-                let key = std::str::from_utf8(redis_key)
-                    .ok()
-                    .and_then(|k| layout.key_of(k));
-                if let Some(key) = key.filter(|k| prefix.matches(k)) {
-                    keys.offer(key);
                 }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
             }
-            if next == 0 {
-                return Ok(keys.into_sorted());
-            }
-            cursor = next;
         }
+        Ok(keys.into_sorted())
     }
 }
 

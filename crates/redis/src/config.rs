@@ -1,4 +1,4 @@
-//! What a `redis://`, `rediss://` or `redis+sentinel://` URL configures.
+//! What a `redis://`, `rediss://`, `redis+sentinel://` or `redis+cluster://` URL configures.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -7,6 +7,7 @@ use std::time::Duration;
 use leasehold_core::{redact_url, ClientOptions, Error, Result, UrlParams};
 use redis::{ConnectionInfo, IntoConnectionInfo};
 
+use crate::cluster::ClusterTarget;
 use crate::keys::{check_channel, KeyLayout, DEFAULT_CHANNEL};
 use crate::sentinel::{parse_target, SentinelTarget};
 
@@ -17,6 +18,8 @@ pub(crate) enum Target {
     Direct(ConnectionInfo),
     /// Whichever server the sentinels name as the primary (`redis+sentinel://`).
     Sentinel(SentinelTarget),
+    /// A Redis Cluster, found through its seed nodes (`redis+cluster://`).
+    Cluster(ClusterTarget),
 }
 
 impl fmt::Debug for Target {
@@ -25,6 +28,7 @@ impl fmt::Debug for Target {
         match self {
             Target::Direct(_) => f.write_str("Direct"),
             Target::Sentinel(target) => target.fmt(f),
+            Target::Cluster(target) => target.fmt(f),
         }
     }
 }
@@ -105,10 +109,18 @@ impl RedisConfig {
             reason,
         };
         let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
-        let (tls, sentinel) = match scheme.as_deref() {
-            Some("redis") => (false, false),
-            Some("rediss") => (true, false),
-            Some("redis+sentinel") => (false, true),
+        let (tls, sentinel, cluster) = match scheme.as_deref() {
+            Some("redis") => (false, false, false),
+            Some("rediss") => (true, false, false),
+            Some("redis+sentinel") => (false, true, false),
+            Some("redis+cluster") => (false, false, true),
+            Some("rediss+cluster") => {
+                return Err(invalid(
+                    "TLS to a Redis Cluster is not supported yet; use redis+cluster:// on a \
+                     trusted network"
+                        .into(),
+                ))
+            }
             Some("rediss+sentinel") => return Err(invalid(
                 "TLS to a Sentinel deployment is not supported yet; use redis+sentinel:// on a \
                      trusted network, or rediss:// to an address that follows the primary"
@@ -116,7 +128,8 @@ impl RedisConfig {
             )),
             _ => {
                 return Err(invalid(
-                    "expected a redis://, rediss:// or redis+sentinel:// URL".into(),
+                    "expected a redis://, rediss://, redis+sentinel:// or redis+cluster:// URL"
+                        .into(),
                 ))
             }
         };
@@ -147,6 +160,15 @@ impl RedisConfig {
         if tls_ca_file.is_some() && !tls {
             return Err(invalid("tls_ca_file needs a rediss:// URL".into()));
         }
+        if cluster && replicas > 0 {
+            // WAIT counts the replicas of the connection it is sent on, and the cluster client
+            // sends a keyless command to any node: it would count another shard's replicas.
+            return Err(invalid(
+                "wait_replicas is not supported on redis+cluster:// (WAIT cannot be sent on \
+                 the connection that took the write through the cluster client)"
+                    .into(),
+            ));
+        }
         let wait = match (replicas, wait_timeout) {
             (0, None) => None,
             (0, Some(_)) => return Err(invalid("wait_timeout_ms needs wait_replicas".into())),
@@ -163,8 +185,10 @@ impl RedisConfig {
             )));
         }
         let driver_url = url.split('?').next().unwrap_or(url);
-        let target = if sentinel {
-            let rest = driver_url.split_once("://").map_or("", |(_, rest)| rest);
+        let rest = driver_url.split_once("://").map_or("", |(_, rest)| rest);
+        let target = if cluster {
+            Target::Cluster(crate::cluster::parse_target(rest, &invalid)?)
+        } else if sentinel {
             Target::Sentinel(parse_target(
                 rest,
                 sentinel_user,
@@ -210,6 +234,13 @@ impl RedisConfig {
     /// Waits for replicas after every acquisition. The wait must be shorter than the request
     /// timeout, since it happens inside the acquiring request's budget.
     pub fn with_wait_replicas(mut self, wait: WaitReplicas) -> Result<Self> {
+        if self.is_cluster() {
+            return Err(Error::InvalidConfig {
+                reason: "waiting for replicas is not supported on a Redis Cluster (WAIT cannot \
+                         be sent on the connection that took the write)"
+                    .into(),
+            });
+        }
         if wait.replicas == 0 || wait.timeout.is_zero() {
             return Err(Error::InvalidConfig {
                 reason: "waiting for replicas needs at least one replica and a timeout above \
@@ -272,7 +303,7 @@ impl RedisConfig {
     pub fn sentinel_master_name(&self) -> Option<&str> {
         match &self.target {
             Target::Sentinel(target) => Some(&target.master_name),
-            Target::Direct(_) => None,
+            Target::Direct(_) | Target::Cluster(_) => None,
         }
     }
 
@@ -280,8 +311,21 @@ impl RedisConfig {
     pub fn sentinels(&self) -> Vec<String> {
         match &self.target {
             Target::Sentinel(target) => target.sentinels.iter().map(|s| s.to_string()).collect(),
-            Target::Direct(_) => Vec::new(),
+            Target::Direct(_) | Target::Cluster(_) => Vec::new(),
         }
+    }
+
+    /// For a `redis+cluster://` URL, the seed nodes (`host:port`), in the URL's order.
+    pub fn cluster_seeds(&self) -> Vec<String> {
+        match &self.target {
+            Target::Cluster(target) => target.seeds.iter().map(|s| s.to_string()).collect(),
+            Target::Direct(_) | Target::Sentinel(_) => Vec::new(),
+        }
+    }
+
+    /// Whether this configuration names a Redis Cluster (`redis+cluster://`).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.target, Target::Cluster(_))
     }
 }
 
@@ -342,6 +386,13 @@ mod tests {
             "redis+sentinel://:hunter2@h:70000/m",
             "rediss+sentinel://:hunter2@h/m",
             "redis://:hunter2@h?sentinel_password=x",
+            "redis+cluster://:hunter2@h:7000,h:7001?wait_replicas=1",
+            "redis+cluster://:hunter2@h:7000/3",
+            "redis+cluster://:hunter2@h:7000?tls_ca_file=/ca.pem",
+            "redis+cluster://:hunter2@h:7000?sentinel_password=x",
+            "redis+cluster://:hunter2@h:99999",
+            "redis+cluster://:hunter2@",
+            "rediss+cluster://:hunter2@h:7000",
         ] {
             let err = RedisConfig::from_url(bad).unwrap_err();
             let shown = format!("{err} {err:?}");
@@ -376,5 +427,33 @@ mod tests {
             "{shown}"
         );
         assert!(RedisConfig::from_url("REDIS+SENTINEL://h/m").is_ok());
+    }
+
+    #[test]
+    fn parses_cluster_urls_without_showing_secrets() {
+        let c = RedisConfig::from_url(
+            "redis+cluster://app:hunter2@10.0.0.1:7000,10.0.0.2/0?prefix=p:&channel=ch&timeout_ms=700",
+        )
+        .unwrap();
+        assert!(c.is_cluster());
+        assert_eq!(c.cluster_seeds(), ["10.0.0.1:7000", "10.0.0.2:6379"]);
+        assert_eq!(c.layout.prefix(), "p:");
+        assert_eq!(c.channel(), "ch");
+        assert_eq!(c.sentinel_master_name(), None);
+        let Target::Cluster(target) = &c.target else {
+            panic!("not a cluster target")
+        };
+        assert_eq!(target.node.password(), Some("hunter2"));
+        let shown = format!("{c:?} {c:#?} {}", c.redacted_url());
+        assert!(!shown.contains("hunter2"), "{shown}");
+        let wait = WaitReplicas {
+            replicas: 1,
+            timeout: Duration::from_millis(50),
+        };
+        assert!(matches!(
+            c.with_wait_replicas(wait),
+            Err(Error::InvalidConfig { .. })
+        ));
+        assert!(RedisConfig::from_url("REDIS+CLUSTER://h").is_ok());
     }
 }

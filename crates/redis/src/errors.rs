@@ -32,6 +32,33 @@ pub(crate) fn replace_connection(error: &RedisError) -> bool {
     breaks_connection(error) || not_the_primary(error)
 }
 
+/// Whether `error` is a redirection (`MOVED`, `ASK`). Through the cluster client one only
+/// reaches us when its slot map stayed stale through all its retries (a failover or a resharding
+/// in progress): the connection is replaced, so that the next request reads the map afresh.
+pub(crate) fn is_redirect(error: &RedisError) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+    ) || matches!(error.code(), Some("MOVED" | "ASK"))
+}
+
+/// Maps an error met on a connection, to a Redis Cluster if `cluster`: there a redirection is
+/// the topology moving (retryable `Unavailable`); to one server it is a misconfiguration
+/// ([`map`]).
+pub(crate) fn map_on(error: RedisError, what: &str, cluster: bool) -> Error {
+    if cluster && is_redirect(&error) {
+        return Error::Unavailable {
+            backend: BACKEND,
+            message: redact_url(&format!(
+                "{what}: {error} (the cluster's slots are moving; the next request reads the \
+                 slot map again)"
+            )),
+            source: Some(Box::new(error)),
+        };
+    }
+    map(error, what)
+}
+
 /// Whether the server refused our credentials or permissions (`Unauthorized`, never retried).
 pub(crate) fn is_refused(error: &RedisError) -> bool {
     matches!(
@@ -89,8 +116,8 @@ pub(crate) fn map(error: RedisError, what: &str) -> Error {
             _,
         ) => backend(
             format!(
-                "{message} (this authority talks to one Redis server; a Redis Cluster needs a \
-                 cluster-aware proxy in front of it)"
+                "{message} (a redis:// authority talks to one Redis server; for a Redis Cluster \
+                 use redis+cluster://host:port,...)"
             ),
             false,
             error,

@@ -24,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 mod authority;
+mod cluster;
 mod config;
 mod errors;
 mod keys;

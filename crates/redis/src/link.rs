@@ -3,8 +3,14 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, ErrorKind, ProtocolVersion, RedisError, RedisResult};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
+use redis::{
+    AsyncConnectionConfig, Client, Cmd, ErrorKind, Pipeline, ProtocolVersion, RedisError,
+    RedisFuture, RedisResult, Value,
+};
 use tokio::sync::watch;
 
 use crate::sentinel::{NodeAddr, Resolver};
@@ -57,7 +63,47 @@ fn ensure_crypto_provider() {
     }
 }
 
-/// Where new connections go: one address, or the primary that Redis Sentinel names.
+/// A connection to one server, or to a whole Redis Cluster (which routes each request to the
+/// primary of its first key's slot, following `MOVED` and `ASK`). Both are multiplexed and cheap
+/// to clone; the scripts and requests run on either unchanged.
+#[derive(Clone)]
+pub(crate) enum Connection {
+    /// One server (`redis://`, `rediss://`, the primary behind Sentinel).
+    Single(MultiplexedConnection),
+    /// A Redis Cluster (`redis+cluster://`).
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Single(con) => con.req_packed_command(cmd),
+            Connection::Cluster(con) => con.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Single(con) => con.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(con) => con.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(con) => con.get_db(),
+            Connection::Cluster(con) => con.get_db(),
+        }
+    }
+}
+
+/// Where new connections go: one address, the primary that Redis Sentinel names, or a Redis
+/// Cluster.
 #[derive(Clone)]
 pub(crate) enum Source {
     /// One address (`redis://`, `rediss://`).
@@ -67,6 +113,9 @@ pub(crate) enum Source {
         resolver: Arc<Resolver>,
         protocol: ProtocolVersion,
     },
+    /// Reads the slot map from the seed nodes and connects to every primary
+    /// (`redis+cluster://`); the client library keeps the map current.
+    Cluster(Box<ClusterClient>),
 }
 
 impl Source {
@@ -75,20 +124,29 @@ impl Source {
     pub(crate) async fn open(
         &self,
         config: AsyncConnectionConfig,
-    ) -> RedisResult<(Option<NodeAddr>, MultiplexedConnection)> {
+    ) -> RedisResult<(Option<NodeAddr>, Connection)> {
         match self {
-            Source::Direct(client) => Ok((None, connect((**client).clone(), config).await?)),
+            Source::Direct(client) => Ok((
+                None,
+                Connection::Single(connect((**client).clone(), config).await?),
+            )),
             Source::Sentinel { resolver, protocol } => {
                 let (addr, con) = resolver.connect(*protocol, config).await?;
-                Ok((Some(addr), con))
+                Ok((Some(addr), Connection::Single(con)))
             }
+            // The client was built with the request timeout for each node's connection and
+            // response; the caller bounds the whole.
+            Source::Cluster(client) => Ok((
+                None,
+                Connection::Cluster(client.get_async_connection().await?),
+            )),
         }
     }
 
     /// The primary last confirmed through Sentinel (`None` for one address).
     pub(crate) fn primary(&self) -> Option<NodeAddr> {
         match self {
-            Source::Direct(_) => None,
+            Source::Direct(_) | Source::Cluster(_) => None,
             Source::Sentinel { resolver, .. } => resolver.primary(),
         }
     }
@@ -96,7 +154,7 @@ impl Source {
     /// Follows the confirmed primary (`None` for one address, which never moves).
     pub(crate) fn watch(&self) -> Option<watch::Receiver<Option<NodeAddr>>> {
         match self {
-            Source::Direct(_) => None,
+            Source::Direct(_) | Source::Cluster(_) => None,
             Source::Sentinel { resolver, .. } => Some(resolver.watch()),
         }
     }
@@ -107,7 +165,7 @@ impl Source {
 #[derive(Clone)]
 pub(crate) struct Conn {
     pub(crate) id: u64,
-    pub(crate) con: MultiplexedConnection,
+    pub(crate) con: Connection,
     /// The server it reaches, for a Sentinel source.
     pub(crate) addr: Option<NodeAddr>,
 }
@@ -187,6 +245,100 @@ impl Link {
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
         if current.as_ref().is_some_and(|c| c.id == id) {
             *current = None;
+        }
+    }
+}
+
+impl Connection {
+    /// `SUBSCRIBE` to `channel` (RESP3: messages arrive as pushes).
+    pub(crate) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Connection::Single(con) => con.subscribe(channel).await,
+            Connection::Cluster(con) => con.subscribe(channel).await,
+        }
+    }
+
+    /// The primaries of a cluster now (`host:port`, from the client's slot map, each asked with
+    /// a `PING`); `[None]` for one server, which is its own only primary.
+    pub(crate) async fn primaries(&mut self) -> RedisResult<Vec<Option<(String, u16)>>> {
+        match self {
+            Connection::Single(_) => Ok(vec![None]),
+            Connection::Cluster(con) => {
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                let reply = con.route_command(redis::cmd("PING"), routing).await?;
+                let Value::Map(answers) = reply else {
+                    return Err(RedisError::from((
+                        ErrorKind::Client,
+                        "the cluster client answered a PING to every primary with no map",
+                    )));
+                };
+                let mut primaries = Vec::with_capacity(answers.len());
+                for (addr, answer) in answers {
+                    if let Value::ServerError(error) = answer {
+                        return Err(error.into());
+                    }
+                    let addr = match addr {
+                        Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+                        Value::SimpleString(s) => s,
+                        _ => continue,
+                    };
+                    let parsed = addr
+                        .rsplit_once(':')
+                        .and_then(|(host, port)| Some((host.to_string(), port.parse().ok()?)));
+                    match parsed {
+                        Some(node) => primaries.push(Some(node)),
+                        None => {
+                            return Err(RedisError::from((
+                                ErrorKind::Client,
+                                "the cluster client named a primary without a port",
+                                addr,
+                            )))
+                        }
+                    }
+                }
+                primaries.sort();
+                Ok(primaries)
+            }
+        }
+    }
+
+    /// Sends `cmd` to `node` (a primary named by [`Connection::primaries`]), or on this one
+    /// server's connection for `None`.
+    pub(crate) async fn query_on<T: redis::FromRedisValue>(
+        &mut self,
+        node: &Option<(String, u16)>,
+        cmd: Cmd,
+    ) -> RedisResult<T> {
+        match (self, node) {
+            (Connection::Cluster(con), Some((host, port))) => {
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                });
+                let value = con.route_command(cmd, routing).await?;
+                Ok(redis::from_redis_value(value)?)
+            }
+            (con, _) => cmd.query_async(con).await,
+        }
+    }
+
+    /// Sends `pipe` to `node` as [`Connection::query_on`] sends one command (one round trip).
+    pub(crate) async fn query_pipeline_on<T: redis::FromRedisValue>(
+        &mut self,
+        node: &Option<(String, u16)>,
+        pipe: Pipeline,
+    ) -> RedisResult<T> {
+        match (self, node) {
+            (Connection::Cluster(con), Some((host, port))) => {
+                let route = SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                };
+                let count = pipe.len();
+                let values = con.route_pipeline(pipe, 0, count, route).await?;
+                Ok(redis::from_redis_value(Value::Array(values))?)
+            }
+            (con, _) => pipe.query_async(con).await,
         }
     }
 }

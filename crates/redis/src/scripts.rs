@@ -1,6 +1,6 @@
 //! The four Lua scripts, and running them by SHA with the full text as the fallback.
 
-use redis::aio::MultiplexedConnection;
+use crate::link::Connection;
 use redis::{
     ErrorKind, FromRedisValue, ParsingError, RedisResult, ServerErrorKind, ToRedisArgs, Value,
 };
@@ -17,11 +17,24 @@ use redis::{
 /// script that fails halfway keeps what it already did (Redis has no rollback), so if the
 /// counter cannot be raised (overwritten with text, or at its maximum) the fresh lease is
 /// deleted again before the error is returned, and nobody holds a lease nobody was told about.
+///
+/// A key that already holds *this* attempt's owner token (fresh for every attempt) was taken by
+/// this very call, run once before: the Redis Cluster client sends a request again after a
+/// connection it had to repair, and the first run's answer may have been lost with it. Then the
+/// script answers the fence of that run (the counter: nobody raises it while the key is held)
+/// instead of "held", so the caller gets the grant it made rather than a lease nobody knows of.
 pub(crate) const ACQUIRE: &str = r#"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local fence = redis.pcall('INCR', KEYS[2])
   if type(fence) == 'table' then
     redis.call('DEL', KEYS[1])
+  end
+  return fence
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  local fence = tonumber(redis.call('GET', KEYS[2]))
+  if fence == nil then
+    return redis.error_reply('the fence counter is not an integer')
   end
   return fence
 end
@@ -122,23 +135,29 @@ pub(crate) mod released {
 /// means the script did not run, so sending it again cannot do anything twice.
 #[derive(Debug, Clone)]
 pub(crate) struct LuaScript {
-    code: &'static str,
+    code: std::sync::Arc<str>,
     sha: String,
 }
 
 impl LuaScript {
-    pub(crate) fn new(code: &'static str) -> Self {
+    pub(crate) fn new(code: &str) -> Self {
         LuaScript {
-            code,
+            code: code.into(),
             sha: redis::Script::new(code).get_hash().to_string(),
         }
+    }
+
+    /// The script with every `PUBLISH` replaced by `SPUBLISH` (sharded pub/sub, for Redis
+    /// Cluster: the channel must be in the slot of the script's keys).
+    pub(crate) fn sharded(code: &str) -> Self {
+        LuaScript::new(&code.replace("'PUBLISH'", "'SPUBLISH'"))
     }
 
     /// Runs the script with `keys` and `args` on `con` (arguments as text, or as bytes where a
     /// value need not be UTF-8).
     pub(crate) async fn run<T: FromRedisValue, A: ToRedisArgs + Sync>(
         &self,
-        con: &mut MultiplexedConnection,
+        con: &mut Connection,
         keys: &[&str],
         args: &[A],
     ) -> RedisResult<T> {
@@ -150,7 +169,7 @@ impl LuaScript {
         match call("EVALSHA", &self.sha).query_async(con).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 tracing::debug!(sha = %self.sha, "script not cached on the server; sending it in full");
-                call("EVAL", self.code).query_async(con).await
+                call("EVAL", &self.code).query_async(con).await
             }
             other => other,
         }
@@ -222,14 +241,23 @@ pub(crate) struct Scripts {
     pub(crate) proclaim: LuaScript,
 }
 
-impl Default for Scripts {
-    fn default() -> Self {
+impl Scripts {
+    /// The scripts; with `sharded`, release and proclaim announce with `SPUBLISH` on the lock's
+    /// shard channel (Redis Cluster) instead of `PUBLISH`.
+    pub(crate) fn new(sharded: bool) -> Self {
+        let announcing = |code: &str| {
+            if sharded {
+                LuaScript::sharded(code)
+            } else {
+                LuaScript::new(code)
+            }
+        };
         Scripts {
             acquire: LuaScript::new(ACQUIRE),
             renew: LuaScript::new(RENEW),
             renew_many: LuaScript::new(RENEW_MANY),
-            release: LuaScript::new(RELEASE),
-            proclaim: LuaScript::new(PROCLAIM),
+            release: announcing(RELEASE),
+            proclaim: announcing(PROCLAIM),
         }
     }
 }

@@ -87,28 +87,10 @@ pub(crate) fn parse_target(
         Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
         None => (None, authority),
     };
-    let mut node = RedisConnectionInfo::default();
-    if let Some(info) = userinfo {
-        let (user, password) = match info.split_once(':') {
-            Some((user, password)) => (user, Some(password)),
-            None => (info, None),
-        };
-        let user = percent_decode(user)
-            .ok_or_else(|| invalid("the user name is not valid percent-encoded UTF-8".into()))?;
-        if !user.is_empty() {
-            node = node.set_username(user);
-        }
-        if let Some(password) = password {
-            let password = percent_decode(password)
-                .ok_or_else(|| invalid("the password is not valid percent-encoded UTF-8".into()))?;
-            if !password.is_empty() {
-                node = node.set_password(password);
-            }
-        }
-    }
+    let mut node = parse_userinfo(userinfo, invalid)?;
     let mut sentinels = Vec::new();
     for host in hosts.split(',') {
-        let addr = parse_host(host).map_err(invalid)?;
+        let addr = parse_host(host, DEFAULT_SENTINEL_PORT, "sentinel").map_err(invalid)?;
         if !sentinels.contains(&addr) {
             sentinels.push(addr);
         }
@@ -179,11 +161,44 @@ pub(crate) fn parse_target(
     })
 }
 
-/// `host`, `host:port`, `[v6]` or `[v6]:port`.
-fn parse_host(text: &str) -> std::result::Result<NodeAddr, String> {
+/// The user and password of a URL's user info (`[user][:password]`, percent-encoded), kept
+/// only in the client library's settings (which never print them).
+pub(crate) fn parse_userinfo(
+    userinfo: Option<&str>,
+    invalid: &dyn Fn(String) -> Error,
+) -> Result<RedisConnectionInfo> {
+    let mut node = RedisConnectionInfo::default();
+    if let Some(info) = userinfo {
+        let (user, password) = match info.split_once(':') {
+            Some((user, password)) => (user, Some(password)),
+            None => (info, None),
+        };
+        let user = percent_decode(user)
+            .ok_or_else(|| invalid("the user name is not valid percent-encoded UTF-8".into()))?;
+        if !user.is_empty() {
+            node = node.set_username(user);
+        }
+        if let Some(password) = password {
+            let password = percent_decode(password)
+                .ok_or_else(|| invalid("the password is not valid percent-encoded UTF-8".into()))?;
+            if !password.is_empty() {
+                node = node.set_password(password);
+            }
+        }
+    }
+    Ok(node)
+}
+
+/// `host`, `host:port`, `[v6]` or `[v6]:port`; `default_port` when none is given; `what` names
+/// the kind of server in messages.
+pub(crate) fn parse_host(
+    text: &str,
+    default_port: u16,
+    what: &str,
+) -> std::result::Result<NodeAddr, String> {
     let text = text.trim();
     if text.is_empty() {
-        return Err("an empty sentinel address".into());
+        return Err(format!("an empty {what} address"));
     }
     let (host, port) = if let Some(bracketed) = text.strip_prefix('[') {
         let Some((host, after)) = bracketed.split_once(']') else {
@@ -208,10 +223,10 @@ fn parse_host(text: &str) -> std::result::Result<NodeAddr, String> {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'))
     {
-        return Err(format!("`{text}` is not a valid sentinel host"));
+        return Err(format!("`{text}` is not a valid {what} host"));
     }
     let port = match port {
-        None => DEFAULT_SENTINEL_PORT,
+        None => default_port,
         Some(p) => match p.parse::<u16>() {
             Ok(port) if port > 0 => port,
             _ => return Err(format!("`{text}`: invalid port `{p}`")),

@@ -1,15 +1,22 @@
 //! Pub/sub: one subscription connection per authority wakes the waiters of a released key.
+//!
+//! On one server (or behind Sentinel) it subscribes to the one release channel. On a Redis
+//! Cluster it is one cluster connection (RESP3) that subscribes, with `SSUBSCRIBE`, to the shard
+//! channel of each key someone waits on, at the primary that owns the key's slot, and
+//! unsubscribes when nobody waits on the key any more (see [`crate::cluster`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_core::Backoff;
-use redis::{AsyncConnectionConfig, Msg, PushInfo, PushKind, RedisError, Value};
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, Msg, ProtocolVersion, PushInfo, PushKind, RedisError, Value};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
+use crate::cluster::{lock_key_of, shard_channel, ClusterTarget};
 use crate::link::Source;
 use crate::sentinel::NodeAddr;
 
@@ -37,6 +44,12 @@ impl Waiters {
         if let Some(n) = map.get(lock_key) {
             n.notify_waiters();
         }
+    }
+
+    /// Whether anyone waits on `lock_key` now.
+    fn waited_on(&self, lock_key: &str) -> bool {
+        let map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(lock_key).is_some_and(|n| Arc::strong_count(n) > 1)
     }
 
     /// Wakes everyone: while the subscription was down, releases may have been missed.
@@ -68,12 +81,43 @@ pub(crate) enum State {
 /// it subscribes on the primary the sentinels name, and moves (subscribing again, waking every
 /// waiter) when its connection fails or the authority's requests found another primary.
 pub(crate) struct Subscription {
-    source: Source,
+    notifications: Notifications,
     channel: String,
     timeout: Duration,
     waiters: Arc<Waiters>,
     state: Arc<watch::Sender<State>>,
     task: Mutex<Option<JoinHandle<()>>>,
+    /// On a Redis Cluster: the connection and the shard channels subscribed.
+    sharded: Arc<Sharded>,
+}
+
+/// Where announcements come from.
+#[derive(Clone)]
+pub(crate) enum Notifications {
+    /// The release channel, on one server or the primary Sentinel names (`source` must speak
+    /// RESP3).
+    PubSub(Source),
+    /// One shard channel per key waited on, on a Redis Cluster.
+    Sharded(ClusterTarget),
+}
+
+/// The sharded subscriptions of a Redis Cluster authority.
+#[derive(Default)]
+struct Sharded {
+    /// The cluster connection, once open.
+    con: Mutex<Option<ClusterConnection>>,
+    /// The shard channels subscribed now. Held while subscribing and while unsubscribing, so a
+    /// channel is never unsubscribed under a waiter that just found it subscribed.
+    subscribed: tokio::sync::Mutex<HashSet<String>>,
+    /// Set when the subscriptions must be made again (a node's connection dropped, or a node
+    /// stopped serving a channel's slot).
+    again: Notify,
+}
+
+impl Sharded {
+    fn connection(&self) -> Option<ClusterConnection> {
+        self.con.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 impl fmt::Debug for Subscription {
@@ -95,14 +139,15 @@ impl Drop for Subscription {
 
 impl Subscription {
     /// `source` must speak RESP3.
-    pub(crate) fn new(source: Source, channel: String, timeout: Duration) -> Self {
+    pub(crate) fn new(notifications: Notifications, channel: String, timeout: Duration) -> Self {
         Subscription {
-            source,
+            notifications,
             channel,
             timeout,
             waiters: Arc::default(),
             state: Arc::new(watch::channel(State::Starting).0),
             task: Mutex::new(None),
+            sharded: Arc::default(),
         }
     }
 
@@ -111,22 +156,200 @@ impl Subscription {
     }
 
     /// Starts the subscription on first use and waits at most `bound` for its first attempt to
-    /// finish, so that the first waiter does not miss a release that happens right away.
-    pub(crate) async fn settled(&self, bound: Duration) {
+    /// finish, so that the first waiter does not miss a release that happens right away. On a
+    /// Redis Cluster, also subscribes to `lock_key`'s shard channel unless it is already (the
+    /// caller registered as a waiter of `lock_key` before, so it stays subscribed while the
+    /// caller waits). Everything within `bound`; past it, the caller relies on its retries.
+    pub(crate) async fn settled(&self, lock_key: &str, bound: Duration) {
+        let until = leasehold_core::time::deadline_in(bound);
         let mut state = self.state.subscribe();
         {
             let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
             if task.as_ref().is_none_or(|t| t.is_finished()) {
-                *task = Some(tokio::spawn(run(
-                    self.source.clone(),
-                    self.channel.clone(),
-                    self.timeout,
-                    self.waiters.clone(),
-                    self.state.clone(),
-                )));
+                *task = Some(match &self.notifications {
+                    Notifications::PubSub(source) => tokio::spawn(run(
+                        source.clone(),
+                        self.channel.clone(),
+                        self.timeout,
+                        self.waiters.clone(),
+                        self.state.clone(),
+                    )),
+                    Notifications::Sharded(target) => tokio::spawn(run_sharded(
+                        target.clone(),
+                        self.channel.clone(),
+                        self.timeout,
+                        self.waiters.clone(),
+                        self.state.clone(),
+                        self.sharded.clone(),
+                    )),
+                });
             }
         }
-        let _ = tokio::time::timeout(bound, state.wait_for(|s| *s != State::Starting)).await;
+        let _ = tokio::time::timeout_at(until, state.wait_for(|s| *s != State::Starting)).await;
+        if matches!(self.notifications, Notifications::Sharded(_)) {
+            let channel = shard_channel(lock_key, &self.channel);
+            let _ = tokio::time::timeout_at(until, self.subscribe_shard(channel)).await;
+        }
+    }
+
+    /// `SSUBSCRIBE` to `channel` unless subscribed (no-op while the cluster connection is down:
+    /// the subscription task subscribes every waited-on key again when it is back).
+    async fn subscribe_shard(&self, channel: String) {
+        let mut subscribed = self.sharded.subscribed.lock().await;
+        if subscribed.contains(&channel) {
+            return;
+        }
+        let Some(mut con) = self.sharded.connection() else {
+            return;
+        };
+        match con.ssubscribe(&channel).await {
+            Ok(()) => {
+                subscribed.insert(channel);
+            }
+            Err(error) => {
+                tracing::debug!(%error, %channel, "SSUBSCRIBE failed; waiters poll");
+            }
+        }
+    }
+}
+
+/// How often a cluster subscription drops the shard channels nobody waits on any more.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// The cluster subscription: opens the cluster connection (RESP3, pushes dispatched to the
+/// waiters), subscribes the waited-on keys' shard channels again whenever a node's connection
+/// dropped or a node gave up a channel's slot, drops channels nobody waits on, and opens the
+/// connection again after a failure, until aborted. Every (re)subscription wakes the waiters
+/// concerned, since announcements may have been missed meanwhile.
+async fn run_sharded(
+    target: ClusterTarget,
+    channel: String,
+    timeout: Duration,
+    waiters: Arc<Waiters>,
+    state: Arc<watch::Sender<State>>,
+    sharded: Arc<Sharded>,
+) {
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+    loop {
+        let sender = {
+            let (waiters, sharded, channel) = (waiters.clone(), sharded.clone(), channel.clone());
+            move |info: PushInfo| -> Result<(), ()> {
+                match info.kind {
+                    // A node's connection dropped: what it would have delivered is lost, and
+                    // its slots may be served elsewhere soon.
+                    PushKind::Disconnection => {
+                        waiters.wake_all();
+                        sharded.again.notify_one();
+                    }
+                    PushKind::SMessage => {
+                        if let Some(msg) = Msg::from_push_info(info) {
+                            if lock_key_of(msg.get_channel_name(), &channel).is_some() {
+                                if let Ok(lock_key) = std::str::from_utf8(msg.get_payload_bytes()) {
+                                    waiters.wake(lock_key);
+                                }
+                            }
+                        }
+                    }
+                    // (Re)subscribed: anything announced before was missed by this waiter.
+                    // Unsubscribed by the server (its slot moved): subscribe again where the
+                    // slot is now.
+                    PushKind::SSubscribe | PushKind::SUnsubscribe => {
+                        let name = info.data.first().and_then(|v| match v {
+                            Value::BulkString(b) => std::str::from_utf8(b).ok(),
+                            Value::SimpleString(s) => Some(s.as_str()),
+                            _ => None,
+                        });
+                        if let Some(lock_key) = name.and_then(|n| lock_key_of(n, &channel)) {
+                            waiters.wake(lock_key);
+                            if info.kind == PushKind::SUnsubscribe && waiters.waited_on(lock_key) {
+                                sharded.again.notify_one();
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                Ok(())
+            }
+        };
+        let opened = match target.client(ProtocolVersion::RESP3, timeout, Some(sender)) {
+            Ok(client) => tokio::time::timeout(timeout, client.get_async_connection())
+                .await
+                .map_err(|_| None)
+                .and_then(|r| r.map_err(Some)),
+            Err(e) => Err(Some(e)),
+        };
+        match opened {
+            Ok(con) => {
+                *sharded.con.lock().unwrap_or_else(|e| e.into_inner()) = Some(con);
+                // Channels subscribed on an earlier connection are subscribed again here.
+                sharded.again.notify_one();
+                state.send_replace(State::Ready);
+                backoff.reset();
+                loop {
+                    tokio::select! {
+                        _ = sharded.again.notified() => {
+                            let done = resubscribe(&sharded, timeout).await;
+                            waiters.wake_all();
+                            if !done {
+                                // Perhaps a primary died and its slots moved: a new connection
+                                // reads the slot map afresh.
+                                sharded.again.notify_one();
+                                break;
+                            }
+                        }
+                        _ = tokio::time::sleep(SWEEP_EVERY) => {
+                            sweep(&sharded, &channel, &waiters, timeout).await;
+                        }
+                    }
+                }
+                *sharded.con.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                tracing::debug!("the cluster subscription failed; waiters poll");
+            }
+            Err(error) => {
+                let error = error.map_or_else(|| "timed out".to_string(), |e| e.to_string());
+                tracing::debug!(%error, "cannot open the cluster subscription; waiters poll");
+            }
+        }
+        state.send_replace(State::Down);
+        waiters.wake_all();
+        tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+/// Subscribes every channel in the set again (the cluster client sends each to the primary that
+/// owns its slot now), all within `timeout`; `false` if not all were confirmed.
+async fn resubscribe(sharded: &Sharded, timeout: Duration) -> bool {
+    let subscribed = sharded.subscribed.lock().await;
+    let Some(mut con) = sharded.connection() else {
+        return false;
+    };
+    let all = async {
+        for channel in subscribed.iter() {
+            con.ssubscribe(channel).await?;
+        }
+        Ok::<_, RedisError>(())
+    };
+    matches!(tokio::time::timeout(timeout, all).await, Ok(Ok(())))
+}
+
+/// Unsubscribes the channels nobody waits on any more.
+async fn sweep(sharded: &Sharded, channel: &str, waiters: &Waiters, timeout: Duration) {
+    let mut subscribed = sharded.subscribed.lock().await;
+    let idle: Vec<String> = subscribed
+        .iter()
+        .filter(|c| lock_key_of(c, channel).is_none_or(|k| !waiters.waited_on(k)))
+        .cloned()
+        .collect();
+    if idle.is_empty() {
+        return;
+    }
+    let Some(mut con) = sharded.connection() else {
+        return;
+    };
+    for name in idle {
+        // Forgotten whatever the answer: a later waiter subscribes again, which is harmless.
+        subscribed.remove(&name);
+        let _ = tokio::time::timeout(timeout, con.sunsubscribe(&name)).await;
     }
 }
 

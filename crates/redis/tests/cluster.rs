@@ -1,0 +1,539 @@
+//! The Redis authority on a Redis Cluster (`redis+cluster://`), against a real cluster the
+//! harness starts as plain processes: three primaries with one replica each, node timeout 1 s.
+//! The whole conformance suite runs with a failover as the fault (the primary that owns the
+//! scenario's key is killed after its replica was cut off, and the replica takes over); a
+//! focused test spreads keys over all three primaries through one authority, shows that a
+//! waiter is woken by the sharded announcement of a release, and follows a primary's death with
+//! the same authority object.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_conformance::scenarios::run_all;
+use leasehold_conformance::{harness_error, Connector, Context, Faults, Residue, Verdict};
+use leasehold_core::{Authority, FenceSafety, Instant, LockKey, Released};
+use leasehold_redis::{KeyLayout, RedisAuthority};
+use leasehold_servers::{ClusterNode, RedisCluster};
+
+/// Every request gives up after one second.
+const TIMEOUT: Duration = Duration::from_millis(1000);
+
+/// The harness's `cluster-node-timeout`: how long a primary must be silent before the others
+/// count it as failed and its replica is elected in its place.
+const NODE_TIMEOUT: Duration = Duration::from_millis(1000);
+
+/// While a pause or a restart lasts, the node timeout is raised to this, so that the cluster
+/// does not fail over, nor count itself broken, in the middle of a scenario about something else
+/// (the analogue of raising Sentinel's `down-after-milliseconds`).
+const NO_FAILOVER: Duration = Duration::from_secs(3600);
+
+fn with_timeout(url: &str) -> String {
+    format!("{url}?timeout_ms={}", TIMEOUT.as_millis())
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.unwrap()
+}
+
+async fn start() -> Arc<RedisCluster> {
+    let cluster = blocking(|| RedisCluster::start(3, 1))
+        .await
+        .unwrap_or_else(|e| panic!("the Redis Cluster must start for these tests: {e}"));
+    Arc::new(cluster)
+}
+
+fn s(e: leasehold_servers::HarnessError) -> String {
+    e.to_string()
+}
+
+/// `field:value` from an `INFO` reply.
+fn info_field(info: &str, field: &str) -> Option<String> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .map(|v| v.trim().to_string())
+}
+
+/// Waits until `replica` has applied everything `primary` has written.
+fn wait_in_sync(primary: &ClusterNode, replica: &ClusterNode) -> Result<(), String> {
+    let started = std::time::Instant::now();
+    loop {
+        let p = primary.command(&["INFO", "replication"]).map_err(s)?;
+        let r = replica.command(&["INFO", "replication"]).map_err(s)?;
+        let written = info_field(&p, "master_repl_offset").and_then(|v| v.parse::<u64>().ok());
+        let applied = info_field(&r, "slave_repl_offset").and_then(|v| v.parse::<u64>().ok());
+        let up = info_field(&r, "master_link_status").as_deref() == Some("up");
+        if up && written.is_some() && applied >= written {
+            return Ok(());
+        }
+        if started.elapsed() > Duration::from_secs(20) {
+            return Err(format!(
+                "the replica did not catch up: primary {written:?}, replica {applied:?}, link up {up}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Cuts `replica` off from `primary`: the primary refuses `PSYNC`/`SYNC` from now on (an ACL
+/// change; clients never send those) and its replica connection is killed. The primary keeps
+/// serving clients; what they write now never reaches the replica.
+fn cut_replication(primary: &ClusterNode, replica: &ClusterNode) -> Result<(), String> {
+    primary
+        .command(&["ACL", "SETUSER", "default", "-psync", "-sync"])
+        .map_err(s)?;
+    primary
+        .command(&["CLIENT", "KILL", "TYPE", "replica"])
+        .map_err(s)?;
+    let started = std::time::Instant::now();
+    loop {
+        let r = replica.command(&["INFO", "replication"]).map_err(s)?;
+        let p = primary.command(&["INFO", "replication"]).map_err(s)?;
+        let down = info_field(&r, "master_link_status").as_deref() == Some("down");
+        let none = info_field(&p, "connected_slaves").as_deref() == Some("0");
+        if down && none {
+            return Ok(());
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            return Err("the replica's link did not go down".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sets `cluster-node-timeout` on every running node.
+fn set_node_timeout(cluster: &RedisCluster, timeout: Duration) -> Result<(), String> {
+    let ms = timeout.as_millis().to_string();
+    for node in cluster.nodes().iter().filter(|n| n.process().is_running()) {
+        node.command(&["CONFIG", "SET", "cluster-node-timeout", &ms])
+            .map_err(s)?;
+    }
+    Ok(())
+}
+
+/// The running primaries.
+fn primaries(cluster: &RedisCluster) -> Result<Vec<&ClusterNode>, String> {
+    let mut found = Vec::new();
+    for node in cluster.nodes().iter().filter(|n| n.process().is_running()) {
+        if node.is_primary().map_err(s)? {
+            found.push(node);
+        }
+    }
+    Ok(found)
+}
+
+/// Clients through the one cluster URL, before and after failovers.
+struct Clients(String);
+
+#[async_trait]
+impl Connector for Clients {
+    async fn connect(&self) -> leasehold_core::Result<Arc<dyn Authority>> {
+        Ok(Arc::new(RedisAuthority::connect(&self.0).await?))
+    }
+}
+
+/// Faults on the cluster. A restart and a pause act on every primary (the faults do not know
+/// the scenario's key): outages shorter than the raised node timeout, so nothing fails over. The
+/// failover acts on the primary that owns `failover_key`, the failover scenario's key.
+struct ClusterFaults {
+    cluster: Arc<RedisCluster>,
+    failover_key: String,
+}
+
+impl ClusterFaults {
+    async fn call(
+        &self,
+        f: impl FnOnce(&RedisCluster) -> Result<(), String> + Send + 'static,
+    ) -> leasehold_core::Result<()> {
+        let cluster = self.cluster.clone();
+        blocking(move || f(&cluster)).await.map_err(harness_error)
+    }
+}
+
+#[async_trait]
+impl Faults for ClusterFaults {
+    /// Every primary is killed and started again (without persistence: empty), one after the
+    /// other; returns once the cluster is ok and every replica synced again.
+    async fn restart(&self) -> leasehold_core::Result<()> {
+        self.call(|c| {
+            set_node_timeout(c, NO_FAILOVER)?;
+            for primary in primaries(c)? {
+                primary.restart().map_err(s)?;
+            }
+            set_node_timeout(c, NODE_TIMEOUT)?;
+            c.settle().map_err(s)
+        })
+        .await
+    }
+
+    async fn pause(&self) -> leasehold_core::Result<()> {
+        self.call(|c| {
+            set_node_timeout(c, NO_FAILOVER)?;
+            for primary in primaries(c)? {
+                primary.pause().map_err(s)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn resume(&self) -> leasehold_core::Result<()> {
+        self.call(|c| {
+            for node in c.nodes() {
+                if node.process().is_running() && !node.process().is_serving() {
+                    node.resume().map_err(s)?;
+                }
+            }
+            // Let the nodes answer each other's pings from before the pause, so that none
+            // counts another as silent for longer than the node timeout once it is back.
+            c.settle().map_err(s)?;
+            std::thread::sleep(Duration::from_millis(300));
+            set_node_timeout(c, NODE_TIMEOUT)
+        })
+        .await
+    }
+
+    /// An operator deletes the lock key on the primary that owns it.
+    async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<()> {
+        let lock_key = KeyLayout::default().lock_key(key);
+        self.call(move |c| {
+            c.primary_for(&lock_key)
+                .and_then(|p| p.command(&["DEL", &lock_key]))
+                .map(|_| ())
+                .map_err(s)
+        })
+        .await
+    }
+
+    /// The replica of the key's primary catches up, then is cut off: the old primary still
+    /// grants what clients ask of it, and the replica never sees it.
+    async fn begin_failover(&self) -> leasehold_core::Result<()> {
+        let key = self.failover_key.clone();
+        self.call(move |c| {
+            let primary = c.primary_for(&key).map_err(s)?;
+            let replica = c.replica_of(primary).map_err(s)?;
+            wait_in_sync(primary, replica)?;
+            cut_replication(primary, replica)
+        })
+        .await
+    }
+
+    /// The old primary dies, and its replica takes its slots over (`CLUSTER FAILOVER
+    /// TAKEOVER`); returns once the cluster is ok. Clients keep their URL.
+    async fn complete_failover(&self) -> leasehold_core::Result<()> {
+        let key = self.failover_key.clone();
+        self.call(move |c| {
+            let primary = c.primary_for(&key).map_err(s)?;
+            let replica = c.replica_of(primary).map_err(s)?;
+            primary.kill().map_err(s)?;
+            c.take_over(replica).map_err(s)
+        })
+        .await
+    }
+}
+
+/// A lock key left on the primary that owns it.
+struct ClusterResidue(Arc<RedisCluster>);
+
+#[async_trait]
+impl Residue for ClusterResidue {
+    async fn leftovers(&self, key: &LockKey) -> leasehold_core::Result<Vec<String>> {
+        let lock_key = KeyLayout::default().lock_key(key);
+        let cluster = self.0.clone();
+        let pttl = blocking(move || {
+            cluster
+                .primary_for(&lock_key)
+                .and_then(|p| p.command(&["PTTL", &lock_key]))
+        })
+        .await
+        .map_err(harness_error)?;
+        Ok(match pttl.as_str() {
+            "-2" => vec![],
+            ttl => vec![format!("lock key with PTTL {ttl}")],
+        })
+    }
+}
+
+/// The whole suite through one `redis+cluster://` URL. The failover scenario must end DECLARED
+/// (the old primary granted a lease its replica never saw, and the replica that took over hands
+/// out its fence again) or PASSED, never fail; restarts without persistence reset the counters,
+/// as declared; everything else passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_conformance_suite_on_a_cluster_with_a_failover() {
+    let cluster = start().await;
+    let url = with_timeout(&cluster.url());
+    let ctx = Context::new(Arc::new(Clients(url))).await.unwrap();
+    let failover_key = KeyLayout::default().lock_key(&ctx.key("fences-failover"));
+    let ctx = ctx
+        .with_residue(Arc::new(ClusterResidue(cluster.clone())))
+        .with_faults(Arc::new(ClusterFaults {
+            cluster: cluster.clone(),
+            failover_key: failover_key.clone(),
+        }));
+    assert_eq!(ctx.capabilities().fence_safety, FenceSafety::FailoverUnsafe);
+    assert!(!ctx.capabilities().batch_renewal);
+    let old_owner = {
+        let (c, k) = (cluster.clone(), failover_key.clone());
+        blocking(move || c.primary_for(&k).map(|n| n.port()))
+            .await
+            .unwrap()
+    };
+    let started = std::time::Instant::now();
+    let report = run_all("redis cluster", &ctx).await;
+    println!("{report}");
+    println!("the suite took {:?}", started.elapsed());
+    report.assert_passed();
+    for line in &report.lines {
+        match line.scenario {
+            "fences_survive_restart" | "election_epochs_survive_restart" => assert!(
+                matches!(line.outcome, Ok(Verdict::Declared(_))),
+                "{}:\n{report}",
+                line.scenario
+            ),
+            "fences_survive_failover" => assert!(
+                matches!(line.outcome, Ok(Verdict::Declared(_) | Verdict::Passed)),
+                "{}:\n{report}",
+                line.scenario
+            ),
+            _ => assert_eq!(
+                line.outcome,
+                Ok(Verdict::Passed),
+                "{}:\n{report}",
+                line.scenario
+            ),
+        }
+    }
+    // The failover happened: another node owns the key's slot now.
+    let (c, k) = (cluster.clone(), failover_key);
+    let new_owner = blocking(move || c.primary_for(&k).map(|n| n.port()))
+        .await
+        .unwrap();
+    assert_ne!(new_owner, old_owner);
+}
+
+/// How many clients are subscribed to the shard channel `channel` on `node`.
+fn shard_subscribers(node: &ClusterNode, channel: &str) -> u64 {
+    node.command(&["PUBSUB", "SHARDNUMSUB", channel])
+        .ok()
+        .and_then(|reply| reply.lines().nth(1).and_then(|n| n.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// The shard channel announcements of `key` go to, under the default layout and channel.
+fn shard_channel_of(key: &LockKey) -> String {
+    format!(
+        "{}:{}",
+        KeyLayout::default().lock_key(key),
+        leasehold_redis::DEFAULT_CHANNEL
+    )
+}
+
+/// Waits (bounded) until the shard channel of `key` has one subscriber on the primary that
+/// owns the key now.
+async fn wait_for_shard_subscriber(cluster: &Arc<RedisCluster>, key: &LockKey, within: Duration) {
+    let started = Instant::now();
+    let (lock_key, channel) = (KeyLayout::default().lock_key(key), shard_channel_of(key));
+    loop {
+        let (c, k, ch) = (cluster.clone(), lock_key.clone(), channel.clone());
+        let n = blocking(move || c.primary_for(&k).map(|p| shard_subscribers(p, &ch)))
+            .await
+            .unwrap_or(0);
+        if n == 1 {
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "no subscriber to {channel} on its primary after {:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// One key per primary: names tried in turn until each primary owns one.
+async fn keys_on_every_primary(cluster: &Arc<RedisCluster>) -> Vec<(LockKey, u16)> {
+    let c = cluster.clone();
+    blocking(move || {
+        let mut found: Vec<(LockKey, u16)> = Vec::new();
+        for i in 0..1000 {
+            let key = LockKey::new(format!("spread-{i}")).unwrap();
+            let port = c
+                .primary_for(&KeyLayout::default().lock_key(&key))
+                .unwrap()
+                .port();
+            if !found.iter().any(|(_, p)| *p == port) {
+                found.push((key, port));
+            }
+            if found.len() == 3 {
+                break;
+            }
+        }
+        found
+    })
+    .await
+}
+
+/// One authority spreads its locks over every primary (each lock key lands on the primary that
+/// owns its slot, with its counter beside it), a waiter is woken by the sharded announcement of
+/// another client's release, and after a primary is killed, the cluster's own failover moves its
+/// slots to the replica and the same authority object acquires there again, within a bound set
+/// by the node timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spreads_keys_wakes_waiters_by_shard_and_follows_a_failover() {
+    let cluster = start().await;
+    let url = with_timeout(&cluster.url());
+    let a = Arc::new(RedisAuthority::connect(&url).await.unwrap());
+    let b = Arc::new(RedisAuthority::connect(&url).await.unwrap());
+    let ttl = Duration::from_secs(30);
+
+    // Every primary serves one of the keys; each lock key and its counter are on that primary.
+    let keys = keys_on_every_primary(&cluster).await;
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    let mut held = Vec::new();
+    for (key, port) in &keys {
+        let grant = a.try_acquire(key, ttl).await.unwrap().expect("a free key");
+        let (c, lock_key, port) = (cluster.clone(), KeyLayout::default().lock_key(key), *port);
+        let owner = grant.owner().to_hex();
+        let stored = blocking(move || {
+            let node = c.nodes().iter().find(|n| n.port() == port).unwrap();
+            (
+                node.command(&["GET", &lock_key]).unwrap(),
+                node.command(&["GET", &format!("{lock_key}:fence")])
+                    .unwrap(),
+            )
+        })
+        .await;
+        assert_eq!(stored.0, owner, "{key}");
+        assert_eq!(stored.1, grant.fence().raw().to_string(), "{key}");
+        assert_eq!(a.release(&grant).await.unwrap(), Released::Released);
+        let again = a.try_acquire(key, ttl).await.unwrap().expect("released");
+        assert!(again.fence() > grant.fence());
+        held.push(again);
+    }
+    let listed = a
+        .list_keys(&leasehold_core::KeyPrefix::new("spread-").unwrap(), 10)
+        .await
+        .unwrap();
+    let mut expected: Vec<LockKey> = keys.iter().map(|(k, _)| k.clone()).collect();
+    expected.sort();
+    assert_eq!(listed, expected, "every primary was scanned");
+    for grant in held.drain(..) {
+        assert_eq!(a.release(&grant).await.unwrap(), Released::Released);
+    }
+
+    // A waiter on `b`, woken by `a`'s release through its shard channel. A waiter that has
+    // waited this long retries only every 150-300 ms between announcements, so a wake-up far
+    // below that, round after round, is the announcement, not the timer; the subscription is
+    // also seen at the primary that owns the key.
+    let key = LockKey::new("shard-wake").unwrap();
+    let mut latencies = Vec::new();
+    for _ in 0..9 {
+        let held = a.try_acquire(&key, ttl).await.unwrap().expect("free");
+        let waiter = {
+            let (b, key) = (b.clone(), key.clone());
+            tokio::spawn(async move {
+                let grant = b.acquire(&key, ttl, Duration::from_secs(20)).await;
+                (grant, Instant::now())
+            })
+        };
+        wait_for_shard_subscriber(&cluster, &key, TIMEOUT * 3).await;
+        // Long enough for the waiter's backoff to reach its cap.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert_eq!(a.release(&held).await.unwrap(), Released::Released);
+        let released_at = Instant::now();
+        let (grant, woke_at) = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter must get the key")
+            .unwrap();
+        let grant = grant.unwrap();
+        latencies.push(woke_at.saturating_duration_since(released_at));
+        assert!(grant.fence() > held.fence());
+        assert_eq!(b.release(&grant).await.unwrap(), Released::Released);
+    }
+    latencies.sort();
+    let median = latencies[latencies.len() / 2];
+    println!("hand-off latencies by shard announcement: {latencies:?}");
+    assert!(
+        median < Duration::from_millis(40),
+        "median wake-up {median:?}: not the announcement ({latencies:?})"
+    );
+    // Nobody waits any more: the shard channel is dropped (swept once a second).
+    {
+        let started = Instant::now();
+        loop {
+            let (c, lk, ch) = (
+                cluster.clone(),
+                KeyLayout::default().lock_key(&key),
+                shard_channel_of(&key),
+            );
+            let n = blocking(move || shard_subscribers(c.primary_for(&lk).unwrap(), &ch)).await;
+            if n == 0 {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "the shard channel stayed subscribed"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    // A primary dies. The cluster notices within the node timeout, its replica is elected, and
+    // the same authority object acquires a key of those slots again.
+    let (victim_key, victim_port) = keys[0].clone();
+    let replica_port = {
+        let c = cluster.clone();
+        blocking(move || {
+            let primary = c.nodes().iter().find(|n| n.port() == victim_port).unwrap();
+            let replica = c.replica_of(primary).unwrap();
+            wait_in_sync(primary, replica).unwrap();
+            let port = replica.port();
+            primary.kill().unwrap();
+            port
+        })
+        .await
+    };
+    let killed_at = Instant::now();
+    // Detection (the node timeout), the failure report reaching a majority of primaries, the
+    // replica's election (a delay of 0.5-1 s, then a vote), and the client's next slot map:
+    // well within ten node timeouts, plus the requests that time out meanwhile.
+    let failover_bound = NODE_TIMEOUT * 10 + TIMEOUT * 2;
+    let mut regained = None;
+    while killed_at.elapsed() < failover_bound {
+        match a.try_acquire(&victim_key, ttl).await {
+            Ok(Some(grant)) => {
+                regained = Some(grant);
+                break;
+            }
+            Ok(None) => panic!("{victim_key} was released before the kill"),
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = killed_at.elapsed();
+    let grant = regained.unwrap_or_else(|| {
+        panic!("no grant on the promoted replica within {failover_bound:?} of the kill")
+    });
+    println!("acquired on the promoted replica {took:?} after the primary was killed");
+    let c = cluster.clone();
+    let lk = KeyLayout::default().lock_key(&victim_key);
+    let owner = blocking(move || c.primary_for(&lk).map(|n| n.port()))
+        .await
+        .unwrap();
+    assert_eq!(owner, replica_port, "the replica serves the slot now");
+
+    // The subscription follows the slot: a waiter on `b` is subscribed at the new primary and
+    // woken by `a`'s release there.
+    let waiter = {
+        let (b, key) = (b.clone(), victim_key.clone());
+        tokio::spawn(async move { b.acquire(&key, ttl, Duration::from_secs(20)).await })
+    };
+    wait_for_shard_subscriber(&cluster, &victim_key, TIMEOUT * 5).await;
+    assert_eq!(a.release(&grant).await.unwrap(), Released::Released);
+    let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter must get the key on the promoted replica")
+        .unwrap()
+        .unwrap();
+    assert!(next.fence() > grant.fence());
+}
