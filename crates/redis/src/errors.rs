@@ -42,6 +42,24 @@ pub(crate) fn is_redirect(error: &RedisError) -> bool {
     ) || matches!(error.code(), Some("MOVED" | "ASK"))
 }
 
+/// Whether `error` may well go away by itself: the connection broke, or the server is loading,
+/// a replica, or a cluster node whose slots are moving or whose cluster is down. As opposed to
+/// a refusal that asking again would meet again (an ACL, an unknown command).
+pub(crate) fn is_transient(error: &RedisError) -> bool {
+    breaks_connection(error)
+        || not_the_primary(error)
+        || is_redirect(error)
+        || matches!(
+            error.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+            )
+        )
+        || matches!(error.code(), Some("LOADING" | "TRYAGAIN" | "CLUSTERDOWN"))
+}
+
 /// Maps an error met on a connection, to a Redis Cluster if `cluster`: there a redirection is
 /// the topology moving (retryable `Unavailable`); to one server it is a misconfiguration
 /// ([`map`]).

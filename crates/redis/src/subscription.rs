@@ -17,6 +17,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 use crate::cluster::{lock_key_of, shard_channel, ClusterTarget};
+use crate::errors::is_transient;
 use crate::link::Source;
 use crate::sentinel::NodeAddr;
 
@@ -50,6 +51,15 @@ impl Waiters {
     fn waited_on(&self, lock_key: &str) -> bool {
         let map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
         map.get(lock_key).is_some_and(|n| Arc::strong_count(n) > 1)
+    }
+
+    /// The keys someone waits on now.
+    fn waited_keys(&self) -> Vec<String> {
+        let map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
+        map.iter()
+            .filter(|(_, n)| Arc::strong_count(n) > 1)
+            .map(|(k, _)| k.clone())
+            .collect()
     }
 
     /// Wakes everyone: while the subscription was down, releases may have been missed.
@@ -208,6 +218,11 @@ impl Subscription {
             }
             Err(error) => {
                 tracing::debug!(%error, %channel, "SSUBSCRIBE failed; waiters poll");
+                if is_transient(&error) {
+                    // The task subscribes every waited-on key again, on a new connection if
+                    // need be.
+                    self.sharded.again.notify_one();
+                }
             }
         }
     }
@@ -288,7 +303,7 @@ async fn run_sharded(
                 loop {
                     tokio::select! {
                         _ = sharded.again.notified() => {
-                            let done = resubscribe(&sharded, timeout).await;
+                            let done = resubscribe(&sharded, &channel, &waiters, timeout).await;
                             waiters.wake_all();
                             if !done {
                                 // Perhaps a primary died and its slots moved: a new connection
@@ -316,20 +331,38 @@ async fn run_sharded(
     }
 }
 
-/// Subscribes every channel in the set again (the cluster client sends each to the primary that
-/// owns its slot now), all within `timeout`; `false` if not all were confirmed.
-async fn resubscribe(sharded: &Sharded, timeout: Duration) -> bool {
-    let subscribed = sharded.subscribed.lock().await;
+/// Subscribes again every channel in the set and the channel of every key someone waits on
+/// (the cluster client sends each to the primary that owns its slot now), all within `timeout`.
+/// `false` if that failed below the protocol or timed out (perhaps a primary died and its slots
+/// moved); a server's refusal (an ACL without channel rights, a server without sharded pub/sub)
+/// is logged and counts as done: those waiters poll, and asking again would not help.
+async fn resubscribe(
+    sharded: &Sharded,
+    channel: &str,
+    waiters: &Waiters,
+    timeout: Duration,
+) -> bool {
+    let mut subscribed = sharded.subscribed.lock().await;
+    for lock_key in waiters.waited_keys() {
+        subscribed.insert(shard_channel(&lock_key, channel));
+    }
     let Some(mut con) = sharded.connection() else {
         return false;
     };
     let all = async {
-        for channel in subscribed.iter() {
-            con.ssubscribe(channel).await?;
+        for name in subscribed.iter() {
+            con.ssubscribe(name).await?;
         }
         Ok::<_, RedisError>(())
     };
-    matches!(tokio::time::timeout(timeout, all).await, Ok(Ok(())))
+    match tokio::time::timeout(timeout, all).await {
+        Ok(Ok(())) => true,
+        Ok(Err(error)) if !is_transient(&error) => {
+            tracing::debug!(%error, "SSUBSCRIBE refused; waiters poll");
+            true
+        }
+        _ => false,
+    }
 }
 
 /// Unsubscribes the channels nobody waits on any more.
