@@ -4,13 +4,17 @@
 //!   lease granted once (its revision is the fence), then a delete that compares the key's
 //!   create revision (what a fence costs the release);
 //! * the raw unfenced minimum: the same put-if-absent, then a plain delete;
+//! * the fenced minimum again, written as leasehold writes (a `require_leader` client, the owner
+//!   token as the value, the write sent from a task of its own), for reference: what those cost;
 //! * etcd's own server-side Lock/Unlock RPC (v3lock), on the same kind of reused lease (no
 //!   fence is handed to the caller).
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use etcd_client::{Client, Compare, CompareOp, LockOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, LockOptions, PutOptions, Txn, TxnOp,
+};
 use leasehold::Instrumented;
 use leasehold_etcd::EtcdAuthority;
 
@@ -26,6 +30,11 @@ struct RawTxn {
     /// The etcd mutex layout (etcd's concurrency.Mutex, `etcdctl lock`): a contender key under
     /// the lock's prefix, taken only when the prefix is empty.
     layout: bool,
+    /// Written as leasehold writes: on a client connected with `require_leader` (so a member cut
+    /// off from its leader refuses at once), with the owner token's 32 hex digits as the value
+    /// (what lets a client delete its own key after an unanswered write, and peers tell whose it
+    /// is), sent from a task of its own: what those cost, printed for reference.
+    as_leasehold: bool,
 }
 
 impl std::fmt::Debug for RawTxn {
@@ -41,6 +50,7 @@ impl std::fmt::Debug for RawTxn {
 impl RawPair for RawTxn {
     fn name(&self) -> &'static str {
         match (self.layout, self.fenced) {
+            (true, _) if self.as_leasehold => "raw mutex layout, written as leasehold writes",
             (true, _) => "raw mutex layout: prefix-empty put + delete-if-rev",
             (false, true) => "raw txn put-if-absent + delete-if-rev",
             (false, false) => "raw txn put-if-absent + delete",
@@ -48,6 +58,9 @@ impl RawPair for RawTxn {
     }
 
     fn baseline(&self) -> Baseline {
+        if self.as_leasehold {
+            return Baseline::Reference;
+        }
         Baseline::Raw {
             fenced: self.fenced,
         }
@@ -64,12 +77,24 @@ impl RawPair for RawTxn {
         } else {
             (Compare::create_revision(key, CompareOp::Equal, 0), key)
         };
+        let value = if self.as_leasehold {
+            "0123456789abcdef0123456789abcdef"
+        } else {
+            ""
+        };
         let take = Txn::new().when([compare]).and_then([TxnOp::put(
             key,
-            "",
+            value,
             Some(PutOptions::new().with_lease(self.lease)),
         )]);
-        let taken = kv.txn(take).await?;
+        // leasehold sends the write from a task of its own, so that a dropped caller cannot
+        // lose its answer (and leave a key behind).
+        let taken = if self.as_leasehold {
+            let mut kv = kv.clone();
+            tokio::spawn(async move { kv.txn(take).await }).await??
+        } else {
+            kv.txn(take).await?
+        };
         if !taken.succeeded() {
             return Err("raw key held".into());
         }
@@ -151,25 +176,34 @@ impl ServerOps for Rpcs {
 pub async fn subject(url: &str) -> Result<Subject, BoxError> {
     let authority = EtcdAuthority::connect(url).await?;
     let endpoints = authority.config().endpoints().to_vec();
-    let connect = || Client::connect(endpoints.clone(), None);
+    let connect = |options: Option<ConnectOptions>| Client::connect(endpoints.clone(), options);
     let mut raw: Vec<Box<dyn RawPair>> = Vec::new();
     let mut concurrent = None;
-    for (fenced, layout) in [(true, true), (true, false), (false, false), (true, true)] {
-        let client = connect().await?;
+    let as_leasehold = || Some(ConnectOptions::new().with_require_leader(true));
+    for (fenced, layout, options) in [
+        (true, true, None),
+        (true, false, None),
+        (false, false, None),
+        (true, true, as_leasehold()),
+        (true, true, None),
+    ] {
+        let as_leasehold = options.is_some();
+        let client = connect(options).await?;
         let lease = client.lease_client().grant(RAW_LEASE_TTL, None).await?.id();
         let pair = RawTxn {
             client,
             lease,
             fenced,
             layout,
+            as_leasehold,
         };
-        if raw.len() < 3 {
+        if raw.len() < 4 {
             raw.push(Box::new(pair));
         } else {
             concurrent = Some(Arc::new(pair) as Arc<dyn RawPair>);
         }
     }
-    let client = connect().await?;
+    let client = connect(None).await?;
     let lease = client.lease_client().grant(RAW_LEASE_TTL, None).await?.id();
     raw.push(Box::new(LockRpc { client, lease }));
     let metrics = endpoints

@@ -54,6 +54,9 @@ pub enum Baseline {
     Raw { fenced: bool },
     /// Another lock library on the same server (no fence: printed for reference).
     Peer,
+    /// The raw protocol doing what leasehold does only when somebody waits (PostgreSQL's
+    /// release with `pg_notify`): printed for reference, no target.
+    Reference,
 }
 
 impl Baseline {
@@ -62,7 +65,7 @@ impl Baseline {
         match self {
             Baseline::Raw { fenced: true } => Some(1.05),
             Baseline::Raw { fenced: false } => Some(1.10),
-            Baseline::Peer => None,
+            Baseline::Peer | Baseline::Reference => None,
         }
     }
 }

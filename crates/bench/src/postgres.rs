@@ -17,8 +17,9 @@ struct Statements {
     update: SqlStr,
 }
 
-/// The same fenced pair whose release also announces itself with `pg_notify`, as leasehold's
-/// does so that waiters wake at once: the cost of waiting by notification, on its own line.
+/// The same fenced pair whose release also announces itself with `pg_notify` to a listener, as
+/// leasehold's does when somebody waits, so that the waiter wakes at once: what waking by
+/// notification costs, on its own line (an uncontended leasehold release does not notify).
 #[derive(Debug)]
 struct Notifying {
     conn: Mutex<PgConnection>,
@@ -32,7 +33,7 @@ impl RawPair for Notifying {
     }
 
     fn baseline(&self) -> Baseline {
-        Baseline::Raw { fenced: true }
+        Baseline::Reference
     }
 
     async fn pair(&self, key: &str) -> Result<(), BoxError> {

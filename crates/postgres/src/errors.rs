@@ -42,6 +42,11 @@ pub(crate) fn discards_connection(error: &sqlx::Error) -> bool {
 /// SQLSTATE undefined_column.
 const UNDEFINED_COLUMN: &str = "42703";
 
+/// A statement named a column the table lacks: a table an older version created.
+pub(crate) fn is_undefined_column(error: &sqlx::Error) -> bool {
+    sqlstate(error).as_deref() == Some(UNDEFINED_COLUMN)
+}
+
 /// Maps a driver error met while running a statement on the lease table `table`: as [`map`],
 /// and a missing column (a table created by an older version, whose columns `migrate` adds)
 /// says to run migrate, instead of only naming the column. Only for the lease table: in a

@@ -626,7 +626,8 @@ async fn a_proclaimed_value_belongs_to_its_grant() {
 }
 
 /// A lease table made by the version before proclaim (created here by hand with that version's
-/// SQL, in a table of its own) keeps working for leases; inspect and proclaim fail with a clear
+/// SQL, in a table of its own) keeps working for leases, waiting included (the statements fall
+/// back to the forms before `waited_until`); inspect and proclaim fail with a clear
 /// permanent error that says to run migrate; `migrate()` adds the columns in place, keeping the
 /// rows (the live lease, its fence and the fence counter), and is idempotent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -653,6 +654,16 @@ async fn a_table_of_the_previous_version_says_to_migrate_and_is_upgraded_in_plac
     let held = a.try_acquire(&key, ttl).await.unwrap().unwrap();
     let renewed = a.renew(&held, ttl).await;
     assert!(renewed.is_ok(), "{renewed:?}");
+    // Waiting works too: without `waited_until`, waiters mark nothing and releases always notify.
+    let other = LockKey::new("upgrade/waited").unwrap();
+    let waited = a
+        .acquire(&other, ttl, Duration::from_secs(1))
+        .await
+        .unwrap();
+    a.wait_for_change(&other, Duration::from_millis(50))
+        .await
+        .unwrap();
+    let _ = a.release(&waited).await.unwrap();
 
     for err in [
         a.inspect(&key).await.unwrap_err(),
@@ -770,6 +781,87 @@ async fn wait_for_change_is_woken_by_proclaim_and_release() {
     .await;
     assert!(forever.is_err(), "returned with nothing changed");
     let _ = holder.release(&elsewhere).await.unwrap();
+}
+
+/// Issue 15: a release announces itself (NOTIFY, which PostgreSQL delivers by signalling every
+/// listening server process) only when a waiter marked the key, so an uncontended acquire and
+/// release costs the bare pair. Nobody waits: neither form of acquire nor the release sends a
+/// notification, even while another client listens. A waiter in another client marks the key
+/// and the release wakes it by notification, far sooner than its fallback timer (the holder's
+/// 30 s TTL) could.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_notifies_only_when_somebody_waits() {
+    let server = start().await;
+    let url = url(&server);
+    let a = PostgresAuthority::connect(&url).await.unwrap();
+    a.migrate().await.unwrap();
+    let b = Arc::new(PostgresAuthority::connect(&url).await.unwrap());
+    let mut heard = sqlx::postgres::PgListener::connect(&server.url())
+        .await
+        .unwrap();
+    heard.listen("leasehold_release").await.unwrap();
+    let key = LockKey::new("notify/only-when-waited").unwrap();
+    let ttl = Duration::from_secs(30);
+    // b's listener is up too: a release with nobody waiting has nobody to wake either way.
+    b.wait_for_change(
+        &LockKey::new("notify/elsewhere").unwrap(),
+        Duration::from_millis(100),
+    )
+    .await
+    .unwrap();
+
+    let waited = a.acquire(&key, ttl, Duration::from_secs(1)).await.unwrap();
+    let _ = a.release(&waited).await.unwrap();
+    let tried = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let _ = a.release(&tried).await.unwrap();
+    // NOTIFY is delivered at commit, before the release returns: 500 ms is ample.
+    let none = tokio::time::timeout(Duration::from_millis(500), heard.recv()).await;
+    assert!(
+        none.is_err(),
+        "a release nobody waited for notified: {none:?}"
+    );
+
+    let held = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            let grant = b.acquire(&key, ttl, Duration::from_secs(20)).await.unwrap();
+            (Instant::now(), grant)
+        })
+    };
+    // The waiter's first attempt marks the key (read here from the table, bounded).
+    let marked = Instant::now();
+    loop {
+        let mark: Option<bool> = sqlx::query_scalar(
+            "SELECT waited_until > statement_timestamp() FROM leasehold_leases WHERE lock_key = $1",
+        )
+        .bind(key.as_str())
+        .fetch_one(a.pool())
+        .await
+        .unwrap();
+        if mark == Some(true) {
+            break;
+        }
+        assert!(
+            marked.elapsed() < Duration::from_secs(10),
+            "the waiter never marked the key"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let sent = Instant::now();
+    let _ = a.release(&held).await.unwrap();
+    let note = tokio::time::timeout(Duration::from_secs(5), heard.recv())
+        .await
+        .expect("a release somebody waits for notifies")
+        .unwrap();
+    assert_eq!(note.payload(), format!("leasehold_leases {}", key.as_str()));
+    let (took, grant) = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter holds long before its timer")
+        .unwrap();
+    assert!(took - sent < Duration::from_secs(5), "{:?}", took - sent);
+    assert!(grant.fence() > held.fence());
+    let _ = b.release(&grant).await.unwrap();
 }
 
 /// Issue 15: one statement renews a batch. A grant released behind its back and a stale grant
