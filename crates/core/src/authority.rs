@@ -220,7 +220,9 @@ pub trait Authority: Send + Sync + fmt::Debug {
     ///   each acquisition to every listening process); the rest is found by the caller's next
     ///   read. A change before the call may be missed (read first, then wait with a bounded
     ///   `max_wait`).
-    /// * Dropping the future leaves nothing behind at the authority.
+    /// * Dropping the future leaves nothing behind at the authority that holds, blocks or
+    ///   changes any lease (PostgreSQL leaves the waiter's mark on the key, which only makes
+    ///   its releases notify until the mark runs out).
     /// * The default sleeps for `max_wait`: polling, for backends without notification.
     async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
         let _ = key;

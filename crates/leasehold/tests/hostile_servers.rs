@@ -675,6 +675,7 @@ mod pgq {
 
     use super::fake::{deliver, read_more, Behaviour, Server};
 
+    pub const BOOL: i32 = 16;
     pub const INT8: i32 = 20;
     pub const INT4: i32 = 23;
     pub const TEXT: i32 = 25;
@@ -744,13 +745,27 @@ mod pgq {
     pub struct Executed(pub Arc<Mutex<Vec<String>>>);
 
     impl Executed {
-        pub fn containing(&self, needle: &str) -> usize {
+        /// How many releases were executed.
+        pub fn releases(&self) -> usize {
             self.0
                 .lock()
                 .unwrap()
                 .iter()
-                .filter(|q| q.contains(needle))
+                .filter(|q| super::is_pg_release(q))
                 .count()
+        }
+
+        /// Waits until more than `before` releases were executed, failing at `by`: a lease the
+        /// fake made that nobody was told about must be given back.
+        pub async fn await_release(&self, before: usize, by: std::time::Instant, what: &str) {
+            while self.releases() <= before {
+                assert!(
+                    std::time::Instant::now() < by,
+                    "{what}: a lease the fake made was never given back: {:?}",
+                    self.0.lock().unwrap()
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
         }
     }
 
@@ -2049,6 +2064,11 @@ async fn postgres_slow_refusal_under_is_read_over_times_out() {
     }
 }
 
+/// The release: the one `UPDATE` that may notify in its `RETURNING` clause.
+fn is_pg_release(query: &str) -> bool {
+    query.starts_with("UPDATE") && query.contains("pg_notify")
+}
+
 /// What the fake PostgreSQL answers to the statements the authority runs, each delivered as
 /// `how`: the settings at connect, the fence 7 to an acquisition, one row renewed or released.
 fn pg_statement(query: &str, how: fake::Behaviour) -> pgq::Answer {
@@ -2056,11 +2076,9 @@ fn pg_statement(query: &str, how: fake::Behaviour) -> pgq::Answer {
         pgq::Answer::settings()
     } else if query.contains("INSERT INTO") {
         pgq::Answer::fence(7)
-    } else if query.contains("released") {
-        pgq::Answer::rows(
-            vec![("count", pgq::INT8)],
-            vec![vec![Some(1i64.to_be_bytes().to_vec())]],
-        )
+    } else if is_pg_release(query) {
+        // One row released; its column says whether it notified.
+        pgq::Answer::rows(vec![("notified", pgq::BOOL)], vec![vec![Some(vec![0])]])
     } else if query.starts_with("UPDATE") {
         pgq::Answer::updated(1)
     } else {
@@ -2107,7 +2125,7 @@ async fn postgres_slow_statements_under_succeed_over_time_out() {
     let (a, g) = (authority.clone(), grant.clone());
     let (result, _) = bounded(what, SLOW_T, 1, async move { a.renew(&g, TTL).await }).await;
     timed_out(what, &failed(what, result));
-    let releases = executed.containing("released");
+    let releases = executed.releases();
     let what = "postgres try_acquire, answered just over the timeout";
     let a = authority.clone();
     let (result, _) = bounded(
@@ -2120,14 +2138,7 @@ async fn postgres_slow_statements_under_succeed_over_time_out() {
     timed_out(what, &failed(what, result));
     // The late answer made a lease nobody was told about: the client gives it back.
     let by = Instant::now() + SLOW_T * 4 + slack(SLOW_T);
-    while executed.containing("released") <= releases {
-        assert!(
-            Instant::now() < by,
-            "the lease made by the late acquisition was never given back: {:?}",
-            executed.0.lock().unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    executed.await_release(releases, by, what).await;
     let _ = tokio::time::timeout(SLOW_T, authority.close()).await;
 }
 
@@ -2218,14 +2229,7 @@ async fn postgres_lease_rows_of_the_wrong_type_are_never_a_grant() {
             }
             if given_back {
                 let by = Instant::now() + T * 2 + slack(T);
-                while executed.containing("released") == 0 {
-                    assert!(
-                        Instant::now() < by,
-                        "{what}: a lease the row may stand for was not given back: {:?}",
-                        executed.0.lock().unwrap()
-                    );
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
+                executed.await_release(0, by, &what).await;
             }
             let _ = tokio::time::timeout(T, authority.close()).await;
         });

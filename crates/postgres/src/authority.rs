@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 use crate::config::{FenceSafetyOption, PostgresConfig};
 use crate::errors::{self, BACKEND};
 use crate::lanes::Lanes;
-use crate::notify::{self, ListenConfig, Waiters};
+use crate::notify::{self, LastSeen, ListenConfig, Waiters};
 use crate::table::TableName;
 use crate::token::{PgFence, StrictBigint};
 
@@ -107,19 +107,23 @@ impl Statements {
         let channel = notify::CHANNEL;
         Statements {
             acquire: sql(upsert.clone()),
-            // The CTE's insert is invisible to the outer SELECT, which therefore reads the
-            // current holder's expiry: the waiter's fallback timer, in the same round trip.
-            // An attempt that finds the key held marks it waited on until just past that
-            // expiry, so that a release before then notifies. (`won` is read first: when it
-            // took the row, nothing is marked; when it did not, its ON CONFLICT locked the row
-            // without changing it, and this statement may update it.)
+            // An attempt that finds the key held marks it waited on until just past the
+            // holder's expiry, so that a release before then notifies, and returns that expiry
+            // as the waiter's fallback timer, in the same round trip. Both come from `marked`,
+            // which updates the newest version of the row (the one `won` locked without
+            // changing it): a release or a new grant that committed after this statement's
+            // snapshot, unannounced because nobody had marked the key yet, is seen here, so the
+            // waiter looks again when that version says instead of at the expiry of a holder
+            // that is gone. (`won` is read first: when it took the row, nothing is marked.)
             acquire_or_remaining: sql(format!(
                 "WITH won AS ({upsert}), \
                  marked AS ( \
-                   UPDATE {t} SET waited_until = expires_at + {MARK_SLACK} \
+                   UPDATE {t} SET waited_until = greatest(waited_until, expires_at + {MARK_SLACK}) \
                    WHERE lock_key = $1 AND NOT EXISTS (SELECT 1 FROM won) \
-                     AND (waited_until IS NULL OR waited_until < expires_at + {MARK_SLACK})) \
-                 {remaining}"
+                   RETURNING expires_at) \
+                 SELECT (SELECT fence FROM won), \
+                        (SELECT greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::bigint \
+                           FROM marked)"
             )),
             renew: sql(format!(
                 "UPDATE {t} SET expires_at = statement_timestamp() + $4::float8 * interval '1 millisecond' \
@@ -145,12 +149,13 @@ impl Statements {
                    THEN pg_notify('{channel}', $4 || ' ' || lock_key) END IS NULL"
             )),
             // A waiter for any change (`wait_for_change`) marks the key for as long as it
-            // waits; a mark is only ever extended.
+            // waits (a mark is only ever extended), and reads the newest version of the row:
+            // a change the caller has not seen yet returns at once.
             mark_waited: sql(format!(
-                "UPDATE {t} SET waited_until = statement_timestamp() + $2::float8 * interval '1 millisecond' \
+                "UPDATE {t} SET waited_until = \
+                   greatest(waited_until, statement_timestamp() + $2::float8 * interval '1 millisecond') \
                  WHERE lock_key = $1 \
-                   AND (waited_until IS NULL \
-                        OR waited_until < statement_timestamp() + $2::float8 * interval '1 millisecond')"
+                 RETURNING fence, expires_at > statement_timestamp()"
             )),
             previous: Previous {
                 acquire_or_remaining: sql(format!("WITH won AS ({upsert}) {remaining}")),
@@ -250,6 +255,8 @@ struct Inner {
     /// The table lacks `waited_until` (found by the first statement that needed it): the
     /// previous statements are used until `migrate` runs in this process.
     previous: Arc<AtomicBool>,
+    /// What inspect, attempts and marks last read of each key.
+    seen: LastSeen,
 }
 
 impl Drop for Inner {
@@ -631,6 +638,7 @@ impl PostgresAuthority {
                 waiters: Arc::default(),
                 listener: Mutex::new(None),
                 previous: Arc::default(),
+                seen: LastSeen::default(),
             }),
         })
     }
@@ -746,9 +754,12 @@ impl PostgresAuthority {
                     Err(e)
                 }
             },
-            Ok((None, remaining_ms)) => Ok(Attempt::Held(
-                remaining_ms.map(|ms| Duration::from_millis(ms.max(0) as u64)),
-            )),
+            Ok((None, remaining_ms)) => {
+                self.inner.seen.record(key.as_str(), None, true);
+                Ok(Attempt::Held(
+                    remaining_ms.map(|ms| Duration::from_millis(ms.max(0) as u64)),
+                ))
+            }
         }
     }
 
@@ -999,9 +1010,12 @@ impl Authority for PostgresAuthority {
 
     /// Woken by the key's release and proclaim notifications through the authority's one
     /// `LISTEN` connection. One `UPDATE` first marks the key waited on for as long as this wait
-    /// lasts (at most an hour), so that its release notifies; if the mark fails, the wait still
-    /// happens and a release by this authority still wakes it. A dropped wait only gives up its
-    /// local registration (a mark left behind costs one notification). A grant is not announced
+    /// lasts (at most an hour), so that its release notifies, and reads the newest version of
+    /// the row: if it differs from this authority's last read of the key (a release or grant
+    /// in between, which nobody announced), it returns at once. If the mark fails, the wait
+    /// still happens, for at most 250 ms. A dropped wait gives up its local registration and
+    /// leaves its mark, which holds nothing and blocks nobody: the key's releases notify until
+    /// it runs out. A grant is not announced
     /// (acquire stays one plain upsert), nor an expiry: callers see those at their next read,
     /// within `max_wait`. While the listener is not in place, it looks again on a short timer.
     async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
@@ -1022,15 +1036,21 @@ impl Authority for PostgresAuthority {
             let marked = self.inner.run(until, move |c| {
                 let (statement, name) = (statement.clone(), name.clone());
                 Box::pin(async move {
-                    sqlx::query(statement)
+                    sqlx::query_as::<_, (i64, bool)>(statement)
                         .bind(name)
                         .bind(mark_ms)
-                        .execute(c)
+                        .fetch_optional(c)
                         .await
                 })
             });
             let give_up = until.min(saturating_add(now, self.inner.timeout()));
             match tokio::time::timeout_at(give_up, marked).await {
+                // Changed since the caller's read, before the mark could make it announced.
+                Ok(Ok(Some((fence, live))))
+                    if self.inner.seen.changed(key.as_str(), fence, live) =>
+                {
+                    return Ok(());
+                }
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) if errors::is_undefined_column(&e) => {
                     use_previous(&self.inner.previous, &self.inner.config.table.plain());
@@ -1077,8 +1097,10 @@ impl Authority for PostgresAuthority {
             )
             .await?;
         let Some((owner, raw, live, remaining_ms, value)) = row else {
+            self.inner.seen.record(key.as_str(), None, false);
             return Ok(Inspection::free(BACKEND, key.clone()));
         };
+        self.inner.seen.record(key.as_str(), Some(raw), live);
         let fence = PgFence::from_column(raw, self.inner.capabilities.fence_safety)?
             .to_fence(BACKEND, self.inner.config.client.epoch)?;
         let seen = if live {

@@ -90,6 +90,43 @@ impl Waiters {
     }
 }
 
+/// What this authority last read of each key: its fence (when the read returned it) and
+/// whether a lease on it was live. `wait_for_change` compares it with what its mark reads, so a
+/// release or grant between the caller's read and the mark (which nobody announced, as nobody
+/// had marked the key yet) returns at once instead of after `max_wait`.
+#[derive(Debug, Default)]
+pub(crate) struct LastSeen {
+    by_key: Mutex<HashMap<String, (Option<i64>, bool)>>,
+}
+
+impl LastSeen {
+    /// Keys remembered at most: past it the memory starts again (a forgotten key only costs
+    /// the early return of one wait).
+    const MAX_KEYS: usize = 4096;
+
+    /// Records a read of `key`.
+    pub fn record(&self, key: &str, fence: Option<i64>, live: bool) {
+        let mut map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= Self::MAX_KEYS && !map.contains_key(key) {
+            map.clear();
+        }
+        map.insert(key.to_string(), (fence, live));
+    }
+
+    /// Records what a mark read of `key` and says whether it differs from the read before it:
+    /// the lease ended or began, or another grant's fence is there.
+    pub fn changed(&self, key: &str, fence: i64, live: bool) -> bool {
+        let mut map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= Self::MAX_KEYS && !map.contains_key(key) {
+            map.clear();
+        }
+        match map.insert(key.to_string(), (Some(fence), live)) {
+            Some((before, was_live)) => was_live != live || before.is_some_and(|f| f != fence),
+            None => false,
+        }
+    }
+}
+
 /// What the listening connection needs: how to connect, and how long to wait.
 #[derive(Clone)]
 pub(crate) struct ListenConfig {
@@ -209,6 +246,27 @@ pub(crate) async fn listen(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn last_seen_tells_a_change_from_the_read_before() {
+        let seen = LastSeen::default();
+        // Nothing read before: no change can be told.
+        assert!(!seen.changed("k", 3, true));
+        assert!(!seen.changed("k", 3, true));
+        assert!(seen.changed("k", 3, false), "released");
+        assert!(seen.changed("k", 4, true), "taken again");
+        assert!(seen.changed("k", 5, true), "another grant");
+        // A try that found the key held knows no fence: only liveness counts.
+        seen.record("k", None, true);
+        assert!(!seen.changed("k", 9, true));
+        seen.record("k", None, true);
+        assert!(seen.changed("k", 9, false));
+        // Bounded: the memory starts again instead of growing.
+        for i in 0..LastSeen::MAX_KEYS + 10 {
+            seen.record(&format!("key{i}"), Some(1), true);
+        }
+        assert!(seen.by_key.lock().unwrap().len() <= LastSeen::MAX_KEYS);
+    }
 
     #[tokio::test]
     async fn registrations_wake_their_key_and_leave_nothing_behind() {

@@ -773,7 +773,9 @@ async fn wait_for_change_is_woken_by_proclaim_and_release() {
         .unwrap();
     assert!(woken - sent < Duration::from_secs(2), "{:?}", woken - sent);
 
-    // No bound: no panic, still waiting, and dropping it is fine.
+    // No bound: no panic, still waiting, and dropping it is fine. (Read first, as callers do:
+    // a wait after a change this client has not read returns at once.)
+    assert!(!observer.inspect(&key).await.unwrap().held);
     let forever = tokio::time::timeout(
         Duration::from_millis(300),
         observer.wait_for_change(&key, Duration::MAX),
@@ -862,6 +864,115 @@ async fn a_release_notifies_only_when_somebody_waits() {
     assert!(took - sent < Duration::from_secs(5), "{:?}", took - sent);
     assert!(grant.fence() > held.fence());
     let _ = b.release(&grant).await.unwrap();
+}
+
+/// A release nobody had marked is announced to nobody, so a waiter must not sleep through it:
+/// * a release that commits while a waiter's attempt is blocked on the row (its statement's
+///   snapshot still shows the old holder, 30 s from expiry) makes the attempt time its next look
+///   by the newest row, and the waiter holds within seconds;
+/// * a release between an observer's read and its `wait_for_change` returns that wait at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_nobody_announced_is_not_slept_through() {
+    let server = start().await;
+    let url = url(&server);
+    let a = PostgresAuthority::connect(&url).await.unwrap();
+    a.migrate().await.unwrap();
+    let b = Arc::new(PostgresAuthority::connect(&url).await.unwrap());
+    let ttl = Duration::from_secs(30);
+    // b's listener is up first: when it starts listening it wakes every waiter to look again,
+    // which would hide what this test is after.
+    b.wait_for_change(
+        &LockKey::new("race/elsewhere").unwrap(),
+        Duration::from_millis(300),
+    )
+    .await
+    .unwrap();
+    let up = Instant::now();
+    loop {
+        let listening: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND state = 'idle'",
+        )
+        .fetch_one(a.pool())
+        .await
+        .unwrap();
+        if listening > 0 {
+            break;
+        }
+        assert!(
+            up.elapsed() < Duration::from_secs(10),
+            "b's listener never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let key = LockKey::new("race/attempt").unwrap();
+    let _held = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    // An operator's transaction holds the row, so the waiter's attempt blocks on it.
+    let mut tx = a.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM leasehold_leases WHERE lock_key = $1 FOR UPDATE")
+        .bind(key.as_str())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move { b.acquire(&key, ttl, Duration::from_secs(20)).await })
+    };
+    let blocked = Instant::now();
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH won%'",
+        )
+        .fetch_one(a.pool())
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            blocked.elapsed() < Duration::from_secs(10),
+            "the attempt never blocked"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The lease ends in that transaction, after the attempt's snapshot, with no notification.
+    sqlx::query(
+        "UPDATE leasehold_leases SET expires_at = statement_timestamp() WHERE lock_key = $1",
+    )
+    .bind(key.as_str())
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let ended = Instant::now();
+    tx.commit().await.unwrap();
+    let grant = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter slept through a release it could not hear")
+        .unwrap()
+        .unwrap();
+    assert!(ended.elapsed() < Duration::from_secs(10));
+    let _ = b.release(&grant).await.unwrap();
+
+    let key = LockKey::new("race/observer").unwrap();
+    let held = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert!(b.inspect(&key).await.unwrap().held);
+    let _ = a.release(&held).await.unwrap();
+    let started = Instant::now();
+    b.wait_for_change(&key, Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "a release between the read and the wait was slept through: {:?}",
+        started.elapsed()
+    );
+    // Nothing changed since: the next wait waits.
+    let quiet = tokio::time::timeout(
+        Duration::from_millis(500),
+        b.wait_for_change(&key, Duration::from_secs(20)),
+    )
+    .await;
+    assert!(quiet.is_err(), "returned with nothing changed");
 }
 
 /// Issue 15: one statement renews a batch. A grant released behind its back and a stale grant
