@@ -16,6 +16,10 @@ use leasehold_core::{Authority, FenceSafety, Instant, LockKey, Released};
 use leasehold_redis::{KeyLayout, RedisAuthority};
 use leasehold_servers::{ClusterNode, RedisCluster};
 
+mod common;
+
+use common::{blocking, cut_replication, wait_in_sync};
+
 /// Every request gives up after one second.
 const TIMEOUT: Duration = Duration::from_millis(1000);
 
@@ -32,10 +36,6 @@ fn with_timeout(url: &str) -> String {
     format!("{url}?timeout_ms={}", TIMEOUT.as_millis())
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.unwrap()
-}
-
 async fn start() -> Arc<RedisCluster> {
     let cluster = blocking(|| RedisCluster::start(3, 1))
         .await
@@ -45,60 +45,6 @@ async fn start() -> Arc<RedisCluster> {
 
 fn s(e: leasehold_servers::HarnessError) -> String {
     e.to_string()
-}
-
-/// `field:value` from an `INFO` reply.
-fn info_field(info: &str, field: &str) -> Option<String> {
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .map(|v| v.trim().to_string())
-}
-
-/// Waits until `replica` has applied everything `primary` has written.
-fn wait_in_sync(primary: &ClusterNode, replica: &ClusterNode) -> Result<(), String> {
-    let started = std::time::Instant::now();
-    loop {
-        let p = primary.command(&["INFO", "replication"]).map_err(s)?;
-        let r = replica.command(&["INFO", "replication"]).map_err(s)?;
-        let written = info_field(&p, "master_repl_offset").and_then(|v| v.parse::<u64>().ok());
-        let applied = info_field(&r, "slave_repl_offset").and_then(|v| v.parse::<u64>().ok());
-        let up = info_field(&r, "master_link_status").as_deref() == Some("up");
-        if up && written.is_some() && applied >= written {
-            return Ok(());
-        }
-        if started.elapsed() > Duration::from_secs(20) {
-            return Err(format!(
-                "the replica did not catch up: primary {written:?}, replica {applied:?}, link up {up}"
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Cuts `replica` off from `primary`: the primary refuses `PSYNC`/`SYNC` from now on (an ACL
-/// change; clients never send those) and its replica connection is killed. The primary keeps
-/// serving clients; what they write now never reaches the replica.
-fn cut_replication(primary: &ClusterNode, replica: &ClusterNode) -> Result<(), String> {
-    primary
-        .command(&["ACL", "SETUSER", "default", "-psync", "-sync"])
-        .map_err(s)?;
-    primary
-        .command(&["CLIENT", "KILL", "TYPE", "replica"])
-        .map_err(s)?;
-    let started = std::time::Instant::now();
-    loop {
-        let r = replica.command(&["INFO", "replication"]).map_err(s)?;
-        let p = primary.command(&["INFO", "replication"]).map_err(s)?;
-        let down = info_field(&r, "master_link_status").as_deref() == Some("down");
-        let none = info_field(&p, "connected_slaves").as_deref() == Some("0");
-        if down && none {
-            return Ok(());
-        }
-        if started.elapsed() > Duration::from_secs(10) {
-            return Err("the replica's link did not go down".into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Sets `cluster-node-timeout` on every running node.

@@ -20,15 +20,15 @@ use leasehold_core::{
 };
 use leasehold_redis::{KeyLayout, RedisAuthority};
 use leasehold_servers::{free_port, RedisServer};
+
+mod common;
+
+use common::{blocking, info_field, wait_in_sync};
 use redis::aio::MultiplexedConnection;
 
 /// Requests give up after one second, so an unresponsive server is noticed within a TTL.
 fn url(server: &RedisServer) -> String {
     format!("{}?timeout_ms=1000", server.url())
-}
-
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.unwrap()
 }
 
 async fn start() -> Arc<RedisServer> {
@@ -66,13 +66,6 @@ async fn command(server: &Arc<RedisServer>, args: &[&str]) -> String {
         server.command(&args).unwrap()
     })
     .await
-}
-
-/// `field:value` from an `INFO` reply.
-fn info_field(info: &str, field: &str) -> Option<String> {
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .map(|v| v.trim().to_string())
 }
 
 /// Clients of whichever server is the primary right now.
@@ -126,29 +119,6 @@ impl RedisFaults {
     }
 }
 
-/// Waits until the replica has applied everything the primary has written.
-fn wait_in_sync(primary: &RedisServer, replica: &RedisServer) -> Result<(), String> {
-    let started = std::time::Instant::now();
-    loop {
-        let p = primary
-            .command(&["INFO", "replication"])
-            .map_err(|e| e.to_string())?;
-        let r = replica
-            .command(&["INFO", "replication"])
-            .map_err(|e| e.to_string())?;
-        let written = info_field(&p, "master_repl_offset").and_then(|v| v.parse::<u64>().ok());
-        let applied = info_field(&r, "slave_repl_offset").and_then(|v| v.parse::<u64>().ok());
-        let up = info_field(&r, "master_link_status").as_deref() == Some("up");
-        if up && written.is_some() && applied >= written {
-            return Ok(());
-        }
-        if started.elapsed() > Duration::from_secs(10) {
-            return Err(format!("the replica did not catch up: primary {written:?}, replica {applied:?}, link up {up}"));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[async_trait]
 impl Faults for RedisFaults {
     async fn restart(&self) -> leasehold_core::Result<()> {
@@ -181,7 +151,7 @@ impl Faults for RedisFaults {
         };
         let primary = self.primary.clone();
         blocking(move || {
-            wait_in_sync(&primary, &replica)?;
+            wait_in_sync(&*primary, &*replica)?;
             replica.promote().map_err(|e| e.to_string())
         })
         .await

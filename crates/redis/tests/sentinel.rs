@@ -16,6 +16,10 @@ use leasehold_core::{Authority, Error, FenceSafety, Instant, LockKey, Released};
 use leasehold_redis::{KeyLayout, RedisAuthority, RedisConfig};
 use leasehold_servers::{RedisServer, SentinelDeployment, SentinelOptions};
 
+mod common;
+
+use common::{blocking, cut_replication, wait_in_sync};
+
 /// Every request, sentinel queries included, gives up after one second.
 const TIMEOUT: Duration = Duration::from_millis(1000);
 
@@ -28,74 +32,11 @@ fn with_timeout(url: &str) -> String {
     format!("{url}{sep}timeout_ms={}", TIMEOUT.as_millis())
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.unwrap()
-}
-
 async fn start_with(options: SentinelOptions) -> Arc<SentinelDeployment> {
     let deployment = blocking(move || SentinelDeployment::start_with(options))
         .await
         .unwrap_or_else(|e| panic!("Redis Sentinel must start for these tests: {e}"));
     Arc::new(deployment)
-}
-
-/// `field:value` from an `INFO` reply.
-fn info_field(info: &str, field: &str) -> Option<String> {
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .map(|v| v.trim().to_string())
-}
-
-/// Waits until the replica has applied everything the primary has written.
-fn wait_in_sync(primary: &RedisServer, replica: &RedisServer) -> Result<(), String> {
-    let started = std::time::Instant::now();
-    loop {
-        let p = primary
-            .command(&["INFO", "replication"])
-            .map_err(|e| e.to_string())?;
-        let r = replica
-            .command(&["INFO", "replication"])
-            .map_err(|e| e.to_string())?;
-        let written = info_field(&p, "master_repl_offset").and_then(|v| v.parse::<u64>().ok());
-        let applied = info_field(&r, "slave_repl_offset").and_then(|v| v.parse::<u64>().ok());
-        let up = info_field(&r, "master_link_status").as_deref() == Some("up");
-        if up && written.is_some() && applied >= written {
-            return Ok(());
-        }
-        if started.elapsed() > Duration::from_secs(20) {
-            return Err(format!(
-                "the replica did not catch up: primary {written:?}, replica {applied:?}, link up {up}"
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Cuts the replica off from the primary: the primary refuses `PSYNC`/`SYNC` from now on (an
-/// ACL change; clients never send those), and its replica connection is killed. The primary
-/// keeps serving clients; what they write now never reaches the replica.
-fn cut_replication(primary: &RedisServer, replica: &RedisServer) -> Result<(), String> {
-    let e = |e: leasehold_servers::HarnessError| e.to_string();
-    primary
-        .command(&["ACL", "SETUSER", "default", "-psync", "-sync"])
-        .map_err(e)?;
-    primary
-        .command(&["CLIENT", "KILL", "TYPE", "replica"])
-        .map_err(e)?;
-    let started = std::time::Instant::now();
-    loop {
-        let r = replica.command(&["INFO", "replication"]).map_err(e)?;
-        let p = primary.command(&["INFO", "replication"]).map_err(e)?;
-        let down = info_field(&r, "master_link_status").as_deref() == Some("down");
-        let none = info_field(&p, "connected_slaves").as_deref() == Some("0");
-        if down && none {
-            return Ok(());
-        }
-        if started.elapsed() > Duration::from_secs(10) {
-            return Err("the replica's link did not go down".into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Clients through the one sentinel URL, before and after failovers.
