@@ -277,9 +277,13 @@ async fn run(
     // Every round measures each contestant once, starting with a different one each round, so
     // drift on a noisy machine and "who goes first after a pause" hit them all alike.
     let contestants = subject.raw.len() + 2;
+    // This thread's CPU time in each contestant's pairs: on a current_thread runtime, all the
+    // client work of a pair (its own and its library's, tasks included) runs here.
+    let mut cpu = vec![Duration::ZERO; contestants];
     for i in 0..warmup + iterations {
         for turn in 0..contestants {
             let which = (turn + i) % contestants;
+            let cpu_before = thread_cpu();
             let took = match which {
                 0 => pair(subject, &key).await?,
                 1 => {
@@ -293,6 +297,7 @@ async fn run(
                 }
             };
             if i >= warmup {
+                cpu[which] += thread_cpu().saturating_sub(cpu_before);
                 match which {
                     0 => ours.push(took),
                     1 => recorded.push(took),
@@ -319,6 +324,16 @@ async fn run(
             &ours,
             None,
         );
+        let current = tokio::runtime::Handle::current().runtime_flavor()
+            == tokio::runtime::RuntimeFlavor::CurrentThread;
+        if current && iterations > 0 {
+            let per_pair = |d: Duration| d / iterations as u32;
+            let mut line = format!("client CPU per pair: leasehold {:.1?}", per_pair(cpu[0]));
+            for (n, raw) in subject.raw.iter().enumerate() {
+                line += &format!(" | {} {:.1?}", raw.name(), per_pair(cpu[n + 2]));
+            }
+            println!("{line}");
+        }
     }
     if !handoffs {
         return Ok(());
@@ -342,6 +357,15 @@ async fn run(
         );
     }
     Ok(())
+}
+
+/// CPU time of the calling thread so far.
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
 }
 
 /// One uncontended try_acquire + release through leasehold, timed.
