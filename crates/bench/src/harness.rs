@@ -7,29 +7,38 @@ use leasehold_servers::{EtcdServer, PostgresServer, RedisServer, ZkServer};
 
 use crate::BoxError;
 
-/// Starts `backend`'s server; returns a guard that stops it when dropped, and its URL.
-pub fn start(backend: &str) -> Result<(Box<dyn Any>, String), BoxError> {
-    Ok(match backend {
+/// A server the bench started: a guard that stops it when dropped, its URL, and its pid (whose
+/// process tree's CPU time the bench reads).
+pub struct Started {
+    pub guard: Box<dyn Any>,
+    pub url: String,
+    pub pid: Option<u32>,
+}
+
+/// Starts `backend`'s server.
+pub fn start(backend: &str) -> Result<Started, BoxError> {
+    let (guard, url, pid): (Box<dyn Any>, String, Option<u32>) = match backend {
         "postgres" => {
             let s = PostgresServer::start()?;
-            let url = s.url();
-            (Box::new(s), url)
+            let (url, pid) = (s.url(), s.pid());
+            (Box::new(s), url, pid)
         }
         "redis" => {
             let s = RedisServer::start()?;
-            let url = s.url();
-            (Box::new(s), url)
+            let (url, pid) = (s.url(), s.pid());
+            (Box::new(s), url, pid)
         }
         "etcd" => {
             let s = EtcdServer::start()?;
-            let url = format!("etcd://{}", s.endpoint());
-            (Box::new(s), url)
+            let (url, pid) = (format!("etcd://{}", s.endpoint()), s.pid());
+            (Box::new(s), url, pid)
         }
         "zookeeper" => {
             let s = ZkServer::start()?;
-            let url = format!("zk://{}", s.connect_string());
-            (Box::new(s), url)
+            let (url, pid) = (format!("zk://{}", s.connect_string()), s.pid());
+            (Box::new(s), url, pid)
         }
         other => return Err(format!("no harness server for {other}").into()),
-    })
+    };
+    Ok(Started { guard, url, pid })
 }

@@ -33,6 +33,7 @@ mod held;
 mod memory;
 mod postgres;
 mod redis;
+mod server_cpu;
 mod stats;
 mod throughput;
 mod zookeeper;
@@ -202,16 +203,18 @@ async fn bench(o: Options) -> Result<(), BoxError> {
     let backend = o.backend.as_str();
     // Keeps a server the bench started alive until the end of the run.
     let mut _server: Option<Box<dyn std::any::Any>> = None;
+    let mut server_pid = None;
     let subject = match backend {
         "memory" => memory::subject().await?,
         "postgres" | "redis" | "etcd" | "zookeeper" => {
             let url = match o.url.clone() {
                 Some(url) => url,
                 None => {
-                    let (server, url) = harness::start(backend)?;
-                    println!("started a {backend} server for this run: {url}");
-                    _server = Some(server);
-                    url
+                    let started = harness::start(backend)?;
+                    println!("started a {backend} server for this run: {}", started.url);
+                    _server = Some(started.guard);
+                    server_pid = started.pid;
+                    started.url
                 }
             };
             match backend {
@@ -249,7 +252,15 @@ async fn bench(o: Options) -> Result<(), BoxError> {
     }
     let wants = |m: &str| o.only.as_deref().is_none_or(|only| only == m);
     if wants("pair") || wants("handoff") {
-        run(&subject, o.iterations, wants("pair"), wants("handoff")).await?;
+        let server = server_pid.and_then(server_cpu::ServerCpu::new);
+        run(
+            &subject,
+            server,
+            o.iterations,
+            wants("pair"),
+            wants("handoff"),
+        )
+        .await?;
     }
     if wants("throughput") {
         throughput::run(&subject, o.keys, o.tasks, Duration::from_secs(o.seconds)).await?;
@@ -262,6 +273,7 @@ async fn bench(o: Options) -> Result<(), BoxError> {
 
 async fn run(
     subject: &Subject,
+    mut server: Option<server_cpu::ServerCpu>,
     iterations: usize,
     pairs: bool,
     handoffs: bool,
@@ -280,9 +292,17 @@ async fn run(
     // This thread's CPU time in each contestant's pairs: on a current_thread runtime, all the
     // client work of a pair (its own and its library's, tasks included) runs here.
     let mut cpu = vec![Duration::ZERO; contestants];
+    // The server's CPU time in each: read outside the client's (the reading is client work).
+    let mut server_cpu = vec![Duration::ZERO; contestants];
     for i in 0..warmup + iterations {
+        if i % 64 == 0 {
+            if let Some(server) = server.as_mut() {
+                server.refresh();
+            }
+        }
         for turn in 0..contestants {
             let which = (turn + i) % contestants;
+            let server_before = server.as_ref().map(|s| s.total());
             let cpu_before = thread_cpu();
             let took = match which {
                 0 => pair(subject, &key).await?,
@@ -296,8 +316,12 @@ async fn run(
                     t.elapsed()
                 }
             };
+            let cpu_after = thread_cpu();
             if i >= warmup {
-                cpu[which] += thread_cpu().saturating_sub(cpu_before);
+                cpu[which] += cpu_after.saturating_sub(cpu_before);
+                if let (Some(server), Some(before)) = (server.as_ref(), server_before) {
+                    server_cpu[which] += server.total().saturating_sub(before);
+                }
                 match which {
                     0 => ours.push(took),
                     1 => recorded.push(took),
@@ -331,6 +355,17 @@ async fn run(
             let mut line = format!("client CPU per pair: leasehold {:.1?}", per_pair(cpu[0]));
             for (n, raw) in subject.raw.iter().enumerate() {
                 line += &format!(" | {} {:.1?}", raw.name(), per_pair(cpu[n + 2]));
+            }
+            println!("{line}");
+        }
+        if server.is_some() && iterations > 0 {
+            let per_pair = |d: Duration| d / iterations as u32;
+            let mut line = format!(
+                "server CPU per pair: leasehold {:.1?}",
+                per_pair(server_cpu[0])
+            );
+            for (n, raw) in subject.raw.iter().enumerate() {
+                line += &format!(" | {} {:.1?}", raw.name(), per_pair(server_cpu[n + 2]));
             }
             println!("{line}");
         }
