@@ -152,7 +152,7 @@ pub(crate) struct Registry {
 /// authority ends its sessions).
 #[derive(Clone)]
 pub(crate) struct SessionSettings {
-    pub client: Client,
+    pub client: Arc<Client>,
     pub margin: SafetyMargin,
     pub request_timeout: Duration,
     pub idle: Duration,

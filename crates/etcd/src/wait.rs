@@ -161,7 +161,7 @@ async fn deleted(
 /// they are never mistaken for a loss. The watch ends with the key, the grant's loss, or the
 /// session.
 pub(crate) async fn watch_held(
-    client: Client,
+    client: Arc<Client>,
     session: Arc<Session>,
     held: Withdrawal,
     loss: LossSignal,
