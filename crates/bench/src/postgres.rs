@@ -75,6 +75,50 @@ impl Statements {
     }
 }
 
+/// The fenced pair written as leasehold writes it, on a dedicated connection: the upsert with the
+/// TTL as a parameter on the server's clock, and the release that matches owner, fence and
+/// expiry and returns whether it announced (nobody marked the key, so it does not). For
+/// reference: the server's extra work for what leasehold's statements check, apart from the
+/// client's. (The text follows crates/postgres's statements; keep the two in step.)
+#[derive(Debug)]
+struct AsLeasehold {
+    conn: Mutex<PgConnection>,
+    upsert: SqlStr,
+    release: SqlStr,
+}
+
+#[async_trait]
+impl RawPair for AsLeasehold {
+    fn name(&self) -> &'static str {
+        "raw, leasehold's statements, own conn"
+    }
+
+    fn baseline(&self) -> Baseline {
+        Baseline::Reference
+    }
+
+    async fn pair(&self, key: &str) -> Result<(), BoxError> {
+        let mut conn = self.conn.lock().await;
+        let owner = "0123456789abcdef0123456789abcdef";
+        let fence: Option<i64> = sqlx::query_scalar(self.upsert.clone())
+            .bind(key)
+            .bind(owner)
+            .bind(10_000f64)
+            .fetch_optional(&mut *conn)
+            .await?;
+        let fence = fence.ok_or("raw key held")?;
+        let released: Option<bool> = sqlx::query_scalar(self.release.clone())
+            .bind(key)
+            .bind(owner)
+            .bind(fence)
+            .bind("bench")
+            .fetch_optional(&mut *conn)
+            .await?;
+        released.ok_or("raw release found another holder")?;
+        Ok(())
+    }
+}
+
 /// The raw fenced pair on one connection of its own.
 #[derive(Debug)]
 struct Dedicated {
@@ -205,6 +249,24 @@ pub async fn subject(url: &str) -> Result<Subject, BoxError> {
             .into_sql_str(),
         },
     };
+    let as_leasehold = AsLeasehold {
+        conn: Mutex::new(PgConnection::connect(base).await?),
+        upsert: AssertSqlSafe(format!(
+            "INSERT INTO {table} AS l (lock_key, owner, fence, expires_at) \
+             VALUES ($1, $2, 1, statement_timestamp() + $3::float8 * interval '1 millisecond') \
+             ON CONFLICT (lock_key) DO UPDATE \
+             SET owner = excluded.owner, fence = l.fence + 1, expires_at = excluded.expires_at \
+             WHERE l.expires_at <= statement_timestamp() RETURNING fence"
+        ))
+        .into_sql_str(),
+        release: AssertSqlSafe(format!(
+            "UPDATE {table} SET expires_at = statement_timestamp() \
+             WHERE lock_key = $1 AND owner = $2 AND fence = $3 AND expires_at > statement_timestamp() \
+             RETURNING CASE WHEN waited_until > statement_timestamp() \
+               THEN pg_notify('leasehold_bench', $4 || ' ' || lock_key) END IS NULL"
+        ))
+        .into_sql_str(),
+    };
     let pooled = Pooled {
         pool: PgPoolOptions::new()
             .max_connections(10)
@@ -217,6 +279,7 @@ pub async fn subject(url: &str) -> Result<Subject, BoxError> {
         authority: leasehold::connect(url).await?,
         raw: vec![
             Box::new(dedicated),
+            Box::new(as_leasehold),
             Box::new(notifying),
             Box::new(Advisory(Mutex::new(PgConnection::connect(base).await?))),
         ],
