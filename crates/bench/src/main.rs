@@ -91,6 +91,10 @@ pub trait ServerOps: Send + Sync {
     fn unit(&self) -> &'static str;
     /// The server's counter now.
     async fn count(&self) -> Result<u64, BoxError>;
+    /// Whether the counter is up to date at once, so that a hundred pairs show in it.
+    fn immediate(&self) -> bool {
+        true
+    }
 }
 
 /// A backend under measurement.
@@ -288,6 +292,11 @@ async fn run(
 ) -> Result<(), BoxError> {
     let key = LockKey::new(format!("bench/{}", std::process::id()))?;
     let warmup = iterations / 10 + 1;
+    if pairs {
+        if let Some(ops) = subject.server_ops.as_ref().filter(|o| o.immediate()) {
+            requests_per_pair(subject, ops.as_ref(), &key).await?;
+        }
+    }
     let mut ours = Samples::default();
     // The same pair with a recorder installed (this thread's, for that pair only), interleaved
     // with the rest: what recording the metrics costs on the hot path.
@@ -412,6 +421,46 @@ async fn run(
             None,
         );
     }
+    Ok(())
+}
+
+/// What the server counts (commands, transactions, RPCs, packets) per pair of each contestant:
+/// 100 pairs in a row between two readings of its counter, less what two readings alone add.
+async fn requests_per_pair(
+    subject: &Subject,
+    ops: &dyn ServerOps,
+    key: &LockKey,
+) -> Result<(), BoxError> {
+    const PAIRS: u32 = 100;
+    let reading = {
+        let a = ops.count().await?;
+        ops.count().await?.saturating_sub(a)
+    };
+    let per_pair = |before: u64, after: u64| {
+        after.saturating_sub(before).saturating_sub(reading) as f64 / f64::from(PAIRS)
+    };
+    let before = ops.count().await?;
+    for _ in 0..PAIRS {
+        pair(subject, key).await?;
+    }
+    let mut line = format!(
+        "server {} per pair: leasehold {:.2}",
+        ops.unit(),
+        per_pair(before, ops.count().await?)
+    );
+    for (n, raw) in subject.raw.iter().enumerate() {
+        let raw_key = format!("{key}-raw{}", n + 2);
+        let before = ops.count().await?;
+        for _ in 0..PAIRS {
+            raw.pair(&raw_key).await?;
+        }
+        line += &format!(
+            " | {} {:.2}",
+            raw.name(),
+            per_pair(before, ops.count().await?)
+        );
+    }
+    println!("{line}");
     Ok(())
 }
 

@@ -206,6 +206,12 @@ impl ServerOps for Transactions {
         "transactions"
     }
 
+    /// Server processes publish their statistics in their own time (at most once a second, and
+    /// `pg_stat_force_next_flush` flushes only the caller's).
+    fn immediate(&self) -> bool {
+        false
+    }
+
     async fn count(&self) -> Result<u64, BoxError> {
         let mut conn = self.0.lock().await;
         sqlx::query("SELECT pg_stat_force_next_flush()")
