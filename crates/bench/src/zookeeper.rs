@@ -12,20 +12,30 @@ use zookeeper_client::{Acls, Client, CreateMode, LockOptions, LockPrefix};
 
 use crate::{Baseline, BoxError, RawPair, ServerOps, Subject};
 
-/// The raw protocol: what every ZooKeeper lock recipe does at least, one request at a time.
+/// The raw protocol: what every ZooKeeper lock recipe does at least, one request at a time;
+/// or, `pipelined`, with the create and the listing sent together as leasehold sends them (for
+/// reference: what that costs the server, which saves a round trip on a real network).
 #[derive(Debug)]
 struct RawTriple {
     client: Client,
     dir: String,
+    pipelined: bool,
 }
 
 #[async_trait]
 impl RawPair for RawTriple {
     fn name(&self) -> &'static str {
-        "raw create-seq + getChildren + delete"
+        if self.pipelined {
+            "raw triple, create and getChildren pipelined"
+        } else {
+            "raw create-seq + getChildren + delete"
+        }
     }
 
     fn baseline(&self) -> Baseline {
+        if self.pipelined {
+            return Baseline::Reference;
+        }
         // The sequence number is the fence: it costs the protocol nothing more.
         Baseline::Raw { fenced: true }
     }
@@ -33,8 +43,16 @@ impl RawPair for RawTriple {
     async fn pair(&self, _key: &str) -> Result<(), BoxError> {
         let prefix = format!("{}/n-", self.dir);
         let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-        let (_, sequence) = self.client.create(&prefix, &[], &options).await?;
-        let children = self.client.list_children(&self.dir).await?;
+        let (sequence, children) = if self.pipelined {
+            // Both requests are queued when the calls return; the session answers in order.
+            let create = self.client.create(&prefix, &[], &options);
+            let listing = self.client.list_children(&self.dir);
+            let (_, sequence) = create.await?;
+            (sequence, listing.await?)
+        } else {
+            let (_, sequence) = self.client.create(&prefix, &[], &options).await?;
+            (sequence, self.client.list_children(&self.dir).await?)
+        };
         if children.len() != 1 {
             return Err("the raw bench dir is shared".into());
         }
@@ -154,14 +172,19 @@ pub async fn subject(url: &str) -> Result<Subject, BoxError> {
         format!("{root}/bench-raw-{pid}"),
         format!("{root}/bench-recipe-{pid}"),
         format!("{root}/bench-tp-{pid}"),
+        format!("{root}/bench-pipelined-{pid}"),
     ];
-    let (raw_client, recipe_client, keyed_client) =
-        (connect().await?, connect().await?, connect().await?);
+    let (raw_client, recipe_client, keyed_client, pipelined_client) = (
+        connect().await?,
+        connect().await?,
+        connect().await?,
+        connect().await?,
+    );
     let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
     for dir in &dirs {
         raw_client.mkdir(dir, &persistent).await?;
     }
-    let [raw_dir, recipe_dir, keyed_dir] = dirs;
+    let [raw_dir, recipe_dir, keyed_dir, pipelined_dir] = dirs;
     // One parent per throughput key (the throughput run uses at most a few thousand keys).
     for k in 0..1000 {
         raw_client
@@ -180,6 +203,12 @@ pub async fn subject(url: &str) -> Result<Subject, BoxError> {
             Box::new(RawTriple {
                 client: raw_client,
                 dir: raw_dir,
+                pipelined: false,
+            }),
+            Box::new(RawTriple {
+                client: pipelined_client,
+                dir: pipelined_dir,
+                pipelined: true,
             }),
             Box::new(Recipe {
                 client: recipe_client,
