@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, LockOptions, PutOptions, Txn, TxnOp,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, LockOptions, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp,
 };
 use leasehold::Instrumented;
 use leasehold_etcd::EtcdAuthority;
@@ -33,7 +34,8 @@ struct RawTxn {
     /// Written as leasehold writes: on a client connected with `require_leader` (so a member cut
     /// off from its leader refuses at once), with the owner token's 32 hex digits as the value
     /// (what lets a client delete its own key after an unanswered write, and peers tell whose it
-    /// is), sent from a task of its own: what those cost, printed for reference.
+    /// is), with the read of the holder leasehold's transaction makes when the lock is taken, sent
+    /// from a task of its own: what those cost, printed for reference.
     as_leasehold: bool,
 }
 
@@ -82,11 +84,19 @@ impl RawPair for RawTxn {
         } else {
             ""
         };
-        let take = Txn::new().when([compare]).and_then([TxnOp::put(
+        let mut take = Txn::new().when([compare]).and_then([TxnOp::put(
             key,
             value,
             Some(PutOptions::new().with_lease(self.lease)),
         )]);
+        if self.as_leasehold {
+            // leasehold reads the holder in the same transaction when the lock is taken.
+            let oldest = GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_limit(1);
+            take = take.or_else([TxnOp::get(prefix.as_str(), Some(oldest))]);
+        }
         // leasehold sends the write from a task of its own, so that a dropped caller cannot
         // lose its answer (and leave a key behind).
         let taken = if self.as_leasehold {
