@@ -692,7 +692,7 @@ async fn a_disconnection_suspends_renewal_and_an_expiry_loses_the_lease() {
     let next = a
         .acquire(&k, ttl, ttl * 2)
         .await
-        .expect("the key is free within a session timeout of the server resuming");
+        .expect("the key is free within two session timeouts of the server resuming");
     assert!(next.fence() > grant.fence());
     let _ = a.release(&next).await.unwrap();
 }
