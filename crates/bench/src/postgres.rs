@@ -79,12 +79,14 @@ impl Statements {
 /// TTL as a parameter on the server's clock, and the release that matches owner, fence and
 /// expiry and returns whether it announced (nobody marked the key, so it does not). For
 /// reference: the server's extra work for what leasehold's statements check, apart from the
-/// client's. (The text follows crates/postgres's statements; keep the two in step.)
+/// client's. The statements are the authority's own (`hot_path_statements`), so they cannot
+/// drift from what leasehold sends.
 #[derive(Debug)]
 struct AsLeasehold {
     conn: Mutex<PgConnection>,
     upsert: SqlStr,
     release: SqlStr,
+    table: String,
 }
 
 #[async_trait]
@@ -111,7 +113,7 @@ impl RawPair for AsLeasehold {
             .bind(key)
             .bind(owner)
             .bind(fence)
-            .bind("bench")
+            .bind(&self.table)
             .fetch_optional(&mut *conn)
             .await?;
         released.ok_or("raw release found another holder")?;
@@ -255,23 +257,12 @@ pub async fn subject(url: &str) -> Result<Subject, BoxError> {
             .into_sql_str(),
         },
     };
+    let (upsert, release) = authority.hot_path_statements();
     let as_leasehold = AsLeasehold {
         conn: Mutex::new(PgConnection::connect(base).await?),
-        upsert: AssertSqlSafe(format!(
-            "INSERT INTO {table} AS l (lock_key, owner, fence, expires_at) \
-             VALUES ($1, $2, 1, statement_timestamp() + $3::float8 * interval '1 millisecond') \
-             ON CONFLICT (lock_key) DO UPDATE \
-             SET owner = excluded.owner, fence = l.fence + 1, expires_at = excluded.expires_at \
-             WHERE l.expires_at <= statement_timestamp() RETURNING fence"
-        ))
-        .into_sql_str(),
-        release: AssertSqlSafe(format!(
-            "UPDATE {table} SET expires_at = statement_timestamp() \
-             WHERE lock_key = $1 AND owner = $2 AND fence = $3 AND expires_at > statement_timestamp() \
-             RETURNING CASE WHEN waited_until > statement_timestamp() \
-               THEN pg_notify('leasehold_bench', $4 || ' ' || lock_key) END IS NULL"
-        ))
-        .into_sql_str(),
+        upsert: AssertSqlSafe(upsert.to_string()).into_sql_str(),
+        release: AssertSqlSafe(release.to_string()).into_sql_str(),
+        table: table.clone(),
     };
     let pooled = Pooled {
         pool: PgPoolOptions::new()

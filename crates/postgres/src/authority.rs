@@ -696,6 +696,15 @@ impl PostgresAuthority {
         &self.inner.config.table
     }
 
+    /// The uncontended acquisition and the release exactly as this authority sends them, for
+    /// `leasehold-bench`'s reference pair (which must not drift from them). Parameters: key,
+    /// owner, TTL in milliseconds (`float8`); key, owner, fence, table. Not a stable interface.
+    #[doc(hidden)]
+    pub fn hot_path_statements(&self) -> (&str, &str) {
+        let statements = &self.inner.statements;
+        (statements.acquire.as_str(), statements.release.as_str())
+    }
+
     fn grant(
         &self,
         key: &LockKey,
