@@ -12,9 +12,10 @@
 //! Measurements (`--only` picks one; all by default):
 //! * `pair`: one uncontended acquire + release, against each baseline in rotated order per
 //!   round, each timed pair right after an untimed one of the same contestant (`--cold`: right
-//!   after another contestant's): the raw **fenced** minimum (the cheapest pair that still hands out an ordered fence),
-//!   the raw unfenced minimum where the fence costs the protocol something, and peers (other
-//!   lock libraries on the same server, printed for reference: none of them hands out a fence).
+//!   after another contestant's): the raw **fenced** minimum (the cheapest pair that still hands
+//!   out an ordered fence), the raw unfenced minimum where the fence costs the protocol
+//!   something, and peers (other lock libraries on the same server, printed for reference: none
+//!   of them hands out a fence).
 //!   Targets: <= 1.05x the raw fenced minimum, <= 1.10x the raw unfenced minimum.
 //! * `handoff`: release -> the next waiter holds, against one raw pair after the same idle gap.
 //!   Target: <= 1.5x.
@@ -44,6 +45,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold::{Authority, Instant, LockKey};
+use metrics_exporter_prometheus::PrometheusRecorder;
 use stats::Samples;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -325,31 +327,11 @@ async fn run(
             // pair 9 to 13 µs, and the contestant that followed leasehold's own pair ran 20 %
             // faster than leasehold for that reason alone).
             if !cold {
-                match which {
-                    0 => {
-                        pair(subject, &key).await?;
-                    }
-                    1 => {
-                        let _recording = metrics::set_default_local_recorder(&recorder);
-                        pair(subject, &key).await?;
-                    }
-                    n => subject.raw[n - 2].pair(&format!("{key}-raw{n}")).await?,
-                }
+                contestant_pair(subject, which, &key, &recorder).await?;
             }
             let server_before = server.as_ref().map(|s| s.total());
             let cpu_before = thread_cpu();
-            let took = match which {
-                0 => pair(subject, &key).await?,
-                1 => {
-                    let _recording = metrics::set_default_local_recorder(&recorder);
-                    pair(subject, &key).await?
-                }
-                n => {
-                    let t = Instant::now();
-                    subject.raw[n - 2].pair(&format!("{key}-raw{n}")).await?;
-                    t.elapsed()
-                }
-            };
+            let took = contestant_pair(subject, which, &key, &recorder).await?;
             let cpu_after = thread_cpu();
             if i >= warmup {
                 cpu[which] += cpu_after.saturating_sub(cpu_before);
@@ -368,7 +350,7 @@ async fn run(
         // After the timed rounds, so that no contestant's count carries its one-time setup
         // (a session, a lease, a parent node).
         if let Some(ops) = subject.server_ops.as_ref().filter(|o| o.immediate()) {
-            requests_per_pair(subject, ops.as_ref(), &key).await?;
+            requests_per_pair(subject, ops.as_ref(), &key, &recorder).await?;
         }
         for (raw, samples) in subject.raw.iter().zip(&raws) {
             let target = raw.baseline().target().filter(|_| subject.targets);
@@ -439,38 +421,58 @@ async fn requests_per_pair(
     subject: &Subject,
     ops: &dyn ServerOps,
     key: &LockKey,
+    recorder: &PrometheusRecorder,
 ) -> Result<(), BoxError> {
     const PAIRS: u32 = 100;
     let reading = {
         let a = ops.count().await?;
         ops.count().await?.saturating_sub(a)
     };
-    let per_pair = |before: u64, after: u64| {
-        after.saturating_sub(before).saturating_sub(reading) as f64 / f64::from(PAIRS)
-    };
-    let before = ops.count().await?;
-    for _ in 0..PAIRS {
-        pair(subject, key).await?;
-    }
-    let mut line = format!(
-        "server {} per pair: leasehold {:.2}",
-        ops.unit(),
-        per_pair(before, ops.count().await?)
-    );
-    for (n, raw) in subject.raw.iter().enumerate() {
-        let raw_key = format!("{key}-raw{}", n + 2);
+    let mut line = format!("server {} per pair:", ops.unit());
+    // Leasehold (0) and every raw pair; the recorded contestant (1) sends what 0 sends.
+    for which in std::iter::once(0).chain(2..subject.raw.len() + 2) {
         let before = ops.count().await?;
         for _ in 0..PAIRS {
-            raw.pair(&raw_key).await?;
+            contestant_pair(subject, which, key, recorder).await?;
         }
+        let counted = ops.count().await?.saturating_sub(before);
+        let name = match which {
+            0 => "leasehold",
+            n => subject.raw[n - 2].name(),
+        };
+        let per_pair = counted.saturating_sub(reading) as f64 / f64::from(PAIRS);
         line += &format!(
-            " | {} {:.2}",
-            raw.name(),
-            per_pair(before, ops.count().await?)
+            "{} {name} {per_pair:.2}",
+            if which == 0 { " " } else { " | " }
         );
     }
     println!("{line}");
     Ok(())
+}
+
+/// One pair of contestant `which` in a round, timed: 0 is leasehold, 1 leasehold with a
+/// Prometheus recorder installed for that pair, 2 and on the raw pairs (each on a key of its
+/// own, made before the clock starts).
+async fn contestant_pair(
+    subject: &Subject,
+    which: usize,
+    key: &LockKey,
+    recorder: &PrometheusRecorder,
+) -> Result<Duration, BoxError> {
+    match which {
+        0 => pair(subject, key).await,
+        1 => {
+            let _recording = metrics::set_default_local_recorder(recorder);
+            pair(subject, key).await
+        }
+        n => {
+            let raw = subject.raw.get(n - 2).ok_or("no such contestant")?;
+            let raw_key = format!("{key}-raw{n}");
+            let t = Instant::now();
+            raw.pair(&raw_key).await?;
+            Ok(t.elapsed())
+        }
+    }
 }
 
 /// CPU time of the calling thread so far.

@@ -9,8 +9,8 @@
 //! each bounded by the request timeout, plus slack for a loaded machine), it ends with a typed
 //! [`leasehold::Error`] and not a panic (each call runs in a task of its own), and a `Grant` (or
 //! a renewal) is returned only when the fake really granted it. A reply just under the timeout
-//! is read and acted on; just over, the call is a retryable timeout. Tests marked
-//! `#[ignore = "defect: ..."]` show defects found and not fixed yet.
+//! is read and acted on; just over, the call is a retryable timeout. None of these tests is
+//! ignored: a defect a fake finds is fixed, and its test runs in `./scripts/test`.
 //!
 //! These fakes are hostile peers, not models of a backend: they implement only as much of each
 //! protocol as it takes to get the client to the place where they misbehave.
