@@ -442,7 +442,7 @@ async fn requests_per_pair(
         };
         let per_pair = counted.saturating_sub(reading) as f64 / f64::from(PAIRS);
         line += &format!(
-            "{} {name} {per_pair:.2}",
+            "{}{name} {per_pair:.2}",
             if which == 0 { " " } else { " | " }
         );
     }
