@@ -719,9 +719,10 @@ impl PostgresAuthority {
         Ok(Grant::new(key.clone(), owner, fence, ttl, deadline))
     }
 
-    /// One acquisition attempt. The statement runs in a task of its own and this side waits
-    /// for its answer up to the request timeout; whatever happens to this side, a lease the
-    /// statement takes is either handed over or given back (see [`claim_or_give_back`]).
+    /// One acquisition attempt. This side waits for the statement's answer up to the request
+    /// timeout; if it stops waiting first, the statement finishes in a task of its own. Either
+    /// way a lease the statement takes is handed over or given back (see
+    /// [`claim_or_give_back`]).
     async fn attempt(&self, key: &LockKey, ttl: Duration, waiting: bool) -> Result<Attempt> {
         let owner = OwnerToken::generate()?;
         let owner_hex = owner.to_hex();

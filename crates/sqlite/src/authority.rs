@@ -603,9 +603,9 @@ impl SqliteAuthority {
         Ok(Grant::new(key.clone(), owner, fence, ttl, deadline))
     }
 
-    /// One acquisition attempt. The step runs in a task of its own and this side waits for its
-    /// answer up to the request timeout; whatever happens to this side, a lease the step takes
-    /// is either handed over or given back (see [`claim_or_give_back`]).
+    /// One acquisition attempt. This side waits for the step's answer up to the request
+    /// timeout; if it stops waiting first, the step finishes in a task of its own. Either way a
+    /// lease the step takes is handed over or given back (see [`claim_or_give_back`]).
     async fn attempt(&self, key: &LockKey, ttl: Duration) -> Result<Attempt> {
         let owner = OwnerToken::generate()?;
         let owner_hex = owner.to_hex();
