@@ -226,5 +226,6 @@ pub async fn subject(url: &str) -> Result<Subject, BoxError> {
         concurrent_raw: concurrent,
         server_ops: Some(Box::new(Rpcs(metrics))),
         targets: true,
+        raw_handoff: None,
     })
 }

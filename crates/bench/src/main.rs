@@ -18,7 +18,9 @@
 //!   of them hands out a fence).
 //!   Targets: <= 1.05x the raw fenced minimum, <= 1.10x the raw unfenced minimum.
 //! * `handoff`: release -> the next waiter holds, against one raw pair after the same idle gap.
-//!   Target: <= 1.5x.
+//!   Target: <= 1.5x. On PostgreSQL, whose release announces itself with `NOTIFY`, the raw
+//!   hand-off by notification is measured in the same rounds too, for reference, and every
+//!   hand-off's client and server CPU is printed, so the gap between the two can be split.
 //! * `held`: `--held N` (default 10,000) leases of `--held-ttl-ms` (6,000) held at once and
 //!   renewed in the background, for three renewal ticks:
 //!   renewal calls and server commands per renewal tick, client CPU per tick, client memory per
@@ -85,6 +87,20 @@ pub trait RawPair: Send + Sync + std::fmt::Debug {
     async fn pair(&self, key: &str) -> Result<(), BoxError>;
 }
 
+/// A raw hand-off: the protocol's own way for a waiter on one connection to learn that the
+/// holder on another released, and take the key, with nothing of leasehold in between. What a
+/// hand-off by notification costs the protocol itself, apart from what leasehold adds.
+#[async_trait]
+pub trait RawHandoff: Send + Sync {
+    /// What the hand-off is, for the printed line.
+    fn name(&self) -> &'static str;
+    /// Frees what the last round's waiter holds, makes one connection hold `key` and another
+    /// find it held and wait (untimed).
+    async fn prepare(&self, key: &str) -> Result<(), BoxError>;
+    /// From the holder's release until the waiter holds.
+    async fn hand_off(&self, key: &str) -> Result<Duration, BoxError>;
+}
+
 /// Counts what the server did, for the `held` measurement (Redis commands, PostgreSQL
 /// transactions, etcd RPCs, ZooKeeper packets).
 #[async_trait]
@@ -109,6 +125,8 @@ pub struct Subject {
     pub concurrent_raw: Option<Arc<dyn RawPair>>,
     /// The server's own counter of work done.
     pub server_ops: Option<Box<dyn ServerOps>>,
+    /// The raw hand-off by notification, where the protocol has one to set leasehold's against.
+    pub raw_handoff: Option<Box<dyn RawHandoff>>,
     /// Whether the ratio targets apply (they do for every network backend).
     pub targets: bool,
 }
@@ -394,7 +412,8 @@ async fn run(
     if !handoffs {
         return Ok(());
     }
-    let (handoff, idle_raw) = handoff(subject, &key, iterations / 4 + 1).await?;
+    let (handoff, idle_raw, raw_handoffs) =
+        handoff(subject, server.as_mut(), &key, iterations / 4 + 1).await?;
     if let Some(raw) = subject.raw.first() {
         let target = subject.targets.then_some(1.5);
         stats::report(
@@ -409,6 +428,15 @@ async fn run(
             &handoff,
             raw.name(),
             &raws[0],
+            None,
+        );
+    }
+    if let Some(raw) = &subject.raw_handoff {
+        stats::report(
+            "hand-off (release -> waiter holds)",
+            &handoff,
+            raw.name(),
+            &raw_handoffs,
             None,
         );
     }
@@ -476,6 +504,34 @@ async fn contestant_pair(
 }
 
 /// CPU time of the calling thread so far.
+/// Client and server CPU time, summed over timed windows.
+#[derive(Debug, Default)]
+struct Cpu {
+    client: Duration,
+    server: Duration,
+}
+
+impl Cpu {
+    /// The readings at the start of a window: the server's first, so that reading it (client
+    /// work) is outside the client's window.
+    fn now(server: Option<&server_cpu::ServerCpu>) -> Self {
+        let server = server.map_or(Duration::ZERO, |s| s.total());
+        Cpu {
+            client: thread_cpu(),
+            server,
+        }
+    }
+
+    /// Adds the window that started at `before`: the client's reading first, for the same
+    /// reason.
+    fn add_since(&mut self, before: &Cpu, server: Option<&server_cpu::ServerCpu>) {
+        let client = thread_cpu();
+        let server = server.map_or(Duration::ZERO, |s| s.total());
+        self.client += client.saturating_sub(before.client);
+        self.server += server.saturating_sub(before.server);
+    }
+}
+
 fn thread_cpu() -> Duration {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     Duration::new(
@@ -502,23 +558,44 @@ async fn pair(subject: &Subject, key: &LockKey) -> Result<Duration, BoxError> {
 /// sleeping runtime wake slower than a hot loop, and the ratio should compare like with like.
 async fn handoff(
     subject: &Subject,
+    mut server: Option<&mut server_cpu::ServerCpu>,
     key: &LockKey,
     rounds: usize,
-) -> Result<(Samples, Samples), BoxError> {
+) -> Result<(Samples, Samples, Samples), BoxError> {
     let mut samples = Samples::default();
     let mut idle_raw = Samples::default();
+    let mut raw_handoffs = Samples::default();
+    // Client (this thread: the waiter's task runs here too) and server CPU within the timed
+    // window of leasehold's hand-offs and of the raw ones, so a gap between them can be split.
+    let (mut cpu, mut raw_cpu) = (Cpu::default(), Cpu::default());
     let raw_key = format!("{key}-raw");
+    let handoff_key = format!("{key}-raw-handoff");
     let mut held = subject
         .authority
         .try_acquire(key, TTL)
         .await?
         .ok_or("the bench key is held by someone else")?;
-    for _ in 0..rounds {
+    for round in 0..rounds {
+        // Server processes start during the first rounds (PostgreSQL's for the listening
+        // connection that waiting opens): find them before they can be missed.
+        if round < 2 || round % 64 == 0 {
+            if let Some(server) = server.as_deref_mut() {
+                server.refresh();
+            }
+        }
+        let server = server.as_deref();
         if let Some(raw) = subject.raw.first() {
             tokio::time::sleep(Duration::from_millis(2)).await;
             let t = Instant::now();
             raw.pair(&raw_key).await?;
             idle_raw.push(t.elapsed());
+        }
+        if let Some(raw) = &subject.raw_handoff {
+            raw.prepare(&handoff_key).await?;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            let before = Cpu::now(server);
+            raw_handoffs.push(raw.hand_off(&handoff_key).await?);
+            raw_cpu.add_since(&before, server);
         }
         let waiter = {
             let (authority, key) = (subject.authority.clone(), key.clone());
@@ -529,12 +606,31 @@ async fn handoff(
         };
         // Let the waiter reach its wait.
         tokio::time::sleep(Duration::from_millis(2)).await;
+        let before = Cpu::now(server);
         let released_at = Instant::now();
         let _ = subject.authority.release(&held).await?;
         let (grant, got_at) = waiter.await?;
+        cpu.add_since(&before, server);
         held = grant?;
         samples.push(got_at - released_at);
     }
     let _ = subject.authority.release(&held).await?;
-    Ok((samples, idle_raw))
+    let per = |d: Duration| d / rounds.max(1) as u32;
+    let mut line = format!(
+        "hand-off mean wall, client CPU, server CPU: leasehold {:.1?}, {:.1?}, {:.1?}",
+        samples.mean(),
+        per(cpu.client),
+        per(cpu.server)
+    );
+    if let Some(raw) = &subject.raw_handoff {
+        line += &format!(
+            " | {} {:.1?}, {:.1?}, {:.1?}",
+            raw.name(),
+            raw_handoffs.mean(),
+            per(raw_cpu.client),
+            per(raw_cpu.server)
+        );
+    }
+    println!("{line}");
+    Ok((samples, idle_raw, raw_handoffs))
 }

@@ -39,5 +39,6 @@ pub async fn subject() -> Result<Subject, BoxError> {
         concurrent_raw: Some(Arc::new(Raw(MemoryServer::named("bench")))),
         server_ops: None,
         targets: false,
+        raw_handoff: None,
     })
 }

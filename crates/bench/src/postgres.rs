@@ -5,11 +5,13 @@
 
 use async_trait::async_trait;
 use leasehold::postgres::PostgresAuthority;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool, SqlSafeStr, SqlStr};
 use tokio::sync::Mutex;
 
-use crate::{Baseline, BoxError, RawPair, ServerOps, Subject};
+use std::time::Duration;
+
+use crate::{Baseline, BoxError, RawHandoff, RawPair, ServerOps, Subject};
 
 #[derive(Debug, Clone)]
 struct Statements {
@@ -199,6 +201,72 @@ impl RawPair for Advisory {
     }
 }
 
+/// PostgreSQL's own hand-off by notification, on three dedicated connections: the holder's
+/// release announces itself with `pg_notify` (in its `RETURNING` clause, as leasehold's does),
+/// a `LISTEN`ing connection reads the notification, and the waiter's upsert takes the key. One
+/// task does the three in a row, so no wake-up of a parked task is in it: the protocol's
+/// minimum for a notified hand-off, which leasehold's is set against (for reference).
+struct Handoff {
+    holder: Mutex<PgConnection>,
+    waiter: Mutex<PgConnection>,
+    listener: Mutex<PgListener>,
+    upsert: SqlStr,
+    announce: SqlStr,
+    free: SqlStr,
+}
+
+#[async_trait]
+impl RawHandoff for Handoff {
+    fn name(&self) -> &'static str {
+        "raw hand-off: release + pg_notify, LISTEN, upsert"
+    }
+
+    async fn prepare(&self, key: &str) -> Result<(), BoxError> {
+        // The last round's waiter holds the key (a no-op in the first round).
+        sqlx::query(self.free.clone())
+            .bind(key)
+            .bind("waiter")
+            .execute(&mut *self.waiter.lock().await)
+            .await?;
+        let take = sqlx::query_scalar::<_, i64>(self.upsert.clone())
+            .bind(key)
+            .bind("holder")
+            .fetch_optional(&mut *self.holder.lock().await)
+            .await?;
+        take.ok_or("the raw hand-off's key is held")?;
+        let tried = sqlx::query_scalar::<_, i64>(self.upsert.clone())
+            .bind(key)
+            .bind("waiter")
+            .fetch_optional(&mut *self.waiter.lock().await)
+            .await?;
+        if tried.is_some() {
+            return Err("the raw hand-off's waiter took a held key".into());
+        }
+        Ok(())
+    }
+
+    async fn hand_off(&self, key: &str) -> Result<Duration, BoxError> {
+        let (mut holder, mut waiter) = (self.holder.lock().await, self.waiter.lock().await);
+        let mut listener = self.listener.lock().await;
+        let t = std::time::Instant::now();
+        sqlx::query(self.announce.clone())
+            .bind(key)
+            .bind("holder")
+            .fetch_optional(&mut *holder)
+            .await?
+            .ok_or("the raw hand-off's holder lost the key")?;
+        listener.recv().await?;
+        let fence: Option<i64> = sqlx::query_scalar(self.upsert.clone())
+            .bind(key)
+            .bind("waiter")
+            .fetch_optional(&mut *waiter)
+            .await?;
+        let took = t.elapsed();
+        fence.ok_or("the raw hand-off's waiter did not get the key")?;
+        Ok(took)
+    }
+}
+
 /// Transactions the database committed or rolled back (the stats lag by up to a second).
 struct Transactions(Mutex<PgConnection>);
 
@@ -264,6 +332,20 @@ pub async fn subject(url: &str) -> Result<Subject, BoxError> {
         release: AssertSqlSafe(release.to_string()).into_sql_str(),
         table: table.clone(),
     };
+    let mut handoff_listener = PgListener::connect(base).await?;
+    handoff_listener.listen("leasehold_bench_handoff").await?;
+    let handoff = Handoff {
+        holder: Mutex::new(PgConnection::connect(base).await?),
+        waiter: Mutex::new(PgConnection::connect(base).await?),
+        listener: Mutex::new(handoff_listener),
+        upsert: statements.upsert.clone(),
+        announce: AssertSqlSafe(format!(
+            "UPDATE {table} SET expires_at = now() WHERE lock_key = $1 AND owner = $2 \
+             RETURNING pg_notify('leasehold_bench_handoff', lock_key)"
+        ))
+        .into_sql_str(),
+        free: statements.update.clone(),
+    };
     let pooled = Pooled {
         pool: PgPoolOptions::new()
             .max_connections(10)
@@ -285,5 +367,6 @@ pub async fn subject(url: &str) -> Result<Subject, BoxError> {
             PgConnection::connect(base).await?,
         )))),
         targets: true,
+        raw_handoff: Some(Box::new(handoff)),
     })
 }

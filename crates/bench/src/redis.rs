@@ -205,5 +205,6 @@ pub async fn subject(url: &str) -> Result<Subject, BoxError> {
             client.get_multiplexed_async_connection().await?,
         ))),
         targets: true,
+        raw_handoff: None,
     })
 }

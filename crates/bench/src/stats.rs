@@ -21,6 +21,12 @@ impl Samples {
         v[i.min(v.len() - 1)]
     }
 
+    /// The mean, to set beside mean CPU times (a percentile is not a sum of its parts).
+    pub fn mean(&self) -> Duration {
+        let total: Duration = self.0.iter().sum();
+        total / self.0.len().max(1) as u32
+    }
+
     pub fn p50(&self) -> Duration {
         self.percentile(0.50)
     }

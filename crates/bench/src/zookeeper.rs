@@ -221,5 +221,6 @@ pub async fn subject(url: &str) -> Result<Subject, BoxError> {
         })),
         server_ops: Some(Box::new(Packets(first_host))),
         targets: true,
+        raw_handoff: None,
     })
 }
