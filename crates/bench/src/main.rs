@@ -317,10 +317,11 @@ async fn run(
     // with the rest: what recording the metrics costs on the hot path.
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let mut recorded = Samples::default();
+    let mut waiting_form = Samples::default();
     let mut raws: Vec<Samples> = subject.raw.iter().map(|_| Samples::default()).collect();
     // Every round measures each contestant once, starting with a different one each round, so
     // drift on a noisy machine and "who goes first after a pause" hit them all alike.
-    let contestants = subject.raw.len() + 2;
+    let contestants = subject.raw.len() + FIRST_RAW;
     // This thread's CPU time in each contestant's pairs: on a current_thread runtime, all the
     // client work of a pair (its own and its library's, tasks included) runs here.
     let mut cpu = vec![Duration::ZERO; contestants];
@@ -359,7 +360,8 @@ async fn run(
                 match which {
                     0 => ours.push(took),
                     1 => recorded.push(took),
-                    n => raws[n - 2].push(took),
+                    2 => waiting_form.push(took),
+                    n => raws[n - FIRST_RAW].push(took),
                 }
             }
         }
@@ -381,6 +383,22 @@ async fn run(
             );
         }
         stats::report(
+            "acquire() (may wait) + release",
+            &waiting_form,
+            "try_acquire() + release",
+            &ours,
+            None,
+        );
+        if let Some(raw) = subject.raw.first() {
+            stats::report(
+                "acquire() (may wait) + release",
+                &waiting_form,
+                raw.name(),
+                &raws[0],
+                None,
+            );
+        }
+        stats::report(
             "acquire+release, metrics recorded (Prometheus recorder)",
             &recorded,
             "the same with no recorder installed",
@@ -393,7 +411,7 @@ async fn run(
             let per_pair = |d: Duration| d / iterations as u32;
             let mut line = format!("client CPU per pair: leasehold {:.1?}", per_pair(cpu[0]));
             for (n, raw) in subject.raw.iter().enumerate() {
-                line += &format!(" | {} {:.1?}", raw.name(), per_pair(cpu[n + 2]));
+                line += &format!(" | {} {:.1?}", raw.name(), per_pair(cpu[n + FIRST_RAW]));
             }
             println!("{line}");
         }
@@ -404,7 +422,11 @@ async fn run(
                 per_pair(server_cpu[0])
             );
             for (n, raw) in subject.raw.iter().enumerate() {
-                line += &format!(" | {} {:.1?}", raw.name(), per_pair(server_cpu[n + 2]));
+                line += &format!(
+                    " | {} {:.1?}",
+                    raw.name(),
+                    per_pair(server_cpu[n + FIRST_RAW])
+                );
             }
             println!("{line}");
         }
@@ -457,8 +479,9 @@ async fn requests_per_pair(
         ops.count().await?.saturating_sub(a)
     };
     let mut line = format!("server {} per pair:", ops.unit());
-    // Leasehold (0) and every raw pair; the recorded contestant (1) sends what 0 sends.
-    for which in std::iter::once(0).chain(2..subject.raw.len() + 2) {
+    // Leasehold (0) and every raw pair; the recorded contestant (1) sends what 0 sends, and
+    // the one through acquire() (2) sends as many requests.
+    for which in std::iter::once(0).chain(FIRST_RAW..subject.raw.len() + FIRST_RAW) {
         let before = ops.count().await?;
         for _ in 0..PAIRS {
             contestant_pair(subject, which, key, recorder).await?;
@@ -466,7 +489,7 @@ async fn requests_per_pair(
         let counted = ops.count().await?.saturating_sub(before);
         let name = match which {
             0 => "leasehold",
-            n => subject.raw[n - 2].name(),
+            n => subject.raw[n - FIRST_RAW].name(),
         };
         let per_pair = counted.saturating_sub(reading) as f64 / f64::from(PAIRS);
         line += &format!(
@@ -478,9 +501,13 @@ async fn requests_per_pair(
     Ok(())
 }
 
+/// The first raw contestant's number: 0 is leasehold, 1 leasehold with a Prometheus recorder
+/// installed for that pair, 2 leasehold through `acquire` instead of `try_acquire`.
+const FIRST_RAW: usize = 3;
+
 /// One pair of contestant `which` in a round, timed: 0 is leasehold, 1 leasehold with a
-/// Prometheus recorder installed for that pair, 2 and on the raw pairs (each on a key of its
-/// own, made before the clock starts).
+/// Prometheus recorder installed for that pair, 2 leasehold through `acquire`, [`FIRST_RAW`]
+/// and on the raw pairs (each on a key of its own, made before the clock starts).
 async fn contestant_pair(
     subject: &Subject,
     which: usize,
@@ -493,8 +520,9 @@ async fn contestant_pair(
             let _recording = metrics::set_default_local_recorder(recorder);
             pair(subject, key).await
         }
+        2 => waiting_pair(subject, key).await,
         n => {
-            let raw = subject.raw.get(n - 2).ok_or("no such contestant")?;
+            let raw = subject.raw.get(n - FIRST_RAW).ok_or("no such contestant")?;
             let raw_key = format!("{key}-raw{n}");
             let t = Instant::now();
             raw.pair(&raw_key).await?;
@@ -503,7 +531,6 @@ async fn contestant_pair(
     }
 }
 
-/// CPU time of the calling thread so far.
 /// Client and server CPU time, summed over timed windows.
 #[derive(Debug, Default)]
 struct Cpu {
@@ -532,6 +559,7 @@ impl Cpu {
     }
 }
 
+/// CPU time of the calling thread so far.
 fn thread_cpu() -> Duration {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     Duration::new(
@@ -548,6 +576,19 @@ async fn pair(subject: &Subject, key: &LockKey) -> Result<Duration, BoxError> {
         .try_acquire(key, TTL)
         .await?
         .ok_or("the bench key is held by someone else")?;
+    let _ = subject.authority.release(&grant).await?;
+    Ok(t.elapsed())
+}
+
+/// One uncontended `acquire` (which may wait) + release through leasehold, timed: what most
+/// callers send, which on some backends is a different statement from `try_acquire`'s
+/// (PostgreSQL's marks the key waited on in the same round trip when it finds it held).
+async fn waiting_pair(subject: &Subject, key: &LockKey) -> Result<Duration, BoxError> {
+    let t = Instant::now();
+    let grant = subject
+        .authority
+        .acquire(key, TTL, Duration::from_secs(1))
+        .await?;
     let _ = subject.authority.release(&grant).await?;
     Ok(t.elapsed())
 }
