@@ -108,10 +108,16 @@ impl fmt::Display for Report {
         let c = &self.capabilities;
         writeln!(
             f,
-            "conformance of {}: fences {}, {} across restart, waits by {:?}, TTL {:?}..={:?} step {:?}",
+            "conformance of {}: fences {}, {} across restart, leases {}, waits by {:?}, TTL \
+             {:?}..={:?} step {:?}",
             self.subject,
             c.fence_safety,
-            if c.durable_fences { "durable" } else { "NOT durable" },
+            if c.durable_fences {
+                "durable"
+            } else {
+                "NOT durable"
+            },
+            c.exclusion,
             c.wait,
             c.ttl.min,
             c.ttl.max,

@@ -36,6 +36,11 @@ pub struct CheckOptions {
     /// [`FenceSafety::FailoverUnsafe`], reissued fences (and acknowledgements lost through
     /// them) are labelled declared instead of failing the run.
     pub fence_safety: FenceSafety,
+    /// Whether the authority declares that it can end a live lease before its TTL
+    /// ([`leasehold_core::ExclusionSafety::EarlyRevocation`]): a key granted while another
+    /// holder's lease was still valid is then labelled declared. Writes are judged as ever:
+    /// a stale write accepted still fails the run.
+    pub early_revocation: bool,
 }
 
 impl CheckOptions {
@@ -44,6 +49,7 @@ impl CheckOptions {
         CheckOptions {
             fenced: true,
             fence_safety,
+            early_revocation: false,
         }
     }
 
@@ -52,7 +58,15 @@ impl CheckOptions {
         CheckOptions {
             fenced: false,
             fence_safety,
+            early_revocation: false,
         }
+    }
+
+    /// The same options, for an authority that declares (or not) that it can end a live lease
+    /// before its TTL.
+    pub fn with_early_revocation(mut self, yes: bool) -> Self {
+        self.early_revocation = yes;
+        self
     }
 
     /// The options the history's `run` line records, if it has one.
@@ -61,6 +75,7 @@ impl CheckOptions {
             What::Run {
                 fenced,
                 failover_unsafe,
+                early_revocation,
                 ..
             } => Some(CheckOptions {
                 fenced: *fenced,
@@ -69,6 +84,7 @@ impl CheckOptions {
                 } else {
                     FenceSafety::Linearizable
                 },
+                early_revocation: *early_revocation,
             }),
             _ => None,
         })
@@ -200,6 +216,9 @@ impl Pass<'_> {
                 }
             }
             FindingKind::StaleAccepted { .. } if !fenced => Severity::Control,
+            FindingKind::ExclusionBroken { .. } if self.options.early_revocation => {
+                Severity::Declared
+            }
             FindingKind::ReissuedFence { .. } | FindingKind::ExclusionBroken { .. } if declared => {
                 Severity::Declared
             }

@@ -95,6 +95,10 @@ pub enum What {
         /// Whether the backend declares its fences failover-unsafe
         /// ([`leasehold_core::FenceSafety::FailoverUnsafe`]).
         failover_unsafe: bool,
+        /// Whether the authority declares that it can end a live lease before its TTL
+        /// ([`leasehold_core::ExclusionSafety::EarlyRevocation`]). Absent in older histories.
+        #[serde(default)]
+        early_revocation: bool,
     },
     /// A worker starts `Lease::acquire`.
     AcquireInvoke {

@@ -28,6 +28,7 @@ impl Script {
                 backend: "hand-made".into(),
                 fenced,
                 failover_unsafe,
+                early_revocation: false,
             },
         )
     }
@@ -463,6 +464,7 @@ fn reissued_fence_is_found() {
         backend: "redis".into(),
         fenced: true,
         failover_unsafe: true,
+        early_revocation: false,
     };
     let from_run = CheckOptions::from_history(&s2.history()).expect("a run line");
     assert_eq!(from_run, CheckOptions::fenced(FenceSafety::FailoverUnsafe));
@@ -629,6 +631,49 @@ fn a_key_granted_while_another_lease_is_valid_breaks_exclusion() {
     );
 }
 
+/// An authority that declares it can end a live lease early (etcd before 3.4.31 and 3.5.13:
+/// a stalled leader that resumes revokes leases the new leader kept alive) gets the same second
+/// grant labelled declared, read from the run line; a stale write it lets through still fails.
+#[test]
+fn a_declared_early_revocation_labels_broken_exclusion_but_not_stale_writes() {
+    let script = |early_revocation: bool, stale_accepted: bool| {
+        let mut s = Script::default();
+        s.run(true, false)
+            .acquire(100, 1, "k0", 1)
+            .acquire(500, 2, "k0", 2)
+            .write(600, 2, "k0", 2, 20);
+        if stale_accepted {
+            s.write(650, 1, "k0", 1, 10);
+        }
+        s.release(800, 2, "k0", 2).release(900, 1, "k0", 1);
+        s.events[0].what = What::Run {
+            seed: 7,
+            backend: "etcd".into(),
+            fenced: true,
+            failover_unsafe: false,
+            early_revocation,
+        };
+        s.history()
+    };
+    let judge = |h: &History, set: &[u64]| {
+        let options = CheckOptions::from_history(h).expect("a run line");
+        check(h, &only("k0", set, 2), &options)
+    };
+    let undeclared = judge(&script(false, false), &[20]);
+    assert_eq!(undeclared.status, Status::Failed, "{undeclared}");
+    let declared = judge(&script(true, false), &[20]);
+    assert_eq!(declared.status, Status::Declared, "{declared}");
+    assert_eq!(declared.figures.valid_overlaps, 1);
+    assert!(kinds(&declared, Severity::Declared)
+        .iter()
+        .any(|k| matches!(k, FindingKind::ExclusionBroken { .. })));
+    let stale = judge(&script(true, true), &[20, 10]);
+    assert_eq!(stale.status, Status::Failed, "{stale}");
+    assert!(kinds(&stale, Severity::Failure)
+        .iter()
+        .any(|k| matches!(k, FindingKind::StaleAccepted { .. })));
+}
+
 /// A key nobody holds while workers keep waiting for it, with no fault to explain it, for far
 /// longer than any lease could last: something (a cancelled attempt's grant kept alive by its
 /// client) blocks the key. Waits around faults, and short gaps after a holder's deadline, are
@@ -791,6 +836,7 @@ fn unfenced_control_without_losses_fails() {
         backend: "hand-made".into(),
         fenced: false,
         failover_unsafe: false,
+        early_revocation: false,
     };
     let h = s.history();
     let options = CheckOptions::from_history(&h).expect("a run line");
@@ -951,14 +997,15 @@ fn what() -> impl Strategy<Value = What> {
     let of = any::<Option<u64>>;
     let elements = || proptest::collection::vec(any::<u64>(), 0..5);
     prop_oneof![
-        (f(), text(), any::<bool>(), any::<bool>()).prop_map(|(seed, backend, fenced, u)| {
-            What::Run {
+        (f(), text(), any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
+            |(seed, backend, fenced, u, early)| What::Run {
                 seed,
                 backend,
                 fenced,
                 failover_unsafe: u,
+                early_revocation: early,
             }
-        }),
+        ),
         (w(), text(), f(), of()).prop_map(|(worker, key, ttl_ns, max_wait_ns)| {
             What::AcquireInvoke {
                 worker,

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::exclusion::ExclusionSafety;
 use crate::fence::FenceSafety;
 use crate::ttl::TtlRange;
 
@@ -30,6 +31,9 @@ pub struct Capabilities {
     /// Whether fences keep growing across a restart of the server (false for Redis without
     /// persistence).
     pub durable_fences: bool,
+    /// Whether the authority can end a live lease before its TTL (a server defect, found at
+    /// connect).
+    pub exclusion: ExclusionSafety,
     /// How `acquire` waits.
     pub wait: WaitStrategy,
     /// The TTLs the backend grants exactly.
@@ -58,12 +62,19 @@ impl Capabilities {
             backend,
             fence_safety,
             durable_fences,
+            exclusion: ExclusionSafety::Exclusive,
             wait: WaitStrategy::Notification,
             ttl,
             renew_with_other_ttl: true,
             expiry_slack: Duration::ZERO,
             batch_renewal: false,
         }
+    }
+
+    /// Declares that the authority can end a live lease before its TTL.
+    pub fn with_exclusion(mut self, exclusion: ExclusionSafety) -> Self {
+        self.exclusion = exclusion;
+        self
     }
 
     /// Sets how `acquire` waits.

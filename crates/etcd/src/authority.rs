@@ -11,9 +11,9 @@ use etcd_client::{
 };
 use leasehold_core::time::{deadline_in, saturating_add};
 use leasehold_core::{
-    check_proclaimed, Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection,
-    Instant, KeyPrefix, LockKey, LossSignal, LostReason, OwnerToken, Released, Result,
-    SmallestKeys, TtlRange, WaitStrategy,
+    check_proclaimed, Authority, Capabilities, Error, ExclusionSafety, FenceSafety, FencingToken,
+    Grant, Inspection, Instant, KeyPrefix, LockKey, LossSignal, LostReason, OwnerToken, Released,
+    Result, SmallestKeys, TtlRange, WaitStrategy,
 };
 use tokio::sync::{oneshot, watch};
 
@@ -21,6 +21,7 @@ use crate::config::{EtcdConfig, TlsFiles};
 use crate::contenders::Withdrawal;
 use crate::errors::{self, BACKEND};
 use crate::keys::{self, KeySpace};
+use crate::server_version;
 use crate::session::{delete_contender, lease_gone, Registry, Session, SessionSettings};
 use crate::stored;
 use crate::token::EtcdRevision;
@@ -149,7 +150,14 @@ impl EtcdAuthority {
         })
         .await?;
         let ttl = TtlRange::new(min_ttl, MAX_TTL, Duration::from_secs(1));
+        let exclusion = server_version::exclusion(&client, timeout).await;
+        if let ExclusionSafety::EarlyRevocation { reason } = &exclusion {
+            tracing::warn!(
+                "{reason}: a holder's lease can end before its TTL; write through fences"
+            );
+        }
         let capabilities = Capabilities::new(BACKEND, FenceSafety::Linearizable, true, ttl)
+            .with_exclusion(exclusion)
             .with_wait(WaitStrategy::Notification)
             .with_renew_with_other_ttl(false)
             .with_batch_renewal(true)

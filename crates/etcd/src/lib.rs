@@ -53,6 +53,7 @@ mod contenders;
 mod errors;
 pub mod guarded;
 mod keys;
+mod server_version;
 mod session;
 mod stored;
 mod token;

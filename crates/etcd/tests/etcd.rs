@@ -294,6 +294,37 @@ async fn one_session_lease_for_many_locks() {
 
 /// The hot path is one write each: after the session exists, an acquire and a release move
 /// etcd's revision by exactly one each (no lease grant, no extra key), and no lease is granted.
+/// etcd-io/etcd#15247: before 3.4.31 and 3.5.13, a leader that stalls and resumes revokes
+/// leases the new leader kept alive. The fault workload met it (a paused leader, then a second
+/// holder granted while the first lease was valid); a server with the defect must be declared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_whose_stalled_leader_revokes_live_leases_is_declared() {
+    let server = start().await;
+    let mut raw = raw_client(&server).await;
+    let version = raw.status().await.unwrap().version().to_string();
+    let patch = |line: &str| {
+        version
+            .strip_prefix(line)
+            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|p| p.parse::<u64>().ok())
+    };
+    let affected = patch("3.4.").is_some_and(|p| p < 31) || patch("3.5.").is_some_and(|p| p < 13);
+    let a = EtcdAuthority::connect(&url(&server)).await.unwrap();
+    let exclusion = &a.capabilities().exclusion;
+    assert_eq!(
+        exclusion.can_end_early(),
+        affected,
+        "etcd {version}: {exclusion}"
+    );
+    if affected {
+        let shown = exclusion.to_string();
+        assert!(
+            shown.contains(&version) && shown.contains("15247"),
+            "{shown}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_and_release_are_one_write_each() {
     let server = start().await;

@@ -272,6 +272,7 @@ pub async fn run_in_process(
             backend: backend.to_string(),
             fenced: true,
             failover_unsafe: capabilities.fence_safety == FenceSafety::FailoverUnsafe,
+            early_revocation: capabilities.exclusion.can_end_early(),
         },
     )]);
     for event in merged.events() {

@@ -365,6 +365,9 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
     let (ttl_min, ttl_max, ttl_step) = ttl_bounds(probe.as_ref());
     let failover_unsafe = probe.capabilities().fence_safety == FenceSafety::FailoverUnsafe
         || !probe.capabilities().durable_fences;
+    // etcd before 3.4.31 and 3.5.13 revokes live leases when a paused leader resumes (the
+    // `pause_leader` fault does exactly that): declared by the backend, labelled by the checker.
+    let early_revocation = probe.capabilities().exclusion.can_end_early();
     let _ = probe.close().await;
     drop(probe);
 
@@ -589,6 +592,7 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                 backend: options.backend.name().to_string(),
                 fenced: arm == Arm::Fenced,
                 failover_unsafe,
+                early_revocation,
             },
         )]);
         for event in merged.events() {

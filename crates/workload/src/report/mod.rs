@@ -89,6 +89,7 @@ impl<'r> Judged<'r> {
                 backend,
                 fenced,
                 failover_unsafe,
+                ..
             } => Some(Header {
                 seed: *seed,
                 backend: backend.clone(),
