@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use leasehold_core::FenceSafety;
 
-use super::event::{Nanos, What, WorkerId};
+use super::event::{FaultKind, Nanos, What, WorkerId};
 use super::figures::Figures;
 use super::final_state::FinalState;
 use super::finding::{Finding, FindingKind, Severity};
@@ -38,8 +38,9 @@ pub struct CheckOptions {
     pub fence_safety: FenceSafety,
     /// Whether the authority declares that it can end a live lease before its TTL
     /// ([`leasehold_core::ExclusionSafety::EarlyRevocation`]): a key granted while another
-    /// holder's lease was still valid is then labelled declared. Writes are judged as ever:
-    /// a stale write accepted still fails the run.
+    /// holder's lease was still valid is then labelled declared, if a paused leader resumed
+    /// between the two grants (what the declared defect needs). Writes are judged as ever: a
+    /// stale write accepted still fails the run.
     pub early_revocation: bool,
 }
 
@@ -216,20 +217,42 @@ impl Pass<'_> {
                 }
             }
             FindingKind::StaleAccepted { .. } if !fenced => Severity::Control,
-            FindingKind::ExclusionBroken { .. } if self.options.early_revocation => {
-                Severity::Declared
-            }
             FindingKind::ReissuedFence { .. } | FindingKind::ExclusionBroken { .. } if declared => {
                 Severity::Declared
             }
             _ => Severity::Failure,
         };
+        self.push(at, key, severity, kind);
+    }
+
+    fn push(&mut self, at: usize, key: Option<&str>, severity: Severity, kind: FindingKind) {
         self.findings.push(Finding {
             at,
             key: key.map(str::to_string),
             severity,
             kind,
         });
+    }
+
+    /// Whether a paused leader resumed between the older holder's grant and the newer one's:
+    /// what an authority that declares early revocation (etcd before 3.4.31 and 3.5.13) needs
+    /// to end a live lease. An overlap without one is a failure even there.
+    fn after_a_stalled_leader(&self, ws: &[windows::Window], o: &windows::Overlap) -> bool {
+        let Some(older) = ws
+            .iter()
+            .find(|w| w.key == o.key && (w.worker, w.fence) == o.older)
+        else {
+            return false;
+        };
+        self.history.events().iter().any(|e| {
+            matches!(
+                e.what,
+                What::FaultEnd {
+                    kind: FaultKind::PauseLeader,
+                    ..
+                }
+            ) && (older.start..=o.from).contains(&e.t)
+        })
     }
 
     fn key(&mut self, key: &str) -> &mut KeyTrack {
@@ -594,15 +617,16 @@ impl Pass<'_> {
         let valid = windows::overlaps(&ws, true);
         self.figures.valid_overlaps = valid.len() as u64;
         for o in valid {
-            self.find(
-                o.at,
-                Some(&o.key),
-                FindingKind::ExclusionBroken {
-                    older: o.older,
-                    newer: o.newer,
-                    overlap_ns: o.ns,
-                },
-            );
+            let kind = FindingKind::ExclusionBroken {
+                older: o.older,
+                newer: o.newer,
+                overlap_ns: o.ns,
+            };
+            if self.options.early_revocation && self.after_a_stalled_leader(&ws, &o) {
+                self.push(o.at, Some(&o.key), Severity::Declared, kind);
+            } else {
+                self.find(o.at, Some(&o.key), kind);
+            }
         }
         self.figures.availability = windows::availability(self.history, &ws);
         for stuck in super::stuck::stuck_keys(self.history, &ws) {
