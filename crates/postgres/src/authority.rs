@@ -107,23 +107,29 @@ impl Statements {
         let channel = notify::CHANNEL;
         Statements {
             acquire: sql(upsert.clone()),
-            // An attempt that finds the key held marks it waited on until just past the
-            // holder's expiry, so that a release before then notifies, and returns that expiry
-            // as the waiter's fallback timer, in the same round trip. Both come from `marked`,
-            // which updates the newest version of the row (the one `won` locked without
-            // changing it): a release or a new grant that committed after this statement's
-            // snapshot, unannounced because nobody had marked the key yet, is seen here, so the
-            // waiter looks again when that version says instead of at the expiry of a holder
-            // that is gone. (`won` is read first: when it took the row, nothing is marked.)
+            // One upsert that either takes the key (expired: as `acquire`) or, finding it
+            // held, marks it waited on until just past the holder's expiry, so that a release
+            // before then notifies, and returns that expiry as the waiter's fallback timer: one
+            // round trip, one row version. ON CONFLICT decides on the newest committed version
+            // of the row, so a release or a new grant that committed after this statement's
+            // snapshot, unannounced because nobody had marked the key yet, is what it sees: the
+            // waiter takes a released key, and looks again when a new holder's expiry says
+            // instead of at the expiry of a holder that is gone. The owner column says which
+            // happened (the owner token is fresh for every attempt). A waiter's every attempt
+            // runs this, and so does an uncontended `acquire`: a statement with two
+            // data-modifying CTEs cost the pair 1.11x `try_acquire`'s (measured, see
+            // docs/performance.md).
             acquire_or_remaining: sql(format!(
-                "WITH won AS ({upsert}), \
-                 marked AS ( \
-                   UPDATE {t} SET waited_until = greatest(waited_until, expires_at + {MARK_SLACK}) \
-                   WHERE lock_key = $1 AND NOT EXISTS (SELECT 1 FROM won) \
-                   RETURNING expires_at) \
-                 SELECT (SELECT fence FROM won), \
-                        (SELECT greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::bigint \
-                           FROM marked)"
+                "INSERT INTO {t} AS l (lock_key, owner, fence, expires_at) \
+                 VALUES ($1, $2, 1, statement_timestamp() + $3::float8 * interval '1 millisecond') \
+                 ON CONFLICT (lock_key) DO UPDATE SET \
+                   owner = CASE WHEN l.expires_at <= statement_timestamp() THEN excluded.owner ELSE l.owner END, \
+                   fence = CASE WHEN l.expires_at <= statement_timestamp() THEN l.fence + 1 ELSE l.fence END, \
+                   expires_at = CASE WHEN l.expires_at <= statement_timestamp() THEN excluded.expires_at ELSE l.expires_at END, \
+                   waited_until = CASE WHEN l.expires_at <= statement_timestamp() THEN l.waited_until \
+                                  ELSE greatest(l.waited_until, l.expires_at + {MARK_SLACK}) END \
+                 RETURNING CASE WHEN l.owner = $2 THEN l.fence END, \
+                           CASE WHEN l.owner <> $2 THEN greatest(0, ceil(extract(epoch FROM l.expires_at - statement_timestamp()) * 1000))::bigint END"
             )),
             renew: sql(format!(
                 "UPDATE {t} SET expires_at = statement_timestamp() + $4::float8 * interval '1 millisecond' \

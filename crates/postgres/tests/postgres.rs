@@ -921,7 +921,9 @@ async fn a_release_nobody_announced_is_not_slept_through() {
     let blocked = Instant::now();
     loop {
         let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH won%'",
+            // The waiting form of the attempt: the upsert that takes the key or marks it.
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND query LIKE 'INSERT INTO %' AND query LIKE '%waited_until = CASE%'",
         )
         .fetch_one(a.pool())
         .await
