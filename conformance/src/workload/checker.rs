@@ -21,6 +21,11 @@ use super::history::History;
 use super::verdict::{RunVerdict, Status};
 use super::windows;
 
+/// How soon after a paused leader resumes its revocation of live leases can hand a key on: its
+/// lessor's next expiry check (every 500 ms), the revocation's way through the new leader, and
+/// the waiter's next look, with room for a loaded machine.
+const STALL_REVOCATION_WITHIN: Nanos = 2_000_000_000;
+
 /// Events of the key shown before and after the first failure.
 const SLICE_BEFORE: usize = 12;
 const SLICE_AFTER: usize = 6;
@@ -234,9 +239,11 @@ impl Pass<'_> {
         });
     }
 
-    /// Whether a paused leader resumed between the older holder's grant and the newer one's:
-    /// what an authority that declares early revocation (etcd before 3.4.31 and 3.5.13) needs
-    /// to end a live lease. An overlap without one is a failure even there.
+    /// Whether a paused leader resumed between the older holder's grant and the newer one's,
+    /// at most [`STALL_REVOCATION_WITHIN`] before the newer grant: what an authority that
+    /// declares early revocation (etcd before 3.4.31 and 3.5.13) needs to end a live lease, the
+    /// resumed leader revoking it at its next expiry check. An overlap without one is a failure
+    /// even there.
     fn after_a_stalled_leader(&self, ws: &[windows::Window], o: &windows::Overlap) -> bool {
         let Some(older) = ws
             .iter()
@@ -252,6 +259,7 @@ impl Pass<'_> {
                     ..
                 }
             ) && (older.start..=o.from).contains(&e.t)
+                && o.from - e.t <= STALL_REVOCATION_WITHIN
         })
     }
 

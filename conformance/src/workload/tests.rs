@@ -637,42 +637,57 @@ fn a_key_granted_while_another_lease_is_valid_breaks_exclusion() {
 /// two grants; without that pause it is a failure still, and a stale write always is.
 #[test]
 fn a_declared_early_revocation_labels_broken_exclusion_but_not_stale_writes() {
-    let scripted = |early_revocation: bool, stale_accepted: bool, leader_paused: bool| {
-        let mut s = Script::default();
-        s.run(true, false).acquire(100, 1, "k0", 1);
-        if leader_paused {
-            s.at(
-                50,
-                What::FaultStart {
-                    fault: 1,
-                    kind: FaultKind::PauseLeader,
-                    worker: None,
-                    node: Some("etcd-1".into()),
-                },
-            )
-            .at(
-                300,
-                What::FaultEnd {
-                    fault: 1,
-                    kind: FaultKind::PauseLeader,
-                    worker: None,
-                    node: Some("etcd-1".into()),
-                },
+    // Worker 1 holds from 110 until 10 s; a paused leader resumes at 300 (if paused); worker 2
+    // is granted at `second + 10`.
+    let timed =
+        |early_revocation: bool, stale_accepted: bool, leader_paused: bool, second: Nanos| {
+            let mut s = Script::default();
+            s.run(true, false).acquire_invoke(100, 1, "k0").acquire_ok(
+                110,
+                1,
+                "k0",
+                1,
+                Some(10_000_000_000),
             );
-        }
-        s.acquire(500, 2, "k0", 2).write(600, 2, "k0", 2, 20);
-        if stale_accepted {
-            s.write(650, 1, "k0", 1, 10);
-        }
-        s.release(800, 2, "k0", 2).release(900, 1, "k0", 1);
-        s.events[0].what = What::Run {
-            seed: 7,
-            backend: "etcd".into(),
-            fenced: true,
-            failover_unsafe: false,
-            early_revocation,
+            if leader_paused {
+                s.at(
+                    50,
+                    What::FaultStart {
+                        fault: 1,
+                        kind: FaultKind::PauseLeader,
+                        worker: None,
+                        node: Some("etcd-1".into()),
+                    },
+                )
+                .at(
+                    300,
+                    What::FaultEnd {
+                        fault: 1,
+                        kind: FaultKind::PauseLeader,
+                        worker: None,
+                        node: Some("etcd-1".into()),
+                    },
+                );
+            }
+            let then = |t: Nanos| second - 500 + t;
+            s.acquire(then(500), 2, "k0", 2)
+                .write(then(600), 2, "k0", 2, 20);
+            if stale_accepted {
+                s.write(then(650), 1, "k0", 1, 10);
+            }
+            s.release(then(800), 2, "k0", 2)
+                .release(then(900), 1, "k0", 1);
+            s.events[0].what = What::Run {
+                seed: 7,
+                backend: "etcd".into(),
+                fenced: true,
+                failover_unsafe: false,
+                early_revocation,
+            };
+            s.history()
         };
-        s.history()
+    let scripted = |early_revocation, stale_accepted, leader_paused| {
+        timed(early_revocation, stale_accepted, leader_paused, 500)
     };
     let judge = |h: &History, set: &[u64]| {
         let options = CheckOptions::from_history(h).expect("a run line");
@@ -684,6 +699,9 @@ fn a_declared_early_revocation_labels_broken_exclusion_but_not_stale_writes() {
     assert_eq!(undeclared.status, Status::Failed, "{undeclared}");
     let no_stall = judge(&scripted(true, false, false), &[20]);
     assert_eq!(no_stall.status, Status::Failed, "{no_stall}");
+    // A leader that resumed 3 s before the second grant did not cause it.
+    let v = judge(&timed(true, false, true, 3_000_000_000), &[20]);
+    assert_eq!(v.status, Status::Failed, "{v}");
     let declared = judge(&script(true, false), &[20]);
     assert_eq!(declared.status, Status::Declared, "{declared}");
     assert_eq!(declared.figures.valid_overlaps, 1);

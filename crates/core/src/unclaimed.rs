@@ -31,8 +31,9 @@ pub enum Unanswered {
 
 impl Unanswered {
     /// The error a caller gets for `operation` on `backend` whose request was given `after`:
-    /// no answer in time is unavailable; a task that ended without one is a retryable backend
-    /// error. Both say nothing about the lease, which is given back if it was won.
+    /// no answer in time is unavailable; a request that ended without one (it panicked) is a
+    /// retryable backend error. Both say nothing about the lease: a win that arrives after the
+    /// caller timed out is given back; one a panicking request took ends at its TTL.
     pub fn into_error(self, backend: &'static str, operation: &str, after: Duration) -> Error {
         match self {
             Unanswered::TimedOut => Error::request_timeout(backend, operation, after),
@@ -134,8 +135,9 @@ impl<Fut: Future, L: FnOnce(Pin<Box<Fut>>)> Pending<Fut, L> {
             }
             Err(_) => {
                 // A future that panicked must not be polled again: dropped here, with any
-                // lease it took, which ends at its TTL.
-                self.request = None;
+                // lease it took, which ends at its TTL (its destructor may panic too).
+                let panicked = self.request.take();
+                let _ = std::panic::catch_unwind(AssertUnwindSafe(|| drop(panicked)));
                 Poll::Ready(None)
             }
         }

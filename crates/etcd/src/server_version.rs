@@ -9,7 +9,7 @@
 //! key's watch) and fences keep the writes ordered, so it declares it.
 
 use etcd_client::Client;
-use leasehold_core::ExclusionSafety;
+use leasehold_core::{Error, ExclusionSafety};
 use std::time::Duration;
 
 use crate::errors;
@@ -36,8 +36,10 @@ pub(crate) fn revokes_after_a_stall(version: &str) -> bool {
 }
 
 /// What the member the client reaches says about lease exclusivity. Members of one cluster run
-/// one version outside a rolling upgrade; connect again after one. A version that cannot be
-/// read (the status call refused or unanswered) is declared too: it cannot be ruled out.
+/// one version outside a rolling upgrade; connect again after one. A status call refused for
+/// want of permission comes from a server recent enough to restrict it to root (etcd 3.6, and
+/// 3.5.28 on), all of which have the fix. A version that cannot be read for any other reason is
+/// declared: the defect cannot be ruled out.
 pub(crate) async fn exclusion(client: &Client, timeout: Duration) -> ExclusionSafety {
     let status = errors::call("read the server's version", timeout, || {
         let mut maintenance = client.maintenance_client();
@@ -53,6 +55,10 @@ pub(crate) async fn exclusion(client: &Client, timeout: Duration) -> ExclusionSa
              in 3.4.31 and 3.5.13)",
             status.version()
         ),
+        Err(Error::Unauthorized { .. }) => {
+            tracing::debug!("etcd refused its status to this user: a server with the fix");
+            return ExclusionSafety::Exclusive;
+        }
         Err(error) => format!(
             "the etcd server's version could not be read ({error}), so etcd-io/etcd#15247 (a \
              stalled leader revoking live leases when it resumes, fixed in 3.4.31 and 3.5.13) \

@@ -292,8 +292,6 @@ async fn one_session_lease_for_many_locks() {
     let _ = a.release(&second).await.unwrap();
 }
 
-/// The hot path is one write each: after the session exists, an acquire and a release move
-/// etcd's revision by exactly one each (no lease grant, no extra key), and no lease is granted.
 /// etcd-io/etcd#15247: before 3.4.31 and 3.5.13, a leader that stalls and resumes revokes
 /// leases the new leader kept alive. The fault workload met it (a paused leader, then a second
 /// holder granted while the first lease was valid); a server with the defect must be declared.
@@ -325,6 +323,8 @@ async fn a_server_whose_stalled_leader_revokes_live_leases_is_declared() {
     }
 }
 
+/// The hot path is one write each: after the session exists, an acquire and a release move
+/// etcd's revision by exactly one each (no lease grant, no extra key), and no lease is granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_and_release_are_one_write_each() {
     let server = start().await;

@@ -619,12 +619,18 @@ impl Authority for RedisAuthority {
         let give_up = saturating_add(start, max_wait);
         // A free key is taken without touching the subscription, as Redisson does: once the
         // subscription connection exists, every release on the channel is delivered to it (the
-        // server writes it, this client reads it), which cost an uncontended pair 17 % on one
+        // server writes it, this client reads it), which cost an uncontended pair 11 % on one
         // core (measured, docs/performance.md). Only a caller who finds the key held
         // subscribes, and then tries again before it waits: a release in between is caught by
         // that attempt.
         if let Attempt::Won(grant) = self.attempt(key, ttl).await? {
             return Ok(grant);
+        }
+        if Instant::now() >= give_up {
+            return Err(Error::Timeout {
+                key: key.to_string(),
+                waited: start.elapsed(),
+            });
         }
         let subscription = &self.inner.subscription;
         let lock_key = self.inner.config.layout.lock_key(key);
