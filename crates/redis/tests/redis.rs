@@ -803,18 +803,6 @@ async fn an_acquire_that_need_not_wait_does_not_subscribe() {
     let server = start().await;
     let a = Arc::new(RedisAuthority::connect(&url(&server)).await.unwrap());
     let mut con = raw(&server).await;
-    let subscribers = |con: &mut MultiplexedConnection| {
-        let mut con = con.clone();
-        async move {
-            let numsub: Vec<redis::Value> = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg("leasehold:released")
-                .query_async(&mut con)
-                .await
-                .unwrap();
-            numsub.get(1).cloned()
-        }
-    };
     let key = LockKey::new("free").unwrap();
     for _ in 0..3 {
         let grant = a
@@ -886,15 +874,10 @@ async fn waiters_share_one_subscription_and_retry_silent_holders_with_bounded_ba
         })
         .collect();
     tokio::time::sleep(hold / 2).await;
-    let numsub: Vec<redis::Value> = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg("leasehold:released")
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    let numsub = subscribers(&mut con).await;
     assert_eq!(
-        numsub.get(1),
-        Some(&redis::Value::Int(1)),
+        numsub,
+        Some(redis::Value::Int(1)),
         "one subscription for five waiters: {numsub:?}"
     );
     // A waiter's retry delays are at least 10, 20, 40, 75 ms, then 150 ms each (half of each
@@ -920,13 +903,8 @@ async fn waiters_share_one_subscription_and_retry_silent_holders_with_bounded_ba
     drop(a);
     let dropped = Instant::now();
     loop {
-        let numsub: Vec<redis::Value> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg("leasehold:released")
-            .query_async(&mut con)
-            .await
-            .unwrap();
-        if numsub.get(1) == Some(&redis::Value::Int(0)) {
+        let numsub = subscribers(&mut con).await;
+        if numsub == Some(redis::Value::Int(0)) {
             break;
         }
         assert!(
@@ -955,13 +933,8 @@ async fn a_release_while_the_subscription_is_down_is_not_missed() {
     let mut con = raw(&server).await;
     let subscribed = Instant::now();
     loop {
-        let numsub: Vec<redis::Value> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg("leasehold:released")
-            .query_async(&mut con)
-            .await
-            .unwrap();
-        if numsub.get(1) == Some(&redis::Value::Int(1)) {
+        let numsub = subscribers(&mut con).await;
+        if numsub == Some(redis::Value::Int(1)) {
             break;
         }
         assert!(subscribed.elapsed() < Duration::from_secs(2));
@@ -1460,17 +1433,23 @@ async fn release_by_an_acl_user_without_channel_rights_releases_and_hands_off() 
     assert!(!warnings[0].contains("nochan-pw"), "{warnings:?}");
 }
 
+/// How many subscribers the release channel has (`PUBSUB NUMSUB`).
+async fn subscribers(con: &mut MultiplexedConnection) -> Option<redis::Value> {
+    let numsub: Vec<redis::Value> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg("leasehold:released")
+        .query_async(con)
+        .await
+        .unwrap();
+    numsub.get(1).cloned()
+}
+
 /// Waits until the authority's subscription is on the release channel (`PUBSUB NUMSUB`).
-async fn wait_subscribed(con: &mut MultiplexedConnection, subscribers: i64) {
+async fn wait_subscribed(con: &mut MultiplexedConnection, count: i64) {
     let since = Instant::now();
     loop {
-        let numsub: Vec<redis::Value> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg("leasehold:released")
-            .query_async(con)
-            .await
-            .unwrap();
-        if numsub.get(1) == Some(&redis::Value::Int(subscribers)) {
+        let numsub = subscribers(con).await;
+        if numsub == Some(redis::Value::Int(count)) {
             return;
         }
         assert!(
