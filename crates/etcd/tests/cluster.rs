@@ -172,6 +172,96 @@ async fn a_leader_crash_never_makes_two_holders() {
     check_history(&resource.history()).unwrap();
 }
 
+/// The leader is paused (SIGSTOP) for longer than the TTL while A holds a renewed lease, then
+/// resumes: the fault under which the workload met etcd-io/etcd#15247. Clients reach only the
+/// other two members. Either A keeps the lease (renewed through the new leader; B never gets
+/// in), or A learns it lost the lease before B gets the key, or (only on a server the authority
+/// declared, `EarlyRevocation`: the resumed leader revoked a lease the new leader kept alive) B
+/// gets the key while A's deadline is still ahead, and then A learns the loss within one request
+/// timeout through its key's watch. In every case B's fence is greater and A's late write is
+/// refused. On Debian's etcd 3.4.23 the revocation happened in 2 of 5 runs: A's lease, kept alive
+/// through the new leader for the whole 3 s pause, ended 5 ms after the old leader resumed, and A
+/// learned it (its key's watch) 2 to 3 ms before B got the key; a holder that is itself paused
+/// then (as in the workload) cannot learn it in time, which is what the declaration is for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leader_that_resumes_ends_a_lease_only_as_declared() {
+    let cluster = start_cluster().await;
+    let leader = cluster.leader().unwrap();
+    let others: Vec<String> = (0..3)
+        .filter(|&i| i != leader)
+        .map(|i| cluster.member(i).endpoint())
+        .collect();
+    let url = format!(
+        "etcd://{}?timeout_ms={}",
+        others.join(","),
+        REQUEST_TIMEOUT.as_millis()
+    );
+    let a = Arc::new(EtcdAuthority::connect(&url).await.unwrap());
+    let b = EtcdAuthority::connect(&url).await.unwrap();
+    let key = LockKey::new("stall/held").unwrap();
+    let ttl = Duration::from_secs(2);
+    let resource = Recorder::new(Arc::new(FencedRegister::new()));
+    let lease = Lease::acquire(a.clone(), &key, ttl, ttl, LeaseOptions::default())
+        .await
+        .unwrap();
+    let a_fence = lease.fence();
+    assert!(resource.claim(a_fence).await.unwrap().is_accepted());
+
+    let lost_at = {
+        let lost = lease.lost();
+        tokio::spawn(async move { (lost.await, Instant::now()) })
+    };
+    blocking(&cluster, move |c| c.member(leader).pause())
+        .await
+        .unwrap();
+    let paused = Instant::now();
+    // Longer than the TTL, so that in the paused leader's view A's lease has expired.
+    tokio::time::sleep(ttl + ttl / 2).await;
+    blocking(&cluster, move |c| c.member(leader).resume())
+        .await
+        .unwrap();
+    let resumed = Instant::now();
+    let taken = take_within(&b, &key, ttl, ttl * 2).await;
+    if let Some((grant, at)) = &taken {
+        if lease.ensure_valid().is_ok() {
+            assert!(
+                a.capabilities().exclusion.can_end_early(),
+                "B got the key while A's lease was valid, on a server not declared: {}",
+                a.capabilities().exclusion
+            );
+            tokio::time::timeout(REQUEST_TIMEOUT, lease.lost())
+                .await
+                .expect("A did not learn within a request timeout that its key was revoked");
+            eprintln!("the resumed leader revoked A's live lease, as declared");
+        } else {
+            let (reason, when) = lost_at.await.unwrap();
+            eprintln!(
+                "A lost its lease ({reason}) {:?} after the pause began, {:?} after the resume; \
+                 B took the key {:?} after the resume",
+                when - paused,
+                when.checked_duration_since(resumed),
+                *at - resumed
+            );
+        }
+        assert!(grant.fence() > a_fence, "{} <= {a_fence}", grant.fence());
+        assert!(resource.claim(grant.fence()).await.unwrap().is_accepted());
+        assert_eq!(
+            resource.write(a_fence, "A, late").await.unwrap(),
+            Guarded::Stale {
+                newest: grant.fence().value()
+            }
+        );
+        let _ = b.release(grant).await;
+    } else {
+        lease
+            .ensure_valid()
+            .expect("B never got the key, so A must still hold it");
+        eprintln!("A kept its lease through the paused leader");
+    }
+    let _ = lease.release().await;
+    check_history(&resource.history()).unwrap();
+}
+
 /// Failover for the conformance suite: the leader is killed (the old member cannot grant any
 /// more: consensus, not replication), then it restarts and rejoins.
 struct ClusterFaults {
