@@ -61,19 +61,35 @@ impl Statements {
         }
     }
 
-    async fn pair(&self, conn: &mut PgConnection, key: &str) -> Result<(), BoxError> {
-        let fence: Option<i64> = sqlx::query_scalar(self.upsert.clone())
+    /// The upsert for `owner`: the fence if it took `key`, `None` if `key` is held.
+    async fn take(
+        &self,
+        conn: &mut PgConnection,
+        key: &str,
+        owner: &str,
+    ) -> Result<Option<i64>, BoxError> {
+        Ok(sqlx::query_scalar(self.upsert.clone())
             .bind(key)
-            .bind("raw-owner")
-            .fetch_optional(&mut *conn)
-            .await?;
-        fence.ok_or("raw key held")?;
+            .bind(owner)
+            .fetch_optional(conn)
+            .await?)
+    }
+
+    /// The release of `owner`'s lease on `key` (none: a no-op).
+    async fn free(&self, conn: &mut PgConnection, key: &str, owner: &str) -> Result<(), BoxError> {
         sqlx::query(self.update.clone())
             .bind(key)
-            .bind("raw-owner")
-            .execute(&mut *conn)
+            .bind(owner)
+            .execute(conn)
             .await?;
         Ok(())
+    }
+
+    async fn pair(&self, conn: &mut PgConnection, key: &str) -> Result<(), BoxError> {
+        self.take(conn, key, "raw-owner")
+            .await?
+            .ok_or("raw key held")?;
+        self.free(conn, key, "raw-owner").await
     }
 }
 
@@ -210,9 +226,8 @@ struct Handoff {
     holder: Mutex<PgConnection>,
     waiter: Mutex<PgConnection>,
     listener: Mutex<PgListener>,
-    upsert: SqlStr,
+    statements: Statements,
     announce: SqlStr,
-    free: SqlStr,
 }
 
 #[async_trait]
@@ -222,24 +237,14 @@ impl RawHandoff for Handoff {
     }
 
     async fn prepare(&self, key: &str) -> Result<(), BoxError> {
+        let (mut holder, mut waiter) = (self.holder.lock().await, self.waiter.lock().await);
         // The last round's waiter holds the key (a no-op in the first round).
-        sqlx::query(self.free.clone())
-            .bind(key)
-            .bind("waiter")
-            .execute(&mut *self.waiter.lock().await)
-            .await?;
-        let take = sqlx::query_scalar::<_, i64>(self.upsert.clone())
-            .bind(key)
-            .bind("holder")
-            .fetch_optional(&mut *self.holder.lock().await)
-            .await?;
-        take.ok_or("the raw hand-off's key is held")?;
-        let tried = sqlx::query_scalar::<_, i64>(self.upsert.clone())
-            .bind(key)
-            .bind("waiter")
-            .fetch_optional(&mut *self.waiter.lock().await)
-            .await?;
-        if tried.is_some() {
+        self.statements.free(&mut waiter, key, "waiter").await?;
+        let s = &self.statements;
+        s.take(&mut holder, key, "holder")
+            .await?
+            .ok_or("the raw hand-off's key is held")?;
+        if s.take(&mut waiter, key, "waiter").await?.is_some() {
             return Err("the raw hand-off's waiter took a held key".into());
         }
         Ok(())
@@ -256,11 +261,7 @@ impl RawHandoff for Handoff {
             .await?
             .ok_or("the raw hand-off's holder lost the key")?;
         listener.recv().await?;
-        let fence: Option<i64> = sqlx::query_scalar(self.upsert.clone())
-            .bind(key)
-            .bind("waiter")
-            .fetch_optional(&mut *waiter)
-            .await?;
+        let fence = self.statements.take(&mut waiter, key, "waiter").await?;
         let took = t.elapsed();
         fence.ok_or("the raw hand-off's waiter did not get the key")?;
         Ok(took)
@@ -338,13 +339,12 @@ pub async fn subject(url: &str) -> Result<Subject, BoxError> {
         holder: Mutex::new(PgConnection::connect(base).await?),
         waiter: Mutex::new(PgConnection::connect(base).await?),
         listener: Mutex::new(handoff_listener),
-        upsert: statements.upsert.clone(),
+        statements: statements.clone(),
         announce: AssertSqlSafe(format!(
             "UPDATE {table} SET expires_at = now() WHERE lock_key = $1 AND owner = $2 \
              RETURNING pg_notify('leasehold_bench_handoff', lock_key)"
         ))
         .into_sql_str(),
-        free: statements.update.clone(),
     };
     let pooled = Pooled {
         pool: PgPoolOptions::new()
