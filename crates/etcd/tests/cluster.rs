@@ -14,8 +14,8 @@ use leasehold_conformance::resource::{check_history, Recorder};
 use leasehold_conformance::scenarios::{self, run_selected};
 use leasehold_conformance::{Connector, Context, Faults, Verdict};
 use leasehold_core::{
-    Authority, FencedRegister, FencedResource, Guarded, Instant, Lease, LeaseOptions, LockKey,
-    LostReason, Released,
+    Authority, Fence, FencedRegister, FencedResource, Grant, Guarded, Instant, Lease, LeaseOptions,
+    LockKey, LostReason, Released,
 };
 use leasehold_etcd::guarded::still_holds;
 use leasehold_etcd::EtcdAuthority;
@@ -34,11 +34,74 @@ async fn start_cluster() -> Arc<EtcdCluster> {
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
 fn url(cluster: &EtcdCluster) -> String {
+    url_of(&cluster.endpoints())
+}
+
+fn url_of(endpoints: &[String]) -> String {
     format!(
         "etcd://{}?timeout_ms={}",
-        cluster.endpoints().join(","),
+        endpoints.join(","),
         REQUEST_TIMEOUT.as_millis()
     )
+}
+
+/// A holds `key` with a renewed lease of `ttl` (returned beside it) and has claimed a fenced
+/// resource with it; B is another client, to try the key while a fault plays out.
+struct Contest {
+    a: Arc<EtcdAuthority>,
+    b: EtcdAuthority,
+    key: LockKey,
+    ttl: Duration,
+    a_fence: Fence,
+    resource: Recorder,
+}
+
+impl Contest {
+    async fn start(url: &str, key: &str) -> (Self, Lease) {
+        let a = Arc::new(EtcdAuthority::connect(url).await.unwrap());
+        let b = EtcdAuthority::connect(url).await.unwrap();
+        let key = LockKey::new(key).unwrap();
+        let ttl = Duration::from_secs(2);
+        let resource = Recorder::new(Arc::new(FencedRegister::new()));
+        let lease = Lease::acquire(a.clone(), &key, ttl, ttl, LeaseOptions::default())
+            .await
+            .unwrap();
+        let a_fence = lease.fence();
+        assert!(resource.claim(a_fence).await.unwrap().is_accepted());
+        let contest = Contest {
+            a,
+            b,
+            key,
+            ttl,
+            a_fence,
+            resource,
+        };
+        (contest, lease)
+    }
+
+    /// B's `grant` took over: its fence is greater, it claims the resource, and A's late
+    /// write is refused as stale. B then releases.
+    async fn b_took_over(&self, grant: &Grant) {
+        assert!(
+            grant.fence() > self.a_fence,
+            "{} <= {}",
+            grant.fence(),
+            self.a_fence
+        );
+        assert!(self
+            .resource
+            .claim(grant.fence())
+            .await
+            .unwrap()
+            .is_accepted());
+        assert_eq!(
+            self.resource.write(self.a_fence, "A, late").await.unwrap(),
+            Guarded::Stale {
+                newest: grant.fence().value()
+            }
+        );
+        let _ = self.b.release(grant).await;
+    }
 }
 
 /// How long after a holder's lease stopped being kept alive another client can be holding the
@@ -88,18 +151,16 @@ async fn take_within(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_crash_never_makes_two_holders() {
     let cluster = start_cluster().await;
-    let url = url(&cluster);
-    let a = Arc::new(EtcdAuthority::connect(&url).await.unwrap());
-    let b = EtcdAuthority::connect(&url).await.unwrap();
-    let key = LockKey::new("failover/held").unwrap();
-    let ttl = Duration::from_secs(2);
-    let resource = Recorder::new(Arc::new(FencedRegister::new()));
-
-    let lease = Lease::acquire(a.clone(), &key, ttl, ttl, LeaseOptions::default())
-        .await
-        .unwrap();
-    let a_fence = lease.fence();
-    assert!(resource.claim(a_fence).await.unwrap().is_accepted());
+    let (contest, lease) = Contest::start(&url(&cluster), "failover/held").await;
+    let Contest {
+        b,
+        key,
+        ttl,
+        a_fence,
+        resource,
+        ..
+    } = &contest;
+    let (ttl, a_fence) = (*ttl, *a_fence);
 
     let leader = cluster.leader().unwrap();
     let killed_at = Instant::now();
@@ -125,7 +186,7 @@ async fn a_leader_crash_never_makes_two_holders() {
         })
     };
     let window = ttl * 3;
-    let taken = take_within(&b, &key, ttl, window).await;
+    let taken = take_within(b, key, ttl, window).await;
     match taken {
         Some((grant, at)) => {
             assert!(
@@ -133,15 +194,7 @@ async fn a_leader_crash_never_makes_two_holders() {
                 "B got the key {:?} after the crash while A's lease was still valid",
                 at - killed_at
             );
-            assert!(grant.fence() > a_fence, "{} <= {a_fence}", grant.fence());
-            assert!(resource.claim(grant.fence()).await.unwrap().is_accepted());
-            assert_eq!(
-                resource.write(a_fence, "A, late").await.unwrap(),
-                Guarded::Stale {
-                    newest: grant.fence().value()
-                }
-            );
-            let _ = b.release(&grant).await;
+            contest.b_took_over(&grant).await;
             eprintln!(
                 "A lost its lease; B took over {:?} after the crash",
                 at - killed_at
@@ -164,7 +217,7 @@ async fn a_leader_crash_never_makes_two_holders() {
     };
     assert!(a_writes > 0);
     // Whoever held it, the next grant's fence is greater than everything before.
-    let (after, _) = take_within(&b, &key, ttl, handover(ttl, &b))
+    let (after, _) = take_within(b, key, ttl, handover(ttl, b))
         .await
         .expect("the key frees after the failover");
     assert!(after.fence() > a_fence);
@@ -191,21 +244,16 @@ async fn a_paused_leader_that_resumes_ends_a_lease_only_as_declared() {
         .filter(|&i| i != leader)
         .map(|i| cluster.member(i).endpoint())
         .collect();
-    let url = format!(
-        "etcd://{}?timeout_ms={}",
-        others.join(","),
-        REQUEST_TIMEOUT.as_millis()
-    );
-    let a = Arc::new(EtcdAuthority::connect(&url).await.unwrap());
-    let b = EtcdAuthority::connect(&url).await.unwrap();
-    let key = LockKey::new("stall/held").unwrap();
-    let ttl = Duration::from_secs(2);
-    let resource = Recorder::new(Arc::new(FencedRegister::new()));
-    let lease = Lease::acquire(a.clone(), &key, ttl, ttl, LeaseOptions::default())
-        .await
-        .unwrap();
-    let a_fence = lease.fence();
-    assert!(resource.claim(a_fence).await.unwrap().is_accepted());
+    let (contest, lease) = Contest::start(&url_of(&others), "stall/held").await;
+    let Contest {
+        a,
+        b,
+        key,
+        ttl,
+        resource,
+        ..
+    } = &contest;
+    let ttl = *ttl;
 
     let lost_at = {
         let lost = lease.lost();
@@ -221,7 +269,7 @@ async fn a_paused_leader_that_resumes_ends_a_lease_only_as_declared() {
         .await
         .unwrap();
     let resumed = Instant::now();
-    let taken = take_within(&b, &key, ttl, ttl * 2).await;
+    let taken = take_within(b, key, ttl, ttl * 2).await;
     if let Some((grant, at)) = &taken {
         if lease.ensure_valid().is_ok() {
             assert!(
@@ -243,15 +291,7 @@ async fn a_paused_leader_that_resumes_ends_a_lease_only_as_declared() {
                 *at - resumed
             );
         }
-        assert!(grant.fence() > a_fence, "{} <= {a_fence}", grant.fence());
-        assert!(resource.claim(grant.fence()).await.unwrap().is_accepted());
-        assert_eq!(
-            resource.write(a_fence, "A, late").await.unwrap(),
-            Guarded::Stale {
-                newest: grant.fence().value()
-            }
-        );
-        let _ = b.release(grant).await;
+        contest.b_took_over(grant).await;
     } else {
         lease
             .ensure_valid()
