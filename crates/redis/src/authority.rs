@@ -617,6 +617,10 @@ impl Authority for RedisAuthority {
         TTL.check(ttl)?;
         let start = Instant::now();
         let give_up = saturating_add(start, max_wait);
+        let timed_out = || Error::Timeout {
+            key: key.to_string(),
+            waited: start.elapsed(),
+        };
         // A free key is taken without touching the subscription, as Redisson does: once the
         // subscription connection exists, every release on the channel is delivered to it (the
         // server writes it, this client reads it), which cost an uncontended pair 11 % on one
@@ -627,10 +631,7 @@ impl Authority for RedisAuthority {
             return Ok(grant);
         }
         if Instant::now() >= give_up {
-            return Err(Error::Timeout {
-                key: key.to_string(),
-                waited: start.elapsed(),
-            });
+            return Err(timed_out());
         }
         let subscription = &self.inner.subscription;
         let lock_key = self.inner.config.layout.lock_key(key);
@@ -657,10 +658,7 @@ impl Authority for RedisAuthority {
             };
             let now = Instant::now();
             if now >= give_up {
-                return Err(Error::Timeout {
-                    key: key.to_string(),
-                    waited: now - start,
-                });
+                return Err(timed_out());
             }
             let mut wait = retry.next_delay();
             // A lease that ends sooner than that is tried again right after its end by the
