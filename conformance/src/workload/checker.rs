@@ -68,13 +68,6 @@ impl CheckOptions {
         }
     }
 
-    /// The same options, for an authority that declares (or not) that it can end a live lease
-    /// before its TTL.
-    pub fn with_early_revocation(mut self, yes: bool) -> Self {
-        self.early_revocation = yes;
-        self
-    }
-
     /// The options the history's `run` line records, if it has one.
     pub fn from_history(history: &History) -> Option<Self> {
         history.events().iter().find_map(|e| match &e.what {
@@ -222,9 +215,7 @@ impl Pass<'_> {
                 }
             }
             FindingKind::StaleAccepted { .. } if !fenced => Severity::Control,
-            FindingKind::ReissuedFence { .. } | FindingKind::ExclusionBroken { .. } if declared => {
-                Severity::Declared
-            }
+            FindingKind::ReissuedFence { .. } if declared => Severity::Declared,
             _ => Severity::Failure,
         };
         self.push(at, key, severity, kind);
@@ -630,11 +621,16 @@ impl Pass<'_> {
                 newer: o.newer,
                 overlap_ns: o.ns,
             };
-            if self.options.early_revocation && self.after_a_stalled_leader(&ws, &o) {
-                self.push(o.at, Some(&o.key), Severity::Declared, kind);
+            // Declared where the backend declares failover-unsafe fences, or declares early
+            // revocation and a paused leader's resume can explain this overlap.
+            let declared = self.options.fence_safety == FenceSafety::FailoverUnsafe
+                || (self.options.early_revocation && self.after_a_stalled_leader(&ws, &o));
+            let severity = if declared {
+                Severity::Declared
             } else {
-                self.find(o.at, Some(&o.key), kind);
-            }
+                Severity::Failure
+            };
+            self.push(o.at, Some(&o.key), severity, kind);
         }
         self.figures.availability = windows::availability(self.history, &ws);
         for stuck in super::stuck::stuck_keys(self.history, &ws) {
