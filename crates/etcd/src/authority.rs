@@ -293,13 +293,7 @@ impl EtcdAuthority {
                 owner: *owner,
                 revision: Some(*revision),
             };
-            tokio::spawn(wait::watch_held(
-                self.inner.client.clone(),
-                session.clone(),
-                held,
-                loss.clone(),
-                self.timeout(),
-            ));
+            session.watch_later(held, loss.clone());
         }
         // The key lives as long as the session's lease, and the session withdraws it at
         // `sent + ttl` unless renewed: the grant is good until the earlier of the two.

@@ -52,6 +52,7 @@ mod config;
 mod contenders;
 mod errors;
 pub mod guarded;
+mod held_watches;
 mod keys;
 mod server_version;
 mod session;

@@ -19,12 +19,14 @@ use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, Txn, TxnOp};
 use leasehold_core::time::{deadline_in, saturating_add};
-use leasehold_core::{Backoff, Error, LostReason, OwnerToken, Result, SafetyMargin};
+use leasehold_core::{Backoff, Error, LossSignal, LostReason, OwnerToken, Result, SafetyMargin};
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use crate::contenders::{Contenders, Withdrawal};
 use crate::errors::{self, BACKEND};
+use crate::held_watches::{HeldWatches, PendingWatch};
+use crate::wait;
 
 /// What the session knows about its lease.
 #[derive(Clone, Copy, Debug)]
@@ -42,6 +44,8 @@ pub(crate) struct Session {
     ttl: Duration,
     liveness: watch::Sender<Liveness>,
     pub(crate) contenders: Contenders,
+    /// Grants whose key watch the session's task opens a little later.
+    watches: HeldWatches,
     wake: Notify,
     /// A renewal asked for a keep-alive now (the last one is late).
     refresh: AtomicBool,
@@ -51,11 +55,6 @@ impl Session {
     /// The lease id.
     pub fn lease(&self) -> i64 {
         self.lease
-    }
-
-    /// The lease's TTL.
-    pub fn ttl(&self) -> Duration {
-        self.ttl
     }
 
     /// Until when the lease lasts, by our clock.
@@ -99,6 +98,14 @@ impl Session {
             liveness.wait_for(|l| l.ended || l.deadline > before),
         )
         .await;
+    }
+
+    /// Has the session's task watch the key of `held`, granted now, a little later (see
+    /// [`HeldWatches`]), and fire `loss` if it is deleted behind our back.
+    pub fn watch_later(&self, held: Withdrawal, loss: LossSignal) {
+        if self.watches.push(held, loss) {
+            self.wake();
+        }
     }
 
     /// Marks `owner`'s key `name` for deletion by the session's task, which retries until etcd
@@ -283,6 +290,7 @@ async fn grant(ttl: Duration, settings: &SessionSettings) -> Result<Arc<Session>
         ttl,
         liveness,
         contenders: Contenders::new(),
+        watches: HeldWatches::new(ttl),
         wake: Notify::new(),
         refresh: AtomicBool::new(false),
     }))
@@ -355,6 +363,7 @@ impl SessionTask {
     async fn run(mut self) {
         let ending = self.keep().await;
         self.session.end();
+        self.session.watches.clear();
         self.registry.remove(&self.session);
         let lease = self.session.lease;
         tracing::debug!(lease, ?ending, "etcd session ended");
@@ -405,8 +414,23 @@ impl SessionTask {
                     }
                 });
             }
+            let (watches, next_watch) = self.session.watches.due(now);
+            for PendingWatch { held, loss, .. } in watches {
+                let live = held
+                    .revision
+                    .is_some_and(|r| self.session.contenders.is_held(&held.name, r));
+                if live && loss.fired().is_none() {
+                    tokio::spawn(wait::watch_held(
+                        self.settings.client.clone(),
+                        self.session.clone(),
+                        held,
+                        loss,
+                        timeout,
+                    ));
+                }
+            }
             let mut wake_at = next_keep_alive.min(deadline);
-            for at in [next_withdrawal, idle_at].into_iter().flatten() {
+            for at in [next_withdrawal, idle_at, next_watch].into_iter().flatten() {
                 wake_at = wake_at.min(at);
             }
             tokio::select! {

@@ -159,7 +159,7 @@ async fn deleted(
 /// session lease (revoked or expired; the session ends and every grant on it is lost). Our own
 /// deletes (release, the session withdrawing an unrenewed grant) change the booking first, so
 /// they are never mistaken for a loss. The watch ends with the key, the grant's loss, or the
-/// session.
+/// session. The session's task starts it a little after the grant (see [`crate::held_watches`]).
 pub(crate) async fn watch_held(
     client: Arc<Client>,
     session: Arc<Session>,
@@ -171,16 +171,6 @@ pub(crate) async fn watch_held(
         return;
     };
     let mut liveness = session.subscribe();
-    // Most grants on a hot path are released within milliseconds: open the watch only after a
-    // twentieth of the TTL (at most 250 ms), so those never pay for it. Nothing is missed
-    // meanwhile: the watch starts from the key's creation and replays a deletion that happened
-    // before it opened.
-    tokio::select! {
-        biased;
-        _ = liveness.wait_for(|l| l.ended) => return,
-        _ = loss.wait() => return,
-        () = tokio::time::sleep((session.ttl() / 20).min(Duration::from_millis(250))) => {}
-    }
     let mut pause = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
     let mut from = revision + 1;
     loop {

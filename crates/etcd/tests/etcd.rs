@@ -1224,6 +1224,58 @@ async fn a_key_deleted_behind_our_back_is_lost_within_a_second() {
     assert_eq!(a.release(&deleted).await.unwrap(), Released::AlreadyGone);
 }
 
+/// A grant's key is watched (its loss pushed at once) from the session's own task, a twentieth
+/// of the TTL after the grant, instead of from a task and a timer per grant: grants start no
+/// task, yet a key deleted behind our back before its watch opened is still noticed (the watch
+/// replays from the key's creation). Twenty grants held at once leave the runtime's task count
+/// where it was; before, each left a task asleep for 250 ms.
+#[tokio::test]
+async fn grants_start_no_task_of_their_own_and_their_watches_still_open() {
+    let server = start().await;
+    let raw = raw_client(&server).await;
+    let a = EtcdAuthority::connect(&url(&server)).await.unwrap();
+    let ttl = Duration::from_secs(9);
+    let key = |i: usize| LockKey::new(format!("unspawned/{i}")).unwrap();
+    // The session (and its task) exist from the first grant on.
+    let first = a.try_acquire(&key(0), ttl).await.unwrap().unwrap();
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let before = tasks();
+    let mut grants = Vec::new();
+    for i in 1..=20 {
+        grants.push(a.try_acquire(&key(i), ttl).await.unwrap().unwrap());
+    }
+    let after = tasks();
+    assert!(
+        after <= before + 2,
+        "20 grants started {} tasks ({before} alive before, {after} after)",
+        after - before
+    );
+    // Deleted at once, before its watch opens (250 ms after the grant: TTL/20, at most 250 ms).
+    raw.kv_client()
+        .delete(contender_key(&grants[0]).unwrap(), None)
+        .await
+        .unwrap();
+    let bound = Duration::from_millis(250) + REQUEST_TIMEOUT;
+    let reason = tokio::time::timeout(bound, grants[0].loss_signal().unwrap().wait())
+        .await
+        .unwrap_or_else(|_| panic!("the loss signal did not fire within {bound:?}"));
+    assert!(matches!(reason, LostReason::Refused), "{reason:?}");
+    // By now every watch is open: one per key still held, on the session's one connection.
+    assert!(
+        tasks() >= before + 20,
+        "the held keys' watches did not start ({} tasks)",
+        tasks()
+    );
+    for grant in grants.iter().skip(1).chain([&first]) {
+        assert!(grant.loss_signal().unwrap().fired().is_none());
+        assert_eq!(a.release(grant).await.unwrap(), Released::Released);
+    }
+}
+
 /// `close()` revokes every session lease before it returns (nothing outlives a process that
 /// closes and exits), fires the loss signal of every grant still held, and leaves the authority
 /// usable with a new session.
