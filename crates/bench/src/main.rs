@@ -10,7 +10,7 @@
 //! ```
 //!
 //! Measurements (`--only` picks one; all by default):
-//! * `pair`: one uncontended acquire + release, against each baseline in rotated order per
+//! * `pair`: one uncontended acquire + release, against each baseline in a shuffled order per
 //!   round, each timed pair right after an untimed one of the same contestant (`--cold`: right
 //!   after another contestant's): the raw **fenced** minimum (the cheapest pair that still hands
 //!   out an ordered fence), the raw unfenced minimum where the fence costs the protocol
@@ -319,9 +319,12 @@ async fn run(
     let mut recorded = Samples::default();
     let mut waiting_form = Samples::default();
     let mut raws: Vec<Samples> = subject.raw.iter().map(|_| Samples::default()).collect();
-    // Every round measures each contestant once, starting with a different one each round, so
-    // drift on a noisy machine and "who goes first after a pause" hit them all alike.
+    // Every round measures each contestant once, in a new order each round (see `Shuffle`), so
+    // drift on a noisy machine, "who goes first after a pause" and "who runs right after whom"
+    // hit them all alike.
     let contestants = subject.raw.len() + FIRST_RAW;
+    let mut order: Vec<usize> = (0..contestants).collect();
+    let mut shuffle = Shuffle::default();
     // This thread's CPU time in each contestant's pairs: on a current_thread runtime, all the
     // client work of a pair (its own and its library's, tasks included) runs here.
     let mut cpu = vec![Duration::ZERO; contestants];
@@ -338,8 +341,8 @@ async fn run(
                 server.refresh();
             }
         }
-        for turn in 0..contestants {
-            let which = (turn + i) % contestants;
+        shuffle.reorder(&mut order);
+        for &which in &order {
             // Warm: an untimed pair of the same contestant first, so that no contestant is timed
             // while its connection, its server process and its code come back into the caches
             // after another's (on one core, following a different PostgreSQL backend cost a
@@ -527,6 +530,37 @@ async fn contestant_pair(
             let t = Instant::now();
             raw.pair(&raw_key).await?;
             Ok(t.elapsed())
+        }
+    }
+}
+
+/// The contestants' order, shuffled anew every round from a fixed seed (so a run can be
+/// repeated). Rotating where each round starts, as the bench first did, left every contestant
+/// behind the same neighbour in every round, and on one core what the neighbour leaves in the
+/// caches moves a pair by a few percent: ZooKeeper's `acquire()` pair, always timed after
+/// leasehold's own, measured 0.97x its `try_acquire()` pair, always timed after a raw one.
+struct Shuffle(u64);
+
+impl Default for Shuffle {
+    fn default() -> Self {
+        Shuffle(0x9E37_79B9_7F4A_7C15)
+    }
+}
+
+impl Shuffle {
+    /// xorshift64: plenty for an order, and no dependency.
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Fisher-Yates.
+    fn reorder(&mut self, order: &mut [usize]) {
+        for i in (1..order.len()).rev() {
+            let j = usize::try_from(self.next() % (i as u64 + 1)).unwrap_or(0);
+            order.swap(i, j);
         }
     }
 }
