@@ -44,10 +44,7 @@ fn cut(span: Duration) -> Duration {
 /// milliseconds, so on a loopback round trip of a fraction of one they rarely land mid-request);
 /// the other half drop it after a random number of polls, yielding to the runtime's I/O
 /// between them, which lands inside a sub-millisecond request too.
-pub(super) async fn cut_short<F: std::future::Future>(
-    request: F,
-    span: Duration,
-) -> Option<F::Output> {
+pub async fn cut_short<F: std::future::Future>(request: F, span: Duration) -> Option<F::Output> {
     let polls = {
         let mut rng = rand::rng();
         rng.random_bool(0.5).then(|| rng.random_range(0..=16u32))

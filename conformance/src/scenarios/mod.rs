@@ -35,7 +35,7 @@ mod waiting;
 
 pub use bad_input::bad_input_is_refused_without_side_effects;
 pub use cancellation::{
-    cancelled_acquire_leaves_nothing, cancelled_try_acquire_leaves_nothing,
+    cancelled_acquire_leaves_nothing, cancelled_try_acquire_leaves_nothing, cut_short,
     dropped_waiter_does_not_delay_handoff, CANCEL_ROUNDS,
 };
 pub use clock::{deadline_counts_from_the_request, delayed_reply_shortens_the_grant};

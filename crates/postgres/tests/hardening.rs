@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold_conformance::scenarios::cut_short;
 use leasehold_core::{
     Authority, Error, FenceSafety, Instant, Lease, LeaseOptions, LockKey, Released,
 };
@@ -44,33 +45,6 @@ async fn live_rows(a: &PostgresAuthority, key: &LockKey) -> i64 {
     .fetch_one(a.pool())
     .await
     .unwrap()
-}
-
-/// A small deterministic generator (xorshift), seeded from the clock, for cut-off points.
-struct Rng(u64);
-
-impl Rng {
-    fn new() -> Self {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64;
-        println!("seed {seed}");
-        Rng(seed | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// A duration in `0..2*around`.
-    fn around(&mut self, around: Duration) -> Duration {
-        let nanos = around.as_nanos().max(1) as u64 * 2;
-        Duration::from_nanos(self.next() % nanos)
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -637,7 +611,9 @@ async fn fences_declare_what_the_server_promises() {
 // an outage, not a permanent error.
 
 /// Acquisitions cut off at random points around one round trip, hundreds of times: afterwards
-/// nothing of ours is left live and another client gets the key at once, not after the TTL.
+/// nothing of ours is left live and another client gets the key at once, not after the TTL. The
+/// cuts are the conformance suite's (a timer, or a random number of polls: tokio's timers tick
+/// in whole milliseconds, longer than an acquisition on loopback).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_acquisitions_leave_no_lease_behind() {
     let server = start().await;
@@ -656,10 +632,8 @@ async fn cancelled_acquisitions_leave_no_lease_behind() {
     }
     trips.sort();
     let trip = trips[trips.len() / 2];
-    let mut rng = Rng::new();
     let (mut won, mut cut, mut busy) = (0, 0, 0);
     for i in 0..400 {
-        let cut_at = rng.around(trip);
         let attempt = async {
             if i % 2 == 0 {
                 a.try_acquire(&k, ttl).await
@@ -667,16 +641,16 @@ async fn cancelled_acquisitions_leave_no_lease_behind() {
                 a.acquire(&k, ttl, ttl).await.map(Some)
             }
         };
-        match tokio::time::timeout(cut_at, attempt).await {
-            Ok(Ok(Some(g))) => {
+        match cut_short(attempt, trip * 2).await {
+            Some(Ok(Some(g))) => {
                 won += 1;
                 assert_eq!(a.release(&g).await.unwrap(), Released::Released);
             }
             // The statement of an earlier cut-off may still be landing (its lease is given back
             // as soon as it does, which the wait below checks).
-            Ok(Ok(None)) => busy += 1,
-            Ok(Err(e)) => panic!("{e:?}"),
-            Err(_) => cut += 1,
+            Some(Ok(None)) => busy += 1,
+            Some(Err(e)) => panic!("{e:?}"),
+            None => cut += 1,
         }
         // A lease left by a cut-off must be gone before the next attempt can be refused
         // for it: wait until the key is free again (bounded well below the TTL).
