@@ -116,9 +116,9 @@ impl Statements {
             // waiter takes a released key, and looks again when a new holder's expiry says
             // instead of at the expiry of a holder that is gone. The owner column says which
             // happened (the owner token is fresh for every attempt). A waiter's every attempt
-            // runs this, and so does an uncontended `acquire`: a statement with two
-            // data-modifying CTEs cost the pair 1.11x `try_acquire`'s (measured, see
-            // docs/performance.md).
+            // after its first runs this (the first is the plain upsert, which takes a free key
+            // without a mark); one upsert, because two data-modifying CTEs cost each attempt
+            // more (measured, see docs/performance.md).
             acquire_or_remaining: sql(format!(
                 "INSERT INTO {t} AS l (lock_key, owner, fence, expires_at) \
                  VALUES ($1, $2, 1, statement_timestamp() + $3::float8 * interval '1 millisecond') \
@@ -504,6 +504,20 @@ fn spawn_give_back(inner: &Arc<Inner>, key: &str, owner: &str, raw: i64, ttl: Du
     runtime.spawn(async move { inner.give_back(key, owner, raw, ttl).await });
 }
 
+/// Which statement an acquisition attempt sends, and what a conflict with a concurrent
+/// transaction that outlasts its retries means (see [`Inner::run`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Form {
+    /// `try_acquire`: the plain upsert; such a conflict is an error.
+    Try,
+    /// `acquire`'s first look: the plain upsert, which takes a free key without a mark; such
+    /// a conflict counts as held (the waiting form follows).
+    First,
+    /// A waiter's look: the upsert that takes the key or marks it waited on; such a conflict
+    /// counts as held, and the waiter looks again soon.
+    Waiting,
+}
+
 /// What one acquisition attempt found.
 enum Attempt {
     Won(Grant),
@@ -729,7 +743,8 @@ impl PostgresAuthority {
     /// timeout; if it stops waiting first, the statement finishes in a task of its own. Either
     /// way a lease the statement takes is handed over or given back (see
     /// [`claim_or_give_back`]).
-    async fn attempt(&self, key: &LockKey, ttl: Duration, waiting: bool) -> Result<Attempt> {
+    async fn attempt(&self, key: &LockKey, ttl: Duration, form: Form) -> Result<Attempt> {
+        let waiting = form == Form::Waiting;
         let owner = OwnerToken::generate()?;
         let owner_hex = owner.to_hex();
         let sent = Instant::now();
@@ -761,7 +776,7 @@ impl PostgresAuthority {
             .await
             .map_err(|why| why.into_error(BACKEND, "acquire", self.inner.timeout()))?;
         match acquired {
-            Err(e) if waiting && errors::is_conflict(&e) => Ok(Attempt::Held(None)),
+            Err(e) if form != Form::Try && errors::is_conflict(&e) => Ok(Attempt::Held(None)),
             Err(e) => Err(errors::map_lease(e, "acquire", &self.inner.config.table)),
             Ok((Some(raw), _)) => match self.grant(key, owner, raw, ttl, sent) {
                 Ok(grant) => Ok(Attempt::Won(grant)),
@@ -827,7 +842,7 @@ impl Authority for PostgresAuthority {
 
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Grant>> {
         TTL.check(ttl)?;
-        Ok(match self.attempt(key, ttl, false).await? {
+        Ok(match self.attempt(key, ttl, Form::Try).await? {
             Attempt::Won(grant) => Some(grant),
             Attempt::Held(_) => None,
         })
@@ -837,6 +852,22 @@ impl Authority for PostgresAuthority {
         TTL.check(ttl)?;
         let start = Instant::now();
         let give_up = saturating_add(start, max_wait);
+        let timed_out = |now: Instant| Error::Timeout {
+            key: key.to_string(),
+            waited: now - start,
+        };
+        // A free key is taken by the plain upsert, as `try_acquire` takes it: the waiting form
+        // (which marks a held key and reads how long its holder has left) and the listening
+        // connection are for a key that is held (measured: an uncontended `acquire()` pair
+        // cost 1.10x `try_acquire()`'s with them; see docs/performance.md). A held key then
+        // costs one more round trip, before the wait.
+        if let Attempt::Won(grant) = self.attempt(key, ttl, Form::First).await? {
+            return Ok(grant);
+        }
+        let now = Instant::now();
+        if now >= give_up {
+            return Err(timed_out(now));
+        }
         let registered = self.inner.waiters.for_key(key.as_str());
         let listening = self.listening();
         // While the listener is down (or an attempt could not tell how long the holder has
@@ -847,16 +878,13 @@ impl Authority for PostgresAuthority {
             // the attempt and the wait is not missed.
             let mut released = pin!(registered.notify().notified());
             released.as_mut().enable();
-            let remaining = match self.attempt(key, ttl, true).await? {
+            let remaining = match self.attempt(key, ttl, Form::Waiting).await? {
                 Attempt::Won(grant) => return Ok(grant),
                 Attempt::Held(remaining) => remaining,
             };
             let now = Instant::now();
             if now >= give_up {
-                return Err(Error::Timeout {
-                    key: key.to_string(),
-                    waited: now - start,
-                });
+                return Err(timed_out(now));
             }
             // Fallback for a holder that vanishes without releasing: look again when its lease
             // ends by the database's clock (a duration, never compared with our wall clock),
