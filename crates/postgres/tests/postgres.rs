@@ -831,25 +831,8 @@ async fn a_release_notifies_only_when_somebody_waits() {
             (Instant::now(), grant)
         })
     };
-    // The waiter's first attempt marks the key (read here from the table, bounded).
-    let marked = Instant::now();
-    loop {
-        let mark: Option<bool> = sqlx::query_scalar(
-            "SELECT waited_until > statement_timestamp() FROM leasehold_leases WHERE lock_key = $1",
-        )
-        .bind(key.as_str())
-        .fetch_one(a.pool())
-        .await
-        .unwrap();
-        if mark == Some(true) {
-            break;
-        }
-        assert!(
-            marked.elapsed() < Duration::from_secs(10),
-            "the waiter never marked the key"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // The waiter's waiting form marks the key (after its first attempt, the plain upsert).
+    wait_for_mark(a.pool(), &key, Duration::from_secs(10)).await;
     let sent = Instant::now();
     let _ = a.release(&held).await.unwrap();
     let note = tokio::time::timeout(Duration::from_secs(5), heard.recv())
@@ -864,6 +847,29 @@ async fn a_release_notifies_only_when_somebody_waits() {
     assert!(took - sent < Duration::from_secs(5), "{:?}", took - sent);
     assert!(grant.fence() > held.fence());
     let _ = b.release(&grant).await.unwrap();
+}
+
+/// Waits (at most `within`) until a waiter's mark on `key` is in the future.
+async fn wait_for_mark(pool: &sqlx::PgPool, key: &LockKey, within: Duration) {
+    let started = Instant::now();
+    loop {
+        let mark: Option<bool> = sqlx::query_scalar(
+            "SELECT waited_until > statement_timestamp() FROM leasehold_leases WHERE lock_key = $1",
+        )
+        .bind(key.as_str())
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+        .flatten();
+        if mark == Some(true) {
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "the waiter never marked the key"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Backends of `application_name` `app` whose last statement was `LISTEN`.
@@ -991,24 +997,7 @@ async fn a_release_nobody_announced_is_not_slept_through() {
         tokio::spawn(async move { b.acquire(&key, ttl, Duration::from_secs(20)).await })
     };
     // The waiter's waiting form marked the key: it looks again when the 5 s are up.
-    let marked = Instant::now();
-    loop {
-        let mark: Option<bool> = sqlx::query_scalar(
-            "SELECT waited_until IS NOT NULL FROM leasehold_leases WHERE lock_key = $1",
-        )
-        .bind(key.as_str())
-        .fetch_optional(a.pool())
-        .await
-        .unwrap();
-        if mark == Some(true) {
-            break;
-        }
-        assert!(
-            marked.elapsed() < Duration::from_secs(4),
-            "the waiter never marked the key"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_mark(a.pool(), &key, Duration::from_secs(4)).await;
     // The holder renews for 30 s, and an operator's transaction then holds the row, so the
     // waiter's next attempt blocks on it, its snapshot showing the renewed expiry.
     a.renew(&held, ttl).await.unwrap();
