@@ -872,11 +872,12 @@ async fn wait_for_mark(pool: &sqlx::PgPool, key: &LockKey, within: Duration) {
     }
 }
 
-/// Backends of `application_name` `app` whose last statement was `LISTEN`.
+/// Backends whose `application_name` is like `app` and whose last statement was `LISTEN`, or
+/// the listener's periodic check that it still answers (every `listen_check_ms`).
 async fn listening(pool: &sqlx::PgPool, app: &str) -> i64 {
     sqlx::query_scalar(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
-         AND query LIKE 'LISTEN%'",
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1 \
+         AND (query LIKE 'LISTEN%' OR query = 'SELECT ''leasehold listener''')",
     )
     .bind(app)
     .fetch_one(pool)
@@ -948,9 +949,9 @@ async fn an_acquire_that_need_not_wait_does_not_listen() {
 /// A release nobody had marked is announced to nobody, so a waiter must not sleep through it:
 /// * a release that commits while a waiter's attempt is blocked on the row (its statement's
 ///   snapshot still shows the old holder, 30 s from expiry) makes the attempt time its next look
-///   by the newest row, and the waiter holds within seconds. The blocked attempt is the waiting
-///   form: the waiter's first look (the plain upsert, then the waiting form) finds a holder
-///   with a few seconds left, which then renews for 30 s before the waiter looks again;
+///   by the newest row, and the waiter holds within seconds. The blocked attempt is the
+///   waiter's form (it marks the key): the waiter has looked once and marked the key, and a
+///   notification (as a proclaim sends) has it look again while an operator holds the row;
 /// * a release between an observer's read and its `wait_for_change` returns that wait at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_nobody_announced_is_not_slept_through() {
@@ -958,7 +959,13 @@ async fn a_release_nobody_announced_is_not_slept_through() {
     let url = url(&server);
     let a = PostgresAuthority::connect(&url).await.unwrap();
     a.migrate().await.unwrap();
-    let b = Arc::new(PostgresAuthority::connect(&url).await.unwrap());
+    // The waiter's attempt stays blocked on the row until the operator commits: its requests
+    // may take longer than the other clients' second.
+    let b = Arc::new(
+        PostgresAuthority::connect(&url.replace("timeout_ms=1000", "timeout_ms=30000"))
+            .await
+            .unwrap(),
+    );
     let ttl = Duration::from_secs(30);
     // b's listener is up first: when it starts listening it wakes every waiter to look again,
     // which would hide what this test is after.
@@ -970,13 +977,7 @@ async fn a_release_nobody_announced_is_not_slept_through() {
     .unwrap();
     let up = Instant::now();
     loop {
-        let listening: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND state = 'idle'",
-        )
-        .fetch_one(a.pool())
-        .await
-        .unwrap();
-        if listening > 0 {
+        if listening(a.pool(), "%").await > 0 {
             break;
         }
         assert!(
@@ -987,24 +988,24 @@ async fn a_release_nobody_announced_is_not_slept_through() {
     }
 
     let key = LockKey::new("race/attempt").unwrap();
-    let held = a
-        .try_acquire(&key, Duration::from_secs(5))
-        .await
-        .unwrap()
-        .unwrap();
+    let _held = a.try_acquire(&key, ttl).await.unwrap().unwrap();
     let waiter = {
         let (b, key) = (b.clone(), key.clone());
         tokio::spawn(async move { b.acquire(&key, ttl, Duration::from_secs(20)).await })
     };
-    // The waiter's waiting form marked the key: it looks again when the 5 s are up.
-    wait_for_mark(a.pool(), &key, Duration::from_secs(4)).await;
-    // The holder renews for 30 s, and an operator's transaction then holds the row, so the
-    // waiter's next attempt blocks on it, its snapshot showing the renewed expiry.
-    a.renew(&held, ttl).await.unwrap();
+    // The waiter has marked the key, and sleeps until the holder's 30 s are up.
+    wait_for_mark(a.pool(), &key, Duration::from_secs(10)).await;
+    // An operator's transaction holds the row, and a notification on the key has the waiter
+    // look again: its attempt blocks on the row, its snapshot showing the holder's 30 s.
     let mut tx = a.pool().begin().await.unwrap();
     sqlx::query("SELECT 1 FROM leasehold_leases WHERE lock_key = $1 FOR UPDATE")
         .bind(key.as_str())
         .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_notify('leasehold_release', 'leasehold_leases ' || $1)")
+        .bind(key.as_str())
+        .execute(a.pool())
         .await
         .unwrap();
     let blocked = Instant::now();
