@@ -48,6 +48,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold::{Authority, Instant, LockKey};
 use metrics_exporter_prometheus::PrometheusRecorder;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 use stats::Samples;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -319,12 +321,12 @@ async fn run(
     let mut recorded = Samples::default();
     let mut waiting_form = Samples::default();
     let mut raws: Vec<Samples> = subject.raw.iter().map(|_| Samples::default()).collect();
-    // Every round measures each contestant once, in a new order each round (see `Shuffle`), so
+    // Every round measures each contestant once, in a new order each round (see `ORDER_SEED`), so
     // drift on a noisy machine, "who goes first after a pause" and "who runs right after whom"
     // hit them all alike.
     let contestants = subject.raw.len() + FIRST_RAW;
     let mut order: Vec<usize> = (0..contestants).collect();
-    let mut shuffle = Shuffle::default();
+    let mut shuffle = rand::rngs::StdRng::seed_from_u64(ORDER_SEED);
     // This thread's CPU time in each contestant's pairs: on a current_thread runtime, all the
     // client work of a pair (its own and its library's, tasks included) runs here.
     let mut cpu = vec![Duration::ZERO; contestants];
@@ -341,7 +343,7 @@ async fn run(
                 server.refresh();
             }
         }
-        shuffle.reorder(&mut order);
+        order.shuffle(&mut shuffle);
         for &which in &order {
             // Warm: an untimed pair of the same contestant first, so that no contestant is timed
             // while its connection, its server process and its code come back into the caches
@@ -534,36 +536,12 @@ async fn contestant_pair(
     }
 }
 
-/// The contestants' order, shuffled anew every round from a fixed seed (so a run can be
+/// The seed of the contestants' order, shuffled anew every round (fixed, so a run can be
 /// repeated). Rotating where each round starts, as the bench first did, left every contestant
 /// behind the same neighbour in every round, and on one core what the neighbour leaves in the
 /// caches moves a pair by a few percent: ZooKeeper's `acquire()` pair, always timed after
 /// leasehold's own, measured 0.97x its `try_acquire()` pair, always timed after a raw one.
-struct Shuffle(u64);
-
-impl Default for Shuffle {
-    fn default() -> Self {
-        Shuffle(0x9E37_79B9_7F4A_7C15)
-    }
-}
-
-impl Shuffle {
-    /// xorshift64: plenty for an order, and no dependency.
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// Fisher-Yates.
-    fn reorder(&mut self, order: &mut [usize]) {
-        for i in (1..order.len()).rev() {
-            let j = usize::try_from(self.next() % (i as u64 + 1)).unwrap_or(0);
-            order.swap(i, j);
-        }
-    }
-}
+const ORDER_SEED: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// One round's raw measurements for the hand-off: a raw pair after an idle gap, and the raw
 /// hand-off where the backend has one.
