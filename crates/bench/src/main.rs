@@ -319,7 +319,7 @@ async fn run(
     // with the rest: what recording the metrics costs on the hot path.
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let mut recorded = Samples::default();
-    let mut waiting_form = Samples::default();
+    let mut through_acquire = Samples::default();
     let mut raws: Vec<Samples> = subject.raw.iter().map(|_| Samples::default()).collect();
     // Every round measures each contestant once, in a new order each round (see `ORDER_SEED`), so
     // drift on a noisy machine, "who goes first after a pause" and "who runs right after whom"
@@ -365,7 +365,7 @@ async fn run(
                 match which {
                     0 => ours.push(took),
                     1 => recorded.push(took),
-                    2 => waiting_form.push(took),
+                    2 => through_acquire.push(took),
                     n => raws[n - FIRST_RAW].push(took),
                 }
             }
@@ -389,7 +389,7 @@ async fn run(
         }
         stats::report(
             "acquire() (may wait) + release",
-            &waiting_form,
+            &through_acquire,
             "try_acquire() + release",
             &ours,
             None,
@@ -397,7 +397,7 @@ async fn run(
         if let Some(raw) = subject.raw.first() {
             stats::report(
                 "acquire() (may wait) + release",
-                &waiting_form,
+                &through_acquire,
                 raw.name(),
                 &raws[0],
                 None,

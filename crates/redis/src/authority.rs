@@ -617,9 +617,9 @@ impl Authority for RedisAuthority {
         TTL.check(ttl)?;
         let start = Instant::now();
         let give_up = saturating_add(start, max_wait);
-        let timed_out = || Error::Timeout {
+        let timed_out = |now: Instant| Error::Timeout {
             key: key.to_string(),
-            waited: start.elapsed(),
+            waited: now - start,
         };
         // A free key is taken without touching the subscription, as Redisson does: once the
         // subscription connection exists, every release on the channel is delivered to it (the
@@ -630,8 +630,9 @@ impl Authority for RedisAuthority {
         if let Attempt::Won(grant) = self.attempt(key, ttl).await? {
             return Ok(grant);
         }
-        if Instant::now() >= give_up {
-            return Err(timed_out());
+        let now = Instant::now();
+        if now >= give_up {
+            return Err(timed_out(now));
         }
         let subscription = &self.inner.subscription;
         let lock_key = self.inner.config.layout.lock_key(key);
@@ -658,7 +659,7 @@ impl Authority for RedisAuthority {
             };
             let now = Instant::now();
             if now >= give_up {
-                return Err(timed_out());
+                return Err(timed_out(now));
             }
             let mut wait = retry.next_delay();
             // A lease that ends sooner than that is tried again right after its end by the
