@@ -456,7 +456,7 @@ impl fmt::Debug for SqliteAuthority {
 }
 
 /// The database's absolute path and a refusal of what cannot work: a missing directory, or one
-/// on a network filesystem (unless allowed, then with a warning).
+/// on a filesystem not known to be local to this kernel (unless allowed, then with a warning).
 fn checked_path(config: &SqliteConfig, mounts_table: Option<&str>) -> Result<PathBuf> {
     let invalid = |reason: String| Error::InvalidConfig { reason };
     let dir = mounts::resolved_dir(&config.path).map_err(|e| {
@@ -479,22 +479,33 @@ fn checked_path(config: &SqliteConfig, mounts_table: Option<&str>) -> Result<Pat
         .ok()
         .and_then(|p| p.parent().map(Path::to_path_buf))
         .unwrap_or_else(|| dir.clone());
-    if let Some(table) = mounts_table {
-        if let Some(found) = mounts::network_mount(&real_dir, table) {
-            let what = format!(
-                "{} is on a network filesystem ({} mounted at {}): SQLite's locks are not reliable there, so two processes could both hold a lease",
-                path.display(),
-                found.fs_type,
-                found.mount_point.display()
-            );
-            if !config.allow_network_fs {
-                return Err(invalid(format!(
-                    "{what}; put the database on a local disk, or use a server authority (postgres://, etcd://); allow_network_fs=true accepts it for a share only this machine uses"
-                )));
-            }
-            tracing::warn!("{what}; accepted because allow_network_fs=true");
-        }
+    // Without a mounts table (no /proc) there is no boot id either, and connect refuses that
+    // with `Unsupported` next.
+    let Some(table) = mounts_table else {
+        return Ok(path);
+    };
+    let what = match mounts::mount_of(&real_dir, table) {
+        Some(found) if found.is_local() => return Ok(path),
+        Some(found) => format!(
+            "{} is on a filesystem of type {} ({} mounted at {}), which leasehold does not know as local to this machine's kernel",
+            path.display(),
+            found.fs_type,
+            found.fs_type,
+            found.mount_point.display()
+        ),
+        None => format!(
+            "{} is on no filesystem that /proc/self/mounts lists, so leasehold cannot tell that it is local to this machine's kernel",
+            path.display()
+        ),
+    };
+    let why = "SQLite's locks and shared memory hold only among processes of one kernel, so processes of two machines (or VMs, or sandboxes) on it could both hold a lease";
+    if !config.allow_network_fs {
+        return Err(invalid(format!(
+            "{what}: {why}; put the database on a local filesystem ({}), or use a server authority (postgres://, etcd://); allow_network_fs=true accepts it, with a warning, for a filesystem that only this machine's kernel uses",
+            mounts::LOCAL_TYPES.join(", ")
+        )));
     }
+    tracing::warn!("{what}: {why}; accepted because allow_network_fs=true");
     Ok(path)
 }
 
@@ -509,8 +520,9 @@ impl SqliteAuthority {
     /// Opens the database of a parsed configuration.
     ///
     /// # Errors
-    /// `InvalidConfig` when the file's directory does not exist or is on a network filesystem
-    /// (NFS, SMB/CIFS, ...: see docs/sqlite.md); `Unsupported` off Linux (no boot id);
+    /// `InvalidConfig` when the file's directory does not exist or is on a filesystem not known
+    /// to be local to this kernel (NFS, SMB/CIFS, GFS2, FUSE, 9p, virtiofs, ...: see
+    /// docs/sqlite.md), naming its type and the override `allow_network_fs=true`; `Unsupported` off Linux (no boot id);
     /// `Unavailable` when another process keeps the file locked past the timeout; `Backend` for
     /// a file that is not a database or cannot be written.
     pub async fn with_config(config: SqliteConfig) -> Result<Self> {
@@ -877,7 +889,7 @@ mod tests {
     const MOUNTS: &str = "/dev/sda1 / ext4 rw 0 0\nnas:/x /net nfs4 rw 0 0\n";
 
     #[test]
-    fn network_filesystems_are_refused_unless_allowed() {
+    fn filesystems_not_known_as_local_are_refused_unless_allowed() {
         let dir = std::env::temp_dir();
         let local = SqliteConfig::new(dir.join("a.db"));
         assert_eq!(
@@ -889,7 +901,10 @@ mod tests {
         let nfs = format!("{MOUNTS}nas:/tmp {} nfs rw 0 0\n", resolved.display());
         let err = checked_path(&local, Some(&nfs)).unwrap_err();
         assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
-        assert!(err.to_string().contains("network filesystem (nfs"), "{err}");
+        assert!(
+            err.to_string().contains("of type nfs (nfs mounted at"),
+            "{err}"
+        );
         let allowed = local.clone().with_allow_network_fs(true);
         assert!(checked_path(&allowed, Some(&nfs)).is_ok());
         // No mounts table (not Linux, /proc not mounted): nothing to check against.
