@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr};
 use tokio::sync::Notify;
 
-use crate::clock::MachineClock;
+use crate::clock::{MachineClock, Now};
 use crate::config::SqliteConfig;
 use crate::errors::{self, BACKEND};
 use crate::mounts;
@@ -63,30 +64,41 @@ fn sql(s: String) -> SqlStr {
 impl Statements {
     fn new(t: &str) -> Self {
         Statements {
-            // ?1 key, ?2 owner, ?3 boot id, ?4 new expiry, ?5 now. The row is taken over when
-            // its lease is over: expired by this boot's clock, or from another boot.
+            // ?1 key, ?2 owner, ?3 boot id, ?4 new expiry, ?5 now, ?6 the wall clock now, ?7 the
+            // new expiry by the wall clock, ?8 when this boot began by the wall clock. The row is
+            // taken over when its lease is over: for a row of this boot, expired by this boot's
+            // monotonic clock; for a row of another boot, written before this boot began (an
+            // earlier boot's, or from before the wall-clock columns: NULL), or past its expiry by
+            // the wall clock (another kernel's lease that ran out). See `Inner::left`, which
+            // reads a row the same way.
             acquire: sql(format!(
-                "INSERT INTO \"{t}\" AS l (lock_key, owner, fence, boot_id, expires_ns) \
-                 VALUES (?1, ?2, 1, ?3, ?4) \
+                "INSERT INTO \"{t}\" AS l \
+                   (lock_key, owner, fence, boot_id, expires_ns, written_unix_ns, expires_unix_ns) \
+                 VALUES (?1, ?2, 1, ?3, ?4, ?6, ?7) \
                  ON CONFLICT (lock_key) DO UPDATE \
                  SET owner = excluded.owner, fence = l.fence + 1, boot_id = excluded.boot_id, \
-                     expires_ns = excluded.expires_ns \
-                 WHERE l.boot_id <> excluded.boot_id OR l.expires_ns <= ?5 \
+                     expires_ns = excluded.expires_ns, written_unix_ns = excluded.written_unix_ns, \
+                     expires_unix_ns = excluded.expires_unix_ns \
+                 WHERE CASE WHEN l.boot_id = excluded.boot_id THEN l.expires_ns <= ?5 \
+                       ELSE l.written_unix_ns IS NULL OR l.written_unix_ns < ?8 \
+                         OR l.expires_unix_ns IS NULL OR l.expires_unix_ns <= ?6 END \
                  RETURNING fence"
             )),
             holder: sql(format!(
-                "SELECT boot_id, expires_ns FROM \"{t}\" WHERE lock_key = ?1"
+                "SELECT boot_id, expires_ns, written_unix_ns, expires_unix_ns \
+                 FROM \"{t}\" WHERE lock_key = ?1"
             )),
-            // ?1 key, ?2 owner, ?3 fence, ?4 boot id, ?5 now, ?6 new expiry.
+            // ?1 key, ?2 owner, ?3 fence, ?4 boot id, ?5 now, ?6 new expiry, ?7 the wall clock
+            // now, ?8 the new expiry by the wall clock (what another kernel reads).
             renew: sql(format!(
-                "UPDATE \"{t}\" SET expires_ns = ?6 \
+                "UPDATE \"{t}\" SET expires_ns = ?6, written_unix_ns = ?7, expires_unix_ns = ?8 \
                  WHERE lock_key = ?1 AND owner = ?2 AND fence = ?3 AND boot_id = ?4 \
                    AND expires_ns > ?5"
             )),
             // Release expires the row instead of deleting it, so the fence counter never
-            // restarts.
+            // restarts; ?6 is the wall clock now, so the row is over by it too.
             release: sql(format!(
-                "UPDATE \"{t}\" SET expires_ns = ?5 \
+                "UPDATE \"{t}\" SET expires_ns = ?5, written_unix_ns = ?6, expires_unix_ns = ?6 \
                  WHERE lock_key = ?1 AND owner = ?2 AND fence = ?3 AND boot_id = ?4 \
                    AND expires_ns > ?5"
             )),
@@ -101,8 +113,8 @@ impl Statements {
             // The value only if the grant in the row proclaimed it; liveness is decided by the
             // caller, on the machine's clock.
             inspect: sql(format!(
-                "SELECT owner, fence, boot_id, expires_ns, \
-                        CASE WHEN value_fence = fence THEN value END \
+                "SELECT owner, fence, CASE WHEN value_fence = fence THEN value END, \
+                        boot_id, expires_ns, written_unix_ns, expires_unix_ns \
                  FROM \"{t}\" WHERE lock_key = ?1"
             )),
             // ?1 the prefix, ?2 the first text above it (NULL: none), ?3 how many. SQLite
@@ -119,9 +131,12 @@ impl Statements {
 /// The SQL that creates the lease table (the authority runs it at connect, and adds the
 /// [`ADDED_COLUMNS`] to a table an older version created).
 ///
-/// `expires_ns` is a reading of the machine's `CLOCK_MONOTONIC` in the boot `boot_id`; a row
-/// of another boot is expired whatever its number says. `value` is what the grant of fence
-/// `value_fence` proclaimed; it counts only while that grant holds the row.
+/// `expires_ns` is a reading of the machine's `CLOCK_MONOTONIC` in the boot `boot_id`, which
+/// decides every row of this boot. `written_unix_ns` and `expires_unix_ns` are the wall clock's
+/// time of the row's last write and the lease's end by the wall clock, for other boots to read:
+/// a row of another boot is over if it was written before this boot began, or its wall-clock
+/// expiry has passed. `value` is what the grant of fence `value_fence` proclaimed; it counts
+/// only while that grant holds the row.
 pub fn schema_sql(table: &str) -> Result<String> {
     let table = crate::config::table_name(table)?;
     Ok(format!(
@@ -132,14 +147,21 @@ pub fn schema_sql(table: &str) -> Result<String> {
          \x20   boot_id     TEXT    NOT NULL,\n\
          \x20   expires_ns  INTEGER NOT NULL,\n\
          \x20   value       BLOB,\n\
-         \x20   value_fence INTEGER\n\
+         \x20   value_fence INTEGER,\n\
+         \x20   written_unix_ns INTEGER,\n\
+         \x20   expires_unix_ns INTEGER\n\
          ) WITHOUT ROWID;"
     ))
 }
 
 /// The columns added since the first version, with their types: what opening a database adds
 /// to a lease table that lacks them (SQLite has no `ADD COLUMN IF NOT EXISTS`).
-const ADDED_COLUMNS: [(&str, &str); 2] = [("value", "BLOB"), ("value_fence", "INTEGER")];
+const ADDED_COLUMNS: [(&str, &str); 4] = [
+    ("value", "BLOB"),
+    ("value_fence", "INTEGER"),
+    ("written_unix_ns", "INTEGER"),
+    ("expires_unix_ns", "INTEGER"),
+];
 
 /// Adds the [`ADDED_COLUMNS`] that `table` lacks, keeping its rows. Looks first without the
 /// write lock, so that opening an up-to-date file never waits for a writer; adds them inside
@@ -197,7 +219,15 @@ struct Inner {
     /// sharing a client hand a key on (or see the value) at once; other processes' waiters find
     /// out by polling.
     changed: Notify,
+    /// Whether this client has warned that another kernel holds a lease in the file (once: a
+    /// waiter would otherwise warn at every poll).
+    warned_foreign: AtomicBool,
 }
+
+/// When a lease row ends: the boot that wrote it, its expiry on that boot's monotonic clock,
+/// and the wall clock's time of its last write and its expiry by the wall clock (absent in rows
+/// written before those columns existed).
+type Timing = (String, i64, Option<i64>, Option<i64>);
 
 /// What [`Inner::conditional`] does to a lease we hold.
 enum Step<'v> {
@@ -219,12 +249,32 @@ impl Inner {
         self.config.client.request_timeout
     }
 
-    /// How long a lease row of `boot_id` expiring at `expires_ns` still runs, read at `now`.
-    fn left(&self, boot_id: &str, expires_ns: i64, now: i64) -> Duration {
-        if boot_id != self.clock.boot_id {
-            return Duration::ZERO;
-        }
-        Duration::from_nanos(u64::try_from(expires_ns.saturating_sub(now)).unwrap_or(0))
+    /// How long a lease row still runs, read at `now`; the same judgement as the acquire
+    /// statement's. A row of this boot runs until its monotonic expiry. A row of another boot
+    /// written before this boot began is an earlier boot's, over whatever it says; one written
+    /// since is another kernel's (a second machine, a VM, a sandbox sharing the file), and runs
+    /// until its expiry by the wall clock, the only clock two kernels share.
+    fn left(&self, row: &Timing, now: Now) -> Duration {
+        let (boot_id, expires_ns, written_unix_ns, expires_unix_ns) = row;
+        let ns = if *boot_id == self.clock.boot_id {
+            expires_ns.saturating_sub(now.ns)
+        } else {
+            match (written_unix_ns, expires_unix_ns) {
+                (Some(written), Some(expires)) if *written >= now.boot_began_unix_ns => {
+                    let left = expires.saturating_sub(now.wall_ns);
+                    if left > 0 && !self.warned_foreign.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            path = %self.shown,
+                            other_boot = %boot_id,
+                            "a lease in this file was written by another boot since this one began: another machine, VM or sandbox is using the file, and SQLite's locks do not hold between kernels; its leases are respected until their wall-clock expiry"
+                        );
+                    }
+                    left
+                }
+                _ => 0,
+            }
+        };
+        Duration::from_nanos(u64::try_from(ns).unwrap_or(0))
     }
 
     /// `work` bounded by `give_up`, with leasehold's errors.
@@ -263,23 +313,26 @@ impl Inner {
             tx.rollback().await?;
             return Ok((None, None));
         }
-        let now = self.clock.now_ns();
+        let now = self.clock.now();
         let won: Option<i64> = sqlx::query_scalar(self.statements.acquire.clone())
             .bind(key)
             .bind(owner)
             .bind(&self.clock.boot_id)
-            .bind(now.saturating_add(ttl_ns(ttl)))
-            .bind(now)
+            .bind(now.ns.saturating_add(ttl_ns(ttl)))
+            .bind(now.ns)
+            .bind(now.wall_ns)
+            .bind(now.wall_ns.saturating_add(ttl_ns(ttl)))
+            .bind(now.boot_began_unix_ns)
             .fetch_optional(&mut *tx)
             .await?;
         let remaining = match won {
             Some(_) => None,
             None => {
-                let row: Option<(String, i64)> = sqlx::query_as(self.statements.holder.clone())
+                let row: Option<Timing> = sqlx::query_as(self.statements.holder.clone())
                     .bind(key)
                     .fetch_optional(&mut *tx)
                     .await?;
-                row.map(|(boot, expires)| self.left(&boot, expires, now))
+                row.map(|row| self.left(&row, now))
             }
         };
         tx.commit().await?;
@@ -289,14 +342,12 @@ impl Inner {
     /// How long the current holder of `key` has left (zero: free, or its lease is over), read
     /// without the write lock (WAL readers never wait for the writer).
     async fn peek(&self, key: &str) -> std::result::Result<Duration, sqlx::Error> {
-        let row: Option<(String, i64)> = sqlx::query_as(self.statements.holder.clone())
+        let row: Option<Timing> = sqlx::query_as(self.statements.holder.clone())
             .bind(key)
             .fetch_optional(&self.pool)
             .await?;
-        let now = self.clock.now_ns();
-        Ok(row.map_or(Duration::ZERO, |(boot, expires)| {
-            self.left(&boot, expires, now)
-        }))
+        let now = self.clock.now();
+        Ok(row.map_or(Duration::ZERO, |row| self.left(&row, now)))
     }
 
     /// Renews, releases or proclaims on a lease we hold: one conditional `UPDATE` on key,
@@ -310,7 +361,7 @@ impl Inner {
     ) -> std::result::Result<u64, sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let now = self.clock.now_ns();
+        let now = self.clock.now();
         let done = match step {
             Step::Renew(ttl) => {
                 sqlx::query(self.statements.renew.clone())
@@ -318,8 +369,10 @@ impl Inner {
                     .bind(owner)
                     .bind(fence)
                     .bind(&self.clock.boot_id)
-                    .bind(now)
-                    .bind(now.saturating_add(ttl_ns(ttl)))
+                    .bind(now.ns)
+                    .bind(now.ns.saturating_add(ttl_ns(ttl)))
+                    .bind(now.wall_ns)
+                    .bind(now.wall_ns.saturating_add(ttl_ns(ttl)))
                     .execute(&mut *tx)
                     .await?
             }
@@ -329,7 +382,7 @@ impl Inner {
                     .bind(owner)
                     .bind(fence)
                     .bind(&self.clock.boot_id)
-                    .bind(now)
+                    .bind(now.ns)
                     .bind(value)
                     .execute(&mut *tx)
                     .await?
@@ -340,7 +393,8 @@ impl Inner {
                     .bind(owner)
                     .bind(fence)
                     .bind(&self.clock.boot_id)
-                    .bind(now)
+                    .bind(now.ns)
+                    .bind(now.wall_ns)
                     .execute(&mut *tx)
                     .await?
             }
@@ -354,7 +408,7 @@ impl Inner {
     async fn renew_batch(&self, grants: &[Grant]) -> std::result::Result<Vec<bool>, sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let now = self.clock.now_ns();
+        let now = self.clock.now();
         let mut renewed = Vec::with_capacity(grants.len());
         for grant in grants {
             let (key, owner, fence) = SqliteAuthority::owner_matches(grant);
@@ -363,8 +417,10 @@ impl Inner {
                 .bind(owner)
                 .bind(fence)
                 .bind(&self.clock.boot_id)
-                .bind(now)
-                .bind(now.saturating_add(ttl_ns(grant.ttl())))
+                .bind(now.ns)
+                .bind(now.ns.saturating_add(ttl_ns(grant.ttl())))
+                .bind(now.wall_ns)
+                .bind(now.wall_ns.saturating_add(ttl_ns(grant.ttl())))
                 .execute(&mut *tx)
                 .await?;
             renewed.push(done.rows_affected() == 1);
@@ -421,7 +477,8 @@ enum Attempt {
 /// machine. No server to run: the file is the authority.
 ///
 /// * Acquire is one `BEGIN IMMEDIATE` transaction: an upsert that takes the key's row over only
-///   when its lease is over (expired by the machine's clock, or from an earlier boot), raising
+///   when its lease is over (expired by the machine's clock; or of another boot and written
+///   before this boot began, or past its wall-clock expiry: see docs/sqlite.md), raising
 ///   the row's `fence` counter, which is the fence. It runs in its own task: a caller that is
 ///   cancelled or times out does not cut it off, and a lease it took for nobody is given back.
 /// * Renew and release are `UPDATE`s matched on key, owner token, fence and boot, only while
@@ -577,6 +634,7 @@ impl SqliteAuthority {
                 clock,
                 capabilities,
                 changed: Notify::new(),
+                warned_foreign: AtomicBool::new(false),
             }),
         })
     }
@@ -831,11 +889,20 @@ impl Authority for SqliteAuthority {
     /// Reads the key's row outside any transaction: in WAL mode a reader takes no lock that a
     /// writer waits on, so holders and waiters are never delayed. Liveness and the remaining
     /// time are the machine's monotonic clock (read after the row, so the remaining time errs
-    /// short) against the stored expiry, and a row from an earlier boot is free. The fence
+    /// short) against the stored expiry; a row of another boot is free if it was written
+    /// before this boot began, else it runs to its expiry by the wall clock. The fence
     /// column is the last fence issued (release and expiry keep the row).
     async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
         let inner = &self.inner;
-        let row: Option<(String, i64, String, i64, Option<Vec<u8>>)> = inner
+        let row: Option<(
+            String,
+            i64,
+            Option<Vec<u8>>,
+            String,
+            i64,
+            Option<i64>,
+            Option<i64>,
+        )> = inner
             .bounded(
                 "inspect",
                 saturating_add(Instant::now(), inner.timeout()),
@@ -844,11 +911,14 @@ impl Authority for SqliteAuthority {
                     .fetch_optional(&inner.pool),
             )
             .await?;
-        let Some((owner, raw, boot, expires_ns, value)) = row else {
+        let Some((owner, raw, value, boot, expires_ns, written, expires_unix)) = row else {
             return Ok(Inspection::free(BACKEND, key.clone()));
         };
         let fence = SqliteFence::from_column(raw)?.to_fence(BACKEND, inner.config.client.epoch)?;
-        let left = inner.left(&boot, expires_ns, inner.clock.now_ns());
+        let left = inner.left(
+            &(boot, expires_ns, written, expires_unix),
+            inner.clock.now(),
+        );
         let seen = if left > Duration::ZERO {
             Inspection::held(BACKEND, key.clone(), OwnerId::from_stored(&owner))
                 .with_fence(Some(fence))

@@ -17,7 +17,8 @@
 //! reboots (they are committed rows in the file); a lease from an earlier boot counts as expired.
 //! What it cannot do: coordinate machines. A database on a filesystem not known to be local to
 //! this kernel (network, cluster and FUSE filesystems, a VM's share) is refused, since SQLite's
-//! locks are not reliable there. See [`SqliteAuthority`] and docs/sqlite.md.
+//! locks are not reliable there, and a lease that another kernel wrote into the file since this
+//! boot began is not taken over before its expiry by the wall clock. See [`SqliteAuthority`] and docs/sqlite.md.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
