@@ -207,7 +207,12 @@ async fn add_missing_columns(
 }
 
 struct Inner {
-    pool: SqlitePool,
+    /// The connections of lease requests, and only of them: an application that holds the
+    /// connections of [`SqliteAuthority::pool`] cannot make a renewal wait for one.
+    lease_pool: SqlitePool,
+    /// The application's connections to the same file ([`SqliteAuthority::pool`]), opened when
+    /// first used.
+    app_pool: SqlitePool,
     config: SqliteConfig,
     /// The database file, absolute.
     path: PathBuf,
@@ -304,7 +309,7 @@ impl Inner {
         ttl: Duration,
         gone: impl Fn() -> bool,
     ) -> Acquired {
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.lease_pool.acquire().await?;
         if gone() {
             return Ok((None, None));
         }
@@ -344,7 +349,7 @@ impl Inner {
     async fn peek(&self, key: &str) -> std::result::Result<Duration, sqlx::Error> {
         let row: Option<Timing> = sqlx::query_as(self.statements.holder.clone())
             .bind(key)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.lease_pool)
             .await?;
         let now = self.clock.now();
         Ok(row.map_or(Duration::ZERO, |row| self.left(&row, now)))
@@ -359,7 +364,7 @@ impl Inner {
         fence: i64,
         step: Step<'_>,
     ) -> std::result::Result<u64, sqlx::Error> {
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.lease_pool.acquire().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let now = self.clock.now();
         let done = match step {
@@ -406,7 +411,7 @@ impl Inner {
     /// Renews a batch in one `BEGIN IMMEDIATE` transaction (one write lock, one commit and one
     /// sync for all), each row matched as [`Step::Renew`] is. Returns whether each was renewed.
     async fn renew_batch(&self, grants: &[Grant]) -> std::result::Result<Vec<bool>, sqlx::Error> {
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.lease_pool.acquire().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let now = self.clock.now();
         let mut renewed = Vec::with_capacity(grants.len());
@@ -621,13 +626,20 @@ impl SqliteAuthority {
                 Ok(Err(e)) => return Err(errors::map(e, "open", &shown)),
             }
         };
+        // A pool of its own, so that the application's connections are never the ones a lease
+        // request waits for; the file's write lock is still one (see `pool`).
+        let app_pool = SqlitePoolOptions::new()
+            .max_connections(config.pool_size)
+            .acquire_timeout(timeout.min(FOREVER))
+            .connect_lazy_with(options);
         let capabilities = Capabilities::new(BACKEND, FenceSafety::Linearizable, true, TTL)
             .with_wait(WaitStrategy::Polling)
             .with_batch_renewal(true);
         Ok(SqliteAuthority {
             inner: Arc::new(Inner {
                 statements: Statements::new(&config.table),
-                pool,
+                lease_pool: pool,
+                app_pool,
                 config,
                 path,
                 shown,
@@ -639,9 +651,28 @@ impl SqliteAuthority {
         })
     }
 
-    /// The connection pool (for reading the lease table, or guarded writes in the same file).
+    /// Connections to the database file for the application: to read the lease table, or for
+    /// its own writes in the same file. At most `pool_size` of them, opened when first used, and
+    /// never the connections lease requests use, so holding them all stalls no acquisition,
+    /// renewal or release.
+    ///
+    /// But the file has one write lock, shared with every lease request of every process on
+    /// it: a write transaction through this pool delays every lease write on the file for as
+    /// long as it holds the lock (a renewal waits up to the busy timeout, `timeout_ms`, then
+    /// fails as `Unavailable` and the lease is suspended; a lease whose deadline passes while
+    /// the lock is held is lost). Keep such transactions short, or keep the application's data
+    /// in a database file of its own (see docs/sqlite.md).
     pub fn pool(&self) -> &SqlitePool {
-        &self.inner.pool
+        &self.inner.app_pool
+    }
+
+    /// Closes every connection of this client, the lease requests' and the application's
+    /// ([`SqliteAuthority::pool`]), waiting for those in use to be returned. Requests made
+    /// afterwards fail; the file and its leases stay as they are (a lease still held ends at
+    /// its TTL).
+    pub async fn close(&self) {
+        self.inner.app_pool.close().await;
+        self.inner.lease_pool.close().await;
     }
 
     /// The database file, absolute.
@@ -908,7 +939,7 @@ impl Authority for SqliteAuthority {
                 saturating_add(Instant::now(), inner.timeout()),
                 sqlx::query_as(inner.statements.inspect.clone())
                     .bind(key.as_str())
-                    .fetch_optional(&inner.pool),
+                    .fetch_optional(&inner.lease_pool),
             )
             .await?;
         let Some((owner, raw, value, boot, expires_ns, written, expires_unix)) = row else {
@@ -942,7 +973,7 @@ impl Authority for SqliteAuthority {
                     .bind(prefix.as_str())
                     .bind(prefix.upper_bound())
                     .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-                    .fetch_all(&inner.pool),
+                    .fetch_all(&inner.lease_pool),
             )
             .await?;
         Ok(names

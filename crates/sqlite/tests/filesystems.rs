@@ -108,7 +108,7 @@ async fn works_in(dir: &Path) -> Result<(), String> {
         .release(&g)
         .await
         .map_err(|e| format!("release in {}: {e}", dir.display()))?;
-    a.pool().close().await;
+    a.close().await;
     Ok(())
 }
 
@@ -199,7 +199,7 @@ async fn a_filesystem_not_known_as_local_is_refused_with_its_type() -> Result<()
         Err(e) => println!("on {kind} with allow_network_fs=true, SQLite says: {e}"),
         Ok(a) => {
             println!("on {kind} with allow_network_fs=true, the database opened");
-            a.pool().close().await;
+            a.close().await;
         }
     }
     drop(fuse);

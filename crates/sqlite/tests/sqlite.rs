@@ -75,7 +75,7 @@ impl Faults for SqliteFaults {
         let made: Vec<_> =
             std::mem::take(&mut *self.clients.made.lock().unwrap_or_else(|e| e.into_inner()));
         for client in made {
-            client.pool().close().await;
+            client.close().await;
         }
         Ok(())
     }
@@ -135,7 +135,7 @@ async fn live_rows(path: &Path, key: &str) -> leasehold_core::Result<Vec<String>
     .fetch_all(admin.pool())
     .await
     .map_err(harness_error)?;
-    admin.pool().close().await;
+    admin.close().await;
     Ok(live
         .into_iter()
         .map(|(fence, owner)| format!("a live lease row: fence {fence}, owner {owner}"))
@@ -403,7 +403,7 @@ async fn fences_grow_across_release_and_reopening_the_file() {
                 leasehold_core::Released::Released
             );
         }
-        a.pool().close().await;
+        a.close().await;
     }
     assert_eq!(last.unwrap().raw(), 9);
 }
