@@ -12,6 +12,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold_core::time::saturating_add;
 use leasehold_core::{Authority, Instant, Lease, LeaseOptions, LockKey, Released};
 use leasehold_sqlite::SqliteAuthority;
 use sqlx::{Connection, SqliteConnection};
@@ -150,7 +151,7 @@ async fn a_live_lease_of_another_kernel_on_the_same_file_is_not_taken_over() -> 
         "the other kernel's process read this boot's id"
     );
     // Two of its TTLs: without its renewals the lease would have run out by the wall clock too.
-    let until = Instant::now() + OTHER_TTL * 2;
+    let until = saturating_add(Instant::now(), OTHER_TTL * 2);
     while Instant::now() < until {
         let taken = here
             .try_acquire(&key, OTHER_TTL)

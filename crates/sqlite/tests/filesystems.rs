@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use leasehold_core::time::saturating_add;
 use leasehold_core::{Authority, Error, Instant, LockKey};
 use leasehold_sqlite::SqliteAuthority;
 
@@ -76,7 +77,7 @@ fn bindfs(source: &Path, point: &Path) -> Result<Mounted, String> {
         point: point.to_path_buf(),
         daemon: Some(daemon),
     };
-    let until = Instant::now() + Duration::from_secs(10);
+    let until = saturating_add(Instant::now(), Duration::from_secs(10));
     while mounted_type(point)?.is_none() {
         if Instant::now() > until {
             return Err(format!("bindfs did not mount {} in 10 s", point.display()));

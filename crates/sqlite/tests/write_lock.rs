@@ -10,6 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold_core::time::saturating_add;
 use leasehold_core::{Authority, Instant, Lease, LeaseOptions, LeaseState, LockKey};
 use leasehold_sqlite::SqliteAuthority;
 use sqlx::Connection;
@@ -56,12 +57,15 @@ impl AppWrite {
         Ok(AppWrite { conn })
     }
 
+    /// Commits; returns when the commit was sent (the lock is held until then, and nobody
+    /// else's write can land before it).
     async fn commit(mut self) -> Result<Instant, String> {
+        let sent = Instant::now();
         sqlx::query("COMMIT")
             .execute(&mut *self.conn)
             .await
             .map_err(|e| format!("the application's COMMIT: {e}"))?;
-        Ok(Instant::now())
+        Ok(sent)
     }
 }
 
@@ -165,7 +169,7 @@ async fn a_lease_rides_out_a_transaction_that_ends_before_its_deadline() -> Resu
         return Err(format!("while the write lock was held: {seen:?}"));
     }
     let suspended_after = began.elapsed();
-    tokio::time::sleep_until(began + ttl * 2 / 3).await;
+    tokio::time::sleep_until(saturating_add(began, ttl * 2 / 3)).await;
     let committed = app.commit().await?;
     let seen = tokio::time::timeout(ttl / 3, watch.changed())
         .await
