@@ -141,9 +141,9 @@ impl SqliteConfig {
 
     /// Whether a database on a filesystem not known to be local to this kernel (a network,
     /// cluster or FUSE filesystem, a VM's share: anything but ext2/3/4, xfs, btrfs, bcachefs,
-    /// f2fs, jfs, reiserfs, nilfs2, zfs, tmpfs, ramfs and overlay) is accepted (with a warning)
-    /// instead of refused. SQLite's locks are not reliable there: only for a filesystem that
-    /// this machine's kernel alone uses.
+    /// f2fs, jfs, reiserfs, nilfs2, zfs, tmpfs, ramfs, overlay and ecryptfs) is accepted (with a
+    /// warning) instead of refused. SQLite's locks are not reliable there: only for a filesystem
+    /// that this machine's kernel alone uses.
     pub fn with_allow_network_fs(mut self, allow: bool) -> Self {
         self.allow_network_fs = allow;
         self

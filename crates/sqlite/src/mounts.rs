@@ -14,11 +14,12 @@
 use std::path::{Path, PathBuf};
 
 /// Filesystem types (as `/proc/self/mounts` names them) that live in this kernel: disk
-/// filesystems, memory filesystems, and overlays of them (a container's root, whose upper layer
-/// is a directory of the same kernel).
+/// filesystems, memory filesystems, and the kernel's stacked filesystems over them (`overlay`, a
+/// container's root, whose upper layer is a directory of the same kernel; `ecryptfs`, an
+/// encrypted home directory, where the command line's default lock file lives).
 pub(crate) const LOCAL_TYPES: &[&str] = &[
     "ext2", "ext3", "ext4", "xfs", "btrfs", "bcachefs", "f2fs", "jfs", "reiserfs", "nilfs2", "zfs",
-    "tmpfs", "ramfs", "overlay",
+    "tmpfs", "ramfs", "overlay", "ecryptfs",
 ];
 
 /// The filesystem a path lives on: where it is mounted and what it is.
@@ -125,6 +126,7 @@ none / 9p rw,trans=fd,rfdno=4,wfdno=4 0 0
 kataShared /run/kata-containers/shared virtiofs rw,relatime 0 0
 /dev/nvme0n1p2 /data xfs rw,noatime 0 0
 /dev/nvme0n1p3 /var/lib/build btrfs rw,ssd 0 0
+/home/.ecryptfs/bob/.Private /home/alice/local/bob ecryptfs rw,ecryptfs_sig=x 0 0
 ";
 
     /// The filesystem of `path`, and whether it counts as local.
@@ -148,6 +150,8 @@ kataShared /run/kata-containers/shared virtiofs rw,relatime 0 0
             "/var/lib/build/x",
             // A local disk mounted inside an NFS home: the longer mount point wins.
             "/home/alice/local/db",
+            // An encrypted home directory over it.
+            "/home/alice/local/bob/.local/state/leasehold",
         ] {
             assert!(local(path), "{path}: {:?}", check(path));
         }
