@@ -444,3 +444,95 @@ fn a_command_in_a_terminal_can_read_it() -> Result {
         other => Err(format!("the terminal session exited {other}")),
     }
 }
+
+/// The watcher kills only at a deadline nobody confirmed: a command that runs for three TTLs
+/// under a lease renewed all along is left alone.
+#[test]
+fn a_renewed_lease_keeps_the_watcher_quiet() -> Result {
+    let scratch = Scratch::new("cli-tree-quiet")?;
+    let url = scratch.url();
+    let ttl = Duration::from_secs(1);
+    let started = Instant::now();
+    let out = leasehold()
+        .args(["run", "--url", &url, "--key", "quiet", "--ttl", "1s", "--"])
+        .args(["/bin/sh", "-c", "/bin/sleep 3; exit 7"])
+        .output()
+        .map_err(|e| format!("run: {e}"))?;
+    let took = started.elapsed();
+    if out.status.code() != Some(7) {
+        return Err(format!(
+            "exited {:?} after {took:?}, not the command's 7: {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    if took < ttl * 3 {
+        return Err(format!(
+            "the command ended after {took:?}, before its 3 s sleep"
+        ));
+    }
+    Ok(())
+}
+
+/// Ctrl-Z at the terminal reaches the command (the foreground group); leasehold sees it stop
+/// and stops too, as a shell's job; continued, leasehold continues the command.
+#[test]
+fn ctrl_z_at_the_terminal_stops_the_command_and_leasehold() -> Result {
+    let scratch = Scratch::new("cli-tree-ctrl-z")?;
+    let leasehold_pid = scratch.path("leasehold.pid");
+    let inner = format!(
+        "{} run --url '{}' --key ctrlz --ttl 30s --grace 1s -- /bin/sh -c 'echo $PPID > {}; exec {}'",
+        env!("CARGO_BIN_EXE_leasehold"),
+        scratch.url(),
+        leasehold_pid.display(),
+        scratch.writer("out", false),
+    );
+    let mut session = Command::new("/usr/bin/script")
+        .args(["-qec", &inner, "/dev/null"])
+        .env_remove("LEASEHOLD_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("script: {e}"))?;
+    let mut pid = None;
+    let result: Result = (|| {
+        use std::io::Write;
+        scratch.wait_for_writes("out", &mut session)?;
+        let leasehold: u32 = std::fs::read_to_string(&leasehold_pid)
+            .map_err(|e| format!("leasehold's pid: {e}"))?
+            .trim()
+            .parse()
+            .map_err(|e| format!("leasehold's pid: {e}"))?;
+        pid = Some(leasehold);
+        let stdin = session.stdin.as_mut().ok_or("no stdin")?;
+        stdin
+            .write_all(b"\x1a")
+            .and_then(|()| stdin.flush())
+            .map_err(|e| format!("type Ctrl-Z: {e}"))?;
+        wait_for_state(leasehold, 'T', Duration::from_secs(10))?;
+        if scratch.grows("out") {
+            return Err("the command goes on writing after Ctrl-Z".into());
+        }
+        // `script` stops itself when its child (leasehold) stops, as a job's process does;
+        // `fg` would continue both.
+        signal(session.id(), "CONT")?;
+        signal(leasehold, "CONT")?;
+        if !scratch.grows("out") {
+            return Err("the command did not resume with leasehold".into());
+        }
+        Ok(())
+    })();
+    let _ = signal(session.id(), "CONT");
+    if let Some(pid) = pid {
+        let _ = signal(pid, "CONT");
+        let _ = signal(pid, "TERM");
+    }
+    drop(session.stdin.take());
+    let code = exit_within(
+        &mut session,
+        Duration::from_secs(15),
+        "the terminal session",
+    );
+    result?;
+    code.map(|_| ())
+}
