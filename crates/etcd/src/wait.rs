@@ -34,7 +34,9 @@ pub(crate) enum Turn {
 /// just ahead of ours (the highest create revision below ours). Then only that key's deletion is
 /// watched, from the revision of the read on, so nothing in between is missed and a release
 /// wakes exactly one waiter (no herd). The session's end wakes the wait too: a waiter whose
-/// lease is gone must not keep waiting for a turn it can no longer take (etcd #19597).
+/// lease is gone must not keep waiting for a turn it can no longer take (etcd #19597). A read
+/// the cluster does not answer (an election under way) is sent again until `give_up`, as long
+/// as the session lives: the waiter keeps its place in the queue.
 pub(crate) async fn for_turn(
     client: &Client,
     session: &Session,
@@ -57,7 +59,32 @@ pub(crate) async fn for_turn(
             .with_sort(SortTarget::Create, SortOrder::Descend)
             .with_limit(1);
         let read = Txn::new().and_then([TxnOp::get(name, None), TxnOp::get(prefix, Some(ahead))]);
-        let response = errors::txn(client, "look for the key ahead", timeout, read).await?;
+        // A read changes nothing, so it is sent again while the cluster is unavailable: a
+        // release wakes us just as the leader may die ("leader changed", a reset connection),
+        // and our key keeps its place in the queue on the session's kept-alive lease, so
+        // giving up here would lose that place for nothing (etcd's Go Mutex retries too).
+        let response = match errors::read_with_retry("look for the key ahead", timeout, || {
+            let (mut kv, read) = (client.kv_client(), read.clone());
+            async move { kv.txn(read).await }
+        })
+        .await
+        {
+            Ok(response) => response,
+            Err(error) if error.is_retryable() => {
+                tracing::debug!(%error, "looking for the key ahead failed; looking again");
+                tokio::select! {
+                    biased;
+                    _ = liveness.wait_for(|l| l.ended) => return Ok(Turn::Lost),
+                    () = tokio::time::sleep(
+                        pause
+                            .next_delay()
+                            .min(give_up.saturating_duration_since(Instant::now())),
+                    ) => {}
+                }
+                continue;
+            }
+            Err(error) => return Err(error),
+        };
         let read_at = response.header().map_or(0, |h| h.revision());
         let mut own_there = false;
         let mut predecessor = None;
