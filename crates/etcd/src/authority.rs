@@ -133,7 +133,7 @@ impl EtcdAuthority {
         let client = errors::bounded(
             "connect",
             timeout,
-            Client::connect(config.endpoints.clone(), Some(options)),
+            Client::connect(config.endpoints.clone(), Some(options.clone())),
         )
         .await?;
         let min_ttl = probe_min_ttl(&client, timeout).await?;
@@ -150,7 +150,8 @@ impl EtcdAuthority {
         })
         .await?;
         let ttl = TtlRange::new(min_ttl, MAX_TTL, Duration::from_secs(1));
-        let exclusion = server_version::exclusion(&client, timeout).await;
+        // Every member, each through a client of its own with the same credentials and TLS.
+        let exclusion = server_version::exclusion(&client, &options, timeout).await;
         if let ExclusionSafety::EarlyRevocation { reason } = &exclusion {
             tracing::warn!(
                 "{reason}: a holder's lease can end before its TTL; write through fences"

@@ -773,3 +773,94 @@ async fn a_waiter_keeps_its_place_when_the_leader_dies_at_the_hand_off() -> Resu
         ))
     }
 }
+
+/// Each member's version, read from the member itself with a raw client.
+async fn member_versions(cluster: &EtcdCluster) -> Result<Vec<String>, String> {
+    let mut versions = Vec::new();
+    for member in cluster.members() {
+        let mut raw = etcd_client::Client::connect([member.endpoint()], None)
+            .await
+            .map_err(|e| format!("a raw client of {}: {e}", member.endpoint()))?;
+        let status = raw
+            .status()
+            .await
+            .map_err(|e| format!("the status of {}: {e}", member.endpoint()))?;
+        versions.push(status.version().to_string());
+    }
+    Ok(versions)
+}
+
+/// Whether etcd `version` has etcd-io/etcd#15247 (fixed in 3.4.31 and 3.5.13; an unreadable
+/// version may have it).
+fn affected(version: &str) -> bool {
+    let mut parts = version.split('.').map(|p| p.parse::<u64>().ok());
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(Some(3)), Some(Some(4)), Some(Some(patch))) => patch < 31,
+        (Some(Some(3)), Some(Some(5)), Some(Some(patch))) => patch < 13,
+        (Some(Some(major)), Some(Some(minor)), Some(Some(_))) => (major, minor) < (3, 4),
+        _ => true,
+    }
+}
+
+/// The etcd-io/etcd#15247 declaration is made from every member's version, not from whichever
+/// member the client happens to reach: a client that lists one member only still declares from
+/// all three (any of them can lead), and a member whose version cannot be read (paused with
+/// SIGSTOP while the client connects) is declared, named, as one that may have the defect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_declaration_reads_every_members_version() -> Result<(), String> {
+    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(3))
+        .await
+        .map_err(|e| format!("the harness task: {e}"))?
+        .map(Arc::new)
+        .map_err(|e| format!("the etcd cluster must start for this test: {e}"))?;
+    let leader = blocking(&cluster, |c| c.leader())
+        .await
+        .map_err(|e| format!("find the leader: {e}"))?;
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let (reached, paused) = match followers[..] {
+        [reached, paused] => (reached, paused),
+        _ => return Err(format!("two followers expected, found {followers:?}")),
+    };
+    let versions = member_versions(&cluster).await?;
+    let alone = url_of(&[cluster.member(reached).endpoint()]);
+
+    let a = EtcdAuthority::connect(&alone)
+        .await
+        .map_err(|e| format!("connect through member {reached} alone: {e}"))?;
+    let exclusion = a.capabilities().exclusion.clone();
+    let shown = exclusion.to_string();
+    eprintln!("every member up: {shown}");
+    if exclusion.can_end_early() != versions.iter().any(|v| affected(v)) {
+        return Err(format!("members run {versions:?}, declared: {shown}"));
+    }
+    if exclusion.can_end_early() && !shown.contains("3 members") {
+        return Err(format!(
+            "the declaration does not say it read all 3 members: {shown}"
+        ));
+    }
+    a.close().await.map_err(|e| format!("close: {e}"))?;
+
+    blocking(&cluster, move |c| c.member(paused).pause())
+        .await
+        .map_err(|e| format!("pause member {paused}: {e}"))?;
+    let connected = EtcdAuthority::connect(&alone).await;
+    blocking(&cluster, move |c| c.member(paused).resume())
+        .await
+        .map_err(|e| format!("resume member {paused}: {e}"))?;
+    let b = connected.map_err(|e| format!("connect while member {paused} is paused: {e}"))?;
+    let exclusion = b.capabilities().exclusion.clone();
+    let shown = exclusion.to_string();
+    eprintln!("member {paused} paused: {shown}");
+    if !exclusion.can_end_early() {
+        return Err(format!(
+            "member {paused}'s version could not be read, yet declared: {shown}"
+        ));
+    }
+    let name = format!("member etcd-{paused} (");
+    if !shown.contains(&name) || !shown.contains("could not be read") {
+        return Err(format!(
+            "the declaration does not name the unread member etcd-{paused}: {shown}"
+        ));
+    }
+    b.close().await.map_err(|e| format!("close: {e}"))
+}
