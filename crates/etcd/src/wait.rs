@@ -36,7 +36,8 @@ pub(crate) enum Turn {
 /// wakes exactly one waiter (no herd). The session's end wakes the wait too: a waiter whose
 /// lease is gone must not keep waiting for a turn it can no longer take (etcd #19597). A read
 /// the cluster does not answer (an election under way) is sent again until `give_up`, as long
-/// as the session lives: the waiter keeps its place in the queue.
+/// as the session lives: the waiter keeps its place in the queue. If the last look before
+/// `give_up` failed, its error is returned, not [`Turn::TimedOut`].
 pub(crate) async fn for_turn(
     client: &Client,
     session: &Session,
@@ -48,9 +49,12 @@ pub(crate) async fn for_turn(
 ) -> Result<Turn> {
     let mut liveness = session.subscribe();
     let mut pause = Backoff::new(Duration::from_millis(5), Duration::from_millis(200));
+    // Why the last look failed, while it did: a wait that ends without a successful look says
+    // nobody knows who holds the key (`Unavailable`), not that someone does (`Timeout`).
+    let mut unanswered = None;
     loop {
         if Instant::now() >= give_up {
-            return Ok(Turn::TimedOut);
+            return unanswered.map_or(Ok(Turn::TimedOut), Err);
         }
         let checked = Instant::now();
         let ahead = GetOptions::new()
@@ -69,9 +73,13 @@ pub(crate) async fn for_turn(
         })
         .await
         {
-            Ok(response) => response,
+            Ok(response) => {
+                unanswered = None;
+                response
+            }
             Err(error) if error.is_retryable() => {
                 tracing::debug!(%error, "looking for the key ahead failed; looking again");
+                unanswered = Some(error);
                 tokio::select! {
                     biased;
                     _ = liveness.wait_for(|l| l.ended) => return Ok(Turn::Lost),
