@@ -1258,6 +1258,8 @@ mod tests {
             )
             .await
             .map_err(|e| format!("the late put: {e}"))?;
+        // The doubtful key is looked at again a third of the TTL after its delete was
+        // answered; that delete takes at most a request timeout, and so does B's try in flight.
         let bound = ttl / 3 + timeout * 2;
         let taken = loop {
             match b.try_acquire(&key, ttl).await {
