@@ -91,8 +91,10 @@ impl Inner {
 /// Fences are [`FenceSafety::FailoverUnsafe`] and not durable across a restart without
 /// persistence; see [`RedisFence`] and docs/redis.md. At connect the authority reads the
 /// server's eviction policy and persistence ([`ServerSettings`]): it warns when lock keys or
-/// fence counters may be evicted, and declares durable fences only where every write is fsynced
-/// before it is acknowledged and no counter can be evicted. The key layout is in
+/// fence counters may be evicted, declares that leases can end early
+/// ([`ExclusionSafety::EarlyRevocation`](leasehold_core::ExclusionSafety)) unless the policy is
+/// `noeviction`, and declares durable fences only where every write is fsynced before it is
+/// acknowledged and no counter can be evicted. The key layout is in
 /// [`crate::KeyLayout`].
 ///
 /// Clones share the connection and the subscription.
@@ -218,6 +220,7 @@ impl RedisAuthority {
         // On a cluster the keys of a batch live in different slots, which one script cannot
         // touch (CROSSSLOT): each lease renews on its own there.
         let capabilities = Capabilities::new(BACKEND, FenceSafety::FailoverUnsafe, durable, TTL)
+            .with_exclusion(crate::server::exclusion(server.as_ref()))
             .with_batch_renewal(!config.is_cluster());
         // Behind Sentinel, started only once connected, so a failed connect leaves no task.
         let sentinel_watch =

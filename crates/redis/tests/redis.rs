@@ -15,8 +15,8 @@ use leasehold_conformance::harness_error;
 use leasehold_conformance::scenarios::{self, run_all};
 use leasehold_conformance::{Connector, Context, Faults, Residue, Verdict};
 use leasehold_core::{
-    Authority, Capabilities, Error, Fence, FenceSafety, Grant, Instant, Lease, LeaseOptions,
-    LockKey, LostReason, Released,
+    Authority, Capabilities, Error, ExclusionSafety, Fence, FenceSafety, Grant, Instant, Lease,
+    LeaseOptions, LockKey, LostReason, Released,
 };
 use leasehold_redis::{KeyLayout, RedisAuthority};
 use leasehold_servers::{free_port, RedisServer};
@@ -1587,8 +1587,9 @@ async fn connect_under_policy(
 /// An evicting `maxmemory-policy` can drop a lock key (every policy but `noeviction`) or a fence
 /// counter (`allkeys-*`). The authority reads the policy at connect and warns; and since the
 /// server persists every write (`appendonly yes`, `appendfsync always`), it declares its fences
-/// durable exactly when no counter can be evicted. A user that may not read the configuration
-/// connects as before, and nothing is claimed for it.
+/// durable exactly when no counter can be evicted, and leases exclusive only under
+/// `noeviction`. A user that may not read the configuration connects as before, and nothing is
+/// claimed for it: fences not durable, leases declared able to end early.
 ///
 /// A current-thread runtime, so that the warnings are logged on the thread that collects them.
 #[tokio::test]
@@ -1631,6 +1632,7 @@ async fn an_evicting_maxmemory_policy_is_warned_about_and_fences_are_not_declare
 
     let (a, warnings) = connect_under_policy(&server, &url, "noeviction").await;
     assert!(a.capabilities().durable_fences);
+    assert_eq!(a.capabilities().exclusion, ExclusionSafety::Exclusive);
     assert!(warnings.is_empty(), "{warnings:?}");
 
     // Without persistence, fences are not durable whatever the policy.
@@ -1656,6 +1658,10 @@ async fn an_evicting_maxmemory_policy_is_warned_about_and_fences_are_not_declare
     );
     let (app, warnings) = connect_under_policy(&server, &app_url, "allkeys-lru").await;
     assert!(!app.capabilities().durable_fences);
+    assert!(
+        app.capabilities().exclusion.can_end_early(),
+        "an eviction policy that cannot be read cannot be ruled out"
+    );
     assert_eq!(app.server_settings(), None);
     assert!(warnings.is_empty(), "{warnings:?}");
     let key = LockKey::new("policy").unwrap();
@@ -1665,6 +1671,100 @@ async fn an_evicting_maxmemory_policy_is_warned_about_and_fences_are_not_declare
         .unwrap()
         .unwrap();
     assert_eq!(app.release(&g).await.unwrap(), Released::Released);
+}
+
+/// Under a `volatile-*` policy the lock keys, which carry an expiry, are exactly what the server
+/// evicts. With `volatile-ttl` and a lock TTL shorter than every other key's, the first eviction
+/// takes the lock key: a second client then gets the key while the first grant is valid by its
+/// holder's own deadline, with a greater fence. The authority must declare that leases can end
+/// early there (and only a `noeviction` server is declared exclusive).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volatile_policy_evicts_a_live_lock_key_as_declared() -> Result<(), String> {
+    let server = start().await;
+    let url = url(&server);
+    let set = |name: &'static str, value: String| {
+        let server = server.clone();
+        blocking(move || {
+            server
+                .command(&["CONFIG", "SET", name, &value])
+                .map_err(|e| format!("CONFIG SET {name} {value}: {e}"))
+        })
+    };
+    set("maxmemory-policy", "volatile-ttl".into()).await?;
+    let a = RedisAuthority::connect(&url)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let b = RedisAuthority::connect(&url)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let declared = &a.capabilities().exclusion;
+    if !declared.can_end_early() || !declared.to_string().contains("volatile-ttl") {
+        return Err(format!(
+            "under volatile-ttl the authority declares its leases {declared}"
+        ));
+    }
+
+    let key = LockKey::new("evicted").map_err(|e| e.to_string())?;
+    let ttl = Duration::from_secs(60);
+    let first = a
+        .try_acquire(&key, ttl)
+        .await
+        .map_err(|e| format!("first acquisition: {e}"))?
+        .ok_or("the fresh key is held")?;
+    // Memory pressure: a limit just above what is used, then keys that live longer than the
+    // lock, until the server evicts.
+    let server2 = server.clone();
+    let used = blocking(move || server2.command(&["INFO", "memory"]))
+        .await
+        .map_err(|e| e.to_string())?;
+    let used: u64 = info_field(&used, "used_memory")
+        .and_then(|v| v.parse().ok())
+        .ok_or("INFO memory without used_memory")?;
+    set("maxmemory", (used + 512 * 1024).to_string()).await?;
+    let lock_key = a.config().layout().lock_key(&key);
+    let server2 = server.clone();
+    let filled = blocking(move || {
+        let value = "x".repeat(16 * 1024);
+        for n in 0..2000 {
+            let filler = format!("filler:{n}");
+            server2
+                .command(&["SET", &filler, &value, "PX", "3600000"])
+                .map_err(|e| format!("SET {filler}: {e}"))?;
+            let exists = server2
+                .command(&["EXISTS", &lock_key])
+                .map_err(|e| format!("EXISTS: {e}"))?;
+            if exists == "0" {
+                return Ok(n + 1);
+            }
+        }
+        Err("2000 long-lived keys of 16 KiB did not evict the lock key".to_string())
+    })
+    .await?;
+    set("maxmemory", "0".into()).await?;
+    if !first.is_valid() {
+        return Err("the first grant's own deadline passed during the test".into());
+    }
+    let second = b
+        .try_acquire(&key, ttl)
+        .await
+        .map_err(|e| format!("second acquisition: {e}"))?
+        .ok_or("the evicted key is still held")?;
+    let overlap = first.remaining();
+    println!(
+        "lock key evicted after {filled} fillers; a second client holds it with fence {} while \
+         the first grant (fence {}) has {overlap:?} left by its own deadline",
+        second.fence(),
+        first.fence()
+    );
+    if second.fence() <= first.fence() || overlap.is_zero() {
+        return Err(format!(
+            "expected a greater fence while the first grant is valid: {} after {}, {overlap:?} \
+             left",
+            second.fence(),
+            first.fence()
+        ));
+    }
+    Ok(())
 }
 
 /// A Redis that persists every write before acknowledging it (`appendonly yes`,
