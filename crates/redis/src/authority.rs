@@ -27,6 +27,7 @@ use crate::sentinel::Resolver;
 use crate::server::ServerSettings;
 use crate::subscription::{Notifications, Subscription};
 use crate::token::RedisFence;
+use crate::waiters::Turn;
 
 /// TTLs in whole milliseconds (`PX`), from 1 ms to 30 days: a lease longer than a month is a
 /// configuration mistake, not a lock.
@@ -639,7 +640,7 @@ impl Authority for RedisAuthority {
         }
         let subscription = &self.inner.subscription;
         let lock_key = self.inner.config.layout.lock_key(key);
-        let notify = subscription.waiters().for_key(&lock_key);
+        let waiters = subscription.waiters().for_key(&lock_key);
         subscription
             .settled(&lock_key, self.timeout().min(max_wait))
             .await;
@@ -650,19 +651,39 @@ impl Authority for RedisAuthority {
         // ms: one request per waiter per RETRY_CAP/2 at most, and a silent release is found
         // within one step instead of at the holder's expiry.
         let mut retry = Backoff::new(RETRY_FIRST, RETRY_CAP);
+        // A release hands the key's turn to one waiter of this authority, not all of them
+        // (only one can win the key). Held while this waiter acts on it; dropped unfinished
+        // (an error, a cancellation) it passes to the next waiter.
+        let mut turn: Option<Turn> = None;
         loop {
             // Register for the release announcement before the attempt: a release that happens
             // after the attempt ran at the server is then announced to a subscription that
-            // already exists, and reaches this waiter.
-            let mut released = pin!(notify.notified());
+            // already exists, and reaches this waiter (or the one holding the turn, which then
+            // tries again).
+            let mut released = pin!(waiters.turn_handed());
             released.as_mut().enable();
             let pttl = match self.attempt(key, ttl).await? {
-                Attempt::Won(grant) => return Ok(grant),
+                Attempt::Won(grant) => {
+                    if let Some(turn) = turn.take() {
+                        turn.won();
+                    }
+                    return Ok(grant);
+                }
                 Attempt::Held { pttl } => pttl,
             };
+            // Released again while this attempt was on its way: it may have missed that
+            // release, so try once more at once, still holding the turn (which passes on if
+            // this waiter gives up now).
+            let again = turn.as_mut().is_some_and(Turn::held);
+            if !again {
+                turn = None;
+            }
             let now = Instant::now();
             if now >= give_up {
                 return Err(timed_out(now));
+            }
+            if again {
+                continue;
             }
             let mut wait = retry.next_delay();
             // A lease that ends sooner than that is tried again right after its end by the
@@ -673,7 +694,7 @@ impl Authority for RedisAuthority {
                 wait = wait.min(remaining.saturating_add(jitter));
             }
             tokio::select! {
-                _ = released => {}
+                _ = released => turn = Some(waiters.take_turn()),
                 _ = tokio::time::sleep_until(saturating_add(now, wait).min(give_up)) => {}
             }
         }
@@ -870,9 +891,9 @@ impl Authority for RedisAuthority {
         let until = saturating_add(Instant::now(), max_wait);
         let subscription = &self.inner.subscription;
         let lock_key = self.inner.config.layout.lock_key(key);
-        let notify = subscription.waiters().for_key(&lock_key);
+        let waiters = subscription.waiters().for_key(&lock_key);
         // Registered before anything else, so nothing announced from here on is missed.
-        let mut changed = pin!(notify.notified());
+        let mut changed = pin!(waiters.changed());
         changed.as_mut().enable();
         subscription
             .settled(&lock_key, self.timeout().min(max_wait))

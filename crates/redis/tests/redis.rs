@@ -915,6 +915,102 @@ async fn waiters_share_one_subscription_and_retry_silent_holders_with_bounded_ba
     }
 }
 
+/// The most attempts a waiter's timer can make within `elapsed` once it waits: its backoff
+/// delays are at least 10, 20, 40 and 75 ms, then 150 ms each (half of each step is fixed).
+fn timer_attempts_within(elapsed: Duration) -> u64 {
+    let mut at = Duration::ZERO;
+    let mut attempts = 0;
+    for step in [10, 20, 40, 75].into_iter().chain(std::iter::repeat(150)) {
+        at = at.saturating_add(Duration::from_millis(step));
+        if at > elapsed {
+            return attempts + 1;
+        }
+        attempts += 1;
+    }
+    attempts
+}
+
+/// A release wakes one waiter of the key in this authority, not every one: 50 waiters take the
+/// key in turn, each releasing it at once, and the attempts counted at the server (`EVALSHA` in
+/// `INFO commandstats`) are one per hand-off plus the releases, within what the waiters' own
+/// timers can add over the same time. Waking every waiter costs one attempt per remaining
+/// waiter per hand-off (about 1,275 for the chain).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_one_waiter_not_all() -> Result<(), String> {
+    const WAITERS: u64 = 50;
+    let server = start().await;
+    let e = |what: &'static str| move |e: Error| format!("{what}: {e}");
+    let holder = RedisAuthority::connect(&url(&server))
+        .await
+        .map_err(e("connect"))?;
+    let a = Arc::new(
+        RedisAuthority::connect(&url(&server))
+            .await
+            .map_err(e("connect"))?,
+    );
+    let key = LockKey::new("handoff-50").map_err(|e| e.to_string())?;
+    let ttl = Duration::from_secs(30);
+    let first = holder
+        .try_acquire(&key, ttl)
+        .await
+        .map_err(e("holder"))?
+        .ok_or("the fresh key is held")?;
+    let (sha0, _) = calls(&server, "evalsha").await;
+    let started = Instant::now();
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let (a, key) = (a.clone(), key.clone());
+            tokio::spawn(async move {
+                let grant = a
+                    .acquire(&key, ttl, Duration::from_secs(120))
+                    .await
+                    .map_err(|e| format!("acquire: {e}"))?;
+                match a.release(&grant).await {
+                    Ok(Released::Released) => Ok(()),
+                    other => Err(format!("the waiter's release: {other:?}")),
+                }
+            })
+        })
+        .collect();
+    // Every waiter is waiting once it made its first attempt and the one after subscribing.
+    loop {
+        let (sha, _) = calls(&server, "evalsha").await;
+        if sha - sha0 >= 2 * WAITERS {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(20) {
+            return Err(format!("only {} attempts by {WAITERS} waiters", sha - sha0));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    match holder.release(&first).await {
+        Ok(Released::Released) => {}
+        other => return Err(format!("the holder's release: {other:?}")),
+    }
+    for waiter in waiters {
+        waiter.await.map_err(|e| e.to_string())??;
+    }
+    let elapsed = started.elapsed();
+    let (sha1, _) = calls(&server, "evalsha").await;
+    let spent = sha1 - sha0;
+    // Per waiter: two attempts before it waits, its timer's, and its release; per hand-off:
+    // the woken waiter's attempt and one more woken by the same release's announcement when
+    // it arrives after that attempt ended; the holder's release.
+    let allowed = WAITERS * (3 + timer_attempts_within(elapsed)) + 2 * WAITERS + 1;
+    println!(
+        "{spent} EVALSHA for {WAITERS} hand-offs in {elapsed:?} ({:.1} per hand-off beyond the \
+         waiters' first two attempts and their releases); allowed {allowed}",
+        spent.saturating_sub(3 * WAITERS + 1) as f64 / WAITERS as f64
+    );
+    if spent > allowed {
+        return Err(format!(
+            "{spent} EVALSHA for {WAITERS} hand-offs in {elapsed:?}: more than one attempt per \
+             hand-off and the waiters' timers allow ({allowed})"
+        ));
+    }
+    Ok(())
+}
+
 /// The subscription connection is killed, and the holder releases while it is down: the
 /// announcement is lost, yet the waiter gets the key at once after the subscription is back,
 /// not after the holder's TTL.
