@@ -587,13 +587,19 @@ impl Drop for Pending<'_> {
             self.token.to_string(),
             self.ttl,
         );
+        let waiters = self.inner.subscription.waiters().clone();
         runtime.spawn(async move {
             let value_key = KeyLayout::value_key_of(&lock_key);
             let (keys, args) = ([lock_key.as_str(), &value_key], [token.as_str(), &channel]);
             let release = script.run::<i64, _>(&mut con, &keys, &args);
             match tokio::time::timeout(ttl, release).await {
                 Ok(Ok(released::ANNOUNCED | released::UNANNOUNCED)) => {
-                    tracing::debug!(%lock_key, "released a lease whose acquisition had no answer")
+                    tracing::debug!(%lock_key, "released a lease whose acquisition had no answer");
+                    // As after any release: the waiters of this authority need not wait for
+                    // the announcement, which does not come where publishing is refused. A
+                    // waiter handed the turn by the attempt that failed here may have found
+                    // this lease still held.
+                    waiters.wake(&lock_key);
                 }
                 _ => {
                     tracing::trace!(%lock_key, "nothing to release after an unanswered acquisition")

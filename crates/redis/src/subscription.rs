@@ -116,7 +116,7 @@ impl Subscription {
         }
     }
 
-    pub(crate) fn waiters(&self) -> &Waiters {
+    pub(crate) fn waiters(&self) -> &Arc<Waiters> {
         &self.waiters
     }
 
