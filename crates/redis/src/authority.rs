@@ -81,7 +81,8 @@ impl Inner {
 /// * Scripts are called by SHA (`EVALSHA`), and sent in full once when the server does not know
 ///   them (after a restart or a failover).
 /// * Waiting: one subscription connection per authority (started by the first waiter) wakes
-///   the waiters of a key when its release is announced; between announcements each waiter
+///   one waiter of a key when its release is announced (the key's turn, passed on if that
+///   waiter leaves without an answer; see `waiters.rs`); between announcements each waiter
 ///   tries again with jittered backoff (10-20 ms, doubling to 150-300 ms, never much past the
 ///   holder's remaining TTL), which finds holders that release without announcing.
 /// * Proclaim (for elections) is a script that compares the owner token like renew, stores the
