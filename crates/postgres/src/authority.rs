@@ -288,28 +288,60 @@ impl Inner {
     /// Runs `once` on a lane's connection (see [`Lanes`]). A conflict with a concurrent transaction (SQLSTATE
     /// 40001 or 40P01, under a `repeatable read` or `serializable` default) changed nothing: it
     /// is run again, with a fresh snapshot, until `give_up`. A connection that broke or reaches
-    /// a read-only server is closed, and its lane connects afresh next time.
+    /// a read-only server is closed, and its lane connects afresh next time; so is one whose
+    /// statement is dropped unanswered.
+    ///
+    /// `outlive`: an acquisition's statement may take the key after its caller stopped waiting,
+    /// and its answer is needed to give that lease back. Unanswered at `give_up`, it lets its
+    /// lane go (which connects afresh for the next statement, as nobody can tell a frozen
+    /// backend from a slow one) and keeps waiting on its own connection until `outlive`; past
+    /// that, its connection is closed, and a lease it took ends at its TTL.
     async fn run<T>(
         &self,
         give_up: Instant,
+        outlive: Option<Instant>,
         once: impl for<'c> Fn(&'c mut PgConnection) -> Once<'c, T>,
     ) -> std::result::Result<T, sqlx::Error> {
         let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(20));
         loop {
-            let mut lane = self.lanes.take().await?;
-            let conn = lane
-                .conn()
-                .ok_or_else(|| sqlx::Error::Protocol("a lane without a connection".into()))?;
-            match once(conn).await {
-                Ok(v) => return Ok(v),
+            let mut lane = match outlive {
+                // Nobody waits for a lane past `give_up` (a caller that left, or timed out).
+                Some(_) => tokio::time::timeout_at(give_up, self.lanes.take(give_up))
+                    .await
+                    .map_err(|_| unanswered("no lane was free in time"))??,
+                None => self.lanes.take(give_up).await?,
+            };
+            let mut conn = lane.connection()?;
+            let answer = match outlive {
+                None => once(&mut conn).await,
+                Some(outlive) => {
+                    let mut statement = pin!(once(&mut conn));
+                    tokio::select! {
+                        biased;
+                        answer = &mut statement => answer,
+                        _ = tokio::time::sleep_until(give_up) => {
+                            drop(lane);
+                            return tokio::time::timeout_at(outlive, statement)
+                                .await
+                                .unwrap_or_else(|_| Err(unanswered("no answer before the lease would have ended")));
+                        }
+                    }
+                }
+            };
+            match answer {
+                Ok(v) => {
+                    lane.put_back(conn);
+                    return Ok(v);
+                }
                 Err(e) if errors::is_conflict(&e) && Instant::now() < give_up => {
+                    lane.put_back(conn);
                     drop(lane);
                     let next = saturating_add(Instant::now(), backoff.next_delay());
                     tokio::time::sleep_until(next.min(give_up)).await;
                 }
                 Err(e) => {
-                    if errors::discards_connection(&e) {
-                        lane.discard();
+                    if !errors::discards_connection(&e) {
+                        lane.put_back(conn);
                     }
                     return Err(e);
                 }
@@ -324,7 +356,7 @@ impl Inner {
         give_up: Instant,
         once: impl for<'c> Fn(&'c mut PgConnection) -> Once<'c, T>,
     ) -> Result<T> {
-        tokio::time::timeout_at(give_up, self.run(give_up, once))
+        tokio::time::timeout_at(give_up, self.run(give_up, None, once))
             .await
             .map_err(|_| errors::timed_out(what, self.timeout()))?
             .map_err(|e| errors::map_lease(e, what, &self.config.table))
@@ -340,10 +372,14 @@ impl Inner {
         waiting: bool,
         give_up: Instant,
     ) -> Acquired {
+        // Past the TTL counted from the caller's deadline, a lease the statement took (counted
+        // from when the server read it) has ended unless the server sat on the statement that
+        // long: nothing is left to give back worth keeping a connection open for.
+        let outlive = Some(saturating_add(give_up, ttl.max(self.timeout())));
         if !waiting {
             let statement = self.statements.acquire.clone();
             return self
-                .run(give_up, move |c| {
+                .run(give_up, outlive, move |c| {
                     let (statement, key, owner) = (statement.clone(), key.clone(), owner.clone());
                     Box::pin(async move {
                         // The fence is read strictly (see StrictBigint): it becomes a grant.
@@ -364,7 +400,7 @@ impl Inner {
             self.statements.previous.acquire_or_remaining.clone(),
         );
         let (previous, table) = (self.previous.clone(), self.config.table.plain());
-        self.run(give_up, move |c| {
+        self.run(give_up, outlive, move |c| {
             let (current, before, key, owner, previous, table) = (
                 current.clone(),
                 before.clone(),
@@ -446,6 +482,12 @@ impl Inner {
             }
         }
     }
+}
+
+/// A statement given up without its answer: the connection is closed, which is an outage as
+/// the caller sees it (retryable).
+fn unanswered(why: &str) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, why))
 }
 
 /// Whether an acquisition answer took a lease: its fence column, to give it back by.
@@ -1077,7 +1119,7 @@ impl Authority for PostgresAuthority {
             let name = key.as_str().to_string();
             // Marked past the wait's end by the slack a waiter's own timer may need.
             let mark_ms = ttl_ms(max_wait.saturating_add(Duration::from_secs(1)));
-            let marked = self.inner.run(until, move |c| {
+            let marked = self.inner.run(until, None, move |c| {
                 let (statement, name) = (statement.clone(), name.clone());
                 Box::pin(async move {
                     sqlx::query_as::<_, (i64, bool)>(statement)
