@@ -3,7 +3,6 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,6 +24,7 @@ use crate::errors::{self, BACKEND};
 use crate::lanes::Lanes;
 use crate::notify::{self, LastSeen, ListenConfig, Waiters};
 use crate::table::TableName;
+use crate::table_version::TableVersion;
 use crate::token::{PgFence, StrictBigint};
 
 /// TTLs in whole milliseconds from 1 ms to 30 days: `timestamptz` has microsecond precision, and
@@ -258,9 +258,9 @@ struct Inner {
     statements: Statements,
     waiters: Arc<Waiters>,
     listener: Mutex<Option<(JoinHandle<()>, watch::Receiver<bool>)>>,
-    /// The table lacks `waited_until` (found by the first statement that needed it): the
-    /// previous statements are used until `migrate` runs in this process.
-    previous: Arc<AtomicBool>,
+    /// Whether the table has `waited_until` (found by the statements that need it): the
+    /// previous statements are used while it lacks it.
+    version: Arc<TableVersion>,
     /// What inspect, attempts and marks last read of each key.
     seen: LastSeen,
 }
@@ -399,27 +399,33 @@ impl Inner {
             self.statements.acquire_or_remaining.clone(),
             self.statements.previous.acquire_or_remaining.clone(),
         );
-        let (previous, table) = (self.previous.clone(), self.config.table.plain());
+        let (version, table) = (self.version.clone(), self.config.table.plain());
         self.run(give_up, outlive, move |c| {
-            let (current, before, key, owner, previous, table) = (
+            let (current, before, key, owner, version, table) = (
                 current.clone(),
                 before.clone(),
                 key.clone(),
                 owner.clone(),
-                previous.clone(),
+                version.clone(),
                 table.clone(),
             );
             Box::pin(async move {
                 let args = (key, owner, ttl);
-                let result = if previous.load(Ordering::Relaxed) {
-                    waiting_attempt(before, &args, &mut *c).await
-                } else {
-                    match waiting_attempt(current, &args, &mut *c).await {
-                        Err(e) if errors::is_undefined_column(&e) => {
-                            use_previous(&previous, &table);
-                            waiting_attempt(before, &args, &mut *c).await
+                // This version's form first even on a table found without `waited_until`:
+                // `migrate()` may have run in another process since, whose releases notify
+                // only marked keys, and a waiter that marks nothing would sleep until the
+                // holder's expiry. On a table still old that costs a waiting attempt one
+                // statement more, which fails before it runs.
+                let result = match waiting_attempt(current, &args, &mut *c).await {
+                    Err(e) if errors::is_undefined_column(&e) => {
+                        version.found_previous(&table);
+                        waiting_attempt(before, &args, &mut *c).await
+                    }
+                    other => {
+                        if other.is_ok() {
+                            version.found_current(&table);
                         }
-                        other => other,
+                        other
                     }
                 };
                 result.map(|(fence, remaining)| (fence.map(|f| f.0), remaining))
@@ -440,27 +446,32 @@ impl Inner {
             self.statements.release.clone(),
             self.statements.previous.release.clone(),
         );
-        let (previous, table) = (self.previous.clone(), self.config.table.plain());
+        let (version, table) = (self.version.clone(), self.config.table.plain());
         self.bounded(what, give_up, move |c| {
-            let (current, before, key, owner, previous, table) = (
+            let (current, before, key, owner, version, table) = (
                 current.clone(),
                 before.clone(),
                 key.clone(),
                 owner.clone(),
-                previous.clone(),
+                version.clone(),
                 table.clone(),
             );
             Box::pin(async move {
                 let args = (key, owner, fence, table);
-                if previous.load(Ordering::Relaxed) {
+                if !version.release_sends_current() {
                     return release_once(before, &args, &mut *c).await;
                 }
                 match release_once(current, &args, &mut *c).await {
                     Err(e) if errors::is_undefined_column(&e) => {
-                        use_previous(&previous, &args.3);
+                        version.found_previous(&args.3);
                         release_once(before, &args, &mut *c).await
                     }
-                    other => other,
+                    other => {
+                        if other.is_ok() {
+                            version.found_current(&args.3);
+                        }
+                        other
+                    }
                 }
             })
         })
@@ -525,17 +536,6 @@ async fn release_once(
         .fetch_optional(c)
         .await
         .map(|row| i64::from(row.is_some()))
-}
-
-/// Switches this authority to the previous statements: the lease table has no `waited_until`.
-fn use_previous(previous: &AtomicBool, table: &str) {
-    if !previous.swap(true, Ordering::Relaxed) {
-        tracing::warn!(
-            table,
-            "the lease table lacks waited_until (created by an older version): every release \
-             notifies, and waiters mark nothing, until migrate() runs"
-        );
-    }
 }
 
 fn spawn_give_back(inner: &Arc<Inner>, key: &str, owner: &str, raw: i64, ttl: Duration) {
@@ -699,7 +699,7 @@ impl PostgresAuthority {
                 capabilities,
                 waiters: Arc::default(),
                 listener: Mutex::new(None),
-                previous: Arc::default(),
+                version: Arc::default(),
                 seen: LastSeen::default(),
             }),
         })
@@ -744,7 +744,7 @@ impl PostgresAuthority {
             .map_err(|_| errors::timed_out("migrate", timeout))?
             .map_err(|e| errors::map(e, "migrate", table))?;
         // The table has every column of this version now.
-        self.inner.previous.store(false, Ordering::Relaxed);
+        self.inner.version.found_current(&table.plain());
         Ok(())
     }
 
@@ -1114,7 +1114,9 @@ impl Authority for PostgresAuthority {
         // registered waiter, so nothing between the two is missed.
         changed.as_mut().enable();
         let listening = self.listening();
-        if !self.inner.previous.load(Ordering::Relaxed) {
+        // Marked even on a table found without `waited_until`: `migrate()` may have run in
+        // another process since (on a table still old, the mark fails before it runs).
+        {
             let statement = self.inner.statements.mark_waited.clone();
             let name = key.as_str().to_string();
             // Marked past the wait's end by the slack a waiter's own timer may need.
@@ -1135,11 +1137,19 @@ impl Authority for PostgresAuthority {
                 Ok(Ok(Some((fence, live))))
                     if self.inner.seen.changed(key.as_str(), fence, live) =>
                 {
+                    self.inner
+                        .version
+                        .found_current(&self.inner.config.table.plain());
                     return Ok(());
                 }
-                Ok(Ok(_)) => {}
+                Ok(Ok(_)) => self
+                    .inner
+                    .version
+                    .found_current(&self.inner.config.table.plain()),
                 Ok(Err(e)) if errors::is_undefined_column(&e) => {
-                    use_previous(&self.inner.previous, &self.inner.config.table.plain());
+                    self.inner
+                        .version
+                        .found_previous(&self.inner.config.table.plain());
                 }
                 // Unmarked, only this authority's own releases would wake it: look again soon.
                 failed => {

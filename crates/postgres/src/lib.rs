@@ -23,6 +23,7 @@ pub mod guarded;
 mod lanes;
 mod notify;
 mod table;
+mod table_version;
 mod token;
 
 pub use authority::{schema_sql, PostgresAuthority};
