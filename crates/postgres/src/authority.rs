@@ -12,14 +12,14 @@ use leasehold_core::time::{saturating_add, FOREVER};
 use leasehold_core::{
     claim_or_give_back, Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant,
     Inspection, Instant, KeyPrefix, Left, LockKey, LostReason, OwnerId, OwnerToken, Released,
-    Result, TtlRange,
+    Result, TtlRange, WaitStrategy,
 };
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{AssertSqlSafe, PgConnection, PgPool, SqlSafeStr, SqlStr};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row, SqlSafeStr, SqlStr};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::config::{FenceSafetyOption, PostgresConfig};
+use crate::config::{FenceSafetyOption, Pooler, PostgresConfig};
 use crate::errors::{self, BACKEND};
 use crate::lanes::Lanes;
 use crate::notify::{self, LastSeen, ListenConfig, Waiters};
@@ -285,6 +285,13 @@ impl Inner {
         self.config.client.request_timeout
     }
 
+    /// Whether lease statements are prepared under a name and kept on their connection (the
+    /// driver's cache): not through a transaction-pooling proxy, where the next use of the name
+    /// may reach a server connection that lacks it, or has another client's statement under it.
+    fn named(&self) -> bool {
+        self.config.pooler == Pooler::None
+    }
+
     /// Runs `once` on a lane's connection (see [`Lanes`]). A conflict with a concurrent transaction (SQLSTATE
     /// 40001 or 40P01, under a `repeatable read` or `serializable` default) changed nothing: it
     /// is run again, with a fresh snapshot, until `give_up`. A connection that broke or reaches
@@ -312,10 +319,11 @@ impl Inner {
                 None => self.lanes.take(give_up).await?,
             };
             let mut conn = lane.connection()?;
+            let pooled = !self.named();
             let answer = match outlive {
-                None => once(&mut conn).await,
+                None => statement_on(&mut conn, pooled, &once).await,
                 Some(outlive) => {
-                    let mut statement = pin!(once(&mut conn));
+                    let mut statement = pin!(statement_on(&mut conn, pooled, &once));
                     tokio::select! {
                         biased;
                         answer = &mut statement => answer,
@@ -376,6 +384,7 @@ impl Inner {
         // from when the server read it) has ended unless the server sat on the statement that
         // long: nothing is left to give back worth keeping a connection open for.
         let outlive = Some(saturating_add(give_up, ttl.max(self.timeout())));
+        let named = self.named();
         if !waiting {
             let statement = self.statements.acquire.clone();
             return self
@@ -385,6 +394,7 @@ impl Inner {
                         // The fence is read strictly (see StrictBigint): it becomes a grant.
                         // The plain upsert returns the fence alone, or no row.
                         sqlx::query_scalar::<_, StrictBigint>(statement)
+                            .persistent(named)
                             .bind(key)
                             .bind(owner)
                             .bind(ttl_ms(ttl))
@@ -416,10 +426,10 @@ impl Inner {
                 // only marked keys, and a waiter that marks nothing would sleep until the
                 // holder's expiry. On a table still old that costs a waiting attempt one
                 // statement more, which fails before it runs.
-                let result = match waiting_attempt(current, &args, &mut *c).await {
+                let result = match waiting_attempt(current, named, &args, &mut *c).await {
                     Err(e) if errors::is_undefined_column(&e) => {
                         version.found_previous(&table);
-                        waiting_attempt(before, &args, &mut *c).await
+                        waiting_attempt(before, named, &args, &mut *c).await
                     }
                     other => {
                         if other.is_ok() {
@@ -446,7 +456,11 @@ impl Inner {
             self.statements.release.clone(),
             self.statements.previous.release.clone(),
         );
-        let (version, table) = (self.version.clone(), self.config.table.plain());
+        let (version, table, named) = (
+            self.version.clone(),
+            self.config.table.plain(),
+            self.named(),
+        );
         self.bounded(what, give_up, move |c| {
             let (current, before, key, owner, version, table) = (
                 current.clone(),
@@ -459,12 +473,12 @@ impl Inner {
             Box::pin(async move {
                 let args = (key, owner, fence, table);
                 if !version.release_sends_current() {
-                    return release_once(before, &args, &mut *c).await;
+                    return release_once(before, named, &args, &mut *c).await;
                 }
-                match release_once(current, &args, &mut *c).await {
+                match release_once(current, named, &args, &mut *c).await {
                     Err(e) if errors::is_undefined_column(&e) => {
                         version.found_previous(&args.3);
-                        release_once(before, &args, &mut *c).await
+                        release_once(before, named, &args, &mut *c).await
                     }
                     other => {
                         if other.is_ok() {
@@ -495,6 +509,44 @@ impl Inner {
     }
 }
 
+/// Runs `once` on `conn`. Through a transaction-pooling proxy (`pooled`), in a transaction of
+/// its own: the driver parses a statement and executes it in two exchanges, each ending in a
+/// Sync, and between them such a proxy may hand the client's next exchange to another server
+/// connection, where the statement does not exist (SQLSTATE 26000) or another client's does.
+/// A transaction keeps one server connection until it ends. That costs two round trips more
+/// (`BEGIN`, `COMMIT`).
+async fn statement_on<T>(
+    conn: &mut PgConnection,
+    pooled: bool,
+    once: &impl for<'c> Fn(&'c mut PgConnection) -> Once<'c, T>,
+) -> std::result::Result<T, sqlx::Error> {
+    if !pooled {
+        return once(conn).await;
+    }
+    sqlx::raw_sql(AssertSqlSafe("BEGIN"))
+        .execute(&mut *conn)
+        .await?;
+    match once(&mut *conn).await {
+        Ok(answer) => {
+            sqlx::raw_sql(AssertSqlSafe("COMMIT"))
+                .execute(&mut *conn)
+                .await?;
+            Ok(answer)
+        }
+        Err(e) => {
+            // The transaction is aborted; ending it gives the proxy its server connection back.
+            // A connection that cannot end it is closed with the error it failed with.
+            match sqlx::raw_sql(AssertSqlSafe("ROLLBACK"))
+                .execute(&mut *conn)
+                .await
+            {
+                Ok(_) => Err(e),
+                Err(rollback) => Err(rollback),
+            }
+        }
+    }
+}
+
 /// A statement given up without its answer: the connection is closed, which is an outage as
 /// the caller sees it (retryable).
 fn unanswered(why: &str) -> sqlx::Error {
@@ -510,10 +562,12 @@ fn won(acquired: &Acquired) -> Option<i64> {
 /// form): the fence if it won, and the holder's remaining time in milliseconds.
 async fn waiting_attempt(
     statement: SqlStr,
+    named: bool,
     (key, owner, ttl): &(String, String, Duration),
     c: &mut PgConnection,
 ) -> std::result::Result<(Option<StrictBigint>, Option<i64>), sqlx::Error> {
     sqlx::query_as(statement)
+        .persistent(named)
         .bind(key.clone())
         .bind(owner.clone())
         .bind(ttl_ms(*ttl))
@@ -525,10 +579,12 @@ async fn waiting_attempt(
 /// says whether it notified, which nobody needs).
 async fn release_once(
     statement: SqlStr,
+    named: bool,
     (key, owner, fence, table): &(String, String, i64, String),
     c: &mut PgConnection,
 ) -> std::result::Result<i64, sqlx::Error> {
     sqlx::query_scalar::<_, bool>(statement)
+        .persistent(named)
         .bind(key.clone())
         .bind(owner.clone())
         .bind(*fence)
@@ -614,8 +670,10 @@ pub(crate) fn declare(
 ///   is what wakes `wait_for_change`.
 /// * A conflict with a concurrent transaction (a `repeatable read` or `serializable` default)
 ///   is retried within the request timeout; a waiter treats it as "held".
-/// * Leases are rows, not session advisory locks, so it works behind a transaction-pooling proxy
-///   such as PgBouncer.
+/// * Leases are rows, not session advisory locks, so it can run behind a transaction-pooling
+///   proxy such as PgBouncer, declared with `pooler=transaction` (see [`crate::Pooler`]):
+///   unnamed statements, each in a transaction of its own, and waiters poll unless the
+///   listening connection has a direct address.
 ///
 /// Clones share the pool and the listener.
 #[derive(Clone)]
@@ -643,7 +701,11 @@ impl PostgresAuthority {
     /// Connects with a parsed configuration, and reads what the server's replication settings
     /// promise for fences (see [`Capabilities::fence_safety`]).
     pub async fn with_config(config: PostgresConfig) -> Result<Self> {
-        if let Some(mode) = crate::config::unverified_tls(&config.connect) {
+        let listener_unverified = config
+            .listen_connect
+            .as_ref()
+            .and_then(crate::config::unverified_tls);
+        if let Some(mode) = crate::config::unverified_tls(&config.connect).or(listener_unverified) {
             tracing::warn!(
                 url = %config.redacted_url,
                 sslmode = mode,
@@ -667,11 +729,18 @@ impl PostgresAuthority {
                 .acquire_timeout(timeout.min(FOREVER))
                 .connect_with(config.connect.clone())
                 .await?;
-            let settings: (String, String) = sqlx::query_as(
-                "SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names')",
-            )
-            .fetch_one(&pool)
-            .await?;
+            const SETTINGS: &str = "SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names')";
+            let settings: (String, String) = match config.pooler {
+                // The simple protocol through a transaction-pooling proxy: one message, so no
+                // prepared statement whose parse and execution the proxy could split.
+                Pooler::Transaction => {
+                    let row = sqlx::raw_sql(AssertSqlSafe(SETTINGS))
+                        .fetch_one(&pool)
+                        .await?;
+                    (row.try_get(0)?, row.try_get(1)?)
+                }
+                _ => sqlx::query_as(SETTINGS).fetch_one(&pool).await?,
+            };
             Ok::<_, sqlx::Error>((pool, settings))
         };
         let (pool, (synchronous_commit, standby_names)) =
@@ -688,8 +757,13 @@ impl PostgresAuthority {
                 "fence_safety=linearizable is overridden: with synchronous_commit=off a crash can lose the last commits"
             );
         }
-        let capabilities =
-            Capabilities::new(BACKEND, safety, durable, TTL).with_batch_renewal(true);
+        let wait = match (config.pooler, &config.listen_connect) {
+            (Pooler::Transaction, None) => WaitStrategy::Polling,
+            _ => WaitStrategy::Notification,
+        };
+        let capabilities = Capabilities::new(BACKEND, safety, durable, TTL)
+            .with_batch_renewal(true)
+            .with_wait(wait);
         Ok(PostgresAuthority {
             inner: Arc::new(Inner {
                 statements: Statements::new(&config.table),
@@ -718,22 +792,29 @@ impl PostgresAuthority {
         let work = async {
             let mut tx = self.inner.pool.begin().await?;
             // Concurrent CREATE TABLE IF NOT EXISTS can still collide in the catalog; serialise.
+            // Unnamed statements (`persistent(false)`): run once, and a name kept on the
+            // connection would outlive it on a transaction-pooling proxy's server connection.
             sqlx::query("SELECT pg_advisory_xact_lock(hashtext('leasehold migrate ' || $1))")
+                .persistent(false)
                 .bind(table.plain())
                 .execute(&mut *tx)
                 .await?;
             sqlx::query(sql(format!("SET LOCAL lock_timeout = {lock_ms}")))
+                .persistent(false)
                 .execute(&mut *tx)
                 .await?;
             sqlx::query(sql(create_sql(table)))
+                .persistent(false)
                 .execute(&mut *tx)
                 .await?;
             let present: i64 = sqlx::query_scalar(ADDED_COLUMNS)
+                .persistent(false)
                 .bind(table.to_string())
                 .fetch_one(&mut *tx)
                 .await?;
             if present < ADDED {
                 sqlx::query(sql(add_columns_sql(table)))
+                    .persistent(false)
                     .execute(&mut *tx)
                     .await?;
             }
@@ -840,6 +921,16 @@ impl PostgresAuthority {
     /// listening it wakes every waiter, so a release before that is not missed) and returns
     /// whether it listens now.
     fn listening(&self) -> watch::Receiver<bool> {
+        if self.inner.config.pooler == Pooler::Transaction
+            && self.inner.config.listen_connect.is_none()
+        {
+            // No LISTEN through a transaction-pooling proxy: the session that listens is
+            // whichever server connection the proxy gave `LISTEN` to, and its notifications go
+            // to whichever client holds that connection later (measured on PgBouncer 1.18:
+            // none arrived). Without a direct address to listen at (`listen_host`,
+            // `listen_port`), waiters poll, as declared.
+            return watch::channel(false).1;
+        }
         let mut slot = self
             .inner
             .listener
@@ -850,7 +941,12 @@ impl PostgresAuthority {
             _ => {
                 let (tx, rx) = watch::channel(false);
                 let config = ListenConfig {
-                    connect: self.inner.config.connect.clone(),
+                    connect: self
+                        .inner
+                        .config
+                        .listen_connect
+                        .clone()
+                        .unwrap_or_else(|| self.inner.config.connect.clone()),
                     timeout: self.inner.timeout(),
                     check_every: self.inner.config.listen_check,
                     table: self.inner.config.table.plain(),
@@ -952,6 +1048,7 @@ impl Authority for PostgresAuthority {
         let (key, owner, fence) = Self::owner_matches(grant);
         let sent = Instant::now();
         let statement = self.inner.statements.renew.clone();
+        let named = self.inner.named();
         let done = self
             .inner
             .bounded(
@@ -961,6 +1058,7 @@ impl Authority for PostgresAuthority {
                     let (statement, key, owner) = (statement.clone(), key.clone(), owner.clone());
                     Box::pin(async move {
                         sqlx::query(statement)
+                            .persistent(named)
                             .bind(key)
                             .bind(owner)
                             .bind(fence)
@@ -997,6 +1095,7 @@ impl Authority for PostgresAuthority {
         }
         let sent = Instant::now();
         let statement = self.inner.statements.renew_many.clone();
+        let named = self.inner.named();
         let renewed: Result<Vec<(String, i64)>> = self
             .inner
             .bounded(
@@ -1012,6 +1111,7 @@ impl Authority for PostgresAuthority {
                     );
                     Box::pin(async move {
                         sqlx::query_as(statement)
+                            .persistent(named)
                             .bind(keys)
                             .bind(owners)
                             .bind(fences)
@@ -1060,6 +1160,7 @@ impl Authority for PostgresAuthority {
         leasehold_core::check_proclaimed(value)?;
         let (key, owner, fence) = Self::owner_matches(grant);
         let statement = self.inner.statements.proclaim.clone();
+        let named = self.inner.named();
         let table = self.inner.config.table.plain();
         let value = value.to_vec();
         let proclaimed: i64 = self
@@ -1077,6 +1178,7 @@ impl Authority for PostgresAuthority {
                     );
                     Box::pin(async move {
                         sqlx::query_scalar(statement)
+                            .persistent(named)
                             .bind(key)
                             .bind(owner)
                             .bind(fence)
@@ -1118,6 +1220,7 @@ impl Authority for PostgresAuthority {
         // another process since (on a table still old, the mark fails before it runs).
         {
             let statement = self.inner.statements.mark_waited.clone();
+            let named = self.inner.named();
             let name = key.as_str().to_string();
             // Marked past the wait's end by the slack a waiter's own timer may need.
             let mark_ms = ttl_ms(max_wait.saturating_add(Duration::from_secs(1)));
@@ -1125,6 +1228,7 @@ impl Authority for PostgresAuthority {
                 let (statement, name) = (statement.clone(), name.clone());
                 Box::pin(async move {
                     sqlx::query_as::<_, (i64, bool)>(statement)
+                        .persistent(named)
                         .bind(name)
                         .bind(mark_ms)
                         .fetch_optional(c)
@@ -1178,6 +1282,7 @@ impl Authority for PostgresAuthority {
     /// are the database's `statement_timestamp()` against `expires_at`, never our clock.
     async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
         let statement = self.inner.statements.inspect.clone();
+        let named = self.inner.named();
         let name = key.as_str().to_string();
         let row: Option<(String, i64, bool, i64, Option<Vec<u8>>)> = self
             .inner
@@ -1186,9 +1291,13 @@ impl Authority for PostgresAuthority {
                 saturating_add(Instant::now(), self.inner.timeout()),
                 move |c| {
                     let (statement, name) = (statement.clone(), name.clone());
-                    Box::pin(
-                        async move { sqlx::query_as(statement).bind(name).fetch_optional(c).await },
-                    )
+                    Box::pin(async move {
+                        sqlx::query_as(statement)
+                            .persistent(named)
+                            .bind(name)
+                            .fetch_optional(c)
+                            .await
+                    })
                 },
             )
             .await?;
@@ -1214,6 +1323,7 @@ impl Authority for PostgresAuthority {
     /// (rows outlive release), held or not.
     async fn list_keys(&self, prefix: &KeyPrefix, limit: usize) -> Result<Vec<LockKey>> {
         let statement = self.inner.statements.list_keys.clone();
+        let named = self.inner.named();
         let (start, upper) = (prefix.as_str().to_string(), prefix.upper_bound());
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let names: Vec<String> = self
@@ -1226,6 +1336,7 @@ impl Authority for PostgresAuthority {
                         (statement.clone(), start.clone(), upper.clone());
                     Box::pin(async move {
                         sqlx::query_scalar(statement)
+                            .persistent(named)
                             .bind(start)
                             .bind(upper)
                             .bind(limit)

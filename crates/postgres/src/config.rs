@@ -59,6 +59,36 @@ impl FromStr for FenceSafetyOption {
     }
 }
 
+/// What stands between the authority and PostgreSQL (URL `pooler`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Pooler {
+    /// Nothing, or a proxy that keeps one server connection per client connection (PgBouncer
+    /// in session mode): statements are prepared once per connection and kept, and waiters are
+    /// woken by `LISTEN`. The default.
+    #[default]
+    None,
+    /// A transaction-pooling proxy (PgBouncer with `pool_mode = transaction`, and others that
+    /// hand each transaction to any server connection): every lease statement runs unnamed in
+    /// a transaction of its own, so that its parse and its execution reach the same server
+    /// connection and nothing prepared is left behind for another client; no `LISTEN` (a
+    /// notification would reach whichever client holds that server connection then): waiters
+    /// poll.
+    Transaction,
+}
+
+impl FromStr for Pooler {
+    type Err = ();
+
+    fn from_str(s: &str) -> std::result::Result<Self, ()> {
+        match s {
+            "none" | "session" => Ok(Pooler::None),
+            "transaction" => Ok(Pooler::Transaction),
+            _ => Err(()),
+        }
+    }
+}
+
 /// How often the listening connection is checked by default.
 const LISTEN_CHECK: Duration = Duration::from_secs(2);
 
@@ -76,6 +106,10 @@ pub struct PostgresConfig {
     pub(crate) pool_size: u32,
     pub(crate) listen_check: Duration,
     pub(crate) fence_safety: FenceSafetyOption,
+    pub(crate) pooler: Pooler,
+    /// Where the listening connection goes when not where the lease statements go (URL
+    /// `listen_host`, `listen_port`): the database itself, past a transaction-pooling proxy.
+    pub(crate) listen_connect: Option<PgConnectOptions>,
     pub(crate) client: ClientOptions,
 }
 
@@ -88,6 +122,14 @@ impl fmt::Debug for PostgresConfig {
             .field("pool_size", &self.pool_size)
             .field("listen_check", &self.listen_check)
             .field("fence_safety", &self.fence_safety)
+            .field("pooler", &self.pooler)
+            .field(
+                "listen_at",
+                &self
+                    .listen_connect
+                    .as_ref()
+                    .map(|c| format!("{}:{}", c.get_host(), c.get_port())),
+            )
             .field("client", &self.client)
             .finish()
     }
@@ -146,6 +188,16 @@ impl PostgresConfig {
                 ))
             })?,
         };
+        let pooler = match params.take("pooler") {
+            None => Pooler::None,
+            Some(v) => v.parse().map_err(|()| {
+                invalid(format!(
+                    "pooler `{v}` is not one of none, session, transaction"
+                ))
+            })?,
+        };
+        let listen_host = params.take("listen_host");
+        let listen_port = params.take_parsed::<u16>("listen_port")?;
         // The driver's parameters, from the original URL (values the redaction left alone).
         let mut original = UrlParams::parse(url)?;
         let mut driver = Vec::new();
@@ -175,6 +227,20 @@ impl PostgresConfig {
         if let Some(password) = &password {
             connect = connect.password(password.expose());
         }
+        // The same user, password, database and TLS settings, at another address.
+        let listen_connect = match (&listen_host, listen_port) {
+            (None, None) => None,
+            (host, port) => {
+                let mut direct = connect.clone();
+                if let Some(host) = host {
+                    direct = direct.host(host);
+                }
+                if let Some(port) = port {
+                    direct = direct.port(port);
+                }
+                Some(direct)
+            }
+        };
         Ok(PostgresConfig {
             connect,
             redacted_url,
@@ -182,6 +248,8 @@ impl PostgresConfig {
             pool_size,
             listen_check,
             fence_safety,
+            pooler,
+            listen_connect,
             client,
         })
     }
@@ -206,6 +274,12 @@ impl PostgresConfig {
     /// What fences are declared to promise (see [`FenceSafetyOption`]).
     pub fn with_fence_safety(mut self, option: FenceSafetyOption) -> Self {
         self.fence_safety = option;
+        self
+    }
+
+    /// Declares what stands between the authority and PostgreSQL (see [`Pooler`]).
+    pub fn with_pooler(mut self, pooler: Pooler) -> Self {
+        self.pooler = pooler;
         self
     }
 
@@ -364,7 +438,22 @@ mod tests {
         let shown = format!("{c:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
 
+        let pooled = PostgresConfig::from_url(
+            "postgres://u:hunter2@bouncer:6432/app?pooler=transaction&listen_host=db&listen_port=5433",
+        )
+        .unwrap();
+        assert_eq!(pooled.pooler, Pooler::Transaction);
+        let direct = pooled.listen_connect.as_ref().unwrap();
+        assert_eq!((direct.get_host(), direct.get_port()), ("db", 5433));
+        assert_eq!(direct.get_database(), Some("app"));
+        assert!(!format!("{pooled:?}").contains("hunter2"));
+        let plain = PostgresConfig::from_url("postgres://u@db/app?pooler=session").unwrap();
+        assert_eq!(plain.pooler, Pooler::None);
+        assert!(plain.listen_connect.is_none());
+
         for bad in [
+            "postgres://u:hunter2@db/app?pooler=statement",
+            "postgres://u:hunter2@db/app?listen_port=none",
             "postgres://u:hunter2@db/app?tabel=x",
             "postgres://u:hunter2@db/app?table=a;b",
             "postgres://u:hunter2@db/app?pool_size=0",

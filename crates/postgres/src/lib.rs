@@ -27,6 +27,6 @@ mod table_version;
 mod token;
 
 pub use authority::{schema_sql, PostgresAuthority};
-pub use config::{FenceSafetyOption, PostgresConfig};
+pub use config::{FenceSafetyOption, Pooler, PostgresConfig};
 pub use table::{TableName, DEFAULT_TABLE};
 pub use token::PgFence;
