@@ -315,7 +315,7 @@ impl Inner {
                 // Nobody waits for a lane past `give_up` (a caller that left, or timed out).
                 Some(_) => tokio::time::timeout_at(give_up, self.lanes.take(give_up))
                     .await
-                    .map_err(|_| unanswered("no lane was free in time"))??,
+                    .map_err(|_| unanswered("no lane with a working connection in time"))??,
                 None => self.lanes.take(give_up).await?,
             };
             let mut conn = lane.connection()?;

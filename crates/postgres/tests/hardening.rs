@@ -1407,3 +1407,55 @@ async fn an_abandoned_acquisition_closes_its_connection_after_the_ttl() -> Resul
     }
     Ok(())
 }
+
+/// A lane idle for a second is pinged before its next statement. When its backend went silent
+/// meanwhile, the ping gives up within half the caller's time and the statement goes to a
+/// fresh connection: with the lane idle, all five `try_acquire` after the freeze hold their
+/// keys, each within the request timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_silent_lane_is_replaced_before_its_statement() -> Result<(), String> {
+    let server = start().await;
+    let admin = connect(&url(&server)).await;
+    admin.migrate().await.map_err(|e| format!("migrate: {e}"))?;
+    let timeout = Duration::from_millis(300);
+    let app = "idle-silent-lane";
+    let a = PostgresAuthority::connect(&format!(
+        "{}?pool_size=1&timeout_ms={}&application_name={app}",
+        server.url(),
+        timeout.as_millis()
+    ))
+    .await
+    .map_err(|e| format!("connect: {e}"))?;
+    let ttl = Duration::from_secs(10);
+    let held = a
+        .try_acquire(&key("idle-silent/held"), ttl)
+        .await
+        .map_err(|e| format!("the first acquisition: {e}"))?
+        .ok_or("the first key was held")?;
+    let pid = lane_backend(&admin, app).await?;
+    let frozen = Stopped::new(pid);
+    // The lane is pinged before use once idle for a second (docs/postgres.md, "Lanes").
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for i in 0..5 {
+        let k = key(&format!("idle-silent/other{i}"));
+        let started = Instant::now();
+        let outcome = a.try_acquire(&k, ttl).await;
+        let took = started.elapsed();
+        match outcome {
+            Ok(Some(_)) if took <= timeout => {}
+            other => return Err(format!("try {i} after {took:?}: {other:?}")),
+        }
+    }
+    if lane_backend(&admin, app).await? == pid {
+        return Err("the lane still uses the silent backend".into());
+    }
+    drop(frozen);
+    let released = a
+        .release(&held)
+        .await
+        .map_err(|e| format!("releasing the first lease: {e}"))?;
+    if released != Released::Released {
+        return Err(format!("the first lease was lost meanwhile: {released:?}"));
+    }
+    Ok(())
+}
