@@ -398,6 +398,18 @@ fn sigtstp_stops_the_command_first_and_sigcont_resumes_it() -> Result {
     }
 }
 
+/// Runs the shell command line `inner` in a terminal of its own (a pty from script(1)), whose
+/// keyboard is the returned child's stdin.
+fn in_a_terminal(inner: &str) -> Result<Child> {
+    Command::new("/usr/bin/script")
+        .args(["-qec", inner, "/dev/null"])
+        .env_remove("LEASEHOLD_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("script: {e}"))
+}
+
 /// In a terminal, the command is the terminal's foreground group: it can read it (instead of
 /// being stopped by SIGTTIN while leasehold renews forever), and Ctrl-C reaches it.
 #[test]
@@ -410,13 +422,7 @@ fn a_command_in_a_terminal_can_read_it() -> Result {
         scratch.url(),
         got.display()
     );
-    let mut session = Command::new("/usr/bin/script")
-        .args(["-qec", &inner, "/dev/null"])
-        .env_remove("LEASEHOLD_URL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("script: {e}"))?;
+    let mut session = in_a_terminal(&inner)?;
     let result: Result = (|| {
         use std::io::Write;
         let stdin = session.stdin.as_mut().ok_or("no stdin")?;
@@ -487,13 +493,7 @@ fn ctrl_z_at_the_terminal_stops_the_command_and_leasehold() -> Result {
         leasehold_pid.display(),
         scratch.writer("out", false),
     );
-    let mut session = Command::new("/usr/bin/script")
-        .args(["-qec", &inner, "/dev/null"])
-        .env_remove("LEASEHOLD_URL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("script: {e}"))?;
+    let mut session = in_a_terminal(&inner)?;
     let mut pid = None;
     let result: Result = (|| {
         use std::io::Write;
