@@ -26,6 +26,7 @@ mod listing;
 mod outage;
 mod release;
 mod renew;
+mod schedule;
 mod semaphore;
 mod stale_write;
 mod suspension;
@@ -62,6 +63,7 @@ pub use renew::{
     lease_renews_past_ttl, lost_fires_at_deadline, lost_fires_on_refused_renewal,
     renew_after_expiry_is_refused, renewal_refusal_loses_only_that_lease,
 };
+pub use schedule::claim_period_claims_every_period;
 pub use semaphore::{
     semaphore_cancelled_acquire_leaves_no_slot, semaphore_never_exceeds_its_permits,
     semaphore_permits_must_agree, semaphore_waits_by_notification,
@@ -143,6 +145,7 @@ scenarios![
     semaphore_permits_must_agree,
     semaphore_cancelled_acquire_leaves_no_slot,
     semaphore_waits_by_notification,
+    claim_period_claims_every_period,
     election_one_leader_at_a_time,
     election_epochs_grow_across_resign_expiry_and_crash,
     election_observers_see_every_change,
