@@ -17,6 +17,8 @@ pub struct RunArgs {
     pub grace: Duration,
     /// The exit status when the lock is held by someone else (default 75).
     pub busy_exit_code: u8,
+    /// The exit status when the lease is lost while the command runs (default 76).
+    pub lost_exit_code: u8,
     /// No notice on stderr while waiting.
     pub quiet: bool,
     /// Serve Prometheus metrics at this address while running.
@@ -72,8 +74,9 @@ pub enum Invocation {
     },
     Help,
     Version,
-    /// Internal: the watcher of a command's process group (see `child::Watcher`).
-    WatchGroup(String),
+    /// Internal: the watcher of a command's process group, with its arguments (see
+    /// `crate::watcher`).
+    WatchGroup(Vec<String>),
 }
 
 /// What `--version` prints.
@@ -81,7 +84,8 @@ pub const VERSION: &str = concat!("leasehold ", env!("CARGO_PKG_VERSION"));
 
 pub const USAGE: &str = "\
 usage: leasehold run [--url URL] --key KEY [--ttl 10s] [--wait 0s] [--grace 5s]
-                     [--busy-exit-code N] [--quiet] [--metrics-addr HOST:PORT]
+                     [--busy-exit-code N] [--lost-exit-code N] [--quiet]
+                     [--metrics-addr HOST:PORT]
                      [--if-unavailable fail|skip|run]
                      -- COMMAND [ARGS...]
        leasehold status [--url URL] (--key KEY | --prefix P [--limit 100]) [--json]
@@ -98,10 +102,13 @@ would both hold the lock.
 
 COMMAND gets LEASEHOLD_KEY, LEASEHOLD_FENCE (the fencing token: send it with every protected
 write), LEASEHOLD_FENCE_SAFETY, LEASEHOLD_BACKEND and LEASEHOLD_LOCK=held in its environment. The lease is renewed
-every third of the TTL. If it is lost, COMMAND's process group gets SIGTERM, then SIGKILL after
---grace. If leasehold itself dies (even by SIGKILL), COMMAND's process group gets SIGKILL.
-SIGINT, SIGTERM and SIGHUP stop COMMAND and release the lease. When COMMAND ends, the lease is
-released.
+every third of the TTL. If it is lost, COMMAND's process group and everything else COMMAND
+started (also what left the group: setsid, daemons) get SIGTERM, then SIGKILL after --grace,
+and in any case SIGKILL once the lease's deadline passes. If leasehold itself dies (even by
+SIGKILL) or is stopped (SIGSTOP), a watcher process kills COMMAND's process group by the lease's
+deadline. SIGINT, SIGTERM and SIGHUP stop COMMAND and release the lease; SIGTSTP (Ctrl-Z) stops
+COMMAND, then leasehold. When COMMAND ends, whatever it left running is ended the same way, then
+the lease is released. In a terminal, COMMAND is the foreground job: it can read the terminal.
 
   --url URL            the authority (default: $LEASEHOLD_URL, else the per-user SQLite file)
   --key KEY            the lock key (printable ASCII, no spaces)
@@ -110,6 +117,7 @@ released.
   --wait D             how long to wait for the lock if it is held (default 0s: fail at once)
   --grace D            time between SIGTERM and SIGKILL when COMMAND is stopped (default 5s)
   --busy-exit-code N   exit N instead of 75 when the lock is held (flock's -E)
+  --lost-exit-code N   exit N instead of 76 when the lease is lost while COMMAND runs
   -q, --quiet          say nothing while waiting for the lock
   --if-unavailable P   when the authority cannot be reached: fail (default: exit 69), skip
                        (exit 0, the command does not run) or run (the command runs WITHOUT a
@@ -135,7 +143,7 @@ Set LEASEHOLD_LOG=info (or RUST_LOG) to see each acquire, renewal and release.
 exit status (run): COMMAND's own, or 128+N if it died of signal N (or leasehold did, by SIGINT,
 SIGTERM or SIGHUP); 64 bad usage or input; 69 the authority is unreachable or answered too late;
 75 the lock is held by someone else (see --busy-exit-code); 76 the lease was lost and COMMAND
-was stopped; 77 the authority refused the credentials; 126 COMMAND is not executable; 127
+was stopped (see --lost-exit-code: pick one COMMAND never returns); 77 the authority refused the credentials; 126 COMMAND is not executable; 127
 COMMAND was not found. status: 0 free, 1 held, 64, 69 and 77 as for run.";
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -154,9 +162,9 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
         Some("migrate") => Sub::Migrate,
         Some("-h" | "--help" | "help") | None => return Ok(Invocation::Help),
         Some("-V" | "--version") => return Ok(Invocation::Version),
-        Some(crate::child::WATCH_GROUP) => {
-            let group = args.next().and_then(|g| g.into_string().ok());
-            return group
+        Some(crate::watcher::WATCH_GROUP) => {
+            let rest: Option<Vec<String>> = args.map(|a| a.into_string().ok()).collect();
+            return rest
                 .map(Invocation::WatchGroup)
                 .ok_or_else(|| "no process group to watch".into());
         }
@@ -170,7 +178,8 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
     let keyed = sub != Sub::Migrate;
     let mut url = env_url;
     let (mut key, mut ttl, mut wait, mut grace) = (None, None, None, None);
-    let (mut busy_exit_code, mut quiet, mut json) = (None, false, false);
+    let (mut busy_exit_code, mut lost_exit_code) = (None, None);
+    let (mut quiet, mut json) = (false, false);
     let (mut prefix, mut limit) = (None, None);
     let mut metrics_addr = None;
     let mut if_unavailable = IfUnavailableArg::default();
@@ -216,6 +225,13 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
             ("--busy-exit-code" | "-E", true) => {
                 let v = value()?;
                 busy_exit_code = Some(
+                    v.parse::<u8>()
+                        .map_err(|_| format!("{name}: `{v}` is not an exit status (0 to 255)"))?,
+                );
+            }
+            ("--lost-exit-code", true) => {
+                let v = value()?;
+                lost_exit_code = Some(
                     v.parse::<u8>()
                         .map_err(|_| format!("{name}: `{v}` is not an exit status (0 to 255)"))?,
                 );
@@ -283,6 +299,7 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
         wait: wait.unwrap_or(Duration::ZERO),
         grace: grace.unwrap_or(Duration::from_secs(5)),
         busy_exit_code: busy_exit_code.unwrap_or(75),
+        lost_exit_code: lost_exit_code.unwrap_or(crate::code::LOST),
         quiet,
         metrics_addr,
         if_unavailable,
@@ -368,6 +385,9 @@ mod tests {
                 "--",
                 "true",
             ],
+            &["run", "--key", "k", "--lost-exit-code", "-1", "--", "true"],
+            &["run", "--key", "k", "--lost-exit-code", "--", "true"],
+            &["status", "--key", "k", "--lost-exit-code", "9"],
             &["migrate"],
             &["migrate", "--url", "u", "--key", "k"],
             &["status"],
@@ -395,10 +415,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(a.busy_exit_code, 3);
+        assert_eq!(a.lost_exit_code, 76);
         assert!(a.quiet);
         assert_eq!(a.ttl, Duration::from_secs(90));
         assert_eq!(a.metrics_addr, None);
         assert_eq!(a.if_unavailable, IfUnavailableArg::Fail);
+        let lost = run_args(
+            args(&["run", "--key", "k", "--lost-exit-code=90", "--", "true"]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(lost.lost_exit_code, 90);
         for (word, want) in [
             ("fail", IfUnavailableArg::Fail),
             ("skip", IfUnavailableArg::Skip),

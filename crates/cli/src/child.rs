@@ -7,34 +7,26 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::time::Duration;
 
 use leasehold::{Fence, LockKey};
-use tokio::io::AsyncWriteExt;
+use rustix::process::Signal;
 
-/// The hidden subcommand of the watcher process (see [`Watcher`]).
-pub const WATCH_GROUP: &str = "__watch-group";
+use crate::descendants;
+use crate::terminal::Terminal;
+use crate::watcher::{Confirmer, Watcher};
 
 /// The running command.
 pub struct Child {
     process: tokio::process::Child,
+    /// The command's process group (its pid: it leads the group).
     group: Option<u32>,
     watcher: Option<Watcher>,
-}
-
-/// A second process that kills the command's whole process group if `leasehold` dies without
-/// stopping it. The parent-death signal reaches only the command itself, not what the command
-/// started in the background; this does. It reads a pipe from `leasehold`: a byte means "all
-/// done, exit"; end of file without one means `leasehold` is gone (the kernel closes the pipe
-/// whatever killed it), so it sends SIGKILL to the group. It has a process group of its own, so
-/// a terminal's signals do not reach it.
-struct Watcher {
-    process: tokio::process::Child,
-    pipe: Option<tokio::process::ChildStdin>,
+    /// The terminal the command was given, to take back when it ends.
+    terminal: Option<Terminal>,
 }
 
 impl Child {
-    /// Starts `command` with the lease's key and fence in its environment.
-    /// Starts the command; `fence` is `None` when it runs without a lock
-    /// (`--if-unavailable run`): then it gets `LEASEHOLD_LOCK=unlocked` and no fence at all, so
-    /// nothing it sends can pass for one.
+    /// Starts `command` with the lease's key and fence in its environment; `fence` is `None`
+    /// when it runs without a lock (`--if-unavailable run`): then it gets
+    /// `LEASEHOLD_LOCK=unlocked` and no fence at all, so nothing it sends can pass for one.
     pub fn spawn(
         command: &[OsString],
         key: &LockKey,
@@ -44,8 +36,17 @@ impl Child {
         let (program, args) = command
             .split_first()
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command"))?;
+        // Whatever the command starts stays below leasehold, however it forks or detaches, so
+        // it can be found and ended before the lease is given back.
+        if let Err(e) = descendants::become_subreaper() {
+            say!(
+                "leasehold: cannot become the subreaper of the command's processes (those that \
+                 detach from it will not be found): {e}"
+            );
+        }
+        let terminal = Terminal::foreground();
         let mut std_command = std::process::Command::new(program);
-        set_parent_death_signal(&mut std_command);
+        set_parent_death_signal(&mut std_command, terminal.is_some());
         let mut command = tokio::process::Command::from(std_command);
         command
             .args(args)
@@ -68,12 +69,17 @@ impl Child {
             .kill_on_drop(true)
             .spawn()?;
         let group = process.id();
+        if let (Some(terminal), Some(group)) = (&terminal, group) {
+            // The command also takes the terminal itself before it runs (see
+            // `set_parent_death_signal`); this covers the moment before.
+            terminal.give_to(group);
+        }
         let watcher = group.and_then(|g| match Watcher::spawn(g) {
             Ok(w) => Some(w),
             Err(e) => {
                 say!(
                     "leasehold: cannot start the watcher of the command's process group \
-                     (if leasehold is killed, only the command itself is): {e}"
+                     (if leasehold is killed or stopped, only the command itself is ended): {e}"
                 );
                 None
             }
@@ -82,16 +88,24 @@ impl Child {
             process,
             group,
             watcher,
+            terminal,
         })
     }
 
-    /// Tells the watcher that `leasehold` is ending in order, so it leaves the group alone.
+    /// Confirms the lease's deadlines to the watcher, which kills the command if one passes
+    /// unconfirmed (leasehold stopped or dead); `None` without a watcher.
+    pub fn confirmer(&self) -> Option<Confirmer> {
+        self.watcher.as_ref().map(Watcher::confirmer)
+    }
+
+    /// Tells the watcher that `leasehold` is ending in order, so it leaves the group alone, and
+    /// takes the terminal back.
     pub async fn disarm(&mut self) {
-        if let Some(mut watcher) = self.watcher.take() {
-            if let Some(mut pipe) = watcher.pipe.take() {
-                let _ = pipe.write_all(b"x").await;
-            }
-            let _ = watcher.process.wait().await;
+        if let Some(terminal) = &self.terminal {
+            terminal.take_back();
+        }
+        if let Some(watcher) = self.watcher.take() {
+            watcher.disarm().await;
         }
     }
 
@@ -110,65 +124,112 @@ impl Child {
         }
     }
 
-    /// SIGTERM to the whole process group, SIGKILL after `grace` if the command is still there.
+    /// What tells, without borrowing the command, whether Ctrl-Z at its terminal stopped it.
+    pub fn job(&self) -> Job {
+        Job {
+            leader: self.group,
+            terminal: self.terminal.is_some(),
+        }
+    }
+
+    /// Ends everything the command started: SIGTERM (and SIGCONT, so a stopped process can act
+    /// on it) to the process group and to every descendant outside it; once `grace` is over,
+    /// SIGKILL to whatever is left, whether or not the group's leader is still there. Returns
+    /// when nothing the command started is alive.
     pub async fn stop(&mut self, grace: Duration) {
-        self.signal_group("-TERM");
-        if tokio::time::timeout(grace, self.process.wait())
-            .await
-            .is_err()
-        {
-            self.signal_group("-KILL");
-            let _ = self.process.kill().await;
+        self.signal_all(Signal::TERM);
+        self.signal_all(Signal::CONT);
+        let give_up = leasehold::time::saturating_add(tokio::time::Instant::now(), grace);
+        while tokio::time::Instant::now() < give_up {
+            if self.leader_gone() && self.rest().is_empty() {
+                return;
+            }
+            tokio::time::sleep(
+                POLL.min(give_up.saturating_duration_since(tokio::time::Instant::now())),
+            )
+            .await;
         }
+        self.kill_all().await;
     }
 
-    fn signal_group(&self, signal: &str) {
-        // (Grandchildren in the group are not reached by the parent-death signal, only by this.)
+    /// What the command left running when it exited (background jobs, daemons), ended as
+    /// [`Child::stop`] ends it; nothing to do (one look at `/proc`) when it left nothing.
+    pub async fn end_the_rest(&mut self, grace: Duration) {
+        if self.rest().is_empty() {
+            return;
+        }
+        self.stop(grace).await;
+    }
+
+    /// Stops everything the command started (SIGSTOP), for leasehold to stop too.
+    pub fn suspend(&mut self) {
+        if let Some(terminal) = &self.terminal {
+            terminal.take_back();
+        }
+        self.signal_all(Signal::STOP);
+    }
+
+    /// Continues what [`Child::suspend`] stopped, and gives the terminal back.
+    pub fn resume(&mut self) {
+        if let (Some(terminal), Some(group)) = (&self.terminal, self.group) {
+            terminal.give_to(group);
+        }
+        self.signal_all(Signal::CONT);
+    }
+
+    fn leader_gone(&mut self) -> bool {
+        !matches!(self.process.try_wait(), Ok(None))
+    }
+
+    /// The live processes below leasehold but the watcher.
+    fn rest(&self) -> Vec<u32> {
+        let watcher: Vec<u32> = self.watcher.iter().filter_map(Watcher::pid).collect();
+        let mut keep = watcher.clone();
+        keep.extend(self.group);
+        descendants::below(std::process::id(), &watcher, &keep)
+    }
+
+    fn signal_all(&self, signal: Signal) {
         if let Some(group) = self.group {
-            // Through kill(1), so that this crate needs no unsafe code for kill(2).
-            let _ = std::process::Command::new("kill")
-                .args([signal, "--", &format!("-{group}")])
-                .status();
+            descendants::signal_group(group, signal);
         }
+        descendants::signal_each(&self.rest(), signal);
+    }
+
+    /// SIGKILL to the group and every descendant until none is left (a process killed while it
+    /// forked may leave a child the previous look missed), then reaps the command.
+    async fn kill_all(&mut self) {
+        loop {
+            self.signal_all(Signal::KILL);
+            if self.rest().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let _ = self.process.kill().await;
     }
 }
 
-impl Watcher {
-    fn spawn(group: u32) -> io::Result<Watcher> {
-        // This very program (even if its file was replaced meanwhile).
-        let mut process = tokio::process::Command::new("/proc/self/exe")
-            .arg(WATCH_GROUP)
-            .arg(group.to_string())
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .process_group(0)
-            .spawn()?;
-        let pipe = process.stdin.take();
-        Ok(Watcher { process, pipe })
+/// The command as a terminal's job.
+#[derive(Clone, Copy, Debug)]
+pub struct Job {
+    leader: Option<u32>,
+    /// Whether the command was given the terminal (leasehold runs in one, in the foreground).
+    terminal: bool,
+}
+
+impl Job {
+    /// Whether the command has the terminal and is stopped (Ctrl-Z reached it, not leasehold).
+    pub fn stopped_at_its_terminal(&self) -> bool {
+        self.terminal
+            && self
+                .leader
+                .is_some_and(|pid| descendants::state(pid) == Some('T'))
     }
 }
 
-/// The watcher's side: waits for a byte or the end of its stdin; at the end without a byte,
-/// SIGKILL to process group `group`. Blocking; runs in a process of its own.
-pub fn watch_group(group: &str) -> u8 {
-    let Ok(group) = group.parse::<u32>() else {
-        return 64;
-    };
-    let mut byte = [0u8; 1];
-    loop {
-        match io::Read::read(&mut io::stdin(), &mut byte) {
-            Ok(0) => break,
-            Ok(_) => return 0,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
-        }
-    }
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", "--", &format!("-{group}")])
-        .stderr(std::process::Stdio::null())
-        .status();
-    0
-}
+/// How often a stop looks whether everything has exited.
+const POLL: Duration = Duration::from_millis(20);
 
 /// The exit status for a command that could not be started, as shells give it: 127 when it was
 /// not found, 126 when it was found but could not be executed (no permission, not a program).
@@ -184,11 +245,17 @@ pub fn cannot_start_code(error: &io::Error) -> u8 {
 /// must not go on. SIGKILL, not SIGTERM: nobody is left to escalate if the command ignored a
 /// polite signal. The signal fires when the *thread* that forked the command exits; the command
 /// is spawned from the main thread (the one in `block_on`), which lives as long as the process.
+///
+/// With `take_terminal`, the command also makes its own process group the terminal's
+/// foreground group before it runs, so that it can read the terminal from its first
+/// instruction (`leasehold` ignores SIGTTOU, which lets a background group do that; the
+/// command gets the default back).
 #[allow(unsafe_code)]
-fn set_parent_death_signal(command: &mut std::process::Command) {
+fn set_parent_death_signal(command: &mut std::process::Command, take_terminal: bool) {
     let parent = std::process::id();
-    // SAFETY: the closure runs in the forked child before exec and only calls the
-    // async-signal-safe `prctl` and `getppid`, allocating nothing.
+    // SAFETY: the closure runs in the forked child before exec (after its process group was
+    // set) and only calls the async-signal-safe `prctl`, `getppid`, `getpid`, `tcsetpgrp` and
+    // `signal`, allocating nothing.
     unsafe {
         command.pre_exec(move || {
             if libc::prctl(
@@ -205,11 +272,14 @@ fn set_parent_death_signal(command: &mut std::process::Command) {
             if u32::try_from(libc::getppid()).ok() != Some(parent) {
                 return Err(io::Error::from_raw_os_error(libc::ESRCH));
             }
+            if take_terminal {
+                libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpid());
+                libc::signal(libc::SIGTTOU, libc::SIG_DFL);
+            }
             Ok(())
         });
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,10 +20,13 @@ macro_rules! say {
 
 mod args;
 mod child;
+mod descendants;
 mod duration;
 mod logging;
 mod state;
 mod status;
+mod terminal;
+mod watcher;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -31,13 +34,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use leasehold::{
-    redact_url, Authority, ClientOptions, Error, Instant, Lease, LeaseOptions, LockKey, UrlParams,
+    redact_url, Authority, ClientOptions, Error, Instant, Lease, LeaseOptions, LeaseState, LockKey,
+    UrlParams,
 };
 use leasehold_postgres::PostgresAuthority;
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::args::{IfUnavailableArg, Invocation, RunArgs, USAGE, VERSION};
-use crate::child::Child;
+use crate::child::{Child, Job};
 use crate::duration::human;
 
 /// Exit codes, after sysexits.h where one fits.
@@ -57,7 +61,7 @@ fn main() -> ExitCode {
     ) {
         Ok(Invocation::Help) => return print_out(USAGE),
         Ok(Invocation::Version) => return print_out(VERSION),
-        Ok(Invocation::WatchGroup(group)) => return ExitCode::from(child::watch_group(&group)),
+        Ok(Invocation::WatchGroup(args)) => return ExitCode::from(watcher::watch_group(&args)),
         Ok(i) => i,
         Err(e) => {
             say!("leasehold: {e}\n(`leasehold --help` shows the usage)");
@@ -255,6 +259,14 @@ fn ttl_floor(options: &ClientOptions) -> Duration {
     }
 }
 
+/// The request timeout of the per-user SQLite authority: a quarter of the TTL, between 100 ms
+/// and the usual 5 s. A local file answers in microseconds unless another process holds its
+/// write lock, so a flock-like `--ttl 1s` must not meet the 5 s floor a network authority needs;
+/// and a renewal that waits a quarter of the TTL for the lock still leaves time to retry.
+fn local_timeout(ttl: Duration) -> Duration {
+    (ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(5))
+}
+
 /// Refuses a TTL below [`ttl_floor`] for the URL's client options, before connecting.
 pub(crate) fn check_ttl(url: &str, ttl: Duration) -> Result<(), Error> {
     let mut params = UrlParams::parse(url)?;
@@ -297,14 +309,15 @@ async fn run(args: RunArgs) -> u8 {
         Ok(k) => k,
         Err(e) => return failed(&e, "", busy),
     };
+    let local = format!("timeout_ms={}", local_timeout(args.ttl).as_millis());
     if args.url.is_none() {
-        // The TTL is checked before anything is created on disk (the default's URL has no
-        // parameters, so its floor is the default options').
-        if let Err(e) = check_ttl("sqlite://", args.ttl) {
+        // The TTL is checked before anything is created on disk.
+        if let Err(e) = check_ttl(&format!("sqlite://?{local}"), args.ttl) {
             return failed(&e, "", busy);
         }
     }
     let url = match authority_url(args.url.as_deref()) {
+        Ok(url) if args.url.is_none() => format!("{url}?{local}"),
         Ok(url) => url,
         Err(code) => return code,
     };
@@ -498,11 +511,7 @@ async fn run_under_lease(
         return code::UNAVAILABLE;
     }
     // Watch for signals before the command starts, so none falls between.
-    let (Ok(mut interrupt), Ok(mut terminate), Ok(mut hangup)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-    ) else {
+    let Some(mut signals) = Signals::watch() else {
         let _ = lease.release().await;
         say!("leasehold: cannot watch for signals");
         return code::UNAVAILABLE;
@@ -518,28 +527,60 @@ async fn run_under_lease(
             return child::cannot_start_code(&e);
         }
     };
-    let lost = lease.lost();
-    let stopped_by = tokio::select! {
-        status = child.wait() => {
-            child.disarm().await;
-            if let Err(e) = lease.release().await {
-                say!("leasehold: releasing the lease failed (its TTL will free it): {}", chain(&e));
+    // The watcher learns every deadline the lease reaches, so that it can end the command if
+    // one passes while leasehold is stopped or gone.
+    let confirming = child.confirmer().map(|confirmer| {
+        let mut watch = lease.watch();
+        confirmer.confirm(lease.deadline());
+        tokio::spawn(async move {
+            while let Some(deadline) = watch.deadline_changed().await {
+                if watch.current().is_lost() {
+                    return;
+                }
+                confirmer.confirm(deadline);
             }
-            return status;
+        })
+    });
+    let job = child.job();
+    let lost = lease.lost();
+    tokio::pin!(lost);
+    let stopped_by = loop {
+        tokio::select! {
+            biased;
+            reason = &mut lost => {
+                say!("leasehold: lease on `{key}` lost ({reason}); stopping the command");
+                child.stop(args.grace).await;
+                child.disarm().await;
+                return args.lost_exit_code;
+            }
+            status = child.wait() => {
+                // What it left running goes before the lease does.
+                child.end_the_rest(args.grace).await;
+                child.disarm().await;
+                if let Some(confirming) = confirming {
+                    confirming.abort();
+                }
+                if let LeaseState::Lost(reason) = lease.state() {
+                    // It ended (or was ended by the watcher) after the lease was gone.
+                    say!("leasehold: lease on `{key}` lost ({reason}) while the command ran");
+                    return args.lost_exit_code;
+                }
+                if let Err(e) = lease.release().await {
+                    say!("leasehold: releasing the lease failed (its TTL will free it): {}", chain(&e));
+                }
+                return status;
+            }
+            signal = signals.next(job) => match signal {
+                Stop::Signal(number) => break number,
+                Stop::Job => stop_the_job(&mut child),
+            },
         }
-        reason = lost => {
-            say!("leasehold: lease on `{key}` lost ({reason}); stopping the command");
-            child.stop(args.grace).await;
-            child.disarm().await;
-            return code::LOST;
-        }
-        _ = interrupt.recv() => 2,
-        _ = terminate.recv() => 15,
-        // A closed terminal or a dropped ssh session: handled as SIGTERM.
-        _ = hangup.recv() => 1,
     };
     child.stop(args.grace).await;
     child.disarm().await;
+    if let Some(confirming) = confirming {
+        confirming.abort();
+    }
     if let Err(e) = lease.release().await {
         say!(
             "leasehold: releasing the lease failed (its TTL will free it): {}",
@@ -547,6 +588,68 @@ async fn run_under_lease(
         );
     }
     128 + stopped_by
+}
+
+/// The signals `leasehold` acts on while the command runs.
+struct Signals {
+    interrupt: Signal,
+    terminate: Signal,
+    hangup: Signal,
+    /// SIGTSTP: Ctrl-Z while leasehold has the terminal, or `kill -TSTP`.
+    suspend: Signal,
+    /// SIGCHLD: the command may have been stopped by Ctrl-Z at its terminal.
+    child: Signal,
+}
+
+/// What a signal asks of `leasehold`.
+enum Stop {
+    /// End the command and exit 128 + this.
+    Signal(u8),
+    /// Stop the command, then leasehold itself, as a shell stops a job.
+    Job,
+}
+
+impl Signals {
+    fn watch() -> Option<Signals> {
+        Some(Signals {
+            interrupt: signal(SignalKind::interrupt()).ok()?,
+            terminate: signal(SignalKind::terminate()).ok()?,
+            // A closed terminal or a dropped ssh session: handled as SIGTERM.
+            hangup: signal(SignalKind::hangup()).ok()?,
+            suspend: signal(SignalKind::from_raw(libc::SIGTSTP)).ok()?,
+            child: signal(SignalKind::child()).ok()?,
+        })
+    }
+
+    /// The next signal that asks something of leasehold. A stop of the command is a job stop
+    /// only when it has the terminal (Ctrl-Z reached it, not leasehold); a command stopped by
+    /// someone's `kill -STOP` does nothing while stopped, and leasehold leaves it so.
+    async fn next(&mut self, job: Job) -> Stop {
+        loop {
+            tokio::select! {
+                _ = self.interrupt.recv() => return Stop::Signal(2),
+                _ = self.terminate.recv() => return Stop::Signal(15),
+                _ = self.hangup.recv() => return Stop::Signal(1),
+                _ = self.suspend.recv() => return Stop::Job,
+                _ = self.child.recv() => {
+                    if job.stopped_at_its_terminal() {
+                        return Stop::Job;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Stops the command's processes, then leasehold itself (SIGSTOP: what a shell shows as a
+/// stopped job); continued, it continues them. The lease is not renewed meanwhile: if the stop
+/// outlasts it, the watcher kills the command at its deadline, and leasehold, continued, finds
+/// the lease lost.
+fn stop_the_job(child: &mut Child) {
+    child.suspend();
+    let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::STOP);
+    // Runs once SIGCONT has continued leasehold.
+    child.resume();
 }
 
 /// The authority could not be reached (at connect or at acquire): what `--if-unavailable`
@@ -584,11 +687,7 @@ async fn unavailable(args: &RunArgs, url: &str, key: &LockKey, backend: &str, e:
 /// Runs the command without a lease (`--if-unavailable run`): nothing to renew or lose, but
 /// signals stop it as they would under a lease.
 async fn run_unlocked(args: &RunArgs, key: &LockKey, backend: &str) -> u8 {
-    let (Ok(mut interrupt), Ok(mut terminate), Ok(mut hangup)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-    ) else {
+    let Some(mut signals) = Signals::watch() else {
         say!("leasehold: cannot watch for signals");
         return code::UNAVAILABLE;
     };
@@ -602,14 +701,19 @@ async fn run_unlocked(args: &RunArgs, key: &LockKey, backend: &str) -> u8 {
             return child::cannot_start_code(&e);
         }
     };
-    let stopped_by = tokio::select! {
-        status = child.wait() => {
-            child.disarm().await;
-            return status;
+    let job = child.job();
+    let stopped_by = loop {
+        tokio::select! {
+            status = child.wait() => {
+                child.end_the_rest(args.grace).await;
+                child.disarm().await;
+                return status;
+            }
+            signal = signals.next(job) => match signal {
+                Stop::Signal(number) => break number,
+                Stop::Job => stop_the_job(&mut child),
+            },
         }
-        _ = interrupt.recv() => 2,
-        _ = terminate.recv() => 15,
-        _ = hangup.recv() => 1,
     };
     child.stop(args.grace).await;
     child.disarm().await;
@@ -685,6 +789,34 @@ mod tests {
         let late = time_left(&key, now, now + 250 * MS).unwrap_err();
         assert!(late.contains("250ms late"), "{late}");
         assert!(late.contains("not started"), "{late}");
+    }
+
+    #[test]
+    fn the_local_default_takes_short_ttls() {
+        for (ttl, timeout) in [
+            (1000, 250),
+            (2000, 500),
+            (10_000, 2500),
+            (60_000, 5000),
+            (200, 100),
+        ] {
+            let ttl = ttl * MS;
+            assert_eq!(local_timeout(ttl), timeout * MS, "{ttl:?}");
+        }
+        for ttl in [
+            MS * 200,
+            Duration::from_secs(1),
+            Duration::from_secs(2),
+            Duration::from_secs(10),
+        ] {
+            let url = format!("sqlite:///x?timeout_ms={}", local_timeout(ttl).as_millis());
+            assert!(check_ttl(&url, ttl).is_ok(), "{ttl:?} is refused");
+        }
+        let url = format!(
+            "sqlite:///x?timeout_ms={}",
+            local_timeout(MS * 50).as_millis()
+        );
+        assert!(check_ttl(&url, MS * 50).is_err());
     }
 
     #[test]

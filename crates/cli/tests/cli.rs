@@ -1036,6 +1036,45 @@ fn with_no_url_runs_exclude_each_other_through_a_per_user_sqlite_file() {
 
 /// Without XDG_STATE_HOME (or with a relative one, which the XDG spec says to ignore), the file is
 /// `$HOME/.local/state/leasehold/locks.db`; with neither usable, a clear error and 64.
+/// The per-user SQLite file is a local lock, as flock is: a short TTL works with it (its request
+/// timeout is a quarter of the TTL), where a network authority's 5 s request timeout would refuse
+/// it. A TTL too short even for that is still refused before anything is created.
+#[test]
+fn the_default_authority_takes_short_ttls() -> Result<(), String> {
+    let dir = leasehold_servers::process::server_dir("cli-default-ttl")
+        .map_err(|e| format!("temp dir: {e}"))?;
+    for ttl in ["2s", "1s", "500ms"] {
+        let out = leasehold_default(
+            &["run", "--key", "short", "--ttl", ttl, "--", "true"],
+            Some(dir.path()),
+            None,
+        )
+        .output()
+        .map_err(|e| format!("run: {e}"))?;
+        if code(&out) != 0 {
+            return Err(format!(
+                "--ttl {ttl} on the default authority: {}",
+                text(&out)
+            ));
+        }
+    }
+    let state = dir.path().join("none");
+    let out = leasehold_default(
+        &["run", "--key", "short", "--ttl", "10ms", "--", "true"],
+        Some(&state),
+        None,
+    )
+    .output()
+    .map_err(|e| format!("run: {e}"))?;
+    if code(&out) != 64 || !stderr(&out).contains("too short") {
+        return Err(format!("--ttl 10ms was not refused: {}", text(&out)));
+    }
+    if state.exists() {
+        return Err("a refused TTL created the state directory".into());
+    }
+    Ok(())
+}
+
 #[test]
 fn with_no_url_the_default_falls_back_to_home_or_says_why_not() {
     let dir = leasehold_servers::process::server_dir("cli-default-home").unwrap();

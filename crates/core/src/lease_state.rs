@@ -82,6 +82,20 @@ impl LeaseWatch {
         self.rx.borrow().state.clone()
     }
 
+    /// The local deadline as the renewal task last published it: moved forward by every
+    /// renewal that lands.
+    pub fn deadline(&self) -> tokio::time::Instant {
+        self.rx.borrow().deadline
+    }
+
+    /// Waits for the renewal task's next publication (a renewal landed, or the state changed)
+    /// and returns the local deadline it carries; `None` once the lease and its task are gone.
+    /// For a watch kept only for this; [`LeaseWatch::changed`] shares its place in the stream.
+    pub async fn deadline_changed(&mut self) -> Option<tokio::time::Instant> {
+        self.rx.changed().await.ok()?;
+        Some(self.rx.borrow_and_update().deadline)
+    }
+
     /// Waits for the state to change from the one this watch last returned (or saw when made),
     /// and returns the new one. Once lost, returns the lost state at once.
     pub async fn changed(&mut self) -> LeaseState {

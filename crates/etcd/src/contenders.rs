@@ -33,7 +33,10 @@ pub(crate) enum State {
         loss: LossSignal,
     },
     /// Must be deleted: by its `revision` when known, else by its owner token (the value every
-    /// contender key stores). Retried from `retry_at` until etcd confirms.
+    /// contender key stores). Retried from `retry_at` until etcd confirms. Without a revision
+    /// (a write whose answer was lost), a delete that finds nothing confirms nothing: the write
+    /// may still land later (held in a member that was paused or cut off), so the key stays
+    /// booked and is deleted again, until it is found and deleted or the session's lease ends.
     Withdrawing {
         revision: Option<i64>,
         retry_at: Instant,
@@ -226,6 +229,39 @@ impl Contenders {
         }
     }
 
+    /// A delete of `owner`'s key `name`, whose write got no answer, found nothing: the write may
+    /// still land, so the key stays booked, to be deleted again from `retry_at`.
+    pub fn doubt(&self, name: &str, owner: OwnerToken, retry_at: Instant) {
+        let mut book = self.book();
+        if let Some(entry) = book.entries.get_mut(name).filter(|e| e.owner == owner) {
+            if let State::Withdrawing {
+                revision: None,
+                retry_at: at,
+            } = &mut entry.state
+            {
+                *at = retry_at;
+            }
+        }
+    }
+
+    /// Ends the session if all it books are writes whose outcome is unknown: revoking the
+    /// session's lease is then the one way to make sure they never land, and it costs no lock.
+    /// (A key being released is waited for, so its release is answered as it happened.)
+    /// Returns whether it ended.
+    pub fn end_if_only_doubts(&self) -> bool {
+        let mut book = self.book();
+        let only_doubts = !book.ended
+            && !book.entries.is_empty()
+            && book
+                .entries
+                .values()
+                .all(|e| matches!(e.state, State::Withdrawing { revision: None, .. }));
+        if only_doubts {
+            book.ended = true;
+        }
+        only_doubts
+    }
+
     /// Forgets `owner`'s key `name` (etcd confirmed it is gone, or it was never written). An
     /// entry of another acquisition under the same name is left alone.
     pub fn forget(&self, name: &str, owner: OwnerToken) {
@@ -244,12 +280,15 @@ impl Contenders {
     }
 
     /// Whether the key `name` with `value` and `create_revision`, found on this session's lease,
-    /// is one the session knows (booked for that acquisition); if not, it is an orphan of a
-    /// request whose answer was lost, which nobody but us will ever delete.
+    /// is one the session knows (booked for that acquisition) and still wants; if not, it is an
+    /// orphan of a request whose answer was lost, which nobody but us will ever delete. A key
+    /// booked for withdrawal is not wanted: whoever meets it deletes it at once rather than
+    /// waiting behind it for the session's next attempt.
     pub fn knows(&self, name: &str, value: &[u8], create_revision: i64) -> bool {
         self.book().entries.get(name).is_some_and(|e| {
-            e.state.revision() == Some(create_revision)
-                || (e.state.revision().is_none() && e.owner.to_hex().as_bytes() == value)
+            !matches!(e.state, State::Withdrawing { .. })
+                && (e.state.revision() == Some(create_revision)
+                    || (e.state.revision().is_none() && e.owner.to_hex().as_bytes() == value))
         })
     }
 
@@ -450,6 +489,36 @@ mod tests {
         assert_ne!(other, name, "reused while a delete may be in flight");
         tokio::time::advance(Duration::from_secs(2)).await;
         assert_eq!(c.reserve("p/", LEASE, owner()).unwrap(), name);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_session_booking_only_doubtful_writes_ends() {
+        let c = Contenders::new();
+        let (held, doubtful) = (owner(), owner());
+        let h = c.reserve("a/", LEASE, held).unwrap();
+        c.held(
+            &h,
+            held,
+            5,
+            Instant::now() + Duration::from_secs(5),
+            LossSignal::new(),
+        );
+        let d = c.reserve("b/", LEASE, doubtful).unwrap();
+        c.withdraw(&d, doubtful, None, Instant::now()).unwrap();
+        // A doubtful key is not one the session wants: whoever meets it deletes it.
+        assert!(!c.knows(&d, doubtful.to_hex().as_bytes(), 9));
+        c.doubt(&d, doubtful, Instant::now() + Duration::from_secs(1));
+        assert_eq!(c.due(Instant::now(), Duration::from_secs(1)).0, vec![]);
+        assert!(!c.end_if_only_doubts(), "a held key keeps the session");
+        // A release in flight is waited for, so it is answered as it happened.
+        c.withdraw(&h, held, Some(5), Instant::now()).unwrap();
+        assert!(
+            !c.end_if_only_doubts(),
+            "a release in flight keeps the session"
+        );
+        c.forget(&h, held);
+        assert!(c.end_if_only_doubts());
+        assert!(c.reserve("a/", LEASE, owner()).is_none(), "ended");
     }
 
     #[tokio::test(start_paused = true)]

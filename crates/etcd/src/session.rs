@@ -121,9 +121,25 @@ impl Session {
     }
 
     /// Deletes `w` and books the outcome: forgotten when etcd answered (deleted, or not there),
-    /// marked as possibly in flight otherwise (the caller or the session's task retries).
+    /// marked as possibly in flight otherwise (the caller or the session's task retries). A key
+    /// whose write got no answer and that was not there is kept and deleted again a third of
+    /// the TTL later (see [`Contenders::doubt`]).
     pub async fn delete(&self, client: &Client, w: &Withdrawal, timeout: Duration) -> Result<()> {
         match delete_contender(client, &w.name, w.compare(), timeout).await {
+            Ok(false) if w.revision.is_none() => {
+                // The put may still land, on our kept-alive lease, where it would block the
+                // lock for as long as the session lives: look again at the pace of a renewal,
+                // so that a late key goes within a third of the TTL of landing. A put is sent
+                // once (requests are resent only when they provably never left), so one that
+                // was found and deleted cannot come back.
+                self.contenders.doubt(
+                    &w.name,
+                    w.owner,
+                    saturating_add(Instant::now(), self.ttl / 3),
+                );
+                self.wake();
+                Ok(())
+            }
             Ok(_) => {
                 self.contenders.forget(&w.name, w.owner);
                 Ok(())
@@ -347,6 +363,9 @@ enum Ending {
     DeadlinePassed,
     /// No contender key for the idle time.
     Idle,
+    /// No live contender key, but a write whose outcome is unknown: revoking the lease is what
+    /// stops it from ever landing.
+    Doubts,
     /// The authority was dropped.
     Closed,
 }
@@ -403,6 +422,9 @@ impl SessionTask {
                 if now >= at && self.session.contenders.end_if_idle_since(since) {
                     return Ending::Idle;
                 }
+            }
+            if self.session.contenders.end_if_only_doubts() {
+                return Ending::Doubts;
             }
             let (due, next_withdrawal) = self.session.contenders.due(now, timeout);
             for withdrawal in due {

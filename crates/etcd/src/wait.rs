@@ -34,7 +34,10 @@ pub(crate) enum Turn {
 /// just ahead of ours (the highest create revision below ours). Then only that key's deletion is
 /// watched, from the revision of the read on, so nothing in between is missed and a release
 /// wakes exactly one waiter (no herd). The session's end wakes the wait too: a waiter whose
-/// lease is gone must not keep waiting for a turn it can no longer take (etcd #19597).
+/// lease is gone must not keep waiting for a turn it can no longer take (etcd #19597). A read
+/// the cluster does not answer (an election under way) is sent again until `give_up`, as long
+/// as the session lives: the waiter keeps its place in the queue. If the last look before
+/// `give_up` failed, its error is returned, not [`Turn::TimedOut`].
 pub(crate) async fn for_turn(
     client: &Client,
     session: &Session,
@@ -46,9 +49,12 @@ pub(crate) async fn for_turn(
 ) -> Result<Turn> {
     let mut liveness = session.subscribe();
     let mut pause = Backoff::new(Duration::from_millis(5), Duration::from_millis(200));
+    // Why the last look failed, while it did: a wait that ends without a successful look says
+    // nobody knows who holds the key (`Unavailable`), not that someone does (`Timeout`).
+    let mut unanswered = None;
     loop {
         if Instant::now() >= give_up {
-            return Ok(Turn::TimedOut);
+            return unanswered.map_or(Ok(Turn::TimedOut), Err);
         }
         let checked = Instant::now();
         let ahead = GetOptions::new()
@@ -57,7 +63,36 @@ pub(crate) async fn for_turn(
             .with_sort(SortTarget::Create, SortOrder::Descend)
             .with_limit(1);
         let read = Txn::new().and_then([TxnOp::get(name, None), TxnOp::get(prefix, Some(ahead))]);
-        let response = errors::txn(client, "look for the key ahead", timeout, read).await?;
+        // A read changes nothing, so it is sent again while the cluster is unavailable: a
+        // release wakes us just as the leader may die ("leader changed", a reset connection),
+        // and our key keeps its place in the queue on the session's kept-alive lease, so
+        // giving up here would lose that place for nothing (etcd's Go Mutex retries too).
+        let response = match errors::read_with_retry("look for the key ahead", timeout, || {
+            let (mut kv, read) = (client.kv_client(), read.clone());
+            async move { kv.txn(read).await }
+        })
+        .await
+        {
+            Ok(response) => {
+                unanswered = None;
+                response
+            }
+            Err(error) if error.is_retryable() => {
+                tracing::debug!(%error, "looking for the key ahead failed; looking again");
+                unanswered = Some(error);
+                tokio::select! {
+                    biased;
+                    _ = liveness.wait_for(|l| l.ended) => return Ok(Turn::Lost),
+                    () = tokio::time::sleep(
+                        pause
+                            .next_delay()
+                            .min(give_up.saturating_duration_since(Instant::now())),
+                    ) => {}
+                }
+                continue;
+            }
+            Err(error) => return Err(error),
+        };
         let read_at = response.header().map_or(0, |h| h.revision());
         let mut own_there = false;
         let mut predecessor = None;

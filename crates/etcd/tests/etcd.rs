@@ -452,6 +452,83 @@ async fn waiters_that_give_up_leave_no_key() {
     assert!(keys_under(&raw, &prefix).await.is_empty());
 }
 
+/// A waiter that cannot look at the key ahead for the whole of `max_wait` (the server died while
+/// it waited) says so: `Unavailable`, nobody knows who holds the key, not `Timeout`, which says
+/// someone does. Its looks are sent again until `max_wait` (a failover keeps its place), but
+/// the last one's failure is what it returns. The TTL outlasts `max_wait`, so the session does
+/// not end first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_cannot_look_until_max_wait_is_unavailable_not_timed_out(
+) -> Result<(), String> {
+    let server = tokio::task::spawn_blocking(EtcdServer::start)
+        .await
+        .map_err(|e| format!("the harness task: {e}"))?
+        .map_err(|e| format!("etcd must start for this test: {e}"))?;
+    let url = url(&server);
+    let a = EtcdAuthority::connect(&url)
+        .await
+        .map_err(|e| format!("connect A: {e}"))?;
+    let b = Arc::new(
+        EtcdAuthority::connect(&url)
+            .await
+            .map_err(|e| format!("connect B: {e}"))?,
+    );
+    let key = LockKey::new("unreadable-wait").map_err(|e| e.to_string())?;
+    let ttl = Duration::from_secs(5);
+    let max_wait = REQUEST_TIMEOUT * 2;
+    let _held = a
+        .try_acquire(&key, ttl)
+        .await
+        .map_err(|e| format!("A's try: {e}"))?
+        .ok_or("the key was held")?;
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move { b.acquire(&key, ttl, max_wait).await })
+    };
+    let raw = Client::connect([server.endpoint()], None)
+        .await
+        .map_err(|e| format!("a raw client: {e}"))?;
+    let prefix = a.prefix(&key);
+    let queued_by = Instant::now() + REQUEST_TIMEOUT;
+    loop {
+        let found = raw
+            .kv_client()
+            .get(
+                prefix.as_str(),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            )
+            .await
+            .map_err(|e| format!("count the queue: {e}"))?;
+        if found.count() >= 2 {
+            break;
+        }
+        if Instant::now() > queued_by {
+            return Err(format!("B did not queue within {REQUEST_TIMEOUT:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let server = Arc::new(server);
+    let killed = {
+        let server = server.clone();
+        tokio::task::spawn_blocking(move || server.kill())
+    };
+    killed
+        .await
+        .map_err(|e| format!("the harness task: {e}"))?
+        .map_err(|e| format!("kill the server: {e}"))?;
+    // B returns at `max_wait`, later by at most the look in flight then.
+    let outcome = tokio::time::timeout(max_wait + REQUEST_TIMEOUT * 2, waiter)
+        .await
+        .map_err(|_| "B's acquire did not return".to_string())?
+        .map_err(|e| format!("B's task: {e}"))?;
+    match outcome {
+        Err(Error::Unavailable { .. }) => Ok(()),
+        other => Err(format!(
+            "B could not look at the key ahead, yet returned {other:?}"
+        )),
+    }
+}
+
 /// etcd #22082: a release retried after the key was freed and taken again through the same
 /// session (the same key name) must not delete the newer holder's key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

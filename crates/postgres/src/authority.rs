@@ -3,7 +3,6 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,18 +12,19 @@ use leasehold_core::time::{saturating_add, FOREVER};
 use leasehold_core::{
     claim_or_give_back, Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant,
     Inspection, Instant, KeyPrefix, Left, LockKey, LostReason, OwnerId, OwnerToken, Released,
-    Result, TtlRange,
+    Result, TtlRange, WaitStrategy,
 };
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{AssertSqlSafe, PgConnection, PgPool, SqlSafeStr, SqlStr};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row, SqlSafeStr, SqlStr};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::config::{FenceSafetyOption, PostgresConfig};
+use crate::config::{FenceSafetyOption, Pooler, PostgresConfig};
 use crate::errors::{self, BACKEND};
 use crate::lanes::Lanes;
 use crate::notify::{self, LastSeen, ListenConfig, Waiters};
 use crate::table::TableName;
+use crate::table_version::TableVersion;
 use crate::token::{PgFence, StrictBigint};
 
 /// TTLs in whole milliseconds from 1 ms to 30 days: `timestamptz` has microsecond precision, and
@@ -258,9 +258,9 @@ struct Inner {
     statements: Statements,
     waiters: Arc<Waiters>,
     listener: Mutex<Option<(JoinHandle<()>, watch::Receiver<bool>)>>,
-    /// The table lacks `waited_until` (found by the first statement that needed it): the
-    /// previous statements are used until `migrate` runs in this process.
-    previous: Arc<AtomicBool>,
+    /// Whether the table has `waited_until` (found by the statements that need it): the
+    /// previous statements are used while it lacks it.
+    version: Arc<TableVersion>,
     /// What inspect, attempts and marks last read of each key.
     seen: LastSeen,
 }
@@ -285,31 +285,71 @@ impl Inner {
         self.config.client.request_timeout
     }
 
+    /// Whether lease statements are prepared under a name and kept on their connection (the
+    /// driver's cache): not through a transaction-pooling proxy, where the next use of the name
+    /// may reach a server connection that lacks it, or has another client's statement under it.
+    fn named(&self) -> bool {
+        self.config.pooler == Pooler::None
+    }
+
     /// Runs `once` on a lane's connection (see [`Lanes`]). A conflict with a concurrent transaction (SQLSTATE
     /// 40001 or 40P01, under a `repeatable read` or `serializable` default) changed nothing: it
     /// is run again, with a fresh snapshot, until `give_up`. A connection that broke or reaches
-    /// a read-only server is closed, and its lane connects afresh next time.
+    /// a read-only server is closed, and its lane connects afresh next time; so is one whose
+    /// statement is dropped unanswered.
+    ///
+    /// `outlive`: an acquisition's statement may take the key after its caller stopped waiting,
+    /// and its answer is needed to give that lease back. Unanswered at `give_up`, it lets its
+    /// lane go (which connects afresh for the next statement, as nobody can tell a frozen
+    /// backend from a slow one) and keeps waiting on its own connection until `outlive`; past
+    /// that, its connection is closed, and a lease it took ends at its TTL.
     async fn run<T>(
         &self,
         give_up: Instant,
+        outlive: Option<Instant>,
         once: impl for<'c> Fn(&'c mut PgConnection) -> Once<'c, T>,
     ) -> std::result::Result<T, sqlx::Error> {
         let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(20));
         loop {
-            let mut lane = self.lanes.take().await?;
-            let conn = lane
-                .conn()
-                .ok_or_else(|| sqlx::Error::Protocol("a lane without a connection".into()))?;
-            match once(conn).await {
-                Ok(v) => return Ok(v),
+            let mut lane = match outlive {
+                // Nobody waits for a lane past `give_up` (a caller that left, or timed out).
+                Some(_) => tokio::time::timeout_at(give_up, self.lanes.take(give_up))
+                    .await
+                    .map_err(|_| unanswered("no lane with a working connection in time"))??,
+                None => self.lanes.take(give_up).await?,
+            };
+            let mut conn = lane.connection()?;
+            let pooled = !self.named();
+            let answer = match outlive {
+                None => statement_on(&mut conn, pooled, &once).await,
+                Some(outlive) => {
+                    let mut statement = pin!(statement_on(&mut conn, pooled, &once));
+                    tokio::select! {
+                        biased;
+                        answer = &mut statement => answer,
+                        _ = tokio::time::sleep_until(give_up) => {
+                            drop(lane);
+                            return tokio::time::timeout_at(outlive, statement)
+                                .await
+                                .unwrap_or_else(|_| Err(unanswered("no answer before the lease would have ended")));
+                        }
+                    }
+                }
+            };
+            match answer {
+                Ok(v) => {
+                    lane.put_back(conn);
+                    return Ok(v);
+                }
                 Err(e) if errors::is_conflict(&e) && Instant::now() < give_up => {
+                    lane.put_back(conn);
                     drop(lane);
                     let next = saturating_add(Instant::now(), backoff.next_delay());
                     tokio::time::sleep_until(next.min(give_up)).await;
                 }
                 Err(e) => {
-                    if errors::discards_connection(&e) {
-                        lane.discard();
+                    if !errors::discards_connection(&e) {
+                        lane.put_back(conn);
                     }
                     return Err(e);
                 }
@@ -324,7 +364,7 @@ impl Inner {
         give_up: Instant,
         once: impl for<'c> Fn(&'c mut PgConnection) -> Once<'c, T>,
     ) -> Result<T> {
-        tokio::time::timeout_at(give_up, self.run(give_up, once))
+        tokio::time::timeout_at(give_up, self.run(give_up, None, once))
             .await
             .map_err(|_| errors::timed_out(what, self.timeout()))?
             .map_err(|e| errors::map_lease(e, what, &self.config.table))
@@ -340,15 +380,21 @@ impl Inner {
         waiting: bool,
         give_up: Instant,
     ) -> Acquired {
+        // Past the TTL counted from the caller's deadline, a lease the statement took (counted
+        // from when the server read it) has ended unless the server sat on the statement that
+        // long: nothing is left to give back worth keeping a connection open for.
+        let outlive = Some(saturating_add(give_up, ttl.max(self.timeout())));
+        let named = self.named();
         if !waiting {
             let statement = self.statements.acquire.clone();
             return self
-                .run(give_up, move |c| {
+                .run(give_up, outlive, move |c| {
                     let (statement, key, owner) = (statement.clone(), key.clone(), owner.clone());
                     Box::pin(async move {
                         // The fence is read strictly (see StrictBigint): it becomes a grant.
                         // The plain upsert returns the fence alone, or no row.
                         sqlx::query_scalar::<_, StrictBigint>(statement)
+                            .persistent(named)
                             .bind(key)
                             .bind(owner)
                             .bind(ttl_ms(ttl))
@@ -363,27 +409,33 @@ impl Inner {
             self.statements.acquire_or_remaining.clone(),
             self.statements.previous.acquire_or_remaining.clone(),
         );
-        let (previous, table) = (self.previous.clone(), self.config.table.plain());
-        self.run(give_up, move |c| {
-            let (current, before, key, owner, previous, table) = (
+        let (version, table) = (self.version.clone(), self.config.table.plain());
+        self.run(give_up, outlive, move |c| {
+            let (current, before, key, owner, version, table) = (
                 current.clone(),
                 before.clone(),
                 key.clone(),
                 owner.clone(),
-                previous.clone(),
+                version.clone(),
                 table.clone(),
             );
             Box::pin(async move {
                 let args = (key, owner, ttl);
-                let result = if previous.load(Ordering::Relaxed) {
-                    waiting_attempt(before, &args, &mut *c).await
-                } else {
-                    match waiting_attempt(current, &args, &mut *c).await {
-                        Err(e) if errors::is_undefined_column(&e) => {
-                            use_previous(&previous, &table);
-                            waiting_attempt(before, &args, &mut *c).await
+                // This version's form first even on a table found without `waited_until`:
+                // `migrate()` may have run in another process since, whose releases notify
+                // only marked keys, and a waiter that marks nothing would sleep until the
+                // holder's expiry. On a table still old that costs a waiting attempt one
+                // statement more, which fails before it runs.
+                let result = match waiting_attempt(current, named, &args, &mut *c).await {
+                    Err(e) if errors::is_undefined_column(&e) => {
+                        version.found_previous(&table);
+                        waiting_attempt(before, named, &args, &mut *c).await
+                    }
+                    other => {
+                        if other.is_ok() {
+                            version.found_current(&table);
                         }
-                        other => other,
+                        other
                     }
                 };
                 result.map(|(fence, remaining)| (fence.map(|f| f.0), remaining))
@@ -404,27 +456,36 @@ impl Inner {
             self.statements.release.clone(),
             self.statements.previous.release.clone(),
         );
-        let (previous, table) = (self.previous.clone(), self.config.table.plain());
+        let (version, table, named) = (
+            self.version.clone(),
+            self.config.table.plain(),
+            self.named(),
+        );
         self.bounded(what, give_up, move |c| {
-            let (current, before, key, owner, previous, table) = (
+            let (current, before, key, owner, version, table) = (
                 current.clone(),
                 before.clone(),
                 key.clone(),
                 owner.clone(),
-                previous.clone(),
+                version.clone(),
                 table.clone(),
             );
             Box::pin(async move {
                 let args = (key, owner, fence, table);
-                if previous.load(Ordering::Relaxed) {
-                    return release_once(before, &args, &mut *c).await;
+                if !version.release_sends_current() {
+                    return release_once(before, named, &args, &mut *c).await;
                 }
-                match release_once(current, &args, &mut *c).await {
+                match release_once(current, named, &args, &mut *c).await {
                     Err(e) if errors::is_undefined_column(&e) => {
-                        use_previous(&previous, &args.3);
-                        release_once(before, &args, &mut *c).await
+                        version.found_previous(&args.3);
+                        release_once(before, named, &args, &mut *c).await
                     }
-                    other => other,
+                    other => {
+                        if other.is_ok() {
+                            version.found_current(&args.3);
+                        }
+                        other
+                    }
                 }
             })
         })
@@ -448,6 +509,50 @@ impl Inner {
     }
 }
 
+/// Runs `once` on `conn`. Through a transaction-pooling proxy (`pooled`), in a transaction of
+/// its own: the driver parses a statement and executes it in two exchanges, each ending in a
+/// Sync, and between them such a proxy may hand the client's next exchange to another server
+/// connection, where the statement does not exist (SQLSTATE 26000) or another client's does.
+/// A transaction keeps one server connection until it ends. That costs two round trips more
+/// (`BEGIN`, `COMMIT`).
+async fn statement_on<T>(
+    conn: &mut PgConnection,
+    pooled: bool,
+    once: &impl for<'c> Fn(&'c mut PgConnection) -> Once<'c, T>,
+) -> std::result::Result<T, sqlx::Error> {
+    if !pooled {
+        return once(conn).await;
+    }
+    sqlx::raw_sql(AssertSqlSafe("BEGIN"))
+        .execute(&mut *conn)
+        .await?;
+    match once(&mut *conn).await {
+        Ok(answer) => {
+            sqlx::raw_sql(AssertSqlSafe("COMMIT"))
+                .execute(&mut *conn)
+                .await?;
+            Ok(answer)
+        }
+        Err(e) => {
+            // The transaction is aborted; ending it gives the proxy its server connection back.
+            // A connection that cannot end it is closed with the error it failed with.
+            match sqlx::raw_sql(AssertSqlSafe("ROLLBACK"))
+                .execute(&mut *conn)
+                .await
+            {
+                Ok(_) => Err(e),
+                Err(rollback) => Err(rollback),
+            }
+        }
+    }
+}
+
+/// A statement given up without its answer: the connection is closed, which is an outage as
+/// the caller sees it (retryable).
+fn unanswered(why: &str) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, why))
+}
+
 /// Whether an acquisition answer took a lease: its fence column, to give it back by.
 fn won(acquired: &Acquired) -> Option<i64> {
     acquired.as_ref().ok().and_then(|(raw, _)| *raw)
@@ -457,10 +562,12 @@ fn won(acquired: &Acquired) -> Option<i64> {
 /// form): the fence if it won, and the holder's remaining time in milliseconds.
 async fn waiting_attempt(
     statement: SqlStr,
+    named: bool,
     (key, owner, ttl): &(String, String, Duration),
     c: &mut PgConnection,
 ) -> std::result::Result<(Option<StrictBigint>, Option<i64>), sqlx::Error> {
     sqlx::query_as(statement)
+        .persistent(named)
         .bind(key.clone())
         .bind(owner.clone())
         .bind(ttl_ms(*ttl))
@@ -472,10 +579,12 @@ async fn waiting_attempt(
 /// says whether it notified, which nobody needs).
 async fn release_once(
     statement: SqlStr,
+    named: bool,
     (key, owner, fence, table): &(String, String, i64, String),
     c: &mut PgConnection,
 ) -> std::result::Result<i64, sqlx::Error> {
     sqlx::query_scalar::<_, bool>(statement)
+        .persistent(named)
         .bind(key.clone())
         .bind(owner.clone())
         .bind(*fence)
@@ -483,17 +592,6 @@ async fn release_once(
         .fetch_optional(c)
         .await
         .map(|row| i64::from(row.is_some()))
-}
-
-/// Switches this authority to the previous statements: the lease table has no `waited_until`.
-fn use_previous(previous: &AtomicBool, table: &str) {
-    if !previous.swap(true, Ordering::Relaxed) {
-        tracing::warn!(
-            table,
-            "the lease table lacks waited_until (created by an older version): every release \
-             notifies, and waiters mark nothing, until migrate() runs"
-        );
-    }
 }
 
 fn spawn_give_back(inner: &Arc<Inner>, key: &str, owner: &str, raw: i64, ttl: Duration) {
@@ -572,8 +670,10 @@ pub(crate) fn declare(
 ///   is what wakes `wait_for_change`.
 /// * A conflict with a concurrent transaction (a `repeatable read` or `serializable` default)
 ///   is retried within the request timeout; a waiter treats it as "held".
-/// * Leases are rows, not session advisory locks, so it works behind a transaction-pooling proxy
-///   such as PgBouncer.
+/// * Leases are rows, not session advisory locks, so it can run behind a transaction-pooling
+///   proxy such as PgBouncer, declared with `pooler=transaction` (see [`crate::Pooler`]):
+///   unnamed statements, each in a transaction of its own, and waiters poll unless the
+///   listening connection has a direct address.
 ///
 /// Clones share the pool and the listener.
 #[derive(Clone)]
@@ -601,7 +701,11 @@ impl PostgresAuthority {
     /// Connects with a parsed configuration, and reads what the server's replication settings
     /// promise for fences (see [`Capabilities::fence_safety`]).
     pub async fn with_config(config: PostgresConfig) -> Result<Self> {
-        if let Some(mode) = crate::config::unverified_tls(&config.connect) {
+        let listener_unverified = config
+            .listen_connect
+            .as_ref()
+            .and_then(crate::config::unverified_tls);
+        if let Some(mode) = crate::config::unverified_tls(&config.connect).or(listener_unverified) {
             tracing::warn!(
                 url = %config.redacted_url,
                 sslmode = mode,
@@ -625,11 +729,18 @@ impl PostgresAuthority {
                 .acquire_timeout(timeout.min(FOREVER))
                 .connect_with(config.connect.clone())
                 .await?;
-            let settings: (String, String) = sqlx::query_as(
-                "SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names')",
-            )
-            .fetch_one(&pool)
-            .await?;
+            const SETTINGS: &str = "SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names')";
+            let settings: (String, String) = match config.pooler {
+                // The simple protocol through a transaction-pooling proxy: one message, so no
+                // prepared statement whose parse and execution the proxy could split.
+                Pooler::Transaction => {
+                    let row = sqlx::raw_sql(AssertSqlSafe(SETTINGS))
+                        .fetch_one(&pool)
+                        .await?;
+                    (row.try_get(0)?, row.try_get(1)?)
+                }
+                _ => sqlx::query_as(SETTINGS).fetch_one(&pool).await?,
+            };
             Ok::<_, sqlx::Error>((pool, settings))
         };
         let (pool, (synchronous_commit, standby_names)) =
@@ -646,8 +757,13 @@ impl PostgresAuthority {
                 "fence_safety=linearizable is overridden: with synchronous_commit=off a crash can lose the last commits"
             );
         }
-        let capabilities =
-            Capabilities::new(BACKEND, safety, durable, TTL).with_batch_renewal(true);
+        let wait = match (config.pooler, &config.listen_connect) {
+            (Pooler::Transaction, None) => WaitStrategy::Polling,
+            _ => WaitStrategy::Notification,
+        };
+        let capabilities = Capabilities::new(BACKEND, safety, durable, TTL)
+            .with_batch_renewal(true)
+            .with_wait(wait);
         Ok(PostgresAuthority {
             inner: Arc::new(Inner {
                 statements: Statements::new(&config.table),
@@ -657,7 +773,7 @@ impl PostgresAuthority {
                 capabilities,
                 waiters: Arc::default(),
                 listener: Mutex::new(None),
-                previous: Arc::default(),
+                version: Arc::default(),
                 seen: LastSeen::default(),
             }),
         })
@@ -676,22 +792,29 @@ impl PostgresAuthority {
         let work = async {
             let mut tx = self.inner.pool.begin().await?;
             // Concurrent CREATE TABLE IF NOT EXISTS can still collide in the catalog; serialise.
+            // Unnamed statements (`persistent(false)`): run once, and a name kept on the
+            // connection would outlive it on a transaction-pooling proxy's server connection.
             sqlx::query("SELECT pg_advisory_xact_lock(hashtext('leasehold migrate ' || $1))")
+                .persistent(false)
                 .bind(table.plain())
                 .execute(&mut *tx)
                 .await?;
             sqlx::query(sql(format!("SET LOCAL lock_timeout = {lock_ms}")))
+                .persistent(false)
                 .execute(&mut *tx)
                 .await?;
             sqlx::query(sql(create_sql(table)))
+                .persistent(false)
                 .execute(&mut *tx)
                 .await?;
             let present: i64 = sqlx::query_scalar(ADDED_COLUMNS)
+                .persistent(false)
                 .bind(table.to_string())
                 .fetch_one(&mut *tx)
                 .await?;
             if present < ADDED {
                 sqlx::query(sql(add_columns_sql(table)))
+                    .persistent(false)
                     .execute(&mut *tx)
                     .await?;
             }
@@ -702,7 +825,7 @@ impl PostgresAuthority {
             .map_err(|_| errors::timed_out("migrate", timeout))?
             .map_err(|e| errors::map(e, "migrate", table))?;
         // The table has every column of this version now.
-        self.inner.previous.store(false, Ordering::Relaxed);
+        self.inner.version.found_current(&table.plain());
         Ok(())
     }
 
@@ -798,6 +921,16 @@ impl PostgresAuthority {
     /// listening it wakes every waiter, so a release before that is not missed) and returns
     /// whether it listens now.
     fn listening(&self) -> watch::Receiver<bool> {
+        if self.inner.config.pooler == Pooler::Transaction
+            && self.inner.config.listen_connect.is_none()
+        {
+            // No LISTEN through a transaction-pooling proxy: the session that listens is
+            // whichever server connection the proxy gave `LISTEN` to, and its notifications go
+            // to whichever client holds that connection later (measured on PgBouncer 1.18:
+            // none arrived). Without a direct address to listen at (`listen_host`,
+            // `listen_port`), waiters poll, as declared.
+            return watch::channel(false).1;
+        }
         let mut slot = self
             .inner
             .listener
@@ -808,7 +941,12 @@ impl PostgresAuthority {
             _ => {
                 let (tx, rx) = watch::channel(false);
                 let config = ListenConfig {
-                    connect: self.inner.config.connect.clone(),
+                    connect: self
+                        .inner
+                        .config
+                        .listen_connect
+                        .clone()
+                        .unwrap_or_else(|| self.inner.config.connect.clone()),
                     timeout: self.inner.timeout(),
                     check_every: self.inner.config.listen_check,
                     table: self.inner.config.table.plain(),
@@ -910,6 +1048,7 @@ impl Authority for PostgresAuthority {
         let (key, owner, fence) = Self::owner_matches(grant);
         let sent = Instant::now();
         let statement = self.inner.statements.renew.clone();
+        let named = self.inner.named();
         let done = self
             .inner
             .bounded(
@@ -919,6 +1058,7 @@ impl Authority for PostgresAuthority {
                     let (statement, key, owner) = (statement.clone(), key.clone(), owner.clone());
                     Box::pin(async move {
                         sqlx::query(statement)
+                            .persistent(named)
                             .bind(key)
                             .bind(owner)
                             .bind(fence)
@@ -955,6 +1095,7 @@ impl Authority for PostgresAuthority {
         }
         let sent = Instant::now();
         let statement = self.inner.statements.renew_many.clone();
+        let named = self.inner.named();
         let renewed: Result<Vec<(String, i64)>> = self
             .inner
             .bounded(
@@ -970,6 +1111,7 @@ impl Authority for PostgresAuthority {
                     );
                     Box::pin(async move {
                         sqlx::query_as(statement)
+                            .persistent(named)
                             .bind(keys)
                             .bind(owners)
                             .bind(fences)
@@ -1018,6 +1160,7 @@ impl Authority for PostgresAuthority {
         leasehold_core::check_proclaimed(value)?;
         let (key, owner, fence) = Self::owner_matches(grant);
         let statement = self.inner.statements.proclaim.clone();
+        let named = self.inner.named();
         let table = self.inner.config.table.plain();
         let value = value.to_vec();
         let proclaimed: i64 = self
@@ -1035,6 +1178,7 @@ impl Authority for PostgresAuthority {
                     );
                     Box::pin(async move {
                         sqlx::query_scalar(statement)
+                            .persistent(named)
                             .bind(key)
                             .bind(owner)
                             .bind(fence)
@@ -1072,15 +1216,19 @@ impl Authority for PostgresAuthority {
         // registered waiter, so nothing between the two is missed.
         changed.as_mut().enable();
         let listening = self.listening();
-        if !self.inner.previous.load(Ordering::Relaxed) {
+        // Marked even on a table found without `waited_until`: `migrate()` may have run in
+        // another process since (on a table still old, the mark fails before it runs).
+        {
             let statement = self.inner.statements.mark_waited.clone();
+            let named = self.inner.named();
             let name = key.as_str().to_string();
             // Marked past the wait's end by the slack a waiter's own timer may need.
             let mark_ms = ttl_ms(max_wait.saturating_add(Duration::from_secs(1)));
-            let marked = self.inner.run(until, move |c| {
+            let marked = self.inner.run(until, None, move |c| {
                 let (statement, name) = (statement.clone(), name.clone());
                 Box::pin(async move {
                     sqlx::query_as::<_, (i64, bool)>(statement)
+                        .persistent(named)
                         .bind(name)
                         .bind(mark_ms)
                         .fetch_optional(c)
@@ -1093,11 +1241,19 @@ impl Authority for PostgresAuthority {
                 Ok(Ok(Some((fence, live))))
                     if self.inner.seen.changed(key.as_str(), fence, live) =>
                 {
+                    self.inner
+                        .version
+                        .found_current(&self.inner.config.table.plain());
                     return Ok(());
                 }
-                Ok(Ok(_)) => {}
+                Ok(Ok(_)) => self
+                    .inner
+                    .version
+                    .found_current(&self.inner.config.table.plain()),
                 Ok(Err(e)) if errors::is_undefined_column(&e) => {
-                    use_previous(&self.inner.previous, &self.inner.config.table.plain());
+                    self.inner
+                        .version
+                        .found_previous(&self.inner.config.table.plain());
                 }
                 // Unmarked, only this authority's own releases would wake it: look again soon.
                 failed => {
@@ -1126,6 +1282,7 @@ impl Authority for PostgresAuthority {
     /// are the database's `statement_timestamp()` against `expires_at`, never our clock.
     async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
         let statement = self.inner.statements.inspect.clone();
+        let named = self.inner.named();
         let name = key.as_str().to_string();
         let row: Option<(String, i64, bool, i64, Option<Vec<u8>>)> = self
             .inner
@@ -1134,9 +1291,13 @@ impl Authority for PostgresAuthority {
                 saturating_add(Instant::now(), self.inner.timeout()),
                 move |c| {
                     let (statement, name) = (statement.clone(), name.clone());
-                    Box::pin(
-                        async move { sqlx::query_as(statement).bind(name).fetch_optional(c).await },
-                    )
+                    Box::pin(async move {
+                        sqlx::query_as(statement)
+                            .persistent(named)
+                            .bind(name)
+                            .fetch_optional(c)
+                            .await
+                    })
                 },
             )
             .await?;
@@ -1162,6 +1323,7 @@ impl Authority for PostgresAuthority {
     /// (rows outlive release), held or not.
     async fn list_keys(&self, prefix: &KeyPrefix, limit: usize) -> Result<Vec<LockKey>> {
         let statement = self.inner.statements.list_keys.clone();
+        let named = self.inner.named();
         let (start, upper) = (prefix.as_str().to_string(), prefix.upper_bound());
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let names: Vec<String> = self
@@ -1174,6 +1336,7 @@ impl Authority for PostgresAuthority {
                         (statement.clone(), start.clone(), upper.clone());
                     Box::pin(async move {
                         sqlx::query_scalar(statement)
+                            .persistent(named)
                             .bind(start)
                             .bind(upper)
                             .bind(limit)

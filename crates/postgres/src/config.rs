@@ -59,6 +59,36 @@ impl FromStr for FenceSafetyOption {
     }
 }
 
+/// What stands between the authority and PostgreSQL (URL `pooler`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Pooler {
+    /// Nothing, or a proxy that keeps one server connection per client connection (PgBouncer
+    /// in session mode): statements are prepared once per connection and kept, and waiters are
+    /// woken by `LISTEN`. The default.
+    #[default]
+    None,
+    /// A transaction-pooling proxy (PgBouncer with `pool_mode = transaction`, and others that
+    /// hand each transaction to any server connection): every lease statement runs unnamed in
+    /// a transaction of its own, so that its parse and its execution reach the same server
+    /// connection and nothing prepared is left behind for another client; no `LISTEN` (a
+    /// notification would reach whichever client holds that server connection then): waiters
+    /// poll.
+    Transaction,
+}
+
+impl FromStr for Pooler {
+    type Err = ();
+
+    fn from_str(s: &str) -> std::result::Result<Self, ()> {
+        match s {
+            "none" | "session" => Ok(Pooler::None),
+            "transaction" => Ok(Pooler::Transaction),
+            _ => Err(()),
+        }
+    }
+}
+
 /// How often the listening connection is checked by default.
 const LISTEN_CHECK: Duration = Duration::from_secs(2);
 
@@ -76,6 +106,10 @@ pub struct PostgresConfig {
     pub(crate) pool_size: u32,
     pub(crate) listen_check: Duration,
     pub(crate) fence_safety: FenceSafetyOption,
+    pub(crate) pooler: Pooler,
+    /// Where the listening connection goes when not where the lease statements go (URL
+    /// `listen_host`, `listen_port`): the database itself, past a transaction-pooling proxy.
+    pub(crate) listen_connect: Option<PgConnectOptions>,
     pub(crate) client: ClientOptions,
 }
 
@@ -88,6 +122,14 @@ impl fmt::Debug for PostgresConfig {
             .field("pool_size", &self.pool_size)
             .field("listen_check", &self.listen_check)
             .field("fence_safety", &self.fence_safety)
+            .field("pooler", &self.pooler)
+            .field(
+                "listen_at",
+                &self
+                    .listen_connect
+                    .as_ref()
+                    .map(|c| format!("{}:{}", c.get_host(), c.get_port())),
+            )
             .field("client", &self.client)
             .finish()
     }
@@ -146,6 +188,16 @@ impl PostgresConfig {
                 ))
             })?,
         };
+        let pooler = match params.take("pooler") {
+            None => Pooler::None,
+            Some(v) => v.parse().map_err(|()| {
+                invalid(format!(
+                    "pooler `{v}` is not one of none, session, transaction"
+                ))
+            })?,
+        };
+        let listen_host = params.take("listen_host");
+        let listen_port = params.take_parsed::<u16>("listen_port")?;
         // The driver's parameters, from the original URL (values the redaction left alone).
         let mut original = UrlParams::parse(url)?;
         let mut driver = Vec::new();
@@ -175,6 +227,20 @@ impl PostgresConfig {
         if let Some(password) = &password {
             connect = connect.password(password.expose());
         }
+        // The same user, password, database and TLS settings, at another address.
+        let listen_connect = match (&listen_host, listen_port) {
+            (None, None) => None,
+            (host, port) => {
+                let mut direct = connect.clone();
+                if let Some(host) = host {
+                    direct = direct.host(host);
+                }
+                if let Some(port) = port {
+                    direct = direct.port(port);
+                }
+                Some(direct)
+            }
+        };
         Ok(PostgresConfig {
             connect,
             redacted_url,
@@ -182,6 +248,8 @@ impl PostgresConfig {
             pool_size,
             listen_check,
             fence_safety,
+            pooler,
+            listen_connect,
             client,
         })
     }
@@ -206,6 +274,12 @@ impl PostgresConfig {
     /// What fences are declared to promise (see [`FenceSafetyOption`]).
     pub fn with_fence_safety(mut self, option: FenceSafetyOption) -> Self {
         self.fence_safety = option;
+        self
+    }
+
+    /// Declares what stands between the authority and PostgreSQL (see [`Pooler`]).
+    pub fn with_pooler(mut self, pooler: Pooler) -> Self {
+        self.pooler = pooler;
         self
     }
 
@@ -379,5 +453,42 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn the_pooler_and_the_listening_address_are_read() -> std::result::Result<(), String> {
+        let pooled = PostgresConfig::from_url(
+            "postgres://u:hunter2@bouncer:6432/app?pooler=transaction&listen_host=db&listen_port=5433",
+        )
+        .map_err(|e| e.to_string())?;
+        if pooled.pooler != Pooler::Transaction {
+            return Err(format!("pooler {:?}", pooled.pooler));
+        }
+        let direct = pooled
+            .listen_connect
+            .as_ref()
+            .ok_or("no listening address")?;
+        let at = (direct.get_host(), direct.get_port(), direct.get_database());
+        if at != ("db", 5433, Some("app")) {
+            return Err(format!("listening at {at:?}"));
+        }
+        if format!("{pooled:?}").contains("hunter2") {
+            return Err("the password is shown".into());
+        }
+        let plain = PostgresConfig::from_url("postgres://u@db/app?pooler=session")
+            .map_err(|e| e.to_string())?;
+        if plain.pooler != Pooler::None || plain.listen_connect.is_some() {
+            return Err(format!("{plain:?}"));
+        }
+        for bad in [
+            "postgres://u:hunter2@db/app?pooler=statement",
+            "postgres://u:hunter2@db/app?listen_port=none",
+        ] {
+            match PostgresConfig::from_url(bad) {
+                Err(Error::InvalidUrl { .. }) => {}
+                other => return Err(format!("{bad}: {other:?}")),
+            }
+        }
+        Ok(())
     }
 }

@@ -84,6 +84,18 @@ pub(crate) fn map(error: sqlx::Error, what: &str, table: &TableName) -> Error {
                 message,
                 source: Some(Box::new(error)),
             },
+            // invalid_sql_statement_name, duplicate_prepared_statement: a statement prepared
+            // under a name on this connection is missing at the server, or another client's is
+            // there under the same name. A transaction-pooling proxy does that to named
+            // statements, which the authority only prepares when not told about one.
+            "26000" | "42P05" => Error::Backend {
+                backend: BACKEND,
+                message: format!(
+                    "{message}: a transaction-pooling proxy (such as PgBouncer with pool_mode = transaction) seems to be between this client and PostgreSQL; declare it with pooler=transaction in the URL (see docs/postgres.md)"
+                ),
+                retryable: false,
+                source: Some(Box::new(error)),
+            },
             // undefined_table
             "42P01" => Error::Backend {
                 backend: BACKEND,

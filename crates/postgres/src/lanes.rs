@@ -5,17 +5,24 @@
 //! its own), so each statement costs a second round trip on the server and the client; measured,
 //! that was a quarter of an uncontended acquire + release (see docs/performance.md). A lane is
 //! simply locked, used and unlocked. What the pool's ping protects against is handled here:
-//! * a statement dropped halfway (a cancelled caller) leaves replies in flight, which sqlx reads
-//!   away before the next statement on that connection (`wait_until_ready`);
+//! * a statement in flight owns its connection: it leaves the lane with [`Lane::connection`] and
+//!   comes back with the answer ([`Lane::put_back`]). A statement dropped unanswered (its caller
+//!   cancelled, or out of time: a frozen backend, a primary moved behind a virtual IP without a
+//!   reset) closes its connection with it, and the lane connects afresh on its next use. Kept,
+//!   such a connection would make the next statement on the lane wait for the lost reply first,
+//!   and the lowest free lane is the one taken next: one silent connection stalled every lease
+//!   of the authority until TCP gave up (about 15 minutes);
 //! * a connection that broke is closed when a statement on it fails so (see
 //!   `errors::discards_connection`), and the lane connects again on its next use;
-//! * a connection idle for [`PING_AFTER_IDLE`] is pinged before use, and replaced if that fails.
+//! * a connection idle for [`PING_AFTER_IDLE`] is pinged before use, within half the time the
+//!   caller has left, and replaced if that fails or stays silent.
 //!
 //! Waiting for a lane is first come, first served (a semaphore with one permit per lane) and
 //! bounded by the caller's own timeout, as every wait is.
 
 use std::time::Duration;
 
+use leasehold_core::time::saturating_add;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgConnection};
 use tokio::sync::{Mutex, MutexGuard, Semaphore, SemaphorePermit};
@@ -62,8 +69,9 @@ impl Lanes {
         }
     }
 
-    /// Waits for a free lane and makes sure it has a working connection.
-    pub(crate) async fn take(&self) -> Result<Lane<'_>, sqlx::Error> {
+    /// Waits for a free lane and makes sure it has a working connection; a statement on it is
+    /// due by `give_up`.
+    pub(crate) async fn take(&self, give_up: Instant) -> Result<Lane<'_>, sqlx::Error> {
         let turn = self
             .free
             .acquire()
@@ -85,9 +93,14 @@ impl Lanes {
             None => self.slots[0].lock().await,
         };
         let idle = slot.last_used.elapsed() >= PING_AFTER_IDLE;
-        if let (Some(conn), true) = (slot.conn.as_mut(), idle) {
-            if conn.ping().await.is_err() {
-                slot.conn = None;
+        if let Some(mut conn) = slot.conn.take_if(|_| idle) {
+            // The ping owns the connection as a statement does: dropped unanswered, it closes
+            // it. A silent one is given up with half the caller's time left for a fresh one.
+            let now = Instant::now();
+            let half = give_up.saturating_duration_since(now) / 2;
+            let pinged = tokio::time::timeout_at(saturating_add(now, half), conn.ping()).await;
+            if let Ok(Ok(())) = pinged {
+                slot.conn = Some(conn);
             }
         }
         if slot.conn.is_none() {
@@ -98,15 +111,21 @@ impl Lanes {
 }
 
 impl Lane<'_> {
-    /// The lane's connection: always there from `take` until `discard`.
-    pub(crate) fn conn(&mut self) -> Option<&mut PgConnection> {
-        self.slot.conn.as_mut()
+    /// The lane's connection, for one statement: it stays out of the lane until
+    /// [`Lane::put_back`], so a statement dropped before its answer closes it. Always there
+    /// after `take`.
+    pub(crate) fn connection(&mut self) -> Result<PgConnection, sqlx::Error> {
+        self.slot
+            .conn
+            .take()
+            .ok_or_else(|| sqlx::Error::Protocol("a lane without a connection".into()))
     }
 
-    /// Closes the lane's connection (it broke, or reaches a server that cannot take writes);
-    /// the next statement on this lane connects afresh.
-    pub(crate) fn discard(&mut self) {
-        self.slot.conn = None;
+    /// Returns the connection after its statement was answered. A connection not put back
+    /// (it broke, or reaches a server that cannot take writes, or its statement was dropped
+    /// unanswered) is closed, and the next statement on this lane connects afresh.
+    pub(crate) fn put_back(&mut self, conn: PgConnection) {
+        self.slot.conn = Some(conn);
     }
 }
 

@@ -23,9 +23,10 @@ pub mod guarded;
 mod lanes;
 mod notify;
 mod table;
+mod table_version;
 mod token;
 
 pub use authority::{schema_sql, PostgresAuthority};
-pub use config::{FenceSafetyOption, PostgresConfig};
+pub use config::{FenceSafetyOption, Pooler, PostgresConfig};
 pub use table::{TableName, DEFAULT_TABLE};
 pub use token::PgFence;

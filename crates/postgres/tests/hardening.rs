@@ -165,12 +165,17 @@ async fn listener_pid(admin: &PostgresAuthority, within: Duration) -> i32 {
     listener_pid_except(admin, 0, within).await
 }
 
+/// Another connection of `admin`'s pool whose last statement was this very query (sqlx gives a
+/// connection back in a task of its own, so on a busy machine the next query may open a second
+/// one) names the listener's check in its text: it is not a listener, and freezing it froze the
+/// test's own pool.
 async fn listener_pid_except(admin: &PostgresAuthority, not: i32, within: Duration) -> i32 {
     let started = Instant::now();
     loop {
         let pid: Option<i32> = sqlx::query_scalar(
             "SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND pid <> $1 \
              AND (query LIKE 'LISTEN %' OR query LIKE '%leasehold listener%') \
+             AND query NOT LIKE '%pg_stat_activity%' \
              ORDER BY backend_start DESC LIMIT 1",
         )
         .bind(not)
@@ -1222,4 +1227,235 @@ async fn lanes_recover_from_terminated_connections() {
     assert_eq!(a.release(&g).await.unwrap(), Released::Released);
     let again = a.try_acquire(&key("lane/idle"), ttl).await.unwrap();
     assert!(again.is_some(), "the key was left held");
+}
+
+/// The backend serving the one lane of the authority connected as `application_name`: the
+/// client backend whose last statement was a lease statement (its pool's connection last ran
+/// the settings query at connect).
+async fn lane_backend(admin: &PostgresAuthority, application_name: &str) -> Result<i32, String> {
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = $1 \
+           AND query LIKE '%leasehold_leases%' ORDER BY backend_start DESC LIMIT 1",
+    )
+    .bind(application_name)
+    .fetch_optional(admin.pool())
+    .await
+    .map_err(|e| format!("reading pg_stat_activity: {e}"))?
+    .ok_or_else(|| format!("no backend of {application_name} ran a lease statement"))
+}
+
+/// One lane whose backend goes silent (frozen with SIGSTOP: what a primary moved behind a
+/// virtual IP without a reset looks like from here) must not stall the authority: the
+/// statement sent on it gets no answer within the request timeout, and every later statement
+/// reaches a fresh connection, instead of queueing behind the lost reply until TCP gives up.
+/// With `pool_size=1` this also shows that the abandoned acquisition (its caller timed out,
+/// its statement may still take the key) does not keep the only lane while it waits for its
+/// answer; and when the backend wakes, the lease that statement took for nobody is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_lane_is_given_up_and_later_statements_connect_afresh() -> Result<(), String> {
+    let server = start().await;
+    let admin = connect(&url(&server)).await;
+    admin.migrate().await.map_err(|e| format!("migrate: {e}"))?;
+    let timeout = Duration::from_millis(300);
+    let app = "silent-lane";
+    let a = PostgresAuthority::connect(&format!(
+        "{}?pool_size=1&timeout_ms={}&application_name={app}",
+        server.url(),
+        timeout.as_millis()
+    ))
+    .await
+    .map_err(|e| format!("connect: {e}"))?;
+    let ttl = Duration::from_secs(10);
+    let held = a
+        .try_acquire(&key("silent/held"), ttl)
+        .await
+        .map_err(|e| format!("the first acquisition: {e}"))?
+        .ok_or("the first key was held")?;
+    let pid = lane_backend(&admin, app).await?;
+    let frozen = Stopped::new(pid);
+    let mut failed = Vec::new();
+    for i in 0..5 {
+        let k = key(&format!("silent/other{i}"));
+        let started = Instant::now();
+        let outcome = a.try_acquire(&k, ttl).await;
+        let took = started.elapsed();
+        println!(
+            "try {i}: {:?} after {took:?}",
+            outcome.as_ref().map(Option::is_some)
+        );
+        // Every answer, a grant or an error, comes within the request timeout (plus the
+        // time a fresh connection takes, which is part of the same bound's slack of one
+        // more timeout).
+        if took > timeout * 2 {
+            return Err(format!(
+                "try {i} took {took:?}, more than twice the timeout"
+            ));
+        }
+        match outcome {
+            Ok(Some(_)) => {}
+            Ok(None) => return Err(format!("try {i}: {k} was held by nobody yet")),
+            Err(e) if e.is_retryable() => failed.push(format!("try {i}: {e}")),
+            Err(e) => return Err(format!("try {i}: a permanent error: {e}")),
+        }
+    }
+    // Only the statement already sent on the silent connection can go unanswered: nothing
+    // tells a frozen backend from a slow one before the timeout.
+    if failed.len() > 1 {
+        return Err(format!(
+            "{} of 5 tries failed behind the silent lane: {failed:?}",
+            failed.len()
+        ));
+    }
+    let fresh = lane_backend(&admin, app).await?;
+    if fresh == pid {
+        return Err("the lane still uses the silent backend".into());
+    }
+    drop(frozen);
+    // The first try's statement lands now that its backend runs again, taking its key for
+    // nobody; it is given back, not kept for the TTL.
+    if !failed.is_empty() {
+        let k = key("silent/other0");
+        let started = Instant::now();
+        while live_rows(&admin, &k).await > 0 {
+            if started.elapsed() > ttl / 4 {
+                return Err("the abandoned acquisition's lease was not given back".into());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let released = a
+        .release(&held)
+        .await
+        .map_err(|e| format!("releasing the first lease: {e}"))?;
+    if released != Released::Released {
+        return Err(format!("the first lease was lost meanwhile: {released:?}"));
+    }
+    Ok(())
+}
+
+/// An acquisition whose caller gave up waits for its statement's answer on its own connection
+/// (to give back a lease it may have taken) only until the TTL, counted from the caller's
+/// deadline, has passed: then that connection is closed. Seen from the server: a backend
+/// frozen for longer finds its client gone when it wakes, and exits; the lease its statement
+/// took for nobody ends at its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_acquisition_closes_its_connection_after_the_ttl() -> Result<(), String> {
+    let server = start().await;
+    let admin = connect(&url(&server)).await;
+    admin.migrate().await.map_err(|e| format!("migrate: {e}"))?;
+    let timeout = Duration::from_millis(300);
+    let app = "abandoned-acquisition";
+    let a = PostgresAuthority::connect(&format!(
+        "{}?pool_size=1&timeout_ms={}&application_name={app}",
+        server.url(),
+        timeout.as_millis()
+    ))
+    .await
+    .map_err(|e| format!("connect: {e}"))?;
+    let ttl = Duration::from_secs(1);
+    let first = key("abandoned/first");
+    let held = a
+        .try_acquire(&first, ttl)
+        .await
+        .map_err(|e| format!("the first acquisition: {e}"))?
+        .ok_or("the first key was held")?;
+    let pid = lane_backend(&admin, app).await?;
+    let frozen = Stopped::new(pid);
+    let k = key("abandoned/late");
+    let sent = Instant::now();
+    match a.try_acquire(&k, ttl).await {
+        Err(e) if e.is_retryable() => {}
+        other => return Err(format!("an acquisition on a frozen backend: {other:?}")),
+    }
+    // Past the bound (the caller's deadline plus the TTL) with the backend still frozen.
+    let bound = timeout + ttl.max(timeout);
+    tokio::time::sleep_until(sent + bound + timeout).await;
+    drop(frozen);
+    let woke = Instant::now();
+    loop {
+        let alive: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)")
+                .bind(pid)
+                .fetch_one(admin.pool())
+                .await
+                .map_err(|e| format!("reading pg_stat_activity: {e}"))?;
+        if !alive {
+            break;
+        }
+        if woke.elapsed() > ttl {
+            return Err(format!(
+                "the frozen backend still has its client {:?} after it woke",
+                woke.elapsed()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Whatever the late statement took ends at its TTL.
+    while live_rows(&admin, &k).await > 0 {
+        if woke.elapsed() > ttl * 2 {
+            return Err("the late statement's lease outlived its TTL".into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The first lease ran out meanwhile (nothing renewed it): its release finds it gone.
+    let released = a
+        .release(&held)
+        .await
+        .map_err(|e| format!("releasing the first lease: {e}"))?;
+    if released != Released::AlreadyGone {
+        return Err(format!("the first lease outlived its TTL: {released:?}"));
+    }
+    Ok(())
+}
+
+/// A lane idle for a second is pinged before its next statement. When its backend went silent
+/// meanwhile, the ping gives up within half the caller's time and the statement goes to a
+/// fresh connection: with the lane idle, all five `try_acquire` after the freeze hold their
+/// keys, each within the request timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_silent_lane_is_replaced_before_its_statement() -> Result<(), String> {
+    let server = start().await;
+    let admin = connect(&url(&server)).await;
+    admin.migrate().await.map_err(|e| format!("migrate: {e}"))?;
+    let timeout = Duration::from_millis(300);
+    let app = "idle-silent-lane";
+    let a = PostgresAuthority::connect(&format!(
+        "{}?pool_size=1&timeout_ms={}&application_name={app}",
+        server.url(),
+        timeout.as_millis()
+    ))
+    .await
+    .map_err(|e| format!("connect: {e}"))?;
+    let ttl = Duration::from_secs(10);
+    let held = a
+        .try_acquire(&key("idle-silent/held"), ttl)
+        .await
+        .map_err(|e| format!("the first acquisition: {e}"))?
+        .ok_or("the first key was held")?;
+    let pid = lane_backend(&admin, app).await?;
+    let frozen = Stopped::new(pid);
+    // The lane is pinged before use once idle for a second (docs/postgres.md, "Lanes").
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for i in 0..5 {
+        let k = key(&format!("idle-silent/other{i}"));
+        let started = Instant::now();
+        let outcome = a.try_acquire(&k, ttl).await;
+        let took = started.elapsed();
+        match outcome {
+            Ok(Some(_)) if took <= timeout => {}
+            other => return Err(format!("try {i} after {took:?}: {other:?}")),
+        }
+    }
+    if lane_backend(&admin, app).await? == pid {
+        return Err("the lane still uses the silent backend".into());
+    }
+    drop(frozen);
+    let released = a
+        .release(&held)
+        .await
+        .map_err(|e| format!("releasing the first lease: {e}"))?;
+    if released != Released::Released {
+        return Err(format!("the first lease was lost meanwhile: {released:?}"));
+    }
+    Ok(())
 }

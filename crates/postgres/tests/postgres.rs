@@ -10,7 +10,8 @@ use leasehold_conformance::scenarios::{self, run_all, run_selected};
 use leasehold_conformance::{harness_call, harness_error};
 use leasehold_conformance::{Connector, Context, Faults, Residue, ResourceFactory, Verdict};
 use leasehold_core::{
-    Authority, Error, FencedResource, Instant, Lease, LeaseOptions, LockKey, LostReason, OwnerToken,
+    Authority, Error, FencedResource, Instant, Lease, LeaseOptions, LockKey, LostReason,
+    OwnerToken, Released,
 };
 use leasehold_postgres::guarded::{Claimed, FencedTable, Guarded, PgFencedRegister};
 use leasehold_postgres::PostgresAuthority;
@@ -711,6 +712,111 @@ async fn a_table_of_the_previous_version_says_to_migrate_and_is_upgraded_in_plac
     let next = a.try_acquire(&key, ttl).await.unwrap().unwrap();
     assert!(next.fence() > held.fence() && held.fence() > first.fence());
     let _ = a.release(&next).await.unwrap();
+}
+
+/// A process that fell back to the previous statements (its table lacked `waited_until`) goes
+/// back to the current ones once `migrate()` has run in another process: its waiter marks the
+/// key again, so the other process's release, which notifies only a marked key, wakes it long
+/// before the holder's expiry. Kept on the previous statements, it marked nothing and slept
+/// until the holder's TTL ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_on_the_previous_statements_returns_to_the_current_after_migrate_elsewhere(
+) -> Result<(), String> {
+    let server = start().await;
+    let url = format!("{}&table=leases_v1", url(&server));
+    let old = PostgresAuthority::connect(&url)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    sqlx::query(
+        "CREATE TABLE \"leases_v1\" (
+            lock_key   text        PRIMARY KEY,
+            owner      text        NOT NULL,
+            fence      bigint      NOT NULL CHECK (fence > 0),
+            expires_at timestamptz NOT NULL
+        ) WITH (fillfactor = 70)",
+    )
+    .execute(old.pool())
+    .await
+    .map_err(|e| format!("creating the previous version's table: {e}"))?;
+    let ttl = Duration::from_secs(20);
+    // A release is the first statement that needs `waited_until`: this process falls back.
+    let first = LockKey::new("returns/first").map_err(|e| e.to_string())?;
+    let g = old
+        .try_acquire(&first, ttl)
+        .await
+        .map_err(|e| format!("acquire on the old table: {e}"))?
+        .ok_or("a fresh key was held")?;
+    if old
+        .release(&g)
+        .await
+        .map_err(|e| format!("release on the old table: {e}"))?
+        != Released::Released
+    {
+        return Err("the lease on the old table was gone before its release".into());
+    }
+    // Another process upgrades the table and holds a key the first one waits for.
+    let new = PostgresAuthority::connect(&url)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    new.migrate().await.map_err(|e| format!("migrate: {e}"))?;
+    let k = LockKey::new("returns/handoff").map_err(|e| e.to_string())?;
+    let held = new
+        .try_acquire(&k, ttl)
+        .await
+        .map_err(|e| format!("acquire after migrate: {e}"))?
+        .ok_or("a fresh key was held")?;
+    let waiter = {
+        let (old, k) = (old.clone(), k.clone());
+        tokio::spawn(async move { old.acquire(&k, ttl, ttl).await })
+    };
+    let started = Instant::now();
+    loop {
+        let marked: Option<bool> = sqlx::query_scalar(
+            "SELECT waited_until > statement_timestamp() FROM leases_v1 WHERE lock_key = $1",
+        )
+        .bind(k.as_str())
+        .fetch_optional(new.pool())
+        .await
+        .map_err(|e| format!("reading the mark: {e}"))?
+        .flatten();
+        if marked == Some(true) {
+            break;
+        }
+        if started.elapsed() > ttl / 4 {
+            return Err(format!(
+                "the waiter never marked the key in {:?}: it still sends the previous statements",
+                started.elapsed()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let released_at = Instant::now();
+    if new
+        .release(&held)
+        .await
+        .map_err(|e| format!("release: {e}"))?
+        != Released::Released
+    {
+        return Err("the holder's lease was gone before its release".into());
+    }
+    let grant = tokio::time::timeout(ttl / 4, waiter)
+        .await
+        .map_err(|_| "the release did not reach the waiter within TTL/4".to_string())?
+        .map_err(|e| format!("the waiter's task: {e}"))?
+        .map_err(|e| format!("the waiter: {e}"))?;
+    println!("hand-off {:?} after the release", released_at.elapsed());
+    if grant.fence() <= held.fence() {
+        return Err(format!("fence {} after {}", grant.fence(), held.fence()));
+    }
+    if old
+        .release(&grant)
+        .await
+        .map_err(|e| format!("release: {e}"))?
+        != Released::Released
+    {
+        return Err("the waiter's lease was gone before its release".into());
+    }
+    Ok(())
 }
 
 /// `wait_for_change` is woken by the key's proclaim and release through another client (by

@@ -27,6 +27,7 @@ use crate::sentinel::Resolver;
 use crate::server::ServerSettings;
 use crate::subscription::{Notifications, Subscription};
 use crate::token::RedisFence;
+use crate::waiters::Turn;
 
 /// TTLs in whole milliseconds (`PX`), from 1 ms to 30 days: a lease longer than a month is a
 /// configuration mistake, not a lock.
@@ -80,7 +81,8 @@ impl Inner {
 /// * Scripts are called by SHA (`EVALSHA`), and sent in full once when the server does not know
 ///   them (after a restart or a failover).
 /// * Waiting: one subscription connection per authority (started by the first waiter) wakes
-///   the waiters of a key when its release is announced; between announcements each waiter
+///   one waiter of a key when its release is announced (the key's turn, passed on if that
+///   waiter leaves without an answer; see `waiters.rs`); between announcements each waiter
 ///   tries again with jittered backoff (10-20 ms, doubling to 150-300 ms, never much past the
 ///   holder's remaining TTL), which finds holders that release without announcing.
 /// * Proclaim (for elections) is a script that compares the owner token like renew, stores the
@@ -91,8 +93,10 @@ impl Inner {
 /// Fences are [`FenceSafety::FailoverUnsafe`] and not durable across a restart without
 /// persistence; see [`RedisFence`] and docs/redis.md. At connect the authority reads the
 /// server's eviction policy and persistence ([`ServerSettings`]): it warns when lock keys or
-/// fence counters may be evicted, and declares durable fences only where every write is fsynced
-/// before it is acknowledged and no counter can be evicted. The key layout is in
+/// fence counters may be evicted, declares that leases can end early
+/// ([`ExclusionSafety::EarlyRevocation`](leasehold_core::ExclusionSafety)) unless the policy is
+/// `noeviction`, and declares durable fences only where every write is fsynced before it is
+/// acknowledged and no counter can be evicted. The key layout is in
 /// [`crate::KeyLayout`].
 ///
 /// Clones share the connection and the subscription.
@@ -218,6 +222,7 @@ impl RedisAuthority {
         // On a cluster the keys of a batch live in different slots, which one script cannot
         // touch (CROSSSLOT): each lease renews on its own there.
         let capabilities = Capabilities::new(BACKEND, FenceSafety::FailoverUnsafe, durable, TTL)
+            .with_exclusion(crate::server::exclusion(server.as_ref()))
             .with_batch_renewal(!config.is_cluster());
         // Behind Sentinel, started only once connected, so a failed connect leaves no task.
         let sentinel_watch =
@@ -583,13 +588,19 @@ impl Drop for Pending<'_> {
             self.token.to_string(),
             self.ttl,
         );
+        let waiters = self.inner.subscription.waiters().clone();
         runtime.spawn(async move {
             let value_key = KeyLayout::value_key_of(&lock_key);
             let (keys, args) = ([lock_key.as_str(), &value_key], [token.as_str(), &channel]);
             let release = script.run::<i64, _>(&mut con, &keys, &args);
             match tokio::time::timeout(ttl, release).await {
                 Ok(Ok(released::ANNOUNCED | released::UNANNOUNCED)) => {
-                    tracing::debug!(%lock_key, "released a lease whose acquisition had no answer")
+                    tracing::debug!(%lock_key, "released a lease whose acquisition had no answer");
+                    // As after any release: the waiters of this authority need not wait for
+                    // the announcement, which does not come where publishing is refused. A
+                    // waiter handed the turn by the attempt that failed here may have found
+                    // this lease still held.
+                    waiters.wake(&lock_key);
                 }
                 _ => {
                     tracing::trace!(%lock_key, "nothing to release after an unanswered acquisition")
@@ -636,7 +647,7 @@ impl Authority for RedisAuthority {
         }
         let subscription = &self.inner.subscription;
         let lock_key = self.inner.config.layout.lock_key(key);
-        let notify = subscription.waiters().for_key(&lock_key);
+        let waiters = subscription.waiters().for_key(&lock_key);
         subscription
             .settled(&lock_key, self.timeout().min(max_wait))
             .await;
@@ -647,19 +658,39 @@ impl Authority for RedisAuthority {
         // ms: one request per waiter per RETRY_CAP/2 at most, and a silent release is found
         // within one step instead of at the holder's expiry.
         let mut retry = Backoff::new(RETRY_FIRST, RETRY_CAP);
+        // A release hands the key's turn to one waiter of this authority, not all of them
+        // (only one can win the key). Held while this waiter acts on it; dropped unfinished
+        // (an error, a cancellation) it passes to the next waiter.
+        let mut turn: Option<Turn> = None;
         loop {
             // Register for the release announcement before the attempt: a release that happens
             // after the attempt ran at the server is then announced to a subscription that
-            // already exists, and reaches this waiter.
-            let mut released = pin!(notify.notified());
+            // already exists, and reaches this waiter (or the one holding the turn, which then
+            // tries again).
+            let mut released = pin!(waiters.turn_handed());
             released.as_mut().enable();
             let pttl = match self.attempt(key, ttl).await? {
-                Attempt::Won(grant) => return Ok(grant),
+                Attempt::Won(grant) => {
+                    if let Some(turn) = turn.take() {
+                        turn.won();
+                    }
+                    return Ok(grant);
+                }
                 Attempt::Held { pttl } => pttl,
             };
+            // Released again while this attempt was on its way: it may have missed that
+            // release, so try once more at once, still holding the turn (which passes on if
+            // this waiter gives up now).
+            let again = turn.as_mut().is_some_and(Turn::held);
+            if !again {
+                turn = None;
+            }
             let now = Instant::now();
             if now >= give_up {
                 return Err(timed_out(now));
+            }
+            if again {
+                continue;
             }
             let mut wait = retry.next_delay();
             // A lease that ends sooner than that is tried again right after its end by the
@@ -670,7 +701,7 @@ impl Authority for RedisAuthority {
                 wait = wait.min(remaining.saturating_add(jitter));
             }
             tokio::select! {
-                _ = released => {}
+                _ = released => turn = Some(waiters.take_turn()),
                 _ = tokio::time::sleep_until(saturating_add(now, wait).min(give_up)) => {}
             }
         }
@@ -867,9 +898,9 @@ impl Authority for RedisAuthority {
         let until = saturating_add(Instant::now(), max_wait);
         let subscription = &self.inner.subscription;
         let lock_key = self.inner.config.layout.lock_key(key);
-        let notify = subscription.waiters().for_key(&lock_key);
+        let waiters = subscription.waiters().for_key(&lock_key);
         // Registered before anything else, so nothing announced from here on is missed.
-        let mut changed = pin!(notify.notified());
+        let mut changed = pin!(waiters.changed());
         changed.as_mut().enable();
         subscription
             .settled(&lock_key, self.timeout().min(max_wait))

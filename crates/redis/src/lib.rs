@@ -34,6 +34,7 @@ mod sentinel;
 mod server;
 mod subscription;
 mod token;
+mod waiters;
 
 pub use authority::RedisAuthority;
 pub use config::{RedisConfig, WaitReplicas};

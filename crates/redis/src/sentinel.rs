@@ -260,7 +260,9 @@ struct Confirmed {
 /// failover yet names the previous primary with an older epoch, and that primary may still be
 /// up and still say it is the master (a forced failover, a partition). So an answer older than
 /// the newest one seen is never followed: the authority does not go back to a primary that the
-/// sentinels already replaced.
+/// sentinels already replaced. Sentinels that were re-provisioned number from 0 again; a
+/// majority of them agreeing on one primary, with none naming the newest configuration, is
+/// followed and restarts the count ([`Resolver::renumbered`]).
 pub(crate) struct Resolver {
     target: SentinelTarget,
     /// The request timeout: one whole round over the sentinels fits in it.
@@ -494,6 +496,11 @@ impl Resolver {
         let mut failures: Vec<String> = Vec::new();
         let mut refused: Option<RedisError> = None;
         let mut tried: Vec<NodeAddr> = Vec::new();
+        // Answers passed over as older than the newest configuration seen, and whether any
+        // sentinel named a configuration at least that new: together they tell a sentinel
+        // that missed a failover from sentinels that were re-provisioned.
+        let mut older: Vec<(usize, Named, u64)> = Vec::new();
+        let mut current_named = false;
         for index in order {
             let Some(sentinel) = self.target.sentinels.get(index) else {
                 continue;
@@ -532,8 +539,10 @@ impl Resolver {
                     named.addr,
                     named.epoch.unwrap_or_default()
                 ));
+                older.push((index, named, newest));
                 continue;
             }
+            current_named = true;
             if tried.contains(&named.addr) {
                 continue;
             }
@@ -574,6 +583,34 @@ impl Resolver {
         }
         if let Some(refused) = refused {
             return Err(refused);
+        }
+        if !current_named {
+            if let Some((index, named, passed_over)) = self.renumbered(&older) {
+                let checked = tokio::time::timeout(
+                    self.timeout,
+                    self.open_primary(&named.addr, protocol, config),
+                )
+                .await;
+                match checked {
+                    Ok(Ok(con)) if self.confirmed_renumbered(&named, passed_over) => {
+                        self.prefer(index);
+                        return Ok((named.addr, con));
+                    }
+                    Ok(Ok(_)) => failures.push(format!(
+                        "the sentinels' configuration epochs went back to {}, naming {}, but a \
+                         newer primary was confirmed meanwhile",
+                        named.epoch.unwrap_or_default(),
+                        named.addr
+                    )),
+                    Ok(Err(e)) => {
+                        failures.push(format!("the sentinels agree on {}: {e}", named.addr))
+                    }
+                    Err(_) => failures.push(format!(
+                        "the sentinels agree on {}, which did not answer within {:?}",
+                        named.addr, self.timeout
+                    )),
+                }
+            }
         }
         Err(RedisError::from((
             ErrorKind::Io,
@@ -622,6 +659,62 @@ impl Resolver {
         }
     }
 
+    /// Whether the answers a round passed over as older (sentinel index, answer, the newest
+    /// epoch it was older than) say that the sentinels were re-provisioned: `SENTINEL REMOVE`
+    /// and `MONITOR`, or a redeploy without sentinel.conf, number the primary's configurations
+    /// from 0 again, and then every sentinel is "older" than what this authority saw. Believed
+    /// only when a majority of the URL's sentinels answered and all of them name one primary
+    /// (with no sentinel naming the newest configuration, which the caller checks): a
+    /// failover needs a majority of the sentinels to elect its leader, so a lone sentinel
+    /// that missed one is still passed over. Returns the answer to follow, with the greatest
+    /// of the agreeing epochs, and the epoch it was passed over against.
+    fn renumbered(&self, older: &[(usize, Named, u64)]) -> Option<(usize, Named, u64)> {
+        let (index, first, passed_over) = older.first()?;
+        if older.len().saturating_mul(2) <= self.target.sentinels.len() {
+            return None;
+        }
+        if older.iter().any(|(_, named, _)| named.addr != first.addr) {
+            return None;
+        }
+        let epoch = older.iter().filter_map(|(_, named, _)| named.epoch).max();
+        let passed_over = older
+            .iter()
+            .map(|(_, _, newest)| *newest)
+            .max()
+            .unwrap_or(*passed_over);
+        Some((
+            *index,
+            Named {
+                addr: first.addr.clone(),
+                epoch,
+            },
+            passed_over,
+        ))
+    }
+
+    /// Makes `named` (checked by `ROLE`, agreed on by a majority of re-provisioned sentinels)
+    /// the primary in use and restarts the epoch memory at its epoch, unless a configuration
+    /// newer than `passed_over` was confirmed meanwhile; `false` then. This is what a freshly
+    /// started authority would follow: the epoch memory exists to keep one authority from
+    /// going back, not to outlive the numbering it came from.
+    fn confirmed_renumbered(&self, named: &Named, passed_over: u64) -> bool {
+        let mut confirmed = self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
+        if confirmed.epoch.is_some_and(|newest| newest > passed_over) {
+            return false;
+        }
+        tracing::warn!(
+            master = %self.target.master_name,
+            primary = %named.addr,
+            from = passed_over,
+            to = ?named.epoch,
+            "the Redis sentinels' configuration epoch went back (re-provisioned sentinels); \
+             following the primary a majority of them agree on"
+        );
+        confirmed.epoch = named.epoch;
+        self.adopt(&mut confirmed, named);
+        true
+    }
+
     /// Makes `named` (checked by `ROLE`) the primary in use, unless a newer configuration was
     /// confirmed meanwhile; `false` then.
     fn confirmed(&self, named: &Named) -> bool {
@@ -633,6 +726,13 @@ impl Resolver {
             }
         }
         confirmed.epoch = confirmed.epoch.max(named.epoch);
+        self.adopt(&mut confirmed, named);
+        true
+    }
+
+    /// Publishes `named` as the primary in use; the caller holds `confirmed` until it is
+    /// published, so two confirmations cannot cross.
+    fn adopt(&self, confirmed: &mut Confirmed, named: &Named) {
         confirmed.addr = Some(named.addr.clone());
         let name = &self.target.master_name;
         let addr = &named.addr;
@@ -653,7 +753,6 @@ impl Resolver {
             *current = Some(addr.clone());
             true
         });
-        true
     }
 }
 
@@ -782,6 +881,32 @@ mod tests {
         assert!(resolver.confirmed(&named(3, Some(5))));
         resolver.learn(&named(3, Some(7)));
         assert_eq!(resolver.outdated(&named(4, Some(6))), Some(7));
+    }
+
+    /// Re-provisioned sentinels number from 0 again: followed only when a majority of the
+    /// URL's sentinels agree on one primary; a lone sentinel that missed a failover, or a
+    /// majority naming different servers, is still passed over.
+    #[test]
+    fn a_renumbering_is_believed_only_from_an_agreeing_majority() {
+        let target = parse_target("h1,h2,h3/m", None, None, &invalid).unwrap();
+        let resolver = Resolver::new(target, Duration::from_secs(1));
+        assert!(resolver.confirmed(&named(2, Some(4))));
+        assert_eq!(resolver.renumbered(&[(0, named(1, Some(3)), 4)]), None);
+        assert_eq!(
+            resolver.renumbered(&[(0, named(1, Some(0)), 4), (2, named(2, Some(0)), 4)]),
+            None
+        );
+        let agreed = resolver
+            .renumbered(&[(1, named(2, Some(0))), (2, named(2, Some(1)))].map(|(i, n)| (i, n, 4)));
+        assert_eq!(agreed, Some((1, named(2, Some(1)), 4)));
+        assert!(resolver.confirmed_renumbered(&named(2, Some(1)), 4));
+        // The next failover under the new numbering is followed; the old numbering is not.
+        assert_eq!(resolver.outdated(&named(1, Some(2))), None);
+        assert_eq!(resolver.outdated(&named(1, Some(0))), Some(1));
+        // A newer configuration confirmed meanwhile wins over a renumbering judged before it.
+        assert!(resolver.confirmed(&named(3, Some(9))));
+        assert!(!resolver.confirmed_renumbered(&named(2, Some(0)), 4));
+        assert_eq!(resolver.primary().map(|a| a.port), Some(3));
     }
 
     #[test]

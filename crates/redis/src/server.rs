@@ -1,5 +1,7 @@
 //! What the server's configuration says about its locks and fences, read at connect.
 
+use leasehold_core::ExclusionSafety;
+
 /// The server settings that decide whether locks and fences survive memory pressure and
 /// restarts, read with `CONFIG GET` when the authority connects (where the server allows it:
 /// an ACL user without `CONFIG`, or a managed service that renamed the command, gets none).
@@ -65,6 +67,26 @@ impl ServerSettings {
     }
 }
 
+/// Whether a lease stays exclusive for its TTL, from the settings read at connect (`None`:
+/// the server refused `CONFIG GET`). Every policy but `noeviction` may evict a live lock key
+/// under memory pressure, and then another client is granted the key while its holder's lease
+/// is valid by the holder's clock: that is an early revocation by the authority, declared as
+/// one. A policy that cannot be read cannot be ruled out, so it is declared too.
+pub(crate) fn exclusion(settings: Option<&ServerSettings>) -> ExclusionSafety {
+    let reason = match settings {
+        Some(settings) if !settings.may_evict_lock_keys() => return ExclusionSafety::Exclusive,
+        Some(settings) => format!(
+            "Redis maxmemory-policy {} evicts lock keys under memory pressure, ending live \
+             leases; only noeviction keeps them",
+            settings.maxmemory_policy()
+        ),
+        None => "the Redis server's maxmemory-policy could not be read (CONFIG GET refused), \
+                 so the eviction of live lock keys cannot be ruled out"
+            .to_string(),
+    };
+    ExclusionSafety::EarlyRevocation { reason }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,5 +112,25 @@ mod tests {
         assert!(!s("noeviction", "no", "always").durable_fences());
         assert!(!s("noeviction", "yes", "everysec").durable_fences());
         assert!(s("NoEviction", "YES", "Always").durable_fences());
+    }
+
+    #[test]
+    fn only_noeviction_keeps_leases_exclusive() {
+        let s = |p| ServerSettings::from_values(p, "no", "everysec");
+        assert_eq!(
+            exclusion(Some(&s("noeviction"))),
+            ExclusionSafety::Exclusive
+        );
+        for policy in [
+            "volatile-lru",
+            "volatile-ttl",
+            "allkeys-lru",
+            "some-future-policy",
+        ] {
+            let declared = exclusion(Some(&s(policy)));
+            assert!(declared.can_end_early(), "{policy}");
+            assert!(declared.to_string().contains(policy), "{declared}");
+        }
+        assert!(exclusion(None).can_end_early());
     }
 }

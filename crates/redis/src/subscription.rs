@@ -5,7 +5,7 @@
 //! channel of each key someone waits on, at the primary that owns the key's slot, and
 //! unsubscribes when nobody waits on the key any more (see [`crate::cluster`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,56 +20,11 @@ use crate::cluster::{lock_key_of, shard_channel, ClusterTarget};
 use crate::errors::is_transient;
 use crate::link::Source;
 use crate::sentinel::NodeAddr;
+use crate::waiters::Waiters;
 
 /// How often the subscription connection is checked with a `PING`, so a connection whose server
 /// vanished without closing it is noticed and replaced (waiters rely on their retries meanwhile).
 const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(1);
-
-/// Waiters of this authority, by Redis lock key.
-#[derive(Debug, Default)]
-pub(crate) struct Waiters {
-    by_key: Mutex<HashMap<String, Arc<Notify>>>,
-}
-
-impl Waiters {
-    /// The notifier for `lock_key`; hold it while waiting.
-    pub(crate) fn for_key(&self, lock_key: &str) -> Arc<Notify> {
-        let mut map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
-        // Forget keys nobody waits on any more, so the map does not grow with every key.
-        map.retain(|_, n| Arc::strong_count(n) > 1);
-        map.entry(lock_key.to_string()).or_default().clone()
-    }
-
-    pub(crate) fn wake(&self, lock_key: &str) {
-        let map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = map.get(lock_key) {
-            n.notify_waiters();
-        }
-    }
-
-    /// Whether anyone waits on `lock_key` now.
-    fn waited_on(&self, lock_key: &str) -> bool {
-        let map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(lock_key).is_some_and(|n| Arc::strong_count(n) > 1)
-    }
-
-    /// The keys someone waits on now.
-    fn waited_keys(&self) -> Vec<String> {
-        let map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
-        map.iter()
-            .filter(|(_, n)| Arc::strong_count(n) > 1)
-            .map(|(k, _)| k.clone())
-            .collect()
-    }
-
-    /// Wakes everyone: while the subscription was down, releases may have been missed.
-    fn wake_all(&self) {
-        let map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
-        for n in map.values() {
-            n.notify_waiters();
-        }
-    }
-}
 
 /// Where the subscription connection is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,7 +116,7 @@ impl Subscription {
         }
     }
 
-    pub(crate) fn waiters(&self) -> &Waiters {
+    pub(crate) fn waiters(&self) -> &Arc<Waiters> {
         &self.waiters
     }
 

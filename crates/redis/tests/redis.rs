@@ -15,8 +15,8 @@ use leasehold_conformance::harness_error;
 use leasehold_conformance::scenarios::{self, run_all};
 use leasehold_conformance::{Connector, Context, Faults, Residue, Verdict};
 use leasehold_core::{
-    Authority, Capabilities, Error, Fence, FenceSafety, Grant, Instant, Lease, LeaseOptions,
-    LockKey, LostReason, Released,
+    Authority, Capabilities, Error, ExclusionSafety, Fence, FenceSafety, Grant, Instant, Lease,
+    LeaseOptions, LockKey, LostReason, Released,
 };
 use leasehold_redis::{KeyLayout, RedisAuthority};
 use leasehold_servers::{free_port, RedisServer};
@@ -915,6 +915,229 @@ async fn waiters_share_one_subscription_and_retry_silent_holders_with_bounded_ba
     }
 }
 
+/// The most attempts a waiter's timer can make within `elapsed` once it waits: its backoff
+/// delays are at least 10, 20, 40 and 75 ms, then 150 ms each (half of each step is fixed).
+fn timer_attempts_within(elapsed: Duration) -> u64 {
+    let mut at = Duration::ZERO;
+    let mut attempts = 0;
+    for step in [10, 20, 40, 75].into_iter().chain(std::iter::repeat(150)) {
+        at = at.saturating_add(Duration::from_millis(step));
+        if at > elapsed {
+            return attempts + 1;
+        }
+        attempts += 1;
+    }
+    attempts
+}
+
+/// A release wakes one waiter of the key in this authority, not every one: 50 waiters take the
+/// key in turn, each releasing it at once, and the attempts counted at the server (`EVALSHA` in
+/// `INFO commandstats`) are one per hand-off plus the releases, within what the waiters' own
+/// timers can add over the same time. Waking every waiter costs one attempt per remaining
+/// waiter per hand-off (about 1,275 for the chain).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_one_waiter_not_all() -> Result<(), String> {
+    const WAITERS: u64 = 50;
+    let server = start().await;
+    let e = |what: &'static str| move |e: Error| format!("{what}: {e}");
+    let holder = RedisAuthority::connect(&url(&server))
+        .await
+        .map_err(e("connect"))?;
+    let a = Arc::new(
+        RedisAuthority::connect(&url(&server))
+            .await
+            .map_err(e("connect"))?,
+    );
+    let key = LockKey::new("handoff-50").map_err(|e| e.to_string())?;
+    let ttl = Duration::from_secs(30);
+    let first = holder
+        .try_acquire(&key, ttl)
+        .await
+        .map_err(e("holder"))?
+        .ok_or("the fresh key is held")?;
+    let (sha0, _) = calls(&server, "evalsha").await;
+    let started = Instant::now();
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let (a, key) = (a.clone(), key.clone());
+            tokio::spawn(async move {
+                let grant = a
+                    .acquire(&key, ttl, Duration::from_secs(120))
+                    .await
+                    .map_err(|e| format!("acquire: {e}"))?;
+                match a.release(&grant).await {
+                    Ok(Released::Released) => Ok(()),
+                    other => Err(format!("the waiter's release: {other:?}")),
+                }
+            })
+        })
+        .collect();
+    // Every waiter is waiting once it made its first attempt and the one after subscribing.
+    loop {
+        let (sha, _) = calls(&server, "evalsha").await;
+        if sha - sha0 >= 2 * WAITERS {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(20) {
+            return Err(format!("only {} attempts by {WAITERS} waiters", sha - sha0));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    match holder.release(&first).await {
+        Ok(Released::Released) => {}
+        other => return Err(format!("the holder's release: {other:?}")),
+    }
+    for waiter in waiters {
+        waiter.await.map_err(|e| e.to_string())??;
+    }
+    let elapsed = started.elapsed();
+    let (sha1, _) = calls(&server, "evalsha").await;
+    let spent = sha1 - sha0;
+    // Per waiter: two attempts before it waits, its timer's, and its release; per hand-off:
+    // the woken waiter's attempt and one more woken by the same release's announcement when
+    // it arrives after that attempt ended; the holder's release.
+    let allowed = WAITERS * (3 + timer_attempts_within(elapsed)) + 2 * WAITERS + 1;
+    println!(
+        "{spent} EVALSHA for {WAITERS} hand-offs in {elapsed:?} ({:.1} per hand-off beyond the \
+         waiters' first two attempts and their releases); allowed {allowed}",
+        spent.saturating_sub(3 * WAITERS + 1) as f64 / WAITERS as f64
+    );
+    if spent > allowed {
+        return Err(format!(
+            "{spent} EVALSHA for {WAITERS} hand-offs in {elapsed:?}: more than one attempt per \
+             hand-off and the waiters' timers allow ({allowed})"
+        ));
+    }
+    Ok(())
+}
+
+/// Three rounds of: the authority `a` holds `key`, two of its waiters wait until their backoff
+/// is at its cap, the fence counter is set to `poison` so that every attempt fails, and the
+/// holder releases. Nothing but the authority itself wakes its waiters: its ACL user has no
+/// channel rights (releases are not announced, the subscription is refused), so the release
+/// wakes them through the authority alone. Both waiters must end with an error `expected`
+/// accepts within 100 ms of the release: two thirds of the shortest delay of a grown backoff
+/// (150 ms), so a waiter left to its timer, ending at a random point of its 150-300 ms step,
+/// is inside the bound less than half the time in each round.
+async fn failing_waiters_end_at_once(
+    server: &Arc<RedisServer>,
+    poison: &str,
+    expected: fn(&Error) -> bool,
+) -> Result<(), String> {
+    let s = server.clone();
+    blocking(move || s.command(&["ACL", "SETUSER", "mute", "on", ">mute-pw", "~*", "+@all"]))
+        .await
+        .map_err(|e| format!("ACL SETUSER: {e}"))?;
+    let acl_url = format!(
+        "redis://mute:mute-pw@127.0.0.1:{}?timeout_ms=1000",
+        server.port()
+    );
+    let a = Arc::new(
+        RedisAuthority::connect(&acl_url)
+            .await
+            .map_err(|e| format!("connect: {e}"))?,
+    );
+    let key = LockKey::new("failing-waiters").map_err(|e| e.to_string())?;
+    let ttl = Duration::from_secs(30);
+    let bound = Duration::from_millis(100);
+    let set_counter = |value: String| {
+        let (s, fence_key) = (server.clone(), a.config().layout().fence_key(&key));
+        blocking(move || s.command(&["SET", &fence_key, &value]))
+    };
+    for round in 1..=3 {
+        set_counter("1".into())
+            .await
+            .map_err(|e| format!("SET the counter: {e}"))?;
+        let held = a
+            .try_acquire(&key, ttl)
+            .await
+            .map_err(|e| format!("the holder: {e}"))?
+            .ok_or("the key is held")?;
+        set_counter(poison.to_string())
+            .await
+            .map_err(|e| format!("SET the counter: {e}"))?;
+        let (sha0, _) = calls(server, "evalsha").await;
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let (a, key) = (a.clone(), key.clone());
+                tokio::spawn(async move {
+                    let answer = a.acquire(&key, ttl, Duration::from_secs(60)).await;
+                    (answer, Instant::now())
+                })
+            })
+            .collect();
+        // Each waiter's first two attempts and five timer attempts: its backoff (steps of 20,
+        // 40, 80, 160 and 300 ms) is then at its cap.
+        let started = Instant::now();
+        loop {
+            let (sha, _) = calls(server, "evalsha").await;
+            if sha - sha0 >= 2 * 7 {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(20) {
+                return Err(format!("the waiters made only {} attempts", sha - sha0));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let released = Instant::now();
+        match a.release(&held).await {
+            Ok(Released::Released) => {}
+            other => return Err(format!("the holder's release: {other:?}")),
+        }
+        for waiter in waiters {
+            let (answer, ended) = tokio::time::timeout(Duration::from_secs(5), waiter)
+                .await
+                .map_err(|_| "a waiter was never woken".to_string())?
+                .map_err(|e| e.to_string())?;
+            let after = ended.saturating_duration_since(released);
+            match answer {
+                Err(e) if expected(&e) && after < bound => {}
+                other => {
+                    return Err(format!(
+                        "round {round}: a waiter ended {after:?} after the release with \
+                         {other:?}; expected its error within {bound:?}"
+                    ))
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A release hands the key's turn to one waiter of the authority; one whose attempt then fails
+/// (here the acquire script finds the counter is no integer, and takes nothing) passes the turn
+/// on, so the next waiter tries at once rather than at its timer. Without the passing on, a
+/// waiter ended 151 and 158 ms after the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_attempt_fails_passes_its_turn_on() -> Result<(), String> {
+    let server = start().await;
+    failing_waiters_end_at_once(&server, "not a number", |e| {
+        matches!(
+            e,
+            Error::Backend {
+                retryable: false,
+                ..
+            }
+        )
+    })
+    .await
+}
+
+/// An attempt that won but cannot use its grant (its fence out of range) gives the lease back
+/// in the background; that give-back wakes this authority's waiters as a release does, since
+/// the waiter handed the turn next may have found the lease not yet given back, and no
+/// announcement follows where publishing is refused. Before, the second waiter ended at its
+/// timer in some runs (174 to 215 ms after the release; one to two runs of three).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_given_back_after_a_failed_attempt_wakes_the_next_waiter() -> Result<(), String> {
+    let server = start().await;
+    let largest = ((1u64 << 48) - 1).to_string();
+    failing_waiters_end_at_once(&server, &largest, |e| {
+        matches!(e, Error::FenceOutOfRange { .. })
+    })
+    .await
+}
+
 /// The subscription connection is killed, and the holder releases while it is down: the
 /// announcement is lost, yet the waiter gets the key at once after the subscription is back,
 /// not after the holder's TTL.
@@ -1587,8 +1810,9 @@ async fn connect_under_policy(
 /// An evicting `maxmemory-policy` can drop a lock key (every policy but `noeviction`) or a fence
 /// counter (`allkeys-*`). The authority reads the policy at connect and warns; and since the
 /// server persists every write (`appendonly yes`, `appendfsync always`), it declares its fences
-/// durable exactly when no counter can be evicted. A user that may not read the configuration
-/// connects as before, and nothing is claimed for it.
+/// durable exactly when no counter can be evicted, and leases exclusive only under
+/// `noeviction`. A user that may not read the configuration connects as before, and nothing is
+/// claimed for it: fences not durable, leases declared able to end early.
 ///
 /// A current-thread runtime, so that the warnings are logged on the thread that collects them.
 #[tokio::test]
@@ -1631,6 +1855,7 @@ async fn an_evicting_maxmemory_policy_is_warned_about_and_fences_are_not_declare
 
     let (a, warnings) = connect_under_policy(&server, &url, "noeviction").await;
     assert!(a.capabilities().durable_fences);
+    assert_eq!(a.capabilities().exclusion, ExclusionSafety::Exclusive);
     assert!(warnings.is_empty(), "{warnings:?}");
 
     // Without persistence, fences are not durable whatever the policy.
@@ -1656,6 +1881,10 @@ async fn an_evicting_maxmemory_policy_is_warned_about_and_fences_are_not_declare
     );
     let (app, warnings) = connect_under_policy(&server, &app_url, "allkeys-lru").await;
     assert!(!app.capabilities().durable_fences);
+    assert!(
+        app.capabilities().exclusion.can_end_early(),
+        "an eviction policy that cannot be read cannot be ruled out"
+    );
     assert_eq!(app.server_settings(), None);
     assert!(warnings.is_empty(), "{warnings:?}");
     let key = LockKey::new("policy").unwrap();
@@ -1665,6 +1894,100 @@ async fn an_evicting_maxmemory_policy_is_warned_about_and_fences_are_not_declare
         .unwrap()
         .unwrap();
     assert_eq!(app.release(&g).await.unwrap(), Released::Released);
+}
+
+/// Under a `volatile-*` policy the lock keys, which carry an expiry, are exactly what the server
+/// evicts. With `volatile-ttl` and a lock TTL shorter than every other key's, the first eviction
+/// takes the lock key: a second client then gets the key while the first grant is valid by its
+/// holder's own deadline, with a greater fence. The authority must declare that leases can end
+/// early there (and only a `noeviction` server is declared exclusive).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volatile_policy_evicts_a_live_lock_key_as_declared() -> Result<(), String> {
+    let server = start().await;
+    let url = url(&server);
+    let set = |name: &'static str, value: String| {
+        let server = server.clone();
+        blocking(move || {
+            server
+                .command(&["CONFIG", "SET", name, &value])
+                .map_err(|e| format!("CONFIG SET {name} {value}: {e}"))
+        })
+    };
+    set("maxmemory-policy", "volatile-ttl".into()).await?;
+    let a = RedisAuthority::connect(&url)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let b = RedisAuthority::connect(&url)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let declared = &a.capabilities().exclusion;
+    if !declared.can_end_early() || !declared.to_string().contains("volatile-ttl") {
+        return Err(format!(
+            "under volatile-ttl the authority declares its leases {declared}"
+        ));
+    }
+
+    let key = LockKey::new("evicted").map_err(|e| e.to_string())?;
+    let ttl = Duration::from_secs(60);
+    let first = a
+        .try_acquire(&key, ttl)
+        .await
+        .map_err(|e| format!("first acquisition: {e}"))?
+        .ok_or("the fresh key is held")?;
+    // Memory pressure: a limit just above what is used, then keys that live longer than the
+    // lock, until the server evicts.
+    let server2 = server.clone();
+    let used = blocking(move || server2.command(&["INFO", "memory"]))
+        .await
+        .map_err(|e| e.to_string())?;
+    let used: u64 = info_field(&used, "used_memory")
+        .and_then(|v| v.parse().ok())
+        .ok_or("INFO memory without used_memory")?;
+    set("maxmemory", (used + 512 * 1024).to_string()).await?;
+    let lock_key = a.config().layout().lock_key(&key);
+    let server2 = server.clone();
+    let filled = blocking(move || {
+        let value = "x".repeat(16 * 1024);
+        for n in 0..2000 {
+            let filler = format!("filler:{n}");
+            server2
+                .command(&["SET", &filler, &value, "PX", "3600000"])
+                .map_err(|e| format!("SET {filler}: {e}"))?;
+            let exists = server2
+                .command(&["EXISTS", &lock_key])
+                .map_err(|e| format!("EXISTS: {e}"))?;
+            if exists == "0" {
+                return Ok(n + 1);
+            }
+        }
+        Err("2000 long-lived keys of 16 KiB did not evict the lock key".to_string())
+    })
+    .await?;
+    set("maxmemory", "0".into()).await?;
+    if !first.is_valid() {
+        return Err("the first grant's own deadline passed during the test".into());
+    }
+    let second = b
+        .try_acquire(&key, ttl)
+        .await
+        .map_err(|e| format!("second acquisition: {e}"))?
+        .ok_or("the evicted key is still held")?;
+    let overlap = first.remaining();
+    println!(
+        "lock key evicted after {filled} fillers; a second client holds it with fence {} while \
+         the first grant (fence {}) has {overlap:?} left by its own deadline",
+        second.fence(),
+        first.fence()
+    );
+    if second.fence() <= first.fence() || overlap.is_zero() {
+        return Err(format!(
+            "expected a greater fence while the first grant is valid: {} after {}, {overlap:?} \
+             left",
+            second.fence(),
+            first.fence()
+        ));
+    }
+    Ok(())
 }
 
 /// A Redis that persists every write before acknowledging it (`appendonly yes`,

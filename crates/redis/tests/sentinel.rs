@@ -511,3 +511,150 @@ async fn passwords_for_the_primary_and_the_sentinels() {
         "{err:?}"
     );
 }
+
+/// The configuration epoch a sentinel reports for `name` (`config-epoch` in `SENTINEL MASTER`).
+fn config_epoch(sentinel: &leasehold_servers::RedisSentinel, name: &str) -> Result<u64, String> {
+    let reply = sentinel
+        .command(&["SENTINEL", "MASTER", name])
+        .map_err(|e| format!("SENTINEL MASTER: {e}"))?;
+    let fields: Vec<&str> = reply.lines().collect();
+    fields
+        .chunks(2)
+        .find(|pair| pair.first() == Some(&"config-epoch"))
+        .and_then(|pair| pair.get(1))
+        .and_then(|epoch| epoch.parse().ok())
+        .ok_or_else(|| format!("SENTINEL MASTER without a config-epoch: {reply:?}"))
+}
+
+/// Sentinels that are re-provisioned (`SENTINEL REMOVE` and `MONITOR`, which is also what a
+/// redeploy without its sentinel.conf amounts to) number the primary's configuration from 0
+/// again. An authority that saw a failover remembers a greater epoch; once its connection
+/// breaks, it must still find the primary the sentinels now agree on, instead of passing over
+/// every answer as one from a sentinel that missed the failover. Bound: the broken request's
+/// timeout plus one more for the sentinels, the `ROLE` check and the acquisition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn re_provisioned_sentinels_are_followed_after_a_broken_connection() -> Result<(), String> {
+    let deployment = start_with(SentinelOptions::default()).await;
+    let url = with_timeout(&deployment.url());
+    let a = RedisAuthority::connect(&url)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let ttl = Duration::from_secs(30);
+    let name = deployment.master_name().to_string();
+
+    // One failover: the first primary dies, the sentinels promote the replica under epoch 1.
+    let d = deployment.clone();
+    blocking(move || {
+        let [p1, p2] = d.servers();
+        wait_in_sync(p1, p2)?;
+        p1.kill().map_err(s)?;
+        d.wait_for_primary(p2, d.failover_bound()).map_err(s)
+    })
+    .await?;
+    let killed = Instant::now();
+    let bound = deployment.failover_bound().saturating_add(TIMEOUT * 2);
+    let mut n = 0;
+    loop {
+        n += 1;
+        let key = LockKey::new(format!("reprovision-before-{n}")).map_err(|e| e.to_string())?;
+        match a.try_acquire(&key, ttl).await {
+            Ok(Some(_)) => break,
+            Ok(None) => return Err(format!("the fresh key {key} is held")),
+            Err(Error::Unavailable { .. }) => {}
+            Err(e) => return Err(format!("following the failover: {e:?}")),
+        }
+        if killed.elapsed() >= bound {
+            return Err(format!(
+                "the authority did not follow the failover within {bound:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Re-provisioned: every sentinel forgets the primary and monitors it anew.
+    let d = deployment.clone();
+    let monitored = name.clone();
+    let epochs = blocking(move || {
+        let primary = d.servers()[1].port().to_string();
+        let quorum = d.options().quorum.to_string();
+        let down = d.options().down_after.as_millis().to_string();
+        let mut before = Vec::new();
+        for sentinel in d.sentinels() {
+            before.push(config_epoch(sentinel, &monitored)?);
+            for args in [
+                vec!["SENTINEL", "REMOVE", &monitored],
+                vec![
+                    "SENTINEL",
+                    "MONITOR",
+                    &monitored,
+                    "127.0.0.1",
+                    &primary,
+                    &quorum,
+                ],
+                vec![
+                    "SENTINEL",
+                    "SET",
+                    &monitored,
+                    "down-after-milliseconds",
+                    &down,
+                ],
+            ] {
+                sentinel.command(&args).map_err(s)?;
+            }
+        }
+        let after = d
+            .sentinels()
+            .iter()
+            .map(|sentinel| config_epoch(sentinel, &monitored))
+            .collect::<Result<Vec<u64>, String>>()?;
+        Ok::<_, String>((before, after))
+    })
+    .await?;
+    let (before, after) = epochs;
+    if before.contains(&0) || after.iter().any(|e| *e != 0) {
+        return Err(format!(
+            "expected configuration epochs above 0 before and 0 after re-provisioning: \
+             {before:?} -> {after:?}"
+        ));
+    }
+
+    // The authority's connection to the primary breaks.
+    let d = deployment.clone();
+    let killed_clients = blocking(move || {
+        d.servers()[1]
+            .command(&["CLIENT", "KILL", "TYPE", "normal"])
+            .map_err(s)
+    })
+    .await?;
+    if killed_clients.parse::<u64>().unwrap_or(0) == 0 {
+        return Err(format!(
+            "CLIENT KILL found no connection: {killed_clients:?}"
+        ));
+    }
+    let broken = Instant::now();
+    let bound = TIMEOUT * 2;
+    let mut last = None;
+    let mut n = 0;
+    while broken.elapsed() < bound {
+        n += 1;
+        let key = LockKey::new(format!("reprovision-after-{n}")).map_err(|e| e.to_string())?;
+        match a.try_acquire(&key, ttl).await {
+            Ok(Some(_)) => {
+                println!(
+                    "acquired {:?} after the connection broke (attempt {n}); configuration \
+                     epochs {before:?} -> {after:?}",
+                    broken.elapsed()
+                );
+                return Ok(());
+            }
+            Ok(None) => return Err(format!("the fresh key {key} is held")),
+            Err(e) => last = Some(e.to_string()),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err(format!(
+        "no acquisition within {bound:?} of the broken connection ({n} attempts), the last \
+         answer: {}",
+        last.unwrap_or_default()
+    ))
+}

@@ -1,13 +1,14 @@
 //! # leasehold-servers
 //!
 //! A harness that runs real etcd, ZooKeeper, Redis and PostgreSQL servers for tests, from
-//! Debian's packages (`etcd-server etcd-client zookeeper redis-server postgresql`), as plain
+//! Debian's packages (`etcd-server etcd-client zookeeper redis-server postgresql pgbouncer`), as plain
 //! processes on free loopback ports with their data in temp dirs, and faults them.
 //!
 //! * Start: [`EtcdServer::start`], [`EtcdCluster::start`], [`ZkServer::start`],
 //!   [`ZkEnsemble::start`], [`RedisServer::start`], [`RedisServer::start_replica_of`],
 //!   [`SentinelDeployment::start`] (a primary, a replica and three sentinels),
-//!   [`PostgresServer::start`] (and `start_with_password` variants). Each returns once the
+//!   [`PostgresServer::start`] (and `start_with_password` variants), [`PgBouncer`] in
+//!   transaction pooling mode in front of one. Each returns once the
 //!   server really serves (bounded by [`READY_TIMEOUT`]), or an error with the tail of the
 //!   server's log. A server that cannot start is an error, never a skip.
 //! * Fault: every server has `kill` (SIGKILL), `pause` (SIGSTOP), `resume` (SIGCONT), `stop`
@@ -44,6 +45,7 @@ pub mod error;
 pub mod etcd;
 pub mod external;
 pub mod partition;
+pub mod pgbouncer;
 pub mod ports;
 pub mod postgres;
 pub mod process;
@@ -55,6 +57,7 @@ pub mod zookeeper;
 pub use error::{HarnessError, Result};
 pub use etcd::{etcdctl_command, etcdctl_path, EtcdCluster, EtcdServer};
 pub use partition::{Isolatable, MemberIdentity, Partition};
+pub use pgbouncer::PgBouncer;
 pub use ports::{free_port, free_ports};
 pub use postgres::PostgresServer;
 pub use process::{CommandSpec, ManagedProcess, READY_TIMEOUT, STOP_GRACE};

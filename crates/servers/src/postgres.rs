@@ -201,7 +201,7 @@ impl PostgresServer {
 
 /// Sends a startup message and reads the first answer: `R` (an authentication request, also
 /// "ok" under trust) means the server accepts connections; `E` carries the reason it does not.
-fn startup_probe(port: u16) -> std::result::Result<(), String> {
+pub(crate) fn startup_probe(port: u16) -> std::result::Result<(), String> {
     let timeout = Duration::from_secs(1);
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
@@ -282,7 +282,7 @@ fn initdb(
 }
 
 /// A temp dir for a server, handed to the `postgres` user when we run as root.
-fn owned_server_dir(name: &str, user: Option<(u32, u32)>) -> Result<TempDir> {
+pub(crate) fn owned_server_dir(name: &str, user: Option<(u32, u32)>) -> Result<TempDir> {
     let dir = server_dir(name)?;
     if let Some((uid, gid)) = user {
         std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).map_err(|e| {
@@ -332,7 +332,7 @@ fn run_logged(
 }
 
 /// `Some((uid, gid))` of the `postgres` user when running as root, else `None` (run as we are).
-fn run_as() -> Result<Option<(u32, u32)>> {
+pub(crate) fn run_as() -> Result<Option<(u32, u32)>> {
     if effective_uid() != Some(0) {
         return Ok(None);
     }

@@ -84,6 +84,15 @@ pub struct ZkConfig {
     /// Each member on a loopback address and uid of its own, so that a
     /// [`Partition`](crate::Partition) can cut it off (see [`ZkEnsemble::start_isolatable`]).
     pub isolatable: bool,
+    /// `minSessionTimeout`, when set apart from `tickTime` (ZooKeeper's default is 2 ticks).
+    pub min_session_timeout: Option<Duration>,
+    /// How many of an ensemble's members are observers (the last ones): they serve clients
+    /// and follow the leader but do not vote. An ensemble with observers runs with
+    /// `standaloneEnabled=false`, so that even one voter forms an ensemble with them.
+    pub observers: usize,
+    /// Whether the `conf` four-letter word is in `4lw.commands.whitelist` (default yes), so
+    /// that clients can read the server's `tickTime`.
+    pub conf_word: bool,
 }
 
 impl Default for ZkConfig {
@@ -93,6 +102,9 @@ impl Default for ZkConfig {
             init_limit: ZK_INIT_LIMIT,
             sync_limit: ZK_SYNC_LIMIT,
             isolatable: false,
+            min_session_timeout: None,
+            observers: 0,
+            conf_word: true,
         }
     }
 }
@@ -119,6 +131,24 @@ impl ZkConfig {
     /// Gives each member its own loopback address and uid.
     pub fn isolatable(mut self) -> Self {
         self.isolatable = true;
+        self
+    }
+
+    /// Sets `minSessionTimeout` apart from `tickTime`.
+    pub fn min_session_timeout(mut self, timeout: Duration) -> Self {
+        self.min_session_timeout = Some(timeout);
+        self
+    }
+
+    /// Makes the last `observers` members of an ensemble observers.
+    pub fn observers(mut self, observers: usize) -> Self {
+        self.observers = observers;
+        self
+    }
+
+    /// Leaves `conf` out of `4lw.commands.whitelist`: the server's tick cannot be read then.
+    pub fn without_conf_word(mut self) -> Self {
+        self.conf_word = false;
         self
     }
 
@@ -194,6 +224,8 @@ struct ZkMemberPlan {
     client_port: u16,
     quorum_port: u16,
     election_port: u16,
+    /// A non-voting member (`peerType=observer`).
+    observer: bool,
 }
 
 delegate_faults!(ZkServer);
@@ -202,6 +234,12 @@ impl ZkServer {
     /// Starts a standalone server on a free loopback port with its data in a temp dir and waits
     /// until it serves (`srvr` reports a `Mode:`; `ruok` answers earlier than that).
     pub fn start() -> Result<Self> {
+        Self::start_with(ZkConfig::default())
+    }
+
+    /// Starts a standalone server set up as `config` says (its tick, session timeouts and
+    /// four-letter words; the ensemble settings do not apply) and waits until it serves.
+    pub fn start_with(config: ZkConfig) -> Result<Self> {
         retry_on_port_clash(5, || {
             let client_port = free_ports(1)?[0];
             let member = ZkMemberPlan {
@@ -211,8 +249,9 @@ impl ZkServer {
                 client_port,
                 quorum_port: 0,
                 election_port: 0,
+                observer: false,
             };
-            let server = ZkServer::spawn(&member, None, &ZkConfig::default(), None)?;
+            let server = ZkServer::spawn(&member, None, &config, None)?;
             server.wait_ready()?;
             Ok(server)
         })
@@ -246,6 +285,7 @@ impl ZkServer {
                 client_port: ports[0],
                 quorum_port: 0,
                 election_port: 0,
+                observer: false,
             };
             let server = ZkServer::spawn(
                 &member,
@@ -292,8 +332,9 @@ impl ZkServer {
              clientPortAddress={addr}\n\
              maxSessionTimeout={max_session}\n\
              admin.enableServer=false\n\
-             4lw.commands.whitelist=ruok,srvr,stat,mntr\n\
+             4lw.commands.whitelist=ruok,srvr,stat,mntr{conf}\n\
              forceSync=no\n",
+            conf = if config.conf_word { ",conf" } else { "" },
             tick = config.tick_time.as_millis(),
             init_limit = config.init_limit,
             sync_limit = config.sync_limit,
@@ -334,11 +375,26 @@ impl ZkServer {
                 },
             );
         }
-        for m in ensemble.unwrap_or_default() {
+        if let Some(min) = config.min_session_timeout {
+            let _ = writeln!(zoo_cfg, "minSessionTimeout={}", min.as_millis());
+        }
+        let ensemble = ensemble.unwrap_or_default();
+        if ensemble.iter().any(|m| m.observer) {
+            // Else one voter with observers would start as a standalone server.
+            zoo_cfg.push_str("standaloneEnabled=false\n");
+        }
+        if member.observer {
+            zoo_cfg.push_str("peerType=observer\n");
+        }
+        for m in ensemble {
             let _ = writeln!(
                 zoo_cfg,
-                "server.{}={}:{}:{}",
-                m.myid, m.addr, m.quorum_port, m.election_port
+                "server.{}={}:{}:{}{}",
+                m.myid,
+                m.addr,
+                m.quorum_port,
+                m.election_port,
+                if m.observer { ":observer" } else { "" }
             );
         }
         let config_path = dir.path().join("zoo.cfg");
@@ -484,7 +540,7 @@ impl ZkServer {
             .find_map(|line| line.strip_prefix("Mode:"))
             .map(str::trim);
         match (mode, self.myid) {
-            (Some("standalone"), None) | (Some("leader" | "follower"), Some(_)) => {}
+            (Some("standalone"), None) | (Some("leader" | "follower" | "observer"), Some(_)) => {}
             _ => return Err(format!("srvr answered {:?}", answer.trim())),
         }
         // The server binds its TLS port after it serves on the plain one.
@@ -560,6 +616,15 @@ impl ZkEnsemble {
     /// Starts `size` members set up as `config` says and waits until each one serves as leader
     /// or follower.
     pub fn start_with(size: usize, config: ZkConfig) -> Result<Self> {
+        if config.observers >= size {
+            return Err(HarnessError::server(
+                "zookeeper ensemble",
+                format!(
+                    "{} observers of {size} members leave no voter",
+                    config.observers
+                ),
+            ));
+        }
         if size == 0 {
             return Err(HarnessError::server(
                 "zookeeper ensemble",
@@ -583,6 +648,7 @@ impl ZkEnsemble {
                     client_port: ports[3 * i],
                     quorum_port: ports[3 * i + 1],
                     election_port: ports[3 * i + 2],
+                    observer: i + config.observers >= size,
                 });
             }
             let members = plan

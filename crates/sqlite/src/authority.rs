@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr};
 use tokio::sync::Notify;
 
-use crate::clock::MachineClock;
+use crate::clock::{MachineClock, Now};
 use crate::config::SqliteConfig;
 use crate::errors::{self, BACKEND};
 use crate::mounts;
@@ -63,30 +64,41 @@ fn sql(s: String) -> SqlStr {
 impl Statements {
     fn new(t: &str) -> Self {
         Statements {
-            // ?1 key, ?2 owner, ?3 boot id, ?4 new expiry, ?5 now. The row is taken over when
-            // its lease is over: expired by this boot's clock, or from another boot.
+            // ?1 key, ?2 owner, ?3 boot id, ?4 new expiry, ?5 now, ?6 the wall clock now, ?7 the
+            // new expiry by the wall clock, ?8 when this boot began by the wall clock. The row is
+            // taken over when its lease is over: for a row of this boot, expired by this boot's
+            // monotonic clock; for a row of another boot, written before this boot began (an
+            // earlier boot's, or from before the wall-clock columns: NULL), or past its expiry by
+            // the wall clock (another kernel's lease that ran out). See `Inner::left`, which
+            // reads a row the same way.
             acquire: sql(format!(
-                "INSERT INTO \"{t}\" AS l (lock_key, owner, fence, boot_id, expires_ns) \
-                 VALUES (?1, ?2, 1, ?3, ?4) \
+                "INSERT INTO \"{t}\" AS l \
+                   (lock_key, owner, fence, boot_id, expires_ns, written_unix_ns, expires_unix_ns) \
+                 VALUES (?1, ?2, 1, ?3, ?4, ?6, ?7) \
                  ON CONFLICT (lock_key) DO UPDATE \
                  SET owner = excluded.owner, fence = l.fence + 1, boot_id = excluded.boot_id, \
-                     expires_ns = excluded.expires_ns \
-                 WHERE l.boot_id <> excluded.boot_id OR l.expires_ns <= ?5 \
+                     expires_ns = excluded.expires_ns, written_unix_ns = excluded.written_unix_ns, \
+                     expires_unix_ns = excluded.expires_unix_ns \
+                 WHERE CASE WHEN l.boot_id = excluded.boot_id THEN l.expires_ns <= ?5 \
+                       ELSE l.written_unix_ns IS NULL OR l.written_unix_ns < ?8 \
+                         OR l.expires_unix_ns IS NULL OR l.expires_unix_ns <= ?6 END \
                  RETURNING fence"
             )),
             holder: sql(format!(
-                "SELECT boot_id, expires_ns FROM \"{t}\" WHERE lock_key = ?1"
+                "SELECT boot_id, expires_ns, written_unix_ns, expires_unix_ns \
+                 FROM \"{t}\" WHERE lock_key = ?1"
             )),
-            // ?1 key, ?2 owner, ?3 fence, ?4 boot id, ?5 now, ?6 new expiry.
+            // ?1 key, ?2 owner, ?3 fence, ?4 boot id, ?5 now, ?6 new expiry, ?7 the wall clock
+            // now, ?8 the new expiry by the wall clock (what another kernel reads).
             renew: sql(format!(
-                "UPDATE \"{t}\" SET expires_ns = ?6 \
+                "UPDATE \"{t}\" SET expires_ns = ?6, written_unix_ns = ?7, expires_unix_ns = ?8 \
                  WHERE lock_key = ?1 AND owner = ?2 AND fence = ?3 AND boot_id = ?4 \
                    AND expires_ns > ?5"
             )),
             // Release expires the row instead of deleting it, so the fence counter never
-            // restarts.
+            // restarts; ?6 is the wall clock now, so the row is over by it too.
             release: sql(format!(
-                "UPDATE \"{t}\" SET expires_ns = ?5 \
+                "UPDATE \"{t}\" SET expires_ns = ?5, written_unix_ns = ?6, expires_unix_ns = ?6 \
                  WHERE lock_key = ?1 AND owner = ?2 AND fence = ?3 AND boot_id = ?4 \
                    AND expires_ns > ?5"
             )),
@@ -101,8 +113,8 @@ impl Statements {
             // The value only if the grant in the row proclaimed it; liveness is decided by the
             // caller, on the machine's clock.
             inspect: sql(format!(
-                "SELECT owner, fence, boot_id, expires_ns, \
-                        CASE WHEN value_fence = fence THEN value END \
+                "SELECT owner, fence, CASE WHEN value_fence = fence THEN value END, \
+                        boot_id, expires_ns, written_unix_ns, expires_unix_ns \
                  FROM \"{t}\" WHERE lock_key = ?1"
             )),
             // ?1 the prefix, ?2 the first text above it (NULL: none), ?3 how many. SQLite
@@ -119,9 +131,12 @@ impl Statements {
 /// The SQL that creates the lease table (the authority runs it at connect, and adds the
 /// [`ADDED_COLUMNS`] to a table an older version created).
 ///
-/// `expires_ns` is a reading of the machine's `CLOCK_MONOTONIC` in the boot `boot_id`; a row
-/// of another boot is expired whatever its number says. `value` is what the grant of fence
-/// `value_fence` proclaimed; it counts only while that grant holds the row.
+/// `expires_ns` is a reading of the machine's `CLOCK_MONOTONIC` in the boot `boot_id`, which
+/// decides every row of this boot. `written_unix_ns` and `expires_unix_ns` are the wall clock's
+/// time of the row's last write and the lease's end by the wall clock, for other boots to read:
+/// a row of another boot is over if it was written before this boot began, or its wall-clock
+/// expiry has passed. `value` is what the grant of fence `value_fence` proclaimed; it counts
+/// only while that grant holds the row.
 pub fn schema_sql(table: &str) -> Result<String> {
     let table = crate::config::table_name(table)?;
     Ok(format!(
@@ -132,14 +147,21 @@ pub fn schema_sql(table: &str) -> Result<String> {
          \x20   boot_id     TEXT    NOT NULL,\n\
          \x20   expires_ns  INTEGER NOT NULL,\n\
          \x20   value       BLOB,\n\
-         \x20   value_fence INTEGER\n\
+         \x20   value_fence INTEGER,\n\
+         \x20   written_unix_ns INTEGER,\n\
+         \x20   expires_unix_ns INTEGER\n\
          ) WITHOUT ROWID;"
     ))
 }
 
 /// The columns added since the first version, with their types: what opening a database adds
 /// to a lease table that lacks them (SQLite has no `ADD COLUMN IF NOT EXISTS`).
-const ADDED_COLUMNS: [(&str, &str); 2] = [("value", "BLOB"), ("value_fence", "INTEGER")];
+const ADDED_COLUMNS: [(&str, &str); 4] = [
+    ("value", "BLOB"),
+    ("value_fence", "INTEGER"),
+    ("written_unix_ns", "INTEGER"),
+    ("expires_unix_ns", "INTEGER"),
+];
 
 /// Adds the [`ADDED_COLUMNS`] that `table` lacks, keeping its rows. Looks first without the
 /// write lock, so that opening an up-to-date file never waits for a writer; adds them inside
@@ -185,7 +207,12 @@ async fn add_missing_columns(
 }
 
 struct Inner {
-    pool: SqlitePool,
+    /// The connections of lease requests, and only of them: an application that holds the
+    /// connections of [`SqliteAuthority::pool`] cannot make a renewal wait for one.
+    lease_pool: SqlitePool,
+    /// The application's connections to the same file ([`SqliteAuthority::pool`]), opened when
+    /// first used.
+    app_pool: SqlitePool,
     config: SqliteConfig,
     /// The database file, absolute.
     path: PathBuf,
@@ -197,7 +224,15 @@ struct Inner {
     /// sharing a client hand a key on (or see the value) at once; other processes' waiters find
     /// out by polling.
     changed: Notify,
+    /// Whether this client has warned that another kernel holds a lease in the file (once: a
+    /// waiter would otherwise warn at every poll).
+    warned_foreign: AtomicBool,
 }
+
+/// When a lease row ends: the boot that wrote it, its expiry on that boot's monotonic clock,
+/// and the wall clock's time of its last write and its expiry by the wall clock (absent in rows
+/// written before those columns existed).
+type Timing = (String, i64, Option<i64>, Option<i64>);
 
 /// What [`Inner::conditional`] does to a lease we hold.
 enum Step<'v> {
@@ -228,12 +263,32 @@ impl Inner {
         self.config.client.request_timeout
     }
 
-    /// How long a lease row of `boot_id` expiring at `expires_ns` still runs, read at `now`.
-    fn left(&self, boot_id: &str, expires_ns: i64, now: i64) -> Duration {
-        if boot_id != self.clock.boot_id {
-            return Duration::ZERO;
-        }
-        Duration::from_nanos(u64::try_from(expires_ns.saturating_sub(now)).unwrap_or(0))
+    /// How long a lease row still runs, read at `now`; the same judgement as the acquire
+    /// statement's. A row of this boot runs until its monotonic expiry. A row of another boot
+    /// written before this boot began is an earlier boot's, over whatever it says; one written
+    /// since is another kernel's (a second machine, a VM, a sandbox sharing the file), and runs
+    /// until its expiry by the wall clock, the only clock two kernels share.
+    fn left(&self, row: &Timing, now: Now) -> Duration {
+        let (boot_id, expires_ns, written_unix_ns, expires_unix_ns) = row;
+        let ns = if *boot_id == self.clock.boot_id {
+            expires_ns.saturating_sub(now.ns)
+        } else {
+            match (written_unix_ns, expires_unix_ns) {
+                (Some(written), Some(expires)) if *written >= now.boot_began_unix_ns => {
+                    let left = expires.saturating_sub(now.wall_ns);
+                    if left > 0 && !self.warned_foreign.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            path = %self.shown,
+                            other_boot = %boot_id,
+                            "a lease in this file was written by another boot since this one began: another machine, VM or sandbox is using the file, and SQLite's locks do not hold between kernels; its leases are respected until their wall-clock expiry"
+                        );
+                    }
+                    left
+                }
+                _ => 0,
+            }
+        };
+        Duration::from_nanos(u64::try_from(ns).unwrap_or(0))
     }
 
     /// `work` bounded by `give_up`, with leasehold's errors.
@@ -263,7 +318,7 @@ impl Inner {
         ttl: Duration,
         gone: impl Fn() -> bool,
     ) -> Acquired {
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.lease_pool.acquire().await?;
         if gone() {
             return Ok((None, None));
         }
@@ -272,23 +327,26 @@ impl Inner {
             tx.rollback().await?;
             return Ok((None, None));
         }
-        let now = self.clock.now_ns();
+        let now = self.clock.now();
         let won: Option<i64> = sqlx::query_scalar(self.statements.acquire.clone())
             .bind(key)
             .bind(owner)
             .bind(&self.clock.boot_id)
-            .bind(now.saturating_add(ttl_ns(ttl)))
-            .bind(now)
+            .bind(now.ns.saturating_add(ttl_ns(ttl)))
+            .bind(now.ns)
+            .bind(now.wall_ns)
+            .bind(now.wall_ns.saturating_add(ttl_ns(ttl)))
+            .bind(now.boot_began_unix_ns)
             .fetch_optional(&mut *tx)
             .await?;
         let remaining = match won {
             Some(_) => None,
             None => {
-                let row: Option<(String, i64)> = sqlx::query_as(self.statements.holder.clone())
+                let row: Option<Timing> = sqlx::query_as(self.statements.holder.clone())
                     .bind(key)
                     .fetch_optional(&mut *tx)
                     .await?;
-                row.map(|(boot, expires)| self.left(&boot, expires, now))
+                row.map(|row| self.left(&row, now))
             }
         };
         tx.commit().await?;
@@ -298,14 +356,12 @@ impl Inner {
     /// How long the current holder of `key` has left (zero: free, or its lease is over), read
     /// without the write lock (WAL readers never wait for the writer).
     async fn peek(&self, key: &str) -> std::result::Result<Duration, sqlx::Error> {
-        let row: Option<(String, i64)> = sqlx::query_as(self.statements.holder.clone())
+        let row: Option<Timing> = sqlx::query_as(self.statements.holder.clone())
             .bind(key)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.lease_pool)
             .await?;
-        let now = self.clock.now_ns();
-        Ok(row.map_or(Duration::ZERO, |(boot, expires)| {
-            self.left(&boot, expires, now)
-        }))
+        let now = self.clock.now();
+        Ok(row.map_or(Duration::ZERO, |row| self.left(&row, now)))
     }
 
     /// Renews, releases or proclaims on a lease we hold: one conditional `UPDATE` on key,
@@ -317,9 +373,9 @@ impl Inner {
         fence: i64,
         step: Step<'_>,
     ) -> std::result::Result<u64, sqlx::Error> {
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.lease_pool.acquire().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let now = self.clock.now_ns();
+        let now = self.clock.now();
         let done = match step {
             Step::Renew(ttl) => {
                 sqlx::query(self.statements.renew.clone())
@@ -327,8 +383,10 @@ impl Inner {
                     .bind(owner)
                     .bind(fence)
                     .bind(&self.clock.boot_id)
-                    .bind(now)
-                    .bind(now.saturating_add(ttl_ns(ttl)))
+                    .bind(now.ns)
+                    .bind(now.ns.saturating_add(ttl_ns(ttl)))
+                    .bind(now.wall_ns)
+                    .bind(now.wall_ns.saturating_add(ttl_ns(ttl)))
                     .execute(&mut *tx)
                     .await?
             }
@@ -338,7 +396,7 @@ impl Inner {
                     .bind(owner)
                     .bind(fence)
                     .bind(&self.clock.boot_id)
-                    .bind(now)
+                    .bind(now.ns)
                     .bind(value)
                     .execute(&mut *tx)
                     .await?
@@ -349,7 +407,8 @@ impl Inner {
                     .bind(owner)
                     .bind(fence)
                     .bind(&self.clock.boot_id)
-                    .bind(now)
+                    .bind(now.ns)
+                    .bind(now.wall_ns)
                     .execute(&mut *tx)
                     .await?
             }
@@ -361,9 +420,9 @@ impl Inner {
     /// Renews a batch in one `BEGIN IMMEDIATE` transaction (one write lock, one commit and one
     /// sync for all), each row matched as [`Step::Renew`] is. Returns whether each was renewed.
     async fn renew_batch(&self, grants: &[Grant]) -> std::result::Result<Vec<bool>, sqlx::Error> {
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.lease_pool.acquire().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let now = self.clock.now_ns();
+        let now = self.clock.now();
         let mut renewed = Vec::with_capacity(grants.len());
         for grant in grants {
             let (key, owner, fence) = SqliteAuthority::owner_matches(grant);
@@ -372,8 +431,10 @@ impl Inner {
                 .bind(owner)
                 .bind(fence)
                 .bind(&self.clock.boot_id)
-                .bind(now)
-                .bind(now.saturating_add(ttl_ns(grant.ttl())))
+                .bind(now.ns)
+                .bind(now.ns.saturating_add(ttl_ns(grant.ttl())))
+                .bind(now.wall_ns)
+                .bind(now.wall_ns.saturating_add(ttl_ns(grant.ttl())))
                 .execute(&mut *tx)
                 .await?;
             renewed.push(done.rows_affected() == 1);
@@ -430,7 +491,8 @@ enum Attempt {
 /// machine. No server to run: the file is the authority.
 ///
 /// * Acquire is one `BEGIN IMMEDIATE` transaction: an upsert that takes the key's row over only
-///   when its lease is over (expired by the machine's clock, or from an earlier boot), raising
+///   when its lease is over (expired by the machine's clock; or of another boot and written
+///   before this boot began, or past its wall-clock expiry: see docs/sqlite.md), raising
 ///   the row's `fence` counter, which is the fence. It runs in its own task: a caller that is
 ///   cancelled or times out does not cut it off, and a lease it took for nobody is given back.
 /// * Renew and release are `UPDATE`s matched on key, owner token, fence and boot, only while
@@ -465,7 +527,7 @@ impl fmt::Debug for SqliteAuthority {
 }
 
 /// The database's absolute path and a refusal of what cannot work: a missing directory, or one
-/// on a network filesystem (unless allowed, then with a warning).
+/// on a filesystem not known to be local to this kernel (unless allowed, then with a warning).
 fn checked_path(config: &SqliteConfig, mounts_table: Option<&str>) -> Result<PathBuf> {
     let invalid = |reason: String| Error::InvalidConfig { reason };
     let dir = mounts::resolved_dir(&config.path).map_err(|e| {
@@ -488,22 +550,33 @@ fn checked_path(config: &SqliteConfig, mounts_table: Option<&str>) -> Result<Pat
         .ok()
         .and_then(|p| p.parent().map(Path::to_path_buf))
         .unwrap_or_else(|| dir.clone());
-    if let Some(table) = mounts_table {
-        if let Some(found) = mounts::network_mount(&real_dir, table) {
-            let what = format!(
-                "{} is on a network filesystem ({} mounted at {}): SQLite's locks are not reliable there, so two processes could both hold a lease",
-                path.display(),
-                found.fs_type,
-                found.mount_point.display()
-            );
-            if !config.allow_network_fs {
-                return Err(invalid(format!(
-                    "{what}; put the database on a local disk, or use a server authority (postgres://, etcd://); allow_network_fs=true accepts it for a share only this machine uses"
-                )));
-            }
-            tracing::warn!("{what}; accepted because allow_network_fs=true");
-        }
+    // Without a mounts table (no /proc) there is no boot id either, and connect refuses that
+    // with `Unsupported` next.
+    let Some(table) = mounts_table else {
+        return Ok(path);
+    };
+    let what = match mounts::mount_of(&real_dir, table) {
+        Some(found) if found.is_local() => return Ok(path),
+        Some(found) => format!(
+            "{} is on a filesystem of type {} ({} mounted at {}), which leasehold does not know as local to this machine's kernel",
+            path.display(),
+            found.fs_type,
+            found.fs_type,
+            found.mount_point.display()
+        ),
+        None => format!(
+            "{} is on no filesystem that /proc/self/mounts lists, so leasehold cannot tell that it is local to this machine's kernel",
+            path.display()
+        ),
+    };
+    let why = "SQLite's locks and shared memory hold only among processes of one kernel, so processes of two machines (or VMs, or sandboxes) on it could both hold a lease";
+    if !config.allow_network_fs {
+        return Err(invalid(format!(
+            "{what}: {why}; put the database on a local filesystem ({}), or use a server authority (postgres://, etcd://); allow_network_fs=true accepts it, with a warning, for a filesystem that only this machine's kernel uses",
+            mounts::LOCAL_TYPES.join(", ")
+        )));
     }
+    tracing::warn!("{what}: {why}; accepted because allow_network_fs=true");
     Ok(path)
 }
 
@@ -518,8 +591,9 @@ impl SqliteAuthority {
     /// Opens the database of a parsed configuration.
     ///
     /// # Errors
-    /// `InvalidConfig` when the file's directory does not exist or is on a network filesystem
-    /// (NFS, SMB/CIFS, ...: see docs/sqlite.md); `Unsupported` off Linux (no boot id);
+    /// `InvalidConfig` when the file's directory does not exist or is on a filesystem not known
+    /// to be local to this kernel (NFS, SMB/CIFS, GFS2, FUSE, 9p, virtiofs, ...: see
+    /// docs/sqlite.md), naming its type and the override `allow_network_fs=true`; `Unsupported` off Linux (no boot id);
     /// `Unavailable` when another process keeps the file locked past the timeout; `Backend` for
     /// a file that is not a database or cannot be written.
     pub async fn with_config(config: SqliteConfig) -> Result<Self> {
@@ -561,26 +635,53 @@ impl SqliteAuthority {
                 Ok(Err(e)) => return Err(errors::map(e, "open", &shown)),
             }
         };
+        // A pool of its own, so that the application's connections are never the ones a lease
+        // request waits for; the file's write lock is still one (see `pool`).
+        let app_pool = SqlitePoolOptions::new()
+            .max_connections(config.pool_size)
+            .acquire_timeout(timeout.min(FOREVER))
+            .connect_lazy_with(options);
         let capabilities = Capabilities::new(BACKEND, FenceSafety::Linearizable, true, TTL)
             .with_wait(WaitStrategy::Polling)
             .with_batch_renewal(true);
         Ok(SqliteAuthority {
             inner: Arc::new(Inner {
                 statements: Statements::new(&config.table),
-                pool,
+                lease_pool: pool,
+                app_pool,
                 config,
                 path,
                 shown,
                 clock,
                 capabilities,
                 changed: Notify::new(),
+                warned_foreign: AtomicBool::new(false),
             }),
         })
     }
 
-    /// The connection pool (for reading the lease table, or guarded writes in the same file).
+    /// Connections to the database file for the application: to read the lease table, or for
+    /// its own writes in the same file. At most `pool_size` of them, opened when first used, and
+    /// never the connections lease requests use, so holding them all stalls no acquisition,
+    /// renewal or release.
+    ///
+    /// But the file has one write lock, shared with every lease request of every process on
+    /// it: a write transaction through this pool delays every lease write on the file for as
+    /// long as it holds the lock (a renewal waits up to the busy timeout, `timeout_ms`, then
+    /// fails as `Unavailable` and the lease is suspended; a lease whose deadline passes while
+    /// the lock is held is lost). Keep such transactions short, or keep the application's data
+    /// in a database file of its own (see docs/sqlite.md).
     pub fn pool(&self) -> &SqlitePool {
-        &self.inner.pool
+        &self.inner.app_pool
+    }
+
+    /// Closes every connection of this client, the lease requests' and the application's
+    /// ([`SqliteAuthority::pool`]), waiting for those in use to be returned. Requests made
+    /// afterwards fail; the file and its leases stay as they are (a lease still held ends at
+    /// its TTL).
+    pub async fn close(&self) {
+        self.inner.app_pool.close().await;
+        self.inner.lease_pool.close().await;
     }
 
     /// The database file, absolute.
@@ -828,24 +929,36 @@ impl Authority for SqliteAuthority {
     /// Reads the key's row outside any transaction: in WAL mode a reader takes no lock that a
     /// writer waits on, so holders and waiters are never delayed. Liveness and the remaining
     /// time are the machine's monotonic clock (read after the row, so the remaining time errs
-    /// short) against the stored expiry, and a row from an earlier boot is free. The fence
+    /// short) against the stored expiry; a row of another boot is free if it was written
+    /// before this boot began, else it runs to its expiry by the wall clock. The fence
     /// column is the last fence issued (release and expiry keep the row).
     async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
         let inner = &self.inner;
-        let row: Option<(String, i64, String, i64, Option<Vec<u8>>)> = inner
+        let row: Option<(
+            String,
+            i64,
+            Option<Vec<u8>>,
+            String,
+            i64,
+            Option<i64>,
+            Option<i64>,
+        )> = inner
             .bounded(
                 "inspect",
                 saturating_add(Instant::now(), inner.timeout()),
                 sqlx::query_as(inner.statements.inspect.clone())
                     .bind(key.as_str())
-                    .fetch_optional(&inner.pool),
+                    .fetch_optional(&inner.lease_pool),
             )
             .await?;
-        let Some((owner, raw, boot, expires_ns, value)) = row else {
+        let Some((owner, raw, value, boot, expires_ns, written, expires_unix)) = row else {
             return Ok(Inspection::free(BACKEND, key.clone()));
         };
         let fence = SqliteFence::from_column(raw)?.to_fence(BACKEND, inner.config.client.epoch)?;
-        let left = inner.left(&boot, expires_ns, inner.clock.now_ns());
+        let left = inner.left(
+            &(boot, expires_ns, written, expires_unix),
+            inner.clock.now(),
+        );
         let seen = if left > Duration::ZERO {
             Inspection::held(BACKEND, key.clone(), OwnerId::from_stored(&owner))
                 .with_fence(Some(fence))
@@ -869,7 +982,7 @@ impl Authority for SqliteAuthority {
                     .bind(prefix.as_str())
                     .bind(prefix.upper_bound())
                     .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-                    .fetch_all(&inner.pool),
+                    .fetch_all(&inner.lease_pool),
             )
             .await?;
         Ok(names
@@ -886,7 +999,7 @@ mod tests {
     const MOUNTS: &str = "/dev/sda1 / ext4 rw 0 0\nnas:/x /net nfs4 rw 0 0\n";
 
     #[test]
-    fn network_filesystems_are_refused_unless_allowed() {
+    fn filesystems_not_known_as_local_are_refused_unless_allowed() {
         let dir = std::env::temp_dir();
         let local = SqliteConfig::new(dir.join("a.db"));
         assert_eq!(
@@ -898,7 +1011,10 @@ mod tests {
         let nfs = format!("{MOUNTS}nas:/tmp {} nfs rw 0 0\n", resolved.display());
         let err = checked_path(&local, Some(&nfs)).unwrap_err();
         assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
-        assert!(err.to_string().contains("network filesystem (nfs"), "{err}");
+        assert!(
+            err.to_string().contains("of type nfs (nfs mounted at"),
+            "{err}"
+        );
         let allowed = local.clone().with_allow_network_fs(true);
         assert!(checked_path(&allowed, Some(&nfs)).is_ok());
         // No mounts table (not Linux, /proc not mounted): nothing to check against.

@@ -20,7 +20,8 @@ const DEFAULT_POOL_SIZE: u32 = 4;
 ///   directory when it connects;
 ///
 /// with the parameters `table` (default `leasehold_leases`), `pool_size` (default 4),
-/// `allow_network_fs` (`true` turns the refusal of network filesystems into a warning) and the
+/// `allow_network_fs` (`true` turns the refusal of a filesystem not known to be local into a
+/// warning) and the
 /// common `epoch`, `safety_margin_ms`, `clock_drift_per_mille` and `timeout_ms`. `%XX` escapes in
 /// the path are decoded. The file is created if missing; its directory is not (see
 /// [`SqliteConfig::from_url`]).
@@ -138,9 +139,11 @@ impl SqliteConfig {
         Ok(self)
     }
 
-    /// Whether a database on a network filesystem is accepted (with a warning) instead of
-    /// refused. SQLite's locks are not reliable there: only for a share that one machine alone
-    /// uses.
+    /// Whether a database on a filesystem not known to be local to this kernel (a network,
+    /// cluster or FUSE filesystem, a VM's share: anything but ext2/3/4, xfs, btrfs, bcachefs,
+    /// f2fs, jfs, reiserfs, nilfs2, zfs, tmpfs, ramfs, overlay and ecryptfs) is accepted (with a
+    /// warning) instead of refused. SQLite's locks are not reliable there: only for a filesystem
+    /// that this machine's kernel alone uses.
     pub fn with_allow_network_fs(mut self, allow: bool) -> Self {
         self.allow_network_fs = allow;
         self

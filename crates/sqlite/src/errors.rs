@@ -33,11 +33,14 @@ pub(crate) fn is_busy(error: &sqlx::Error) -> bool {
     )
 }
 
-/// SQLite reports a missing column only in its message (under the generic SQLITE_ERROR).
+/// SQLite reports a missing column only in its message (under the generic SQLITE_ERROR):
+/// "no such column" where a statement reads or matches it, "has no column named" where an
+/// `INSERT` names it.
 fn is_missing_column(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .is_some_and(|db| db.message().starts_with("no such column"))
+    error.as_database_error().is_some_and(|db| {
+        let message = db.message();
+        message.starts_with("no such column") || message.contains("has no column named")
+    })
 }
 
 /// Maps a driver error met while doing `what` on the database at `path`.

@@ -15,8 +15,10 @@
 //! What it promises, on one machine: exclusion while a lease is unexpired by the machine's
 //! `CLOCK_MONOTONIC`; fences that grow across release, expiry, crashes of any process and
 //! reboots (they are committed rows in the file); a lease from an earlier boot counts as expired.
-//! What it cannot do: coordinate machines. A database on a network filesystem is refused, since
-//! SQLite's locks are not reliable there. See [`SqliteAuthority`] and docs/sqlite.md.
+//! What it cannot do: coordinate machines. A database on a filesystem not known to be local to
+//! this kernel (network, cluster and FUSE filesystems, a VM's share) is refused, since SQLite's
+//! locks are not reliable there, and a lease that another kernel wrote into the file since this
+//! boot began is not taken over before its expiry by the wall clock. See [`SqliteAuthority`] and docs/sqlite.md.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -1,54 +1,47 @@
-//! Is the database on a network filesystem? SQLite's locks are unreliable there.
+//! Is the database on a filesystem local to this kernel? SQLite's locks are unreliable anywhere
+//! else.
 //!
 //! SQLite's exclusion rests on POSIX advisory locks and, in WAL mode, on a shared-memory index
-//! mapped by every process. On NFS, SMB/CIFS and their kin the locks are emulated or missing, and
-//! the shared memory is not shared between machines: two holders of one key would follow. So a
-//! path on such a filesystem is refused unless the operator says otherwise
-//! (`allow_network_fs=true`, for a share one machine alone uses, with a warning).
+//! mapped by every process. Both work only where every process that opens the file runs on one
+//! kernel: on NFS, SMB/CIFS, cluster filesystems (GFS2, OCFS2), parallel ones (BeeGFS, Lustre),
+//! FUSE filesystems and the shares of VMs and sandboxes (9p, virtiofs) the locks are emulated,
+//! partial or another kernel's, and the shared memory is not shared: two holders of one key would
+//! follow. Such filesystems are many and new ones appear, so a list of them always misses one;
+//! the check is therefore an allow-list of the filesystems the kernel itself keeps, and anything
+//! else is refused unless the operator says otherwise (`allow_network_fs=true`, for a filesystem
+//! that this kernel alone uses, with a warning).
 
 use std::path::{Path, PathBuf};
 
-/// Filesystem types (as `/proc/self/mounts` names them) whose locks SQLite cannot rely on.
-const NETWORK_TYPES: &[&str] = &[
-    "nfs",
-    "nfs4",
-    "cifs",
-    "smb",
-    "smb2",
-    "smb3",
-    "smbfs",
-    "ncpfs",
-    "ceph",
-    "glusterfs",
-    "lustre",
-    "gpfs",
-    "afs",
-    "coda",
-    "9p",
-    "virtiofs",
-    "davfs",
-    "fuse.sshfs",
-    "fuse.glusterfs",
-    "fuse.cephfs",
-    "fuse.s3fs",
-    "fuse.rclone",
-    "fuse.gcsfuse",
-    "fuse.davfs",
-    "fuse.smbnetfs",
+/// Filesystem types (as `/proc/self/mounts` names them) that live in this kernel: disk
+/// filesystems, memory filesystems, and the kernel's stacked filesystems over them (`overlay`, a
+/// container's root, whose upper layer is a directory of the same kernel; `ecryptfs`, an
+/// encrypted home directory, where the command line's default lock file lives).
+pub(crate) const LOCAL_TYPES: &[&str] = &[
+    "ext2", "ext3", "ext4", "xfs", "btrfs", "bcachefs", "f2fs", "jfs", "reiserfs", "nilfs2", "zfs",
+    "tmpfs", "ramfs", "overlay", "ecryptfs",
 ];
 
-/// A network filesystem found under a path: where it is mounted and what it is.
+/// The filesystem a path lives on: where it is mounted and what it is.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct NetworkMount {
+pub(crate) struct Mount {
     pub(crate) mount_point: PathBuf,
     pub(crate) fs_type: String,
 }
 
+impl Mount {
+    /// Whether this is a filesystem of this kernel, where SQLite's locks hold.
+    pub(crate) fn is_local(&self) -> bool {
+        let t = self.fs_type.to_ascii_lowercase();
+        LOCAL_TYPES.contains(&t.as_str())
+    }
+}
+
 /// The filesystem `path` (absolute, with symbolic links resolved) lives on, looked up in a
-/// mounts table in the format of `/proc/self/mounts`, if it is a network filesystem. The longest
-/// mount point that contains the path wins; a later line for the same mount point (a mount on
-/// top of another) wins over an earlier one.
-pub(crate) fn network_mount(path: &Path, mounts: &str) -> Option<NetworkMount> {
+/// mounts table in the format of `/proc/self/mounts`. The longest mount point that contains the
+/// path wins; a later line for the same mount point (a mount on top of another) wins over an
+/// earlier one. `None`: no line contains it (a table of another mount namespace).
+pub(crate) fn mount_of(path: &Path, mounts: &str) -> Option<Mount> {
     let mut best: Option<(PathBuf, String)> = None;
     for line in mounts.lines() {
         let mut fields = line.split_whitespace();
@@ -69,15 +62,10 @@ pub(crate) fn network_mount(path: &Path, mounts: &str) -> Option<NetworkMount> {
         }
     }
     let (mount_point, fs_type) = best?;
-    is_network(&fs_type).then_some(NetworkMount {
+    Some(Mount {
         mount_point,
         fs_type,
     })
-}
-
-fn is_network(fs_type: &str) -> bool {
-    let t = fs_type.to_ascii_lowercase();
-    NETWORK_TYPES.contains(&t.as_str())
 }
 
 /// Undoes the octal escapes of `/proc/self/mounts` (`\040` for a space, `\011`, `\012`, `\134`).
@@ -130,38 +118,76 @@ alice@box:/ /mnt/ssh fuse.sshfs rw,nosuid,nodev 0 0
 overlay /var/lib/docker/overlay2/x/merged overlay rw 0 0
 /dev/sdc1 /srv ext4 rw 0 0
 server:/srv /srv nfs rw 0 0
+/dev/mapper/shared /cluster/gfs gfs2 rw,relatime 0 0
+/dev/sdd /cluster/ocfs ocfs2 rw,_netdev 0 0
+beegfs_nodev /mnt/beegfs beegfs rw,relatime 0 0
+JuiceFS:vol /jfs fuse.juicefs rw,relatime 0 0
+none / 9p rw,trans=fd,rfdno=4,wfdno=4 0 0
+kataShared /run/kata-containers/shared virtiofs rw,relatime 0 0
+/dev/nvme0n1p2 /data xfs rw,noatime 0 0
+/dev/nvme0n1p3 /var/lib/build btrfs rw,ssd 0 0
+/home/.ecryptfs/bob/.Private /home/alice/local/bob ecryptfs rw,ecryptfs_sig=x 0 0
 ";
 
-    fn check(path: &str) -> Option<(String, String)> {
-        network_mount(Path::new(path), TABLE)
-            .map(|m| (m.mount_point.display().to_string(), m.fs_type))
+    /// The filesystem of `path`, and whether it counts as local.
+    fn check(path: &str) -> Option<(String, String, bool)> {
+        mount_of(Path::new(path), TABLE).map(|m| {
+            let local = m.is_local();
+            (m.mount_point.display().to_string(), m.fs_type, local)
+        })
+    }
+
+    fn local(path: &str) -> bool {
+        check(path).is_some_and(|(_, _, local)| local)
     }
 
     #[test]
     fn local_filesystems_pass() {
-        assert_eq!(check("/var/lib/app"), None);
-        assert_eq!(check("/tmp/x"), None);
-        assert_eq!(check("/var/lib/docker/overlay2/x/merged/data"), None);
-        // A local disk mounted inside an NFS home: the longer mount point wins.
-        assert_eq!(check("/home/alice/local/db"), None);
-        // `/homeless` is not under `/home`: components, not string prefixes.
-        assert_eq!(check("/homeless"), None);
+        for path in [
+            "/tmp/x",
+            "/var/lib/docker/overlay2/x/merged/data",
+            "/data/locks",
+            "/var/lib/build/x",
+            // A local disk mounted inside an NFS home: the longer mount point wins.
+            "/home/alice/local/db",
+            // An encrypted home directory over it.
+            "/home/alice/local/bob/.local/state/leasehold",
+        ] {
+            assert!(local(path), "{path}: {:?}", check(path));
+        }
+        // `/homeless` is not under `/home`: components, not string prefixes; the line for `/`
+        // that counts is the last one (9p, below).
+        assert_eq!(check("/homeless").map(|c| c.1), Some("9p".into()));
     }
 
     #[test]
-    fn network_filesystems_are_found() {
-        assert_eq!(check("/home/alice"), Some(("/home".into(), "nfs4".into())));
-        assert_eq!(check("/home"), Some(("/home".into(), "nfs4".into())));
-        assert_eq!(
-            check("/mnt/my share/locks"),
-            Some(("/mnt/my share".into(), "cifs".into()))
-        );
-        assert_eq!(
-            check("/mnt/ssh/x"),
-            Some(("/mnt/ssh".into(), "fuse.sshfs".into()))
-        );
-        // NFS mounted over a local /srv: the later mount is the one in use.
-        assert_eq!(check("/srv/data"), Some(("/srv".into(), "nfs".into())));
+    fn everything_else_is_refused_with_its_type() {
+        for (path, point, fs_type) in [
+            ("/home/alice", "/home", "nfs4"),
+            ("/home", "/home", "nfs4"),
+            ("/mnt/my share/locks", "/mnt/my share", "cifs"),
+            ("/mnt/ssh/x", "/mnt/ssh", "fuse.sshfs"),
+            // NFS mounted over a local /srv: the later mount is the one in use.
+            ("/srv/data", "/srv", "nfs"),
+            // What a list of network filesystems missed: cluster and parallel filesystems,
+            // FUSE clients, a gVisor sandbox's root, a Kata VM's share.
+            ("/cluster/gfs/locks", "/cluster/gfs", "gfs2"),
+            ("/cluster/ocfs/locks", "/cluster/ocfs", "ocfs2"),
+            ("/mnt/beegfs/locks", "/mnt/beegfs", "beegfs"),
+            ("/jfs/locks", "/jfs", "fuse.juicefs"),
+            ("/var/lib/app", "/", "9p"),
+            (
+                "/run/kata-containers/shared/x",
+                "/run/kata-containers/shared",
+                "virtiofs",
+            ),
+        ] {
+            assert_eq!(
+                check(path),
+                Some((point.into(), fs_type.into(), false)),
+                "{path}"
+            );
+        }
     }
 
     #[test]
@@ -169,6 +195,6 @@ server:/srv /srv nfs rw 0 0
         assert_eq!(unescape("/mnt/a\\040b\\134c"), "/mnt/a b\\c");
         assert_eq!(unescape("/plain"), "/plain");
         assert_eq!(unescape("/end\\04"), "/end\\04");
-        assert_eq!(network_mount(Path::new("/x"), "garbage\n\n"), None);
+        assert_eq!(mount_of(Path::new("/x"), "garbage\n\n"), None);
     }
 }

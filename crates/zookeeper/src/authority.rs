@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::time::saturating_add;
 use leasehold_core::{
-    Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
-    KeyPrefix, LockKey, LostReason, OwnerToken, Released, Result, SmallestKeys, TtlRange,
+    Authority, Capabilities, Error, ExclusionSafety, FenceSafety, FencingToken, Grant, Inspection,
+    Instant, KeyPrefix, LockKey, LostReason, OwnerToken, Released, Result, SmallestKeys, TtlRange,
     WaitStrategy,
 };
 use zookeeper_client::{Error as ZkError, Stat};
@@ -148,11 +148,25 @@ impl ZkAuthority {
     pub async fn with_config(mut config: ZkConfig) -> Result<Self> {
         let session::Prepared {
             range: ttl,
-            tick,
-            followers,
+            tick: told,
+            learners,
         } = session::prepare(&config).await?;
-        config.half_tick = followers.then_some(tick / 2);
+        // Without the servers' word, half the minimum session timeout (its default is two
+        // ticks) stands in; on an ensemble the deadlines then rest on a guess, which is
+        // declared.
+        let tick = told.unwrap_or(ttl.min / 2);
+        config.half_tick = learners.then_some(tick / 2);
+        let exclusion = if learners && told.is_none() {
+            let reason = format!(
+                "the ZooKeeper servers' tickTime could not be read (`conf` is not in                  4lw.commands.whitelist, the servers did not answer it, or the client port is                  TLS), so deadlines allow for a tick guessed as half the minimum session                  timeout ({tick:?}); with a longer tick the leader can expire a session                  talking to a follower or observer before its holder's deadline"
+            );
+            tracing::warn!("{reason}");
+            ExclusionSafety::EarlyRevocation { reason }
+        } else {
+            ExclusionSafety::Exclusive
+        };
         let capabilities = Capabilities::new(BACKEND, FenceSafety::Linearizable, true, ttl)
+            .with_exclusion(exclusion)
             .with_wait(WaitStrategy::Notification)
             .with_renew_with_other_ttl(false)
             .with_batch_renewal(true)

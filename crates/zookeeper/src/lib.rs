@@ -52,6 +52,7 @@ mod held;
 pub mod names;
 mod session;
 mod tenure;
+mod tick;
 mod token;
 
 pub use authority::ZkAuthority;

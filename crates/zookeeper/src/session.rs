@@ -325,8 +325,8 @@ pub(crate) fn acls(config: &ZkConfig) -> Acls<'static> {
 
 /// Learns the TTLs the server grants (unless declared), and makes sure the chroot exists.
 ///
-/// Returns the range and the server's tick, estimated as half its minimum session timeout
-/// (ZooKeeper's default `minSessionTimeout`), which is how late it may notice an expiry.
+/// Returns the range, the servers' tick as they report it (see [`crate::tick`]), and whether
+/// sessions can reach the leader through learners.
 pub(crate) async fn prepare(config: &ZkConfig) -> Result<Prepared> {
     let (range, admin) = match config.ttl_range {
         Some(range) => {
@@ -362,11 +362,18 @@ pub(crate) async fn prepare(config: &ZkConfig) -> Result<Prepared> {
         }
     };
     ensure_chroot(config, &admin.client).await?;
-    let followers = has_followers(config, &admin.client).await;
+    let (learners, tick) = tokio::join!(
+        has_learners(config, &admin.client),
+        crate::tick::read(
+            &config.hosts,
+            config.tls.is_some(),
+            config.client.request_timeout
+        )
+    );
     Ok(Prepared {
         range,
-        tick: range.min / 2,
-        followers,
+        tick,
+        learners,
     })
 }
 
@@ -374,24 +381,24 @@ pub(crate) async fn prepare(config: &ZkConfig) -> Result<Prepared> {
 pub(crate) struct Prepared {
     /// The TTLs (session timeouts) they grant.
     pub range: TtlRange,
-    /// Their tick, estimated as half the minimum session timeout.
-    pub tick: Duration,
-    /// Whether there are followers: an ensemble of more than one voting member (or unknown).
-    pub followers: bool,
+    /// Their tick, as `conf` reports it; `None` when no server told it.
+    pub tick: Option<Duration>,
+    /// Whether there are learners (followers or observers), through which the leader hears of
+    /// a session only at their next ping reply: an ensemble of more than one member (or
+    /// unknown).
+    pub learners: bool,
 }
 
-/// Whether the servers form an ensemble with followers: `/zookeeper/config` lists more than one
-/// voting member (a standalone server leaves it empty). Unknown (unreadable, a server before
+/// Whether the servers form an ensemble with learners: `/zookeeper/config` lists more than one
+/// member, voters and observers alike (a client of an observer is reported to the leader as a
+/// follower's is; a standalone server leaves it empty). Unknown (unreadable, a server before
 /// 3.5) counts as yes, the cautious answer.
-async fn has_followers(config: &ZkConfig, client: &Client) -> bool {
+async fn has_learners(config: &ZkConfig, client: &Client) -> bool {
     match tokio::time::timeout(config.client.request_timeout, client.get_config()).await {
         Ok(Ok((data, _))) => {
             let text = String::from_utf8_lossy(&data);
-            let voters = text
-                .lines()
-                .filter(|l| l.starts_with("server.") && !l.contains(":observer"))
-                .count();
-            voters > 1
+            let members = text.lines().filter(|l| l.starts_with("server.")).count();
+            members > 1
         }
         _ => true,
     }

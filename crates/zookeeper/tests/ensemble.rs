@@ -340,3 +340,116 @@ async fn an_expired_holder_loses_its_lease_and_its_stale_write_is_refused() {
     drop(lease);
     let _ = b.release(&fresh).await.unwrap();
 }
+
+/// Starts an ensemble of `size` members as `config` says, or says why it did not start.
+async fn ensemble_with(
+    size: usize,
+    config: leasehold_servers::ZkConfig,
+) -> Result<Arc<ZkEnsemble>, String> {
+    tokio::task::spawn_blocking(move || ZkEnsemble::start_with(size, config))
+        .await
+        .map_err(|e| e.to_string())?
+        .map(Arc::new)
+        .map_err(|e| format!("the ZooKeeper ensemble must start for this test: {e}"))
+}
+
+/// A lease granted through `url`, with the instant its acquisition returned: its deadline must
+/// leave room for half the ensemble's real tick (the leader learns of a session through a
+/// follower's or an observer's reply to its ping, every half tick), counted from no later than
+/// that instant.
+async fn deadline_allows_half_a_tick(url: &str, tick: Duration) -> Result<(), String> {
+    let a = ZkAuthority::connect(url)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let ttl = Duration::from_secs(2);
+    let key = LockKey::new("touch-lag").map_err(|e| e.to_string())?;
+    let grant = a
+        .try_acquire(&key, ttl)
+        .await
+        .map_err(|e| format!("try_acquire: {e}"))?
+        .ok_or("the fresh key is held")?;
+    let returned = Instant::now();
+    let latest = returned + ttl.saturating_sub(tick / 2);
+    if grant.deadline() > latest {
+        return Err(format!(
+            "the deadline ends {:?} after the grant returned, later than the TTL {ttl:?} less \
+             half the real tick {tick:?} allows",
+            grant.deadline().saturating_duration_since(returned)
+        ));
+    }
+    Ok(())
+}
+
+/// `minSessionTimeout` is set apart from `tickTime` (here half a tick): the tick is read from
+/// the servers (`conf`), not guessed as half the minimum session timeout, and both the expiry
+/// slack and the deadlines' allowance for the leader's touch lag follow the real one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tick_is_read_from_the_servers_not_guessed_from_the_minimum_session_timeout(
+) -> Result<(), String> {
+    let _one = ONE_AT_A_TIME.lock().await;
+    // Half a tick stays above the shortest session the authority probes for (250 ms).
+    let tick = Duration::from_millis(1000);
+    let config = leasehold_servers::ZkConfig::default()
+        .tick_time(tick)
+        .min_session_timeout(tick / 2);
+    let ensemble = ensemble_with(3, config).await?;
+    let url = common::url(&ensemble.connect_string(), "/tick");
+    let a = ZkAuthority::connect(&url)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let capabilities = a.capabilities();
+    if capabilities.ttl.min != tick / 2 {
+        return Err(format!(
+            "the server grants {:?} at least, not minSessionTimeout {:?}",
+            capabilities.ttl.min,
+            tick / 2
+        ));
+    }
+    if capabilities.expiry_slack != tick {
+        return Err(format!(
+            "expiry slack {:?}, not the servers' tick {tick:?}",
+            capabilities.expiry_slack
+        ));
+    }
+    if capabilities.exclusion.can_end_early() {
+        return Err(format!("declared: {}", capabilities.exclusion));
+    }
+    deadline_allows_half_a_tick(&url, tick).await
+}
+
+/// One voter and two observers: a client of an observer is touched at the leader only when
+/// the observer reports it, as a follower does, so the deadlines allow for that lag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observers_count_as_learners_for_the_touch_lag() -> Result<(), String> {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let config = leasehold_servers::ZkConfig::default().observers(2);
+    let ensemble = ensemble_with(3, config).await?;
+    let tick = ensemble.tick_time();
+    let observers: Vec<String> = ensemble.members()[1..]
+        .iter()
+        .map(|m| m.connect_string())
+        .collect();
+    let url = common::url(&observers.join(","), "/observed");
+    deadline_allows_half_a_tick(&url, tick).await
+}
+
+/// Without `conf` in `4lw.commands.whitelist` the tick cannot be read: an ensemble's
+/// deadlines then rest on an estimate, and the authority declares that a lease can end before
+/// its holder's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_tick_on_an_ensemble_is_declared() -> Result<(), String> {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let config = leasehold_servers::ZkConfig::default().without_conf_word();
+    let ensemble = ensemble_with(3, config).await?;
+    let url = common::url(&ensemble.connect_string(), "/untold");
+    let a = ZkAuthority::connect(&url)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let declared = &a.capabilities().exclusion;
+    if !declared.can_end_early() || !declared.to_string().contains("conf") {
+        return Err(format!(
+            "with the tick unknown on an ensemble the authority declares its leases {declared}"
+        ));
+    }
+    Ok(())
+}

@@ -1361,3 +1361,46 @@ async fn wait_for_change_wakes_on_a_release_from_another_client() {
         watches().await
     );
 }
+
+/// A standalone server touches a session on every request, so its deadlines need no tick: one
+/// that does not tell its tick (`conf` not whitelisted) is not declared, and its expiry slack
+/// falls back to half the minimum session timeout; one that tells it is believed, also with a
+/// minimum session timeout of four ticks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standalone_server_needs_no_tick_for_its_deadlines() -> Result<(), String> {
+    let start = |config: leasehold_servers::ZkConfig| async move {
+        tokio::task::spawn_blocking(move || ZkServer::start_with(config))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("ZooKeeper must start for this test: {e}"))
+    };
+    let tick = Duration::from_millis(300);
+    // Four ticks of minimum session timeout: half of it is no tick.
+    let told = start(
+        leasehold_servers::ZkConfig::default()
+            .tick_time(tick)
+            .min_session_timeout(tick * 4),
+    )
+    .await?;
+    let untold = start(leasehold_servers::ZkConfig::default().without_conf_word()).await?;
+    for (server, slack) in [
+        (&told, tick),
+        // Its minimum session timeout is two ticks of the harness's 200 ms.
+        (&untold, untold.tick_time()),
+    ] {
+        let a = ZkAuthority::connect(&url(&server.connect_string(), "/standalone-tick"))
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let capabilities = a.capabilities();
+        if capabilities.exclusion.can_end_early() || capabilities.expiry_slack != slack {
+            return Err(format!(
+                "a standalone server with tickTime {:?}: declared {}, expiry slack {:?} (expected \
+                 {slack:?})",
+                server.tick_time(),
+                capabilities.exclusion,
+                capabilities.expiry_slack
+            ));
+        }
+    }
+    Ok(())
+}

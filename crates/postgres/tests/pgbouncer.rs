@@ -1,0 +1,191 @@
+//! The PostgreSQL authority through a real PgBouncer (Debian's package) in transaction pooling
+//! mode, as docs/postgres.md says it works: the whole conformance suite, its clients connected
+//! through the pooler, PostgreSQL itself faulted underneath.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use leasehold_conformance::scenarios::run_all;
+use leasehold_conformance::{harness_call, harness_error, Connector, Context, Faults, Residue};
+use leasehold_core::{Authority, LockKey};
+use leasehold_postgres::PostgresAuthority;
+use leasehold_servers::{PgBouncer, PostgresServer};
+
+mod common;
+
+/// Clients of one URL.
+struct Clients(String);
+
+#[async_trait]
+impl Connector for Clients {
+    async fn connect(&self) -> leasehold_core::Result<Arc<dyn Authority>> {
+        Ok(Arc::new(PostgresAuthority::connect(&self.0).await?))
+    }
+}
+
+/// Crash and freeze faults on the PostgreSQL server behind the pooler (the clients' server as
+/// they see it), and an operator ending a lease through a direct connection.
+struct ServerFaults {
+    server: Arc<PostgresServer>,
+    direct: String,
+}
+
+#[async_trait]
+impl Faults for ServerFaults {
+    async fn restart(&self) -> leasehold_core::Result<()> {
+        let server = self.server.clone();
+        harness_call(move || server.restart()).await
+    }
+
+    async fn pause(&self) -> leasehold_core::Result<()> {
+        let server = self.server.clone();
+        harness_call(move || server.pause()).await
+    }
+
+    async fn resume(&self) -> leasehold_core::Result<()> {
+        let server = self.server.clone();
+        harness_call(move || server.resume()).await
+    }
+
+    /// The lease's row expires now; the row, and with it the fence counter, stays.
+    async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<()> {
+        let admin = PostgresAuthority::connect(&self.direct).await?;
+        sqlx::query(
+            "UPDATE leasehold_leases SET expires_at = statement_timestamp() WHERE lock_key = $1",
+        )
+        .bind(key.as_str())
+        .execute(admin.pool())
+        .await
+        .map_err(harness_error)?;
+        Ok(())
+    }
+}
+
+/// A live lease row left for a key, read directly from the server.
+struct LiveRows(String);
+
+#[async_trait]
+impl Residue for LiveRows {
+    async fn leftovers(&self, key: &LockKey) -> leasehold_core::Result<Vec<String>> {
+        let admin = PostgresAuthority::connect(&self.0).await?;
+        let live: Vec<(i64, String)> = sqlx::query_as(
+            "SELECT fence, owner FROM leasehold_leases \
+             WHERE lock_key = $1 AND expires_at > statement_timestamp()",
+        )
+        .bind(key.as_str())
+        .fetch_all(admin.pool())
+        .await
+        .map_err(harness_error)?;
+        Ok(live
+            .into_iter()
+            .map(|(fence, owner)| format!("a live lease row: fence {fence}, owner {owner}"))
+            .collect())
+    }
+}
+
+/// The conformance suite with every client connected through PgBouncer in transaction mode
+/// (two server connections, so consecutive transactions of one client often run on different
+/// ones), declared with `pooler=transaction`, and `more` in the URL. Returns the report.
+async fn suite_through_pgbouncer(more: &str) -> Result<String, String> {
+    let server = common::start().await;
+    let bouncer = {
+        let server = server.clone();
+        tokio::task::spawn_blocking(move || PgBouncer::start_transaction_pooling(&server, 2))
+            .await
+            .map_err(|e| format!("starting PgBouncer: {e}"))?
+            .map_err(|e| format!("PgBouncer must start for this test: {e}"))?
+    };
+    let direct = common::url(&server);
+    PostgresAuthority::connect(&direct)
+        .await
+        .map_err(|e| format!("connect: {e}"))?
+        .migrate()
+        .await
+        .map_err(|e| format!("migrate: {e}"))?;
+    let pooled = format!(
+        "{}?timeout_ms=1000&pooler=transaction{}",
+        bouncer.url(),
+        more.replace("{port}", &server.port().to_string())
+    );
+    let ctx = Context::new(Arc::new(Clients(pooled)))
+        .await
+        .map_err(|e| format!("the suite's context: {e}"))?
+        .with_residue(Arc::new(LiveRows(direct.clone())))
+        .with_faults(Arc::new(ServerFaults {
+            server: server.clone(),
+            direct,
+        }));
+    let report = run_all("postgres through PgBouncer (transaction mode)", &ctx).await;
+    println!("{report}");
+    if !report.failures().is_empty() {
+        return Err(format!("conformance failed through PgBouncer:\n{report}"));
+    }
+    drop(bouncer);
+    Ok(report.to_string())
+}
+
+/// Without a direct address to listen at, waiters poll, as declared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_conformance_suite_through_pgbouncer_in_transaction_mode() -> Result<(), String>
+{
+    let report = suite_through_pgbouncer("").await?;
+    if !report.contains("waits by Polling") {
+        return Err(format!("not declared as polling:\n{report}"));
+    }
+    Ok(())
+}
+
+/// With the database's own address for the listening connection, waiters are woken by
+/// `LISTEN`, as declared, while every lease statement still goes through the pooler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_conformance_suite_through_pgbouncer_listening_directly() -> Result<(), String> {
+    let report = suite_through_pgbouncer("&listen_host=127.0.0.1&listen_port={port}").await?;
+    if !report.contains("waits by Notification") {
+        return Err(format!("not declared as notifying:\n{report}"));
+    }
+    Ok(())
+}
+
+/// Through a transaction-pooling proxy that was not declared, the statements the driver
+/// prepares under a name meet another client's statement of the same name on the proxy's one
+/// server connection (SQLSTATE 42P05): the error is permanent and says to declare the pooler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undeclared_transaction_pooler_is_named_in_the_error() -> Result<(), String> {
+    let server = common::start().await;
+    let bouncer = {
+        let server = server.clone();
+        tokio::task::spawn_blocking(move || PgBouncer::start_transaction_pooling(&server, 1))
+            .await
+            .map_err(|e| format!("starting PgBouncer: {e}"))?
+            .map_err(|e| format!("PgBouncer must start for this test: {e}"))?
+    };
+    PostgresAuthority::connect(&common::url(&server))
+        .await
+        .map_err(|e| format!("connect: {e}"))?
+        .migrate()
+        .await
+        .map_err(|e| format!("migrate: {e}"))?;
+    let undeclared = format!("{}?timeout_ms=1000", bouncer.url());
+    let ttl = std::time::Duration::from_secs(5);
+    // Two clients, each preparing its statements under the driver's names (`sqlx_s_1`, ...),
+    // on the proxy's one server connection: the second name taken meets the first.
+    let mut first_error = None;
+    for client in ["a", "b"] {
+        let outcome = async {
+            let authority = PostgresAuthority::connect(&undeclared).await?;
+            let key = LockKey::new(format!("undeclared/{client}"))?;
+            authority.try_acquire(&key, ttl).await
+        }
+        .await;
+        if let Err(e) = outcome {
+            first_error = Some(e);
+            break;
+        }
+    }
+    match first_error {
+        Some(e) if !e.is_retryable() && e.to_string().contains("pooler=transaction") => Ok(()),
+        other => Err(format!(
+            "two clients' statements under the same names through the pooler: {other:?}"
+        )),
+    }
+}

@@ -1,0 +1,102 @@
+//! PgBouncer from Debian's `pgbouncer` package in front of a [`PostgresServer`], in
+//! transaction pooling mode: each transaction (or autocommit statement) of a client may run on
+//! another server connection, which is what a transaction-pooling proxy does to a driver that
+//! prepares named statements or listens.
+//!
+//! PgBouncer refuses to run as root: when the tests run as root it runs as the `postgres` user
+//! (`-u postgres`, as PostgreSQL itself does here).
+
+use std::fs;
+use std::path::PathBuf;
+
+use crate::error::{HarnessError, Result};
+use crate::ports::free_ports;
+use crate::postgres::{
+    owned_server_dir, run_as, startup_probe, PostgresServer, PG_DATABASE, PG_USER,
+};
+use crate::process::{
+    delegate_faults, retry_on_port_clash, CommandSpec, ManagedProcess, READY_TIMEOUT,
+};
+
+/// Where Debian's package installs the program.
+const PGBOUNCER: &str = "/usr/sbin/pgbouncer";
+
+/// One PgBouncer process pooling connections to one PostgreSQL server.
+#[derive(Debug)]
+pub struct PgBouncer {
+    port: u16,
+    process: ManagedProcess,
+}
+
+delegate_faults!(PgBouncer);
+
+impl PgBouncer {
+    /// Starts PgBouncer on a free loopback port in transaction pooling mode in front of
+    /// `server` (which must use trust authentication, as [`PostgresServer::start`] does), with
+    /// at most `server_connections` connections to it; waits until it accepts clients.
+    pub fn start_transaction_pooling(
+        server: &PostgresServer,
+        server_connections: u32,
+    ) -> Result<Self> {
+        let program = PathBuf::from(PGBOUNCER);
+        if !program.is_file() {
+            return Err(HarnessError::missing("pgbouncer", PGBOUNCER));
+        }
+        let user = run_as()?;
+        retry_on_port_clash(5, || {
+            let dir = owned_server_dir("pgbouncer", user)?;
+            let port = free_ports(1)?[0];
+            let userlist = dir.path().join("userlist.txt");
+            // Trust, as the server behind it: the user must still be listed.
+            fs::write(&userlist, format!("\"{PG_USER}\" \"\"\n"))
+                .map_err(|e| HarnessError::io("writing PgBouncer's userlist.txt", e))?;
+            let ini = dir.path().join("pgbouncer.ini");
+            fs::write(
+                &ini,
+                format!(
+                    "[databases]\n\
+                     {PG_DATABASE} = host=127.0.0.1 port={server_port} dbname={PG_DATABASE}\n\
+                     [pgbouncer]\n\
+                     listen_addr = 127.0.0.1\n\
+                     listen_port = {port}\n\
+                     unix_socket_dir =\n\
+                     auth_type = trust\n\
+                     auth_file = {userlist}\n\
+                     pool_mode = transaction\n\
+                     default_pool_size = {server_connections}\n\
+                     max_client_conn = 1000\n\
+                     ignore_startup_parameters = extra_float_digits\n",
+                    server_port = server.port(),
+                    userlist = userlist.display(),
+                ),
+            )
+            .map_err(|e| HarnessError::io("writing pgbouncer.ini", e))?;
+            let mut args = Vec::new();
+            if user.is_some() {
+                args.extend(["-u".to_string(), "postgres".to_string()]);
+            }
+            args.push(ini.display().to_string());
+            let mut spec = CommandSpec::new(PGBOUNCER, args);
+            // Started as root, it switches to `postgres` itself (-u).
+            spec.user = None;
+            // SIGINT is its "safe shutdown", which waits for clients; SIGTERM quits at once.
+            spec.stop_signal = "TERM";
+            let process = ManagedProcess::spawn("pgbouncer", dir, spec)?;
+            let bouncer = PgBouncer { port, process };
+            bouncer
+                .process
+                .wait_ready(READY_TIMEOUT, || startup_probe(bouncer.port))?;
+            Ok(bouncer)
+        })
+    }
+
+    /// `postgres://leasehold@127.0.0.1:PORT/postgres`, through PgBouncer.
+    pub fn url(&self) -> String {
+        format!("postgres://{PG_USER}@127.0.0.1:{}/{PG_DATABASE}", self.port)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
