@@ -133,7 +133,7 @@ async fn a_renewal_queued_while_a_batch_closes_is_still_sent() -> std::result::R
     const SHORT_TTL: Duration = Duration::from_millis(60);
     const JUDGED: Duration = Duration::from_secs(5);
     const TRIAL: Duration = Duration::from_secs(1);
-    const MAX_TRIALS: u32 = 30;
+    const MAX_TRIALS: u32 = 60;
     // A renewal starts a third of the TTL after the last one was sent, with the deadline at the
     // TTL less the margin; it is suspended when half of what is left passes without an answer.
     let left = SHORT_TTL
