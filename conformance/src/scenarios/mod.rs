@@ -13,6 +13,7 @@ use crate::context::Context;
 use crate::verdict::{Failure, Line, Outcome, Report};
 
 mod bad_input;
+mod batch_renewal;
 mod cancellation;
 mod clock;
 mod election;
@@ -35,6 +36,10 @@ mod unavailable;
 mod waiting;
 
 pub use bad_input::bad_input_is_refused_without_side_effects;
+pub use batch_renewal::{
+    batch_deadline_counts_from_the_request, batch_renew_after_expiry_is_refused,
+    delayed_batch_reply_shortens_the_renewals,
+};
 pub use cancellation::{
     cancelled_acquire_leaves_nothing, cancelled_try_acquire_leaves_nothing, cut_short,
     dropped_waiter_does_not_delay_handoff, CANCEL_ROUNDS,
@@ -122,6 +127,9 @@ scenarios![
     renew_after_expiry_is_refused,
     deadline_counts_from_the_request,
     delayed_reply_shortens_the_grant,
+    batch_renew_after_expiry_is_refused,
+    batch_deadline_counts_from_the_request,
+    delayed_batch_reply_shortens_the_renewals,
     lease_renews_past_ttl,
     lost_fires_at_deadline,
     lost_fires_on_refused_renewal,
