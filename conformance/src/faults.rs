@@ -29,6 +29,14 @@ pub trait Faults: Send + Sync {
         Err(unsupported("pause"))
     }
 
+    /// Whether [`Faults::pause`] leaves the authority answering but kept busy by another
+    /// client (SQLite: another connection holds the file's write lock) rather than unreachable
+    /// (default: unreachable). Busy is contention: requests fail with a retryable error that is
+    /// not `Unavailable`, and no policy runs work without a lock then.
+    fn pause_is_contention(&self) -> bool {
+        false
+    }
+
     /// Undo [`Faults::pause`] (SIGCONT).
     async fn resume(&self) -> Result<()> {
         Err(unsupported("resume"))

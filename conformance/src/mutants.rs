@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    Authority, Capabilities, ClientOptions, Fence, FenceSafety, Grant, Inspection, Instant,
+    Authority, Capabilities, ClientOptions, Error, Fence, FenceSafety, Grant, Inspection, Instant,
     KeyPrefix, LockKey, OwnerToken, Released, Result,
 };
 use leasehold_memory::{MemoryAuthority, MemoryServer};
@@ -34,6 +34,12 @@ pub enum Mutant {
     DeadlineAfterResponse,
     /// A renewal's local deadline is counted from the response.
     RenewalDeadlineAfterResponse,
+    /// A batched renewal extends every key it names without checking the owner (a
+    /// `renew_many` script that sends `PEXPIRE` for each key): lone renewals still compare.
+    BatchRenewWithoutOwnerCheck,
+    /// A batched renewal's local deadlines are counted from the response (with a round trip
+    /// shorter than the safety margin): lone renewals still count from before the request.
+    BatchRenewalDeadlineAfterResponse,
     /// A waiter is told it holds the key after its lease already expired (a grant delivered late
     /// with a fresh deadline).
     ExpiredWaiterTold,
@@ -52,13 +58,15 @@ pub enum Mutant {
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 11] = [
+    pub const ALL: [Mutant; 13] = [
         Mutant::UnconditionalRelease,
         Mutant::AcquireIgnoresHolder,
         Mutant::FenceRestartsAfterRelease,
         Mutant::RenewWithoutOwnerCheck,
         Mutant::DeadlineAfterResponse,
         Mutant::RenewalDeadlineAfterResponse,
+        Mutant::BatchRenewWithoutOwnerCheck,
+        Mutant::BatchRenewalDeadlineAfterResponse,
         Mutant::ExpiredWaiterTold,
         Mutant::LiesAboutFailoverSafety,
         Mutant::CancelledAttemptKeepsKey,
@@ -79,6 +87,11 @@ impl Mutant {
                 "delayed_reply_shortens_the_grant",
             ],
             Mutant::RenewalDeadlineAfterResponse => &["deadline_counts_from_the_request"],
+            Mutant::BatchRenewWithoutOwnerCheck => &["batch_renew_after_expiry_is_refused"],
+            Mutant::BatchRenewalDeadlineAfterResponse => &[
+                "batch_deadline_counts_from_the_request",
+                "delayed_batch_reply_shortens_the_renewals",
+            ],
             Mutant::ExpiredWaiterTold => &["acquire_waits_for_release"],
             Mutant::LiesAboutFailoverSafety => &["fences_survive_failover"],
             Mutant::CancelledAttemptKeepsKey => &["cancelled_try_acquire_leaves_nothing"],
@@ -253,6 +266,53 @@ impl Authority for Mutated {
             return Ok(self.options().safety_margin.deadline(Instant::now(), ttl));
         }
         self.inner.renew(original(grant), ttl).await
+    }
+
+    /// The batch path of its own: a mutant of `renew` leaves batches correct, and a batch
+    /// mutant leaves lone renewals correct, so each is caught only by scenarios that take its
+    /// path.
+    async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
+        let originals: Vec<Grant> = grants.iter().map(|g| original(g).clone()).collect();
+        match self.mutant {
+            Mutant::BatchRenewWithoutOwnerCheck => {
+                // The batch goes to the server as the reference sends it (so a paused or dead
+                // server answers nothing), but every grant it refused is extended anyway where
+                // its key has a live lease, whoever holds it, and answered as renewed: what a
+                // `PEXPIRE` per key without the owner's `GET` would do.
+                let sent = Instant::now();
+                let answers = self.inner.renew_many(&originals).await;
+                answers
+                    .into_iter()
+                    .zip(grants)
+                    .map(|(answer, g)| match answer {
+                        Err(Error::LeaseLost { .. })
+                            if self.inner.server().holder(g.key()).is_some()
+                                && self.inner.server().unchecked().extend(g.key(), g.ttl()) =>
+                        {
+                            Ok(self.options().safety_margin.deadline(sent, g.ttl()))
+                        }
+                        other => other,
+                    })
+                    .collect()
+            }
+            Mutant::BatchRenewalDeadlineAfterResponse => {
+                let answers = self.inner.renew_many(&originals).await;
+                // Simulated network latency, shorter than every grant's safety margin (so only
+                // a bound with the margin catches it), then each deadline counted from the
+                // response.
+                let shortest = grants.iter().map(Grant::ttl).min().unwrap_or_default();
+                tokio::time::sleep(self.latency(shortest)).await;
+                let now = Instant::now();
+                answers
+                    .into_iter()
+                    .zip(grants)
+                    .map(|(answer, g)| {
+                        answer.map(|_| self.options().safety_margin.deadline(now, g.ttl()))
+                    })
+                    .collect()
+            }
+            _ => self.inner.renew_many(&originals).await,
+        }
     }
 
     async fn release(&self, grant: &Grant) -> Result<Released> {

@@ -12,7 +12,7 @@ use crate::verdict::{Failure, OrFail, Outcome, Verdict};
 /// The latest deadline a grant or renewal sent at `sent` may carry: the TTL minus the default
 /// safety margin, counted from `sent`, plus `slack` for the moments between our reading of the
 /// clock and the backend's own reading before it sent the request.
-fn latest(sent: Instant, ttl: Duration, slack: Duration) -> Instant {
+pub(super) fn latest(sent: Instant, ttl: Duration, slack: Duration) -> Instant {
     sent + ttl - SafetyMargin::default().for_ttl(ttl) + slack
 }
 

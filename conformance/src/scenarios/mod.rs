@@ -13,6 +13,7 @@ use crate::context::Context;
 use crate::verdict::{Failure, Line, Outcome, Report};
 
 mod bad_input;
+mod batch_renewal;
 mod cancellation;
 mod clock;
 mod election;
@@ -26,6 +27,7 @@ mod listing;
 mod outage;
 mod release;
 mod renew;
+mod schedule;
 mod semaphore;
 mod stale_write;
 mod suspension;
@@ -34,6 +36,10 @@ mod unavailable;
 mod waiting;
 
 pub use bad_input::bad_input_is_refused_without_side_effects;
+pub use batch_renewal::{
+    batch_deadline_counts_from_the_request, batch_renew_after_expiry_is_refused,
+    delayed_batch_reply_shortens_the_renewals,
+};
 pub use cancellation::{
     cancelled_acquire_leaves_nothing, cancelled_try_acquire_leaves_nothing, cut_short,
     dropped_waiter_does_not_delay_handoff, CANCEL_ROUNDS,
@@ -62,6 +68,7 @@ pub use renew::{
     lease_renews_past_ttl, lost_fires_at_deadline, lost_fires_on_refused_renewal,
     renew_after_expiry_is_refused, renewal_refusal_loses_only_that_lease,
 };
+pub use schedule::claim_period_claims_every_period;
 pub use semaphore::{
     semaphore_cancelled_acquire_leaves_no_slot, semaphore_never_exceeds_its_permits,
     semaphore_permits_must_agree, semaphore_waits_by_notification,
@@ -120,6 +127,9 @@ scenarios![
     renew_after_expiry_is_refused,
     deadline_counts_from_the_request,
     delayed_reply_shortens_the_grant,
+    batch_renew_after_expiry_is_refused,
+    batch_deadline_counts_from_the_request,
+    delayed_batch_reply_shortens_the_renewals,
     lease_renews_past_ttl,
     lost_fires_at_deadline,
     lost_fires_on_refused_renewal,
@@ -143,6 +153,7 @@ scenarios![
     semaphore_permits_must_agree,
     semaphore_cancelled_acquire_leaves_no_slot,
     semaphore_waits_by_notification,
+    claim_period_claims_every_period,
     election_one_leader_at_a_time,
     election_epochs_grow_across_resign_expiry_and_crash,
     election_observers_see_every_change,

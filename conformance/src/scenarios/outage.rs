@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use leasehold_core::{Error, Instant, Lease, LeaseOptions, LostReason};
+use leasehold_core::{is_unavailable, Error, Instant, Lease, LeaseOptions, LostReason};
 
 use super::helpers::{acquire_within, paused, NO_PAUSE};
 use crate::context::Context;
@@ -12,6 +12,8 @@ use crate::verdict::{Failure, OrFail, Outcome, Verdict};
 /// The server stops answering (SIGSTOP) while A holds a renewed lease: another client's
 /// try-acquire fails with the retryable `Unavailable` (not "someone holds it"), A's `lost()`
 /// fires by its deadline, and after the server resumes the key is free again within a TTL.
+/// Where the pause is contention instead (`Faults::pause_is_contention`), the try-acquire
+/// fails with a retryable error that is not `Unavailable`: the authority answered, busy.
 pub async fn unresponsive_authority(ctx: &Context) -> Outcome {
     let (a, b) = (ctx.connect().await?, ctx.connect().await?);
     let key = ctx.key("unresponsive");
@@ -54,7 +56,15 @@ pub async fn unresponsive_authority(ctx: &Context) -> Outcome {
             .await
             .map_err(|_| Failure::new("try_acquire hung for 30 s against an unresponsive server"))?
             .or_fail("probe task")?;
+        let contention = ctx.faults().pause_is_contention();
         match answer {
+            Err(e) if contention => {
+                ensure!(
+                    e.is_retryable() && !is_unavailable(&e),
+                    "try_acquire against an authority kept busy gave {e}, expected a retryable \
+                     error that is not Unavailable"
+                );
+            }
             Err(e @ Error::Unavailable { .. }) => {
                 ensure!(e.is_retryable(), "Unavailable must be retryable");
             }

@@ -76,7 +76,8 @@ pub async fn semaphore_never_exceeds_its_permits(ctx: &Context) -> Outcome {
 }
 
 /// A holds a permit of a 2-permit semaphore; B uses the same name with 3 permits and is refused
-/// with `InvalidConfig`, holding nothing; once A releases, B's count takes effect.
+/// with `InvalidConfig`, holding nothing; once A releases, B's count takes effect. Then A and B
+/// try at the same moment, 20 rounds: never do both hold a permit.
 pub async fn semaphore_permits_must_agree(ctx: &Context) -> Outcome {
     let name = ctx.key("semaphore-agree");
     let ttl = ctx.ttl();
@@ -110,8 +111,41 @@ pub async fn semaphore_permits_must_agree(ctx: &Context) -> Outcome {
         .or_fail("B after A released")?
         .ok_or_else(|| Failure::new("B found no free permit after A released"))?;
     let _ = taken.release().await.or_fail("B releases")?;
+    // The two counts at the same moment, each on its own client: at least one sees the other's
+    // slot on its second look and gives its own back, so they never both hold a permit.
+    for round in 0..AGREE_ROUNDS {
+        let (a, b) = (a.clone(), b.clone());
+        let a = tokio::spawn(async move { a.try_acquire(ttl).await });
+        let b = tokio::spawn(async move { b.try_acquire(ttl).await });
+        let a = a.await.or_fail("A's task")?;
+        let b = b.await.or_fail("B's task")?;
+        let mut held = Vec::new();
+        for (who, result) in [("A", a), ("B", b)] {
+            match result {
+                Ok(Some(permit)) => held.push(permit),
+                Err(Error::InvalidConfig { .. }) => {}
+                other => {
+                    return Err(Failure::new(format!(
+                        "round {round}: {who}'s try at once gave {other:?}"
+                    )))
+                }
+            }
+        }
+        let both = held.len() == 2;
+        for permit in held {
+            let _ = permit.release().await.or_fail("release")?;
+        }
+        ensure!(
+            !both,
+            "round {round}: a permit of {PERMITS} and a permit of {} were held at once",
+            PERMITS + 1
+        );
+    }
     Ok(Verdict::Passed)
 }
+
+/// How many rounds `semaphore_permits_must_agree` has the two counts try at the same moment.
+const AGREE_ROUNDS: usize = 20;
 
 /// A waiter blocked in `acquire` while both permits are held (their leases renewed, so only a
 /// release frees one) for two TTLs gets the permit soon after one holder releases: within a

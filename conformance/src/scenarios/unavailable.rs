@@ -32,7 +32,9 @@ async fn admit(
 /// A key A holds is never a reason to proceed: B's `acquire_or` is `Timeout` under both
 /// policies. With the server stopped (SIGSTOP), fail-closed is an unavailable error and
 /// fail-open proceeds `Unlocked` (with no fence); once the server resumes, fail-open takes a
-/// real lease again.
+/// real lease again. Where the pause is contention instead (`Faults::pause_is_contention`:
+/// SQLite's write lock held by another connection), the authority answered, busy: both
+/// policies return a retryable error that is not unavailable, and neither proceeds.
 pub async fn fail_open_and_closed_are_explicit(ctx: &Context) -> Outcome {
     let (a, b) = (ctx.connect().await?, ctx.connect().await?);
     let key = ctx.key("if-unavailable");
@@ -56,7 +58,22 @@ pub async fn fail_open_and_closed_are_explicit(ctx: &Context) -> Outcome {
     if !paused(ctx).await? {
         return Ok(Verdict::NotApplicable(NO_PAUSE.into()));
     }
+    let contention = ctx.faults().pause_is_contention();
     let result = async {
+        if contention {
+            for policy in [IfUnavailable::FailClosed, IfUnavailable::FailOpen] {
+                match admit(&b, &key, ttl, Duration::ZERO, policy).await? {
+                    Err(e) if e.is_retryable() && !is_unavailable(&e) => {}
+                    other => {
+                        return Err(Failure::new(format!(
+                            "{policy:?} against an authority kept busy by another writer gave \
+                             {other:?}, not a retryable error that is not unavailable"
+                        )))
+                    }
+                }
+            }
+            return Ok(());
+        }
         match admit(&b, &key, ttl, Duration::ZERO, IfUnavailable::FailClosed).await? {
             Err(e) if is_unavailable(&e) => {}
             other => {

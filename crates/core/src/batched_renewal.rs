@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use crate::authority::Authority;
 use crate::error::{Error, Result};
 use crate::grant::Grant;
+use crate::time::saturating_add;
 
 /// How long an opened batch waits for others to join before it is sent: short against any
 /// TTL, long against the wake-ups of the leases that join it.
@@ -117,18 +118,25 @@ impl Renewals {
     /// Renews `grant` in the next batch.
     pub(crate) async fn renew(self: &Arc<Self>, grant: &Grant) -> Result<Instant> {
         let (reply, answer) = oneshot::channel();
-        let start = {
+        let opened = {
             let mut queue = lock(&self.queue);
             queue.pending.push(Pending {
                 grant: grant.clone(),
                 reply,
             });
-            !std::mem::replace(&mut queue.open, true)
+            if queue.open {
+                None
+            } else {
+                queue.open = true;
+                let at = saturating_add(Instant::now(), LINGER);
+                // Published under the queue's lock, as the closing batch publishes `None`: the
+                // two cannot overtake each other, so leases waiting to join see this batch.
+                self.sending_at.send_replace(Some(at));
+                Some((at, Closed::new(self.clone())))
+            }
         };
-        if start {
-            let at = Instant::now() + LINGER;
-            self.sending_at.send_replace(Some(at));
-            tokio::spawn(self.clone().send_at(at));
+        if let Some((at, closed)) = opened {
+            tokio::spawn(self.clone().send_at(at, closed));
         }
         answer.await.unwrap_or_else(|_| {
             Err(Error::Backend {
@@ -142,16 +150,21 @@ impl Renewals {
 
     /// The batch's task: waits [`LINGER`] for others to join, then sends everything queued, in
     /// requests of at most [`MAX_BATCH`] grants, until nothing is left.
-    async fn send_at(self: Arc<Self>, at: Instant) {
-        // However this task ends (a panic in a backend, a runtime shutting down), the next
-        // renewal must be able to open a batch again.
-        let _closed = Closed(&self);
+    ///
+    /// `closed` reopens the queue however the task ends, even if it is dropped unpolled (a
+    /// runtime shutting down), so the next renewal can open a batch again.
+    async fn send_at(self: Arc<Self>, at: Instant, mut closed: Closed) {
         tokio::time::sleep_until(at).await;
         loop {
             let batch: Vec<Pending> = {
                 let mut queue = lock(&self.queue);
+                // A lease that stopped waiting (lost, released, dropped) renews nothing.
+                queue.pending.retain(|p| !p.reply.is_closed());
                 let take = queue.pending.len().min(MAX_BATCH);
                 if take == 0 {
+                    // Closed under the lock a renewal queues under: a renewal queued after
+                    // this finds no batch open and opens one, none queued before is left.
+                    closed.close(&mut queue);
                     return;
                 }
                 queue.pending.drain(..take).collect()
@@ -192,12 +205,38 @@ impl Renewals {
     }
 }
 
-/// Closes the batch when its task ends.
-struct Closed<'a>(&'a Renewals);
+/// Closes the batch when its task ends, however it ends.
+struct Closed {
+    renewals: Arc<Renewals>,
+    done: bool,
+}
 
-impl Drop for Closed<'_> {
+impl Closed {
+    fn new(renewals: Arc<Renewals>) -> Self {
+        Closed {
+            renewals,
+            done: false,
+        }
+    }
+
+    /// Marks the queue closed; the caller holds its lock.
+    fn close(&mut self, queue: &mut Queue) {
+        queue.open = false;
+        self.renewals.sending_at.send_replace(None);
+        self.done = true;
+    }
+}
+
+impl Drop for Closed {
     fn drop(&mut self) {
-        lock(&self.0.queue).open = false;
-        self.0.sending_at.send_replace(None);
+        if self.done {
+            return;
+        }
+        // The task ended without sending what is queued (a panic, a runtime shutting down):
+        // those leases hear at once that their renewal has no answer, and retry.
+        let renewals = self.renewals.clone();
+        let mut queue = lock(&renewals.queue);
+        queue.pending.clear();
+        self.close(&mut queue);
     }
 }

@@ -83,14 +83,15 @@ impl fmt::Display for Unlocked {
     }
 }
 
-/// Whether `error` means the authority could not be reached (as opposed to the key being held,
-/// bad input or refused credentials, which no policy turns into running without a lock).
+/// Whether `error` means the authority could not be reached: [`Error::Unavailable`] only.
+///
+/// Everything else is an answer, and no policy turns an answer into running without a lock:
+/// the key held, bad input, refused credentials, and the retryable errors of an authority that
+/// answered but is busy (SQLite's write lock held by another connection, a PostgreSQL
+/// serialization failure or lock timeout, throttling). Those are contention: another client may
+/// be taking this very key at that moment, so running the work unlocked could run it twice.
 pub fn is_unavailable(error: &Error) -> bool {
-    match error {
-        Error::Unavailable { .. } => true,
-        Error::Backend { retryable, .. } => *retryable,
-        _ => false,
-    }
+    matches!(error, Error::Unavailable { .. })
 }
 
 /// [`Lease::acquire`], with the choice of what to do when the authority cannot be reached made

@@ -452,6 +452,13 @@ async fn renew_until_lost(
             let p = state.borrow();
             (p.deadline, matches!(p.state, LeaseState::Suspended))
         };
+        if options.auto_renew && ended(state) {
+            // The deadline passed while this task could not run (a blocked runtime, a paused
+            // process), and `lost_now()` may have reported it already: a lost lease renews
+            // nothing, and gives back what the authority may still hold for the margin.
+            lose_and_give_back(authority, grant, state, last_error.take()).await;
+            return;
+        }
         let now = Instant::now();
         let mut next = if suspended {
             saturating_add(now, retry.next_delay())
@@ -488,6 +495,11 @@ async fn renew_until_lost(
             Some(batch) if !suspended => batch.sleep_until(next, interval / 2).await,
             _ => tokio::time::sleep_until(next).await,
         }
+        if ended(state) {
+            // Woken late: the lease may have been reported lost meanwhile.
+            lose_and_give_back(authority, grant, state, last_error.take()).await;
+            return;
+        }
         let sent = Instant::now();
         let outcome = attempt(authority, renewals, grant, state, ttl, sent, deadline).await;
         let in_time = Instant::now() < deadline;
@@ -504,7 +516,20 @@ async fn renew_until_lost(
                 last_sent = sent;
                 last_error = None;
                 retry.reset();
-                state.send_modify(|p| p.deadline = new_deadline);
+                // Only a lease nobody reported lost takes the new deadline: `lost_now()` may
+                // have seen the old one pass between the answer and here, and loss is final.
+                let kept = state.send_if_modified(|p| {
+                    if p.state.is_lost() {
+                        false
+                    } else {
+                        p.deadline = new_deadline;
+                        true
+                    }
+                });
+                if !kept {
+                    give_back(authority, grant).await;
+                    return;
+                }
                 mark(state, LeaseState::Held);
             }
             Attempt::Renewed(_) | Attempt::NoAnswer => {
@@ -535,6 +560,29 @@ async fn renew_until_lost(
             }
         }
     }
+}
+
+/// Whether the lease is over as far as this task can tell: reported lost, or its local
+/// deadline passed.
+fn ended(state: &watch::Sender<Published>) -> bool {
+    let p = state.borrow();
+    p.state.is_lost() || Instant::now() >= p.deadline
+}
+
+/// Loses the lease (the last renewal's error as the reason, if there was one; a loss already
+/// reported stands) and gives the key back.
+async fn lose_and_give_back(
+    authority: &dyn Authority,
+    grant: &Grant,
+    state: &watch::Sender<Published>,
+    last_error: Option<Error>,
+) {
+    let reason = match last_error {
+        Some(error) => LostReason::RenewalFailed(Arc::new(error)),
+        None => LostReason::DeadlinePassed,
+    };
+    mark_lost(state, reason);
+    give_back(authority, grant).await;
 }
 
 /// How one renewal attempt ended.

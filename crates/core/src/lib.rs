@@ -86,7 +86,7 @@ pub use options::{percent_decode, ClientOptions, UrlParams};
 pub use owner::OwnerToken;
 pub use redact::{is_secret_param, redact_url, Secret};
 pub use resource::{FencedRegister, FencedResource, Guarded};
-pub use schedule::claim_period;
+pub use schedule::{claim_period, claim_ttl};
 pub use semaphore::{Permit, Semaphore, MAX_PERMITS};
 pub use ttl::TtlRange;
 pub use unclaimed::{claim_or_give_back, Left, Unanswered};

@@ -1,12 +1,20 @@
 //! Scheduled work: at most one run per period across instances, the cron case.
 //!
 //! Several instances fire the same job on the same schedule; one should run it. The first to
-//! claim the period runs; the others skip. The claim is a lease whose TTL is the period, which
-//! is neither renewed nor released: it ends when the period does, so an instance whose clock
-//! fires a little later in the same period still finds it held and skips (releasing at the end
-//! of a short job would let it run the job a second time).
+//! claim the period runs; the others skip. The claim is a lease that is neither renewed nor
+//! released: it runs out by itself, so an instance whose clock fires a little later in the
+//! same period still finds it held and skips (releasing at the end of a short job would let it
+//! run the job a second time).
 //!
-//! What the claim cannot do: make the job's effects happen once. A job that outlives its period
+//! The claim must also be over when the next period starts, though it starts late: after the
+//! timer fired (a timer wakes late on a loaded machine) and once the request reached the
+//! authority. A claim as long as the period would still be held at the next period's first
+//! tick, which would then skip, and every other period would go unrun. So the claim lasts the
+//! period less a tenth of it and less the authority's declared expiry slack ([`claim_ttl`]):
+//! the next tick finds it over as long as this one fired and claimed within that tenth, and an
+//! instance whose timer fires up to nine tenths of a period late still finds it held.
+//!
+//! What the claim cannot do: make the job's effects happen once. A job that outlives its claim
 //! loses exclusivity then (another instance may start the next run), and a paused instance may
 //! act late. So send the fence with every write the job makes, check
 //! [`Lease::ensure_valid`] before each side effect, and make the job's writes idempotent (an
@@ -17,15 +25,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::authority::Authority;
-use crate::error::Result;
+use crate::capabilities::Capabilities;
+use crate::error::{Error, Result};
 use crate::key::LockKey;
 use crate::lease::{Lease, LeaseOptions};
 
 /// Claims `key` for one `period`, without waiting: `Some(lease)` when this instance should run
 /// the job now, `None` when another instance has this period (skip).
 ///
-/// The lease is not renewed and is not released when dropped: it runs out with the period.
-/// Its fence is the run's fence.
+/// The lease is not renewed and is not released when dropped: it runs out before the next
+/// period starts ([`claim_ttl`]). Its fence is the run's fence. A period too short for the
+/// backend's TTLs is [`Error::InvalidTtl`].
 ///
 /// ```
 /// # use std::{sync::Arc, time::Duration};
@@ -47,5 +57,28 @@ pub async fn claim_period(
     let options = LeaseOptions::default()
         .with_auto_renew(false)
         .with_release_on_drop(false);
-    Lease::try_acquire(authority, key, period, options).await
+    let ttl = claim_ttl(authority.capabilities(), period)?;
+    Lease::try_acquire(authority, key, ttl, options).await
+}
+
+/// How long [`claim_period`]'s claim on `period` lasts on an authority with `capabilities`: the
+/// period less a tenth of it (the time the claim may start late: a timer woken late, the
+/// request) and less the authority's declared expiry slack (the time it may end late), rounded
+/// down to a TTL the backend grants. [`Error::InvalidTtl`] when no TTL the backend grants fits.
+pub fn claim_ttl(capabilities: &Capabilities, period: Duration) -> Result<Duration> {
+    let want = period
+        .saturating_sub(period / 10)
+        .saturating_sub(capabilities.expiry_slack);
+    capabilities
+        .ttl
+        .at_most(want)
+        .ok_or_else(|| Error::InvalidTtl {
+            ttl: period,
+            reason: format!(
+            "a claim on a period of {period:?} must end within {want:?} (the period less a tenth \
+             and the backend's expiry slack of {:?}), shorter than the backend's shortest TTL \
+             of {:?}",
+            capabilities.expiry_slack, capabilities.ttl.min
+        ),
+        })
 }

@@ -1,5 +1,6 @@
 //! A semaphore: up to N holders of one name at once, each holding a fenced lease on one of N
-//! slots, so a resource can refuse a stale holder of slot `i` as it refuses a stale lock holder.
+//! slots, so a resource keyed by the slot's lock key ([`Permit::key`]) can refuse a stale
+//! holder of that slot as it refuses a stale lock holder.
 //!
 //! # How N is agreed
 //! Slot `i` of a semaphore named `jobs` with 3 permits is the lock key `jobs/permits-3/i`: the
@@ -53,12 +54,19 @@ pub struct Permit {
 }
 
 impl Permit {
-    /// Which slot (0 to N-1) this permit holds; a resource keyed by slot checks the fence.
+    /// Which slot (0 to N-1) this permit holds.
     pub fn slot(&self) -> u32 {
         self.slot
     }
 
-    /// The slot lease's fence: greater than every earlier fence of the same slot.
+    /// The slot's lock key (`name/permits-N/slot`): key the protected resource by this, not by
+    /// the slot number. Fences grow per lock key, and the key carries the permit count, so after
+    /// the count changes slot `i` is another key whose fences start again.
+    pub fn key(&self) -> &LockKey {
+        self.lease.key()
+    }
+
+    /// The slot lease's fence: greater than every earlier fence of the same slot key.
     pub fn fence(&self) -> Fence {
         self.lease.fence()
     }

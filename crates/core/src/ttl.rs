@@ -57,6 +57,15 @@ impl TtlRange {
         Ok(())
     }
 
+    /// The longest valid TTL that is at most `want`, or `None` when even the minimum is longer.
+    pub fn at_most(&self, want: Duration) -> Option<Duration> {
+        let want = want.min(self.max);
+        let step = self.granularity.as_nanos().max(1);
+        let nanos = want.as_nanos() / step * step;
+        let ttl = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
+        (ttl >= self.min && !ttl.is_zero()).then_some(ttl)
+    }
+
     /// The shortest valid TTL that is at least `want` (for tests that pick short TTLs).
     pub fn at_least(&self, want: Duration) -> Duration {
         let want = want.max(self.min).min(self.max);
@@ -97,6 +106,29 @@ mod tests {
                 matches!(r.check(bad), Err(Error::InvalidTtl { .. })),
                 "{bad:?}"
             );
+        }
+    }
+
+    #[test]
+    fn at_most_rounds_down_to_a_valid_ttl_or_none() {
+        let r = TtlRange::new(
+            Duration::from_secs(2),
+            Duration::from_secs(60),
+            Duration::from_secs(1),
+        );
+        assert_eq!(r.at_most(2900 * MS), Some(Duration::from_secs(2)));
+        assert_eq!(
+            r.at_most(Duration::from_secs(3)),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(r.at_most(1999 * MS), None);
+        assert_eq!(r.at_most(Duration::MAX), Some(Duration::from_secs(60)));
+        let fine = TtlRange::new(MS, Duration::from_secs(60), MS);
+        assert_eq!(fine.at_most(Duration::from_micros(270_500)), Some(270 * MS));
+        assert_eq!(fine.at_most(Duration::ZERO), None);
+        for want in [MS, 1234 * MS, Duration::MAX] {
+            let ttl = fine.at_most(want).unwrap_or_default();
+            assert!(fine.check(ttl).is_ok(), "{want:?} gave {ttl:?}");
         }
     }
 

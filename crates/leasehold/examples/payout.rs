@@ -2,7 +2,7 @@
 //! transitions, and reconciliation, on PostgreSQL.
 //!
 //! ```text
-//! cargo run -p leasehold --features postgres --example payout -- postgres://user@host/db [ROUNDS] [SEED]
+//! cargo run -p leasehold --features postgres --example payout -- postgres://user@host/db [ROUNDS] [SEED] [unfenced]
 //! ```
 //!
 //! The failure the seed describes: worker A holds the lease and calls the payment provider; the
@@ -16,9 +16,19 @@
 //! * every transition is a **guarded** update (`last_fence`), so A's late write is refused;
 //! * a **reconciliation** job looks rows stuck in `SUBMITTING` up at the provider by key.
 //!
-//! Each round runs A, B and the reconciler with seeded timings (does the provider answer late?
-//! does B start before or after A's lease ends? does the reconciler come first?). The example
-//! exits non-zero unless every payout was made exactly once and ended `SUBMITTED`.
+//! The idempotency key alone keeps the money moving once. What only the fence guards is the
+//! row: in some rounds the provider *declines* A's call (a decline that keeps no record of the
+//! key, so a retry may still pay), A freezes past its lease, B retries with the same key and is
+//! paid, and A then records `FAILED`, a transition a payout may take after `SUBMITTED` (a
+//! returned transfer). Without the fence A's late `FAILED` would overwrite B's `SUBMITTED`: the
+//! row would say the payout failed while the money moved.
+//!
+//! Each round runs A, B and the reconciler with seeded timings (does the provider answer late,
+//! or decline? does B start before or after A's lease ends? does the reconciler come first?).
+//! The example exits non-zero unless every payout moved money at most once and its row says
+//! what the provider did: `SUBMITTED` with one transfer, or `FAILED` with none. A fourth
+//! argument `unfenced` runs the same transitions without the fence check, to show what the
+//! fence is for (it then fails).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -29,7 +39,7 @@ use leasehold::postgres::PostgresAuthority;
 use leasehold::{Authority, LockKey};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, SqlSafeStr};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -44,8 +54,19 @@ struct Provider {
 
 impl Provider {
     /// Pays (once per key) and then answers after `answer_after`; a caller that gives up before
-    /// that sees a timeout although the money moved.
-    async fn pay(&self, payout: &str, provider_key: &str, answer_after: Duration) -> String {
+    /// that sees a timeout although the money moved. With `decline`, moves nothing, keeps no
+    /// record of the key (a later call with it may pay) and answers `Err` after `answer_after`.
+    async fn pay(
+        &self,
+        payout: &str,
+        provider_key: &str,
+        answer_after: Duration,
+        decline: bool,
+    ) -> Result<String, String> {
+        if decline {
+            tokio::time::sleep(answer_after).await;
+            return Err(format!("declined {provider_key}"));
+        }
         let reference = {
             let mut paid = self.paid.lock().unwrap();
             paid.entry(provider_key.to_string())
@@ -61,7 +82,7 @@ impl Provider {
                 .clone()
         };
         tokio::time::sleep(answer_after).await;
-        reference
+        Ok(reference)
     }
 
     /// The reconciler's lookup by idempotency key.
@@ -88,18 +109,62 @@ struct Shop {
     payouts: FencedTable,
     provider: Provider,
     ttl: Duration,
+    /// Whether transitions check the fence (`false` only to show what it is for).
+    fenced: bool,
 }
 
 impl Shop {
+    /// A guarded transition of payout `id` ([`FencedTable::update`]); unfenced, the same
+    /// transition with the fence recorded but not compared.
+    async fn transition(
+        &self,
+        conn: &mut PgConnection,
+        id: &str,
+        fence: leasehold::Fence,
+        set: &'static str,
+        precondition: &'static str,
+        reference: Option<&str>,
+    ) -> Result<Guarded, BoxError> {
+        if self.fenced {
+            return Ok(self
+                .payouts
+                .update(conn, id, fence, set, precondition, |q| match reference {
+                    Some(r) => q.bind(r.to_string()),
+                    None => q,
+                })
+                .await?);
+        }
+        let sql = format!(
+            "UPDATE payouts SET {set}, last_fence = GREATEST(last_fence, $2) \
+             WHERE id = $1 AND ({precondition})"
+        );
+        let query = sqlx::query(AssertSqlSafe(sql).into_sql_str())
+            .bind(id.to_string())
+            .bind(fence.as_i64());
+        let query = match reference {
+            Some(r) => query.bind(r.to_string()),
+            None => query,
+        };
+        let done = query.execute(&mut *conn).await?;
+        Ok(if done.rows_affected() > 0 {
+            Guarded::Applied
+        } else {
+            Guarded::PreconditionFailed
+        })
+    }
+
     /// One attempt under a lease: claim the row with the fence, record the intent, call the
     /// provider with the payout's key (giving up after `patience`), record the result.
-    /// `freeze` is how long the worker stalls after the provider call, as a GC pause would.
+    /// `freeze` is how long the worker stalls after the provider call, as a GC pause would;
+    /// `declined` makes the provider decline this call.
+    #[allow(clippy::too_many_arguments)]
     async fn attempt(
         &self,
         who: &str,
         id: &str,
         wait: Duration,
         provider_late_by: Duration,
+        declined: bool,
         freeze: Duration,
         said: &Mutex<Said>,
     ) -> Result<(), BoxError> {
@@ -133,14 +198,13 @@ impl Shop {
         }
         // Durable intent first: from here on a submission may have happened.
         let intent = self
-            .payouts
-            .update(
+            .transition(
                 &mut conn,
                 id,
                 fence,
                 "state = 'SUBMITTING'",
                 "state IN ('PENDING', 'SUBMITTING')",
-                |q| q,
+                None,
             )
             .await?;
         if intent != Guarded::Applied {
@@ -153,26 +217,59 @@ impl Shop {
         let patience = self.ttl / 2;
         let answer = tokio::time::timeout(
             patience,
-            self.provider.pay(id, &provider_key, provider_late_by),
+            self.provider
+                .pay(id, &provider_key, provider_late_by, declined),
         )
         .await;
         tokio::time::sleep(freeze).await;
-        let Ok(reference) = answer else {
-            say(format!(
-                "fence {fence}: the provider did not answer within {patience:?}; outcome \
-                 unknown, the row stays SUBMITTING"
-            ));
-            return Ok(());
+        let reference = match answer {
+            Err(_) => {
+                say(format!(
+                    "fence {fence}: the provider did not answer within {patience:?}; outcome \
+                     unknown, the row stays SUBMITTING"
+                ));
+                return Ok(());
+            }
+            Ok(Err(declined)) => {
+                // A payout may fail after it was submitted (a returned transfer), so FAILED
+                // may follow SUBMITTED: only the fence tells this late answer from that.
+                let before = self.state(&mut conn, id).await?;
+                let failed = self
+                    .transition(
+                        &mut conn,
+                        id,
+                        fence,
+                        "state = 'FAILED'",
+                        "state IN ('SUBMITTING', 'SUBMITTED')",
+                        None,
+                    )
+                    .await?;
+                match failed {
+                    Guarded::Applied if before == "SUBMITTED" => say(format!(
+                        "fence {fence}: the provider {declined}; FAILED recorded over SUBMITTED"
+                    )),
+                    Guarded::Applied => {
+                        say(format!("fence {fence}: the provider {declined}; FAILED"))
+                    }
+                    Guarded::Stale { newest } => say(format!(
+                        "fence {fence}: the provider {declined}; stale FAILED REFUSED, a newer \
+                         holder (fence {newest}) owns the payout"
+                    )),
+                    other => say(format!("fence {fence}: FAILED not recorded ({other:?})")),
+                }
+                let _ = self.authority.release(&grant).await;
+                return Ok(());
+            }
+            Ok(Ok(reference)) => reference,
         };
         let done = self
-            .payouts
-            .update(
+            .transition(
                 &mut conn,
                 id,
                 fence,
                 "state = 'SUBMITTED', provider_ref = $3",
                 "state = 'SUBMITTING'",
-                |q| q.bind(reference.clone()),
+                Some(&reference),
             )
             .await?;
         match done {
@@ -184,6 +281,15 @@ impl Shop {
         }
         let _ = self.authority.release(&grant).await;
         Ok(())
+    }
+
+    /// The payout's state now.
+    async fn state(&self, conn: &mut PgConnection, id: &str) -> Result<String, BoxError> {
+        let (state,): (String,) = sqlx::query_as("SELECT state FROM payouts WHERE id = $1")
+            .bind(id)
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(state)
     }
 
     /// Reconciliation: rows stuck in SUBMITTING are looked up at the provider by key; found
@@ -212,6 +318,7 @@ impl Shop {
             id,
             self.ttl * 4,
             Duration::ZERO,
+            false,
             Duration::ZERO,
             said,
         )
@@ -240,8 +347,19 @@ async fn round(shop: &Shop, rng: &mut StdRng, n: u32) -> Result<(bool, Said), Bo
     let freeze = ttl * rng.random_range(1..=3);
     let b_after = ttl / 4 * rng.random_range(0..=8);
     let reconciler_first = rng.random_bool(0.3);
+    // The provider declines A's call at once, and A freezes before recording it.
+    let a_declined = rng.random_bool(0.3);
+    let late_by = if a_declined { Duration::ZERO } else { late_by };
     let said = Mutex::new(Said::new());
-    let a = shop.attempt("worker A", &id, Duration::ZERO, late_by, freeze, &said);
+    let a = shop.attempt(
+        "worker A",
+        &id,
+        Duration::ZERO,
+        late_by,
+        a_declined,
+        freeze,
+        &said,
+    );
     let b = async {
         tokio::time::sleep(b_after).await;
         if reconciler_first {
@@ -252,6 +370,7 @@ async fn round(shop: &Shop, rng: &mut StdRng, n: u32) -> Result<(bool, Said), Bo
                 &id,
                 ttl * 4,
                 Duration::ZERO,
+                false,
                 Duration::ZERO,
                 &said,
             )
@@ -272,7 +391,12 @@ async fn round(shop: &Shop, rng: &mut StdRng, n: u32) -> Result<(bool, Said), Bo
     said.push(format!(
         "{id}: {state}, {transfers} transfer(s) at the provider"
     ));
-    Ok((state == "SUBMITTED" && transfers == 1, said))
+    // The row must say what the provider did.
+    let right = matches!(
+        (state.as_str(), transfers),
+        ("SUBMITTED", 1) | ("FAILED", 0)
+    );
+    Ok((right, said))
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -283,6 +407,11 @@ async fn main() -> Result<(), BoxError> {
         .ok_or("usage: payout <postgres://...> [ROUNDS] [SEED]")?;
     let rounds: u32 = args.next().map(|r| r.parse()).transpose()?.unwrap_or(1);
     let seed: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(2026);
+    let fenced = match args.next().as_deref() {
+        None => true,
+        Some("unfenced") => false,
+        Some(other) => return Err(format!("unknown mode `{other}` (only `unfenced`)").into()),
+    };
     let authority = PostgresAuthority::connect(&url).await?;
     authority.migrate().await?;
     let pool = authority.pool().clone();
@@ -300,14 +429,16 @@ async fn main() -> Result<(), BoxError> {
         payouts: FencedTable::new("payouts", "id")?,
         provider: Provider::default(),
         ttl: Duration::from_millis(400),
+        fenced,
     };
     let mut rng = StdRng::seed_from_u64(seed);
-    let (mut wrong, mut late, mut refused, mut retried) = (0, 0, 0, 0);
+    let (mut wrong, mut late, mut refused, mut retried, mut stale_failed) = (0, 0, 0, 0, 0);
     for n in 0..rounds {
         let (once, said) = round(&shop, &mut rng, n).await?;
         let has = |what: &str| said.iter().any(|l| l.contains(what));
         late += u32::from(has("did not answer within"));
         refused += u32::from(has("result REFUSED"));
+        stale_failed += u32::from(has("stale FAILED REFUSED"));
         retried += u32::from(
             said.iter()
                 .filter(|l| l.contains("calling the provider"))
@@ -321,19 +452,21 @@ async fn main() -> Result<(), BoxError> {
         }
         if !once {
             wrong += 1;
-            println!("round {n}: NOT exactly once");
+            println!("round {n}: WRONG (the row does not say what the provider did, or money moved twice)");
         }
     }
     println!(
-        "\n{rounds} round(s), seed {seed}: the provider answered too late in {late}, a stale \
-         result was refused by the fence in {refused}, the payout was retried with the same key \
-         in {retried}; {} paid exactly once",
+        "\n{rounds} round(s), seed {seed}{}: the provider answered too late in {late}, a stale \
+         result was refused by the fence in {refused}, a stale FAILED was refused by the fence \
+         in {stale_failed}, the payout was retried with the same key in {retried}; {} right \
+         (paid exactly once, or FAILED with nothing paid)",
+        if fenced { "" } else { ", unfenced" },
         rounds - wrong
     );
     if wrong == 0 {
-        println!("every payout made exactly once.");
+        println!("every payout made exactly once, or FAILED with nothing paid.");
         Ok(())
     } else {
-        Err(format!("{wrong} payout(s) not made exactly once").into())
+        Err(format!("{wrong} payout row(s) wrong").into())
     }
 }

@@ -94,7 +94,8 @@ fn billing_charges_once_and_refuses_the_paused_worker() {
 }
 
 /// Issue 14: the seed's payout failure (the provider pays but answers late, the worker's lease
-/// runs out, another takes over) across 12 seeded rounds: every payout made exactly once, and
+/// runs out, another takes over) across 12 seeded rounds: every payout made exactly once (or,
+/// declined, FAILED with nothing paid), and
 /// the rounds really exercised the late answer and the retry with the same key.
 #[cfg(feature = "postgres")]
 #[test]
@@ -102,12 +103,18 @@ fn payout_is_made_exactly_once_across_seeded_interleavings() {
     let server = leasehold_servers::PostgresServer::start().unwrap();
     let out = run("payout", &[&server.url(), "12", "7"]);
     println!("{out}");
-    assert!(out.contains("every payout made exactly once."), "{out}");
+    assert!(
+        out.contains("every payout made exactly once, or FAILED with nothing paid."),
+        "{out}"
+    );
     let summary = out
         .lines()
         .find(|l| l.starts_with("12 round(s), seed 7:"))
         .unwrap_or_else(|| panic!("no summary line:\n{out}"));
-    assert!(summary.ends_with("12 paid exactly once"), "{summary}");
+    assert!(
+        summary.ends_with("12 right (paid exactly once, or FAILED with nothing paid)"),
+        "{summary}"
+    );
     assert!(!summary.contains("too late in 0,"), "{summary}");
     assert!(!summary.contains("same key in 0;"), "{summary}");
     // One round tells the story line by line.
@@ -117,7 +124,46 @@ fn payout_is_made_exactly_once_across_seeded_interleavings() {
         story.contains("calling the provider with key pk_"),
         "{story}"
     );
-    assert!(story.contains("every payout made exactly once."), "{story}");
+    assert!(
+        story.contains("every payout made exactly once, or FAILED with nothing paid."),
+        "{story}"
+    );
+}
+
+/// The payout's fence is what keeps a stale worker's late answer from overwriting a newer
+/// worker's outcome: the provider declines A's call (a decline that keeps no record of the key),
+/// A freezes past its lease, B retries with the same key and is paid, and A then records FAILED,
+/// a transition a payout may take after SUBMITTED (a returned transfer). With the fence, A's
+/// FAILED is refused in some rounds and every row tells what the provider did; run with
+/// `unfenced` (the same transitions without the fence check), the same seeded rounds end with
+/// a row saying FAILED for money that moved, and the example fails.
+#[cfg(feature = "postgres")]
+#[test]
+fn payout_needs_the_fence_against_a_late_failed_answer() -> Result<(), String> {
+    let server =
+        leasehold_servers::PostgresServer::start().map_err(|e| format!("PostgreSQL: {e}"))?;
+    let fenced = run("payout", &[&server.url(), "12", "7"]);
+    let summary = fenced
+        .lines()
+        .find(|l| l.starts_with("12 round(s), seed 7:"))
+        .ok_or_else(|| format!("no summary line:\n{fenced}"))?;
+    if summary.contains("stale FAILED was refused by the fence in 0,") {
+        return Err(format!("no round met a stale FAILED answer: {summary}"));
+    }
+    let unfenced = Command::new(example("payout"))
+        .args([&server.url(), "12", "7", "unfenced"])
+        .output()
+        .map_err(|e| format!("run payout unfenced: {e}"))?;
+    let said = String::from_utf8_lossy(&unfenced.stdout);
+    println!("{summary}\n{said}");
+    if unfenced.status.success() || !said.contains("FAILED recorded over SUBMITTED") {
+        return Err(format!(
+            "without the fence the payout example still passed ({}): the fence was not what \
+             kept it right\n{said}",
+            unfenced.status
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(feature = "postgres")]

@@ -49,3 +49,53 @@ async fn sqlite_across_clients() {
     let (a, b) = (connect(&url).await.unwrap(), connect(&url).await.unwrap());
     one_run_per_period(a, b).await;
 }
+
+/// One instance on `interval(period)`: each tick claims the period that tick starts, so 10
+/// ticks give at least 9 claims (one tick may come so late under load that the claim before it
+/// has not run out), each with a greater fence.
+async fn every_tick_claims(a: std::sync::Arc<dyn Authority>) -> Result<(), String> {
+    const TICKS: usize = 10;
+    let key = LockKey::new("report:every-tick").map_err(|e| format!("key: {e}"))?;
+    let period = Duration::from_millis(300);
+    let mut ticks = tokio::time::interval(period);
+    let mut fences = Vec::new();
+    let mut skipped = Vec::new();
+    for tick in 0..TICKS {
+        ticks.tick().await;
+        match claim_period(a.clone(), &key, period)
+            .await
+            .map_err(|e| format!("tick {tick}: {e}"))?
+        {
+            Some(run) => fences.push(run.fence().value()),
+            None => skipped.push(tick),
+        }
+    }
+    if fences.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(format!("fences did not grow: {fences:?}"));
+    }
+    if fences.len() + 1 < TICKS {
+        return Err(format!(
+            "{} claims in {TICKS} ticks of {period:?}: ticks {skipped:?} found the last \
+             period's claim still held",
+            fences.len()
+        ));
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn memory_claims_every_period() -> Result<(), String> {
+    let a = connect("memory://every-period")
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    every_tick_claims(a).await
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn sqlite_claims_every_period() -> Result<(), String> {
+    let dir = tempfile::tempdir().map_err(|e| format!("a temporary directory: {e}"))?;
+    let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+    let a = connect(&url).await.map_err(|e| format!("connect: {e}"))?;
+    every_tick_claims(a).await
+}

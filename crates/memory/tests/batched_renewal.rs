@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use leasehold_core::{
     Authority, Capabilities, Grant, Instant, Lease, LeaseOptions, LockKey, LostReason, Released,
-    Result,
+    Result, SafetyMargin,
 };
 use leasehold_memory::MemoryAuthority;
 
@@ -120,4 +120,102 @@ async fn a_refusal_in_a_batch_loses_only_that_lease() {
             assert!(lease.state().is_held(), "lease {i}: {:?}", lease.state());
         }
     }
+}
+
+/// A renewal queued while the previous batch is closing must still be sent. 200 leases of
+/// 60 to 79 ms on one client renew every 20 to 26 ms on a multi-thread runtime (the spread keeps
+/// renewals arriving while batches close); the reference authority
+/// answers a batch at once, so a lease that goes Suspended had its renewal queued with no batch
+/// left to send it, unless the runtime itself stalled for half the time a renewal has left.
+/// A probe measures those stalls; only the seconds without one are judged, 5 s of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_queued_while_a_batch_closes_is_still_sent() -> std::result::Result<(), String> {
+    const SHORT_TTL: Duration = Duration::from_millis(60);
+    const JUDGED: Duration = Duration::from_secs(5);
+    const TRIAL: Duration = Duration::from_secs(1);
+    const MAX_TRIALS: u32 = 60;
+    // A renewal starts a third of the TTL after the last one was sent, with the deadline at the
+    // TTL less the margin; it is suspended when half of what is left passes without an answer.
+    let left = SHORT_TTL
+        .saturating_sub(SafetyMargin::default().for_ttl(SHORT_TTL))
+        .saturating_sub(SHORT_TTL / 3);
+    let stall = left / 2;
+    let mut judged = Duration::ZERO;
+    let mut loud = Vec::new();
+    for trial in 0..MAX_TRIALS {
+        if judged >= JUDGED {
+            return Ok(());
+        }
+        let (worst, left_held) = renew_200_for(SHORT_TTL, TRIAL, trial).await?;
+        if worst >= stall {
+            loud.push(worst);
+            continue;
+        }
+        if !left_held.is_empty() {
+            return Err(format!(
+                "{} of 200 leases left Held in {TRIAL:?} on an authority that answers at once, \
+                 with the runtime never more than {worst:?} late (a suspension needs {stall:?}): {}",
+                left_held.len(),
+                left_held.join("; ")
+            ));
+        }
+        judged += TRIAL;
+    }
+    if judged >= JUDGED {
+        Ok(())
+    } else {
+        Err(format!(
+            "only {judged:?} of {MAX_TRIALS} trials ran without a runtime stall of {stall:?}; \
+             the others stalled by {loud:?}: too loaded a machine to judge"
+        ))
+    }
+}
+
+/// Holds 200 leases of `ttl` to `ttl` + 19 ms on a fresh client for `run`: the runtime's worst lateness meanwhile, and the
+/// leases that left Held.
+async fn renew_200_for(
+    ttl: Duration,
+    run: Duration,
+    trial: u32,
+) -> std::result::Result<(Duration, Vec<String>), String> {
+    let client: Arc<dyn Authority> = Arc::new(MemoryAuthority::standalone());
+    let mut leases = Vec::with_capacity(200);
+    let mut watchers = Vec::with_capacity(200);
+    for i in 0..200 {
+        let key = LockKey::new(format!("closing-batch/{trial}/{i}"))
+            .map_err(|e| format!("key {i}: {e}"))?;
+        let ttl = ttl + Duration::from_millis(i % 20);
+        let lease = Lease::try_acquire(client.clone(), &key, ttl, LeaseOptions::default())
+            .await
+            .map_err(|e| format!("lease {i}: {e}"))?
+            .ok_or_else(|| format!("lease {i}: a fresh key was held"))?;
+        let mut watch = lease.watch();
+        // The first state the renewal task publishes after Held ends the watch: Suspended,
+        // or Lost.
+        watchers.push(tokio::spawn(async move { watch.changed().await }));
+        leases.push(lease);
+    }
+    let probe = tokio::spawn(async move {
+        let mut worst = Duration::ZERO;
+        let end = Instant::now() + run;
+        while Instant::now() < end {
+            let due = Instant::now() + Duration::from_millis(1);
+            tokio::time::sleep_until(due).await;
+            worst = worst.max(Instant::now().saturating_duration_since(due));
+        }
+        worst
+    });
+    let worst = probe.await.map_err(|e| format!("the probe: {e}"))?;
+    let mut left_held = Vec::new();
+    for (i, (lease, watcher)) in leases.iter().zip(watchers).enumerate() {
+        if watcher.is_finished() {
+            let state = watcher
+                .await
+                .map_err(|e| format!("lease {i}'s watch: {e}"))?;
+            left_held.push(format!("lease {i} went {state}, now {}", lease.state()));
+        } else {
+            watcher.abort();
+        }
+    }
+    Ok((worst, left_held))
 }

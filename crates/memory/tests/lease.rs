@@ -3,9 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold_core::time::saturating_add;
 use leasehold_core::{
     Authority, Capabilities, ClientOptions, Error, Grant, Instant, Lease, LeaseOptions, LeaseState,
-    LockKey, LossSignal, LostReason, Released,
+    LockKey, LossSignal, LostReason, Released, SafetyMargin,
 };
 use leasehold_memory::{MemoryAuthority, MemoryServer};
 
@@ -30,6 +31,7 @@ type RenewFuture<'a> = std::pin::Pin<
 /// The reference authority with its `renew` replaced: a backend whose renewals misbehave.
 struct RenewedBy<F> {
     inner: MemoryAuthority,
+    capabilities: Capabilities,
     renew: F,
 }
 
@@ -44,7 +46,23 @@ where
     F: for<'a> Fn(&'a MemoryAuthority, &'a Grant, Duration) -> RenewFuture<'a> + Send + Sync,
 {
     fn new(inner: MemoryAuthority, renew: F) -> Arc<Self> {
-        Arc::new(RenewedBy { inner, renew })
+        let capabilities = inner.capabilities().clone();
+        Arc::new(RenewedBy {
+            inner,
+            capabilities,
+            renew,
+        })
+    }
+
+    /// The same, declaring no batched renewal: each lease sends its own renewals, as on etcd
+    /// and ZooKeeper.
+    fn one_by_one(inner: MemoryAuthority, renew: F) -> Arc<Self> {
+        let capabilities = inner.capabilities().clone().with_batch_renewal(false);
+        Arc::new(RenewedBy {
+            inner,
+            capabilities,
+            renew,
+        })
     }
 }
 
@@ -54,7 +72,7 @@ where
     F: for<'a> Fn(&'a MemoryAuthority, &'a Grant, Duration) -> RenewFuture<'a> + Send + Sync,
 {
     fn capabilities(&self) -> &Capabilities {
-        self.inner.capabilities()
+        &self.capabilities
     }
     async fn try_acquire(
         &self,
@@ -199,6 +217,85 @@ fn ensure_valid_checks_the_deadline_without_the_renewal_task() {
         let err = l.ensure_valid().unwrap_err();
         assert!(err.is_lease_lost(), "{err}");
     });
+}
+
+/// A lease reported lost is over: its renewal task sends no renewal after that, and gives the
+/// key back. The runtime is blocked past the local deadline (the renewal task cannot run) but
+/// not past the authority's expiry (a margin of half the TTL keeps them apart), `is_lost()`
+/// reports the loss, and then the task runs: it must not renew, and another client must get the
+/// key before the authority would have expired it.
+#[test]
+fn a_lease_reported_lost_renews_nothing_and_gives_the_key_back() -> Result<(), String> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const LONG_TTL: Duration = Duration::from_secs(1);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(|e| format!("a runtime: {e}"))?;
+    runtime.block_on(async {
+        let options = ClientOptions {
+            safety_margin: SafetyMargin::new(Duration::ZERO, 500)
+                .map_err(|e| format!("a margin of half the TTL: {e}"))?,
+            ..ClientOptions::default()
+        };
+        let server = MemoryServer::new();
+        let renewals = Arc::new(AtomicUsize::new(0));
+        let counted = renewals.clone();
+        let authority =
+            RenewedBy::one_by_one(server.authority(options), move |inner, grant, ttl| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                Box::pin(inner.renew(grant, ttl))
+            });
+        let acquired = Instant::now();
+        let lease = Lease::try_acquire(authority, &key(), LONG_TTL, LeaseOptions::default())
+            .await
+            .map_err(|e| format!("acquire: {e}"))?
+            .ok_or("acquire: a fresh key was held")?;
+        // The authority's lease runs a whole TTL from before the request; the local deadline
+        // half of it.
+        let expires = acquired + LONG_TTL;
+        let deadline = lease.deadline();
+        std::thread::sleep(
+            saturating_add(deadline, LONG_TTL / 8).saturating_duration_since(Instant::now()),
+        );
+        if !lease.is_lost() {
+            return Err(format!(
+                "not lost {:?} past its deadline",
+                deadline.elapsed()
+            ));
+        }
+        let before = renewals.load(Ordering::SeqCst);
+        // Let the renewal task run, briefly against the TTL.
+        tokio::time::sleep(LONG_TTL / 20).await;
+        let after = renewals.load(Ordering::SeqCst);
+        let other = server.authority(ClientOptions::default());
+        let taken = other
+            .try_acquire(&key(), LONG_TTL)
+            .await
+            .map_err(|e| format!("another client's acquire: {e}"))?;
+        let now = Instant::now();
+        if now >= expires {
+            return Err(format!(
+                "the runtime came back {:?} after the authority's expiry: too late to judge",
+                now - expires
+            ));
+        }
+        if after != before {
+            return Err(format!(
+                "{} renewal(s) sent after the lease was reported lost ({})",
+                after - before,
+                lease.state()
+            ));
+        }
+        if taken.is_none() {
+            return Err(format!(
+                "the lost lease was not given back: the key is still held {:?} before the \
+                 authority's expiry",
+                expires - now
+            ));
+        }
+        Ok(())
+    })
 }
 
 /// `Duration::MAX` is "no limit", not a panic in the renewal task.

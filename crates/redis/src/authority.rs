@@ -726,10 +726,21 @@ impl Authority for RedisAuthority {
         Ok(self.inner.config.client.safety_margin.deadline(sent, ttl))
     }
 
-    /// One script call renews the whole batch, each key checked as `renew` checks it.
+    /// One script call renews the whole batch, each key checked as `renew` checks it. On a
+    /// Redis Cluster, one renewal per grant instead.
     async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
         if let Err(refused) = leasehold_core::check_batch_ttls(grants, &TTL) {
             return refused;
+        }
+        if self.inner.config.is_cluster() {
+            // The lock keys of a batch hash to different slots, which one script cannot touch
+            // (CROSSSLOT: every grant of the batch would fail). Each grant is renewed as `renew`
+            // renews it, its deadline counted from its own request.
+            let mut results = Vec::with_capacity(grants.len());
+            for grant in grants {
+                results.push(self.renew(grant, grant.ttl()).await);
+            }
+            return results;
         }
         let keys: Vec<String> = grants
             .iter()

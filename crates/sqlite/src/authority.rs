@@ -245,6 +245,15 @@ enum Step<'v> {
 /// the machine's clock.
 type Acquired = std::result::Result<(Option<i64>, Option<Duration>), sqlx::Error>;
 
+/// How long a step waits for the file's write lock: three quarters of the request timeout.
+/// A writer that keeps the lock is then reported as that (`SQLITE_BUSY`: contention, the file
+/// answered) before the request as a whole times out (no answer: unavailable), and the last
+/// quarter is left for the rest of the step (a connection from the pool, the statements, the
+/// commit's sync).
+fn busy_timeout(request_timeout: Duration) -> Duration {
+    (request_timeout / 4 * 3).min(Duration::from_millis(i32::MAX as u64))
+}
+
 fn ttl_ns(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_nanos()).unwrap_or(i64::MAX)
 }
@@ -599,7 +608,7 @@ impl SqliteAuthority {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(false)
-            .busy_timeout(timeout.min(Duration::from_millis(i32::MAX as u64)));
+            .busy_timeout(busy_timeout(timeout));
         let give_up = saturating_add(Instant::now(), timeout);
         let schema = schema_sql(&config.table)?;
         let mut backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(50));

@@ -51,9 +51,12 @@ pub(crate) fn map(error: sqlx::Error, what: &str, path: &str) -> Error {
             None => format!("{what} on {path}: {error}"),
         };
         return match code {
-            SQLITE_BUSY | SQLITE_LOCKED | SQLITE_PROTOCOL => Error::Unavailable {
+            // The file answered: another connection is writing (perhaps taking this very key),
+            // which is contention, not an authority nobody can reach.
+            SQLITE_BUSY | SQLITE_LOCKED | SQLITE_PROTOCOL => Error::Backend {
                 backend: BACKEND,
                 message: format!("{message}: another connection kept the database's write lock"),
+                retryable: true,
                 source: Some(Box::new(error)),
             },
             SQLITE_IOERR | SQLITE_NOMEM => Error::Unavailable {

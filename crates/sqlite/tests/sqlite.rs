@@ -90,6 +90,11 @@ impl Faults for SqliteFaults {
         Ok(())
     }
 
+    /// Another connection holding the write lock leaves the file answering, busy.
+    fn pause_is_contention(&self) -> bool {
+        true
+    }
+
     async fn resume(&self) -> leasehold_core::Result<()> {
         if let Some(mut conn) = self.pauser.lock().await.take() {
             sqlx::query("ROLLBACK")

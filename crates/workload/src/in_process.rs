@@ -77,6 +77,14 @@ impl Authority for Freezable {
         self.inner.renew(grant, ttl).await
     }
 
+    /// Forwarded whole, as a worker process's client would send it: a `Lease` on a batching
+    /// authority renews through `renew_many`, and the trait's default would split the batch
+    /// into lone renewals the workers never send.
+    async fn renew_many(&self, grants: &[Grant]) -> Vec<leasehold_core::Result<Instant>> {
+        self.thawed().await;
+        self.inner.renew_many(grants).await
+    }
+
     async fn release(&self, grant: &Grant) -> leasehold_core::Result<Released> {
         self.thawed().await;
         self.inner.release(grant).await
@@ -317,18 +325,27 @@ fn end_of(fault: u64, kind: FaultKind) -> What {
 /// teeth test and the docs give.
 pub fn invisible_to_the_workload(mutant: Mutant) -> Option<&'static str> {
     match mutant {
-        Mutant::DeadlineAfterResponse | Mutant::RenewalDeadlineAfterResponse => Some(
+        Mutant::DeadlineAfterResponse | Mutant::BatchRenewalDeadlineAfterResponse => Some(
             "not reliably: it overstates a deadline only by how late a reply arrives, so the \
              run must answer a grant or renewal slowly (the slow_replies fault), then pause its \
              holder before the next renewal, then grant the key to a waiter in the overstated \
              part; seeded runs catch it now and then, the scenarios \
-             delayed_reply_shortens_the_grant and deadline_counts_from_the_request every time",
+             delayed_reply_shortens_the_grant, delayed_batch_reply_shortens_the_renewals, \
+             deadline_counts_from_the_request and batch_deadline_counts_from_the_request every \
+             time",
         ),
-        Mutant::RenewWithoutOwnerCheck => Some(
-            "a Lease never renews after its local deadline, which falls before the authority's \
-             expiry, so it never asks for the renewal the mutant wrongly grants; only a caller of \
-             Authority::renew with an expired grant meets it (the scenario \
-             renew_after_expiry_is_refused)",
+        Mutant::RenewalDeadlineAfterResponse => Some(
+            "a Lease on the reference authority renews through renew_many, in batches, never \
+             through a lone renew, so the workload never meets it; only a caller of \
+             Authority::renew does (the scenario deadline_counts_from_the_request)",
+        ),
+        Mutant::RenewWithoutOwnerCheck | Mutant::BatchRenewWithoutOwnerCheck => Some(
+            "not reliably: a Lease asks for a renewal only before its local deadline, which falls \
+             before the authority's expiry, so the mutant shows only when a freeze holds that \
+             request back past the expiry and the key went to another worker meanwhile; seeded \
+             runs catch it now and then, a caller of Authority::renew or renew_many with an \
+             expired grant every time (the scenarios renew_after_expiry_is_refused and \
+             batch_renew_after_expiry_is_refused)",
         ),
         _ => None,
     }
