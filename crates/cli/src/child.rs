@@ -21,6 +21,12 @@ pub struct Child {
     watcher: Option<Watcher>,
     /// The terminal the command was given, to take back when it ends.
     terminal: Option<Terminal>,
+    /// Whether the command's exit was collected: from then on its group id may be reused, so
+    /// only the processes found below leasehold are signalled (every member of the group was
+    /// one of them).
+    reaped: bool,
+    /// The foreground group when the command was suspended, given back on resuming.
+    foreground: Option<u32>,
 }
 
 impl Child {
@@ -63,17 +69,23 @@ impl Child {
                 .env_remove("LEASEHOLD_FENCE")
                 .env_remove("LEASEHOLD_FENCE_SAFETY"),
         };
-        let process = command
+        let spawned = command
             // Its own process group: stopping it stops whatever it started too.
             .process_group(0)
             .kill_on_drop(true)
-            .spawn()?;
+            .spawn();
+        let process = match spawned {
+            Ok(process) => process,
+            Err(e) => {
+                // It may have taken the terminal before its exec failed.
+                if let Some(terminal) = &terminal {
+                    terminal.take_back();
+                }
+                return Err(e);
+            }
+        };
+        // (The command took the terminal itself before its exec: see `set_parent_death_signal`.)
         let group = process.id();
-        if let (Some(terminal), Some(group)) = (&terminal, group) {
-            // The command also takes the terminal itself before it runs (see
-            // `set_parent_death_signal`); this covers the moment before.
-            terminal.give_to(group);
-        }
         let watcher = group.and_then(|g| match Watcher::spawn(g) {
             Ok(w) => Some(w),
             Err(e) => {
@@ -89,6 +101,8 @@ impl Child {
             group,
             watcher,
             terminal,
+            reaped: false,
+            foreground: None,
         })
     }
 
@@ -99,19 +113,23 @@ impl Child {
     }
 
     /// Tells the watcher that `leasehold` is ending in order, so it leaves the group alone, and
-    /// takes the terminal back.
-    pub async fn disarm(&mut self) {
-        if let Some(terminal) = &self.terminal {
-            terminal.take_back();
+    /// takes the terminal back from the command. Returns whether the watcher had already ended
+    /// the command, at a deadline `leasehold` did not confirm in time.
+    pub async fn disarm(&mut self) -> bool {
+        if let (Some(terminal), Some(group)) = (&self.terminal, self.group) {
+            let _ = terminal.take_back_from(group);
         }
-        if let Some(watcher) = self.watcher.take() {
-            watcher.disarm().await;
+        match self.watcher.take() {
+            Some(watcher) => watcher.disarm().await,
+            None => false,
         }
     }
 
     /// Waits for the command; its exit code, or 128 + the signal that ended it.
     pub async fn wait(&mut self) -> u8 {
-        match self.process.wait().await {
+        let status = self.process.wait().await;
+        self.reaped = true;
+        match status {
             Ok(status) => match (status.code(), status.signal()) {
                 (Some(code), _) => u8::try_from(code).unwrap_or(1),
                 (None, Some(signal)) => 128u8.saturating_add(u8::try_from(signal).unwrap_or(0)),
@@ -128,6 +146,7 @@ impl Child {
     pub fn job(&self) -> Job {
         Job {
             leader: self.group,
+            watcher: self.watcher.as_ref().and_then(Watcher::pid),
             terminal: self.terminal.is_some(),
         }
     }
@@ -161,24 +180,31 @@ impl Child {
         self.stop(grace).await;
     }
 
-    /// Stops everything the command started (SIGSTOP), for leasehold to stop too.
+    /// Stops everything the command started (SIGSTOP), for leasehold to stop too, taking the
+    /// terminal back if the command has it.
     pub fn suspend(&mut self) {
-        if let Some(terminal) = &self.terminal {
-            terminal.take_back();
+        if let (Some(terminal), Some(group)) = (&self.terminal, self.group) {
+            if terminal.take_back_from(group) {
+                self.foreground = Some(group);
+            }
         }
         self.signal_all(Signal::STOP);
     }
 
-    /// Continues what [`Child::suspend`] stopped, and gives the terminal back.
+    /// Continues what [`Child::suspend`] stopped. The terminal goes back to the command only
+    /// when it had it and leasehold was continued in the foreground (`fg`); continued in the
+    /// background (`bg`), the shell keeps it.
     pub fn resume(&mut self) {
-        if let (Some(terminal), Some(group)) = (&self.terminal, self.group) {
+        if let (Some(terminal), Some(group)) = (&self.terminal, self.foreground.take()) {
             terminal.give_to(group);
         }
         self.signal_all(Signal::CONT);
     }
 
     fn leader_gone(&mut self) -> bool {
-        !matches!(self.process.try_wait(), Ok(None))
+        let gone = !matches!(self.process.try_wait(), Ok(None));
+        self.reaped |= gone;
+        gone
     }
 
     /// The live processes below leasehold but the watcher.
@@ -190,35 +216,60 @@ impl Child {
     }
 
     fn signal_all(&self, signal: Signal) {
-        if let Some(group) = self.group {
+        if let (Some(group), false) = (self.group, self.reaped) {
             descendants::signal_group(group, signal);
         }
         descendants::signal_each(&self.rest(), signal);
     }
 
     /// SIGKILL to the group and every descendant until none is left (a process killed while it
-    /// forked may leave a child the previous look missed), then reaps the command.
+    /// forked may leave a child the previous look missed), then reaps the command. Bounded: a
+    /// process that is not ours to signal (one that changed its user, as `sudo` does) or is
+    /// stuck in the kernel is named, not waited for forever.
     async fn kill_all(&mut self) {
+        let give_up = leasehold::time::saturating_add(tokio::time::Instant::now(), KILL_FOR);
         loop {
             self.signal_all(Signal::KILL);
-            if self.rest().is_empty() {
+            let rest = self.rest();
+            if rest.is_empty() {
+                break;
+            }
+            if tokio::time::Instant::now() >= give_up {
+                say!(
+                    "leasehold: processes the command started outlived SIGKILL for {KILL_FOR:?} \
+                     (another user's, or stuck in the kernel): {rest:?}"
+                );
                 break;
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let _ = self.process.kill().await;
+        self.reaped = true;
     }
 }
+
+/// How long SIGKILL is repeated before the processes that outlive it are given up on.
+const KILL_FOR: Duration = Duration::from_secs(5);
 
 /// The command as a terminal's job.
 #[derive(Clone, Copy, Debug)]
 pub struct Job {
     leader: Option<u32>,
+    watcher: Option<u32>,
     /// Whether the command was given the terminal (leasehold runs in one, in the foreground).
     terminal: bool,
 }
 
 impl Job {
+    /// Reaps the exited processes that were reparented to leasehold (it is their subreaper),
+    /// so a long run whose command keeps starting daemons does not pile up zombies. Not the
+    /// command or the watcher: their exit status is awaited elsewhere.
+    pub fn reap_orphans(&self) {
+        let keep: Vec<u32> = self.leader.into_iter().chain(self.watcher).collect();
+        let spared: Vec<u32> = self.watcher.into_iter().collect();
+        let _ = descendants::below(std::process::id(), &spared, &keep);
+    }
+
     /// Whether the command has the terminal and is stopped (Ctrl-Z reached it, not leasehold).
     pub fn stopped_at_its_terminal(&self) -> bool {
         self.terminal

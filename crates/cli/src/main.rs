@@ -550,19 +550,32 @@ async fn run_under_lease(
             reason = &mut lost => {
                 say!("leasehold: lease on `{key}` lost ({reason}); stopping the command");
                 child.stop(args.grace).await;
-                child.disarm().await;
+                let _ = child.disarm().await;
                 return args.lost_exit_code;
             }
             status = child.wait() => {
                 // What it left running goes before the lease does.
                 child.end_the_rest(args.grace).await;
-                child.disarm().await;
+                let fired = child.disarm().await;
                 if let Some(confirming) = confirming {
                     confirming.abort();
                 }
                 if let LeaseState::Lost(reason) = lease.state() {
                     // It ended (or was ended by the watcher) after the lease was gone.
                     say!("leasehold: lease on `{key}` lost ({reason}) while the command ran");
+                    return args.lost_exit_code;
+                }
+                if fired {
+                    // A renewal that landed at the last moment reached the watcher too late:
+                    // the command was killed as the lease would have run out. Reported as
+                    // lost, as the command saw it; the lease itself is given back.
+                    say!(
+                        "leasehold: the watcher ended the command at the lease's deadline (no \
+                         renewal confirmed in time)"
+                    );
+                    if let Err(e) = lease.release().await {
+                        say!("leasehold: releasing the lease failed (its TTL will free it): {}", chain(&e));
+                    }
                     return args.lost_exit_code;
                 }
                 if let Err(e) = lease.release().await {
@@ -632,6 +645,7 @@ impl Signals {
                 _ = self.hangup.recv() => return Stop::Signal(1),
                 _ = self.suspend.recv() => return Stop::Job,
                 _ = self.child.recv() => {
+                    job.reap_orphans();
                     if job.stopped_at_its_terminal() {
                         return Stop::Job;
                     }

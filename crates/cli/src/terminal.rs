@@ -29,17 +29,39 @@ impl Terminal {
         Some(Terminal { own })
     }
 
-    /// Makes process group `group` the terminal's foreground group.
+    /// Makes process group `group` the terminal's foreground group, if leasehold's own group
+    /// has it (a leasehold continued in the background must not take it from the shell).
     pub fn give_to(&self, group: u32) {
-        if let Some(group) = i32::try_from(group).ok().and_then(Pid::from_raw) {
+        if self.foreground_group() != Some(self.own) {
+            return;
+        }
+        if let Some(group) = pid(group) {
             let _ = rustix::termios::tcsetpgrp(std::io::stdin(), group);
         }
     }
 
-    /// Makes `leasehold`'s own group the foreground group again.
+    /// Makes leasehold's own group the foreground group again (when the command's group took
+    /// it and could not run).
     pub fn take_back(&self) {
         let _ = rustix::termios::tcsetpgrp(std::io::stdin(), self.own);
     }
+
+    /// Takes the terminal back if process group `group` has it; whether it did.
+    pub fn take_back_from(&self, group: u32) -> bool {
+        let has_it = self.foreground_group().is_some_and(|now| Some(now) == pid(group));
+        if has_it {
+            self.take_back();
+        }
+        has_it
+    }
+
+    fn foreground_group(&self) -> Option<Pid> {
+        rustix::termios::tcgetpgrp(std::io::stdin()).ok()
+    }
+}
+
+fn pid(group: u32) -> Option<Pid> {
+    i32::try_from(group).ok().and_then(Pid::from_raw)
 }
 
 /// A process in a background group that sets the terminal's foreground group gets SIGTTOU

@@ -33,6 +33,9 @@ use crate::descendants;
 /// The hidden subcommand of the watcher process.
 pub const WATCH_GROUP: &str = "__watch-group";
 
+/// The watcher's exit status when it ended the command itself.
+const FIRED: i32 = 3;
+
 /// `leasehold`'s side of the watcher.
 pub struct Watcher {
     process: tokio::process::Child,
@@ -99,10 +102,12 @@ impl Watcher {
     }
 
     /// Tells the watcher that `leasehold` has ended the command in order, and waits for it.
-    pub async fn disarm(mut self) {
+    /// Returns whether the watcher had ended the command itself, at a deadline that passed
+    /// unconfirmed.
+    pub async fn disarm(mut self) -> bool {
         self.said.send_replace(Say::Done);
         let _ = (&mut self.writer).await;
-        let _ = self.process.wait().await;
+        matches!(self.process.wait().await.map(|s| s.code()), Ok(Some(FIRED)))
     }
 }
 
@@ -193,7 +198,7 @@ pub fn watch_group(args: &[String]) -> u8 {
         }
     }
     end_everything(group, parent);
-    0
+    FIRED as u8
 }
 
 /// SIGKILL to the group and, while `leasehold` is still this process's parent, to everything

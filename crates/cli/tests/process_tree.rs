@@ -78,8 +78,14 @@ impl Scratch {
 
     /// Whether `out` grows within ten write intervals.
     fn grows(&self, out: &str) -> bool {
+        self.grows_within(out, WRITE_EVERY * 10)
+    }
+
+    /// Whether `out` grows within `limit`: a writer that should resume is given seconds on a
+    /// loaded machine, not ten write intervals.
+    fn grows_within(&self, out: &str, limit: Duration) -> bool {
         let before = self.size(out);
-        let until = Instant::now() + WRITE_EVERY * 10;
+        let until = Instant::now() + limit;
         while Instant::now() < until {
             std::thread::sleep(Duration::from_millis(20));
             if self.size(out) != before {
@@ -87,6 +93,21 @@ impl Scratch {
             }
         }
         false
+    }
+
+    /// The writers that recorded their pid and are still alive (a zombie is dead): a writer
+    /// that merely stands still (starved, stopped) is not gone.
+    fn live_writers(&self) -> Vec<String> {
+        let pids = std::fs::read_to_string(self.path("pids")).unwrap_or_default();
+        pids.split_whitespace()
+            .filter(|pid| {
+                pid.parse::<u32>()
+                    .ok()
+                    .and_then(state_of)
+                    .is_some_and(|state| state != 'Z' && state != 'X')
+            })
+            .map(str::to_string)
+            .collect()
     }
 
     /// Kills every writer that recorded its pid, so a failed test leaves nothing running.
@@ -155,6 +176,14 @@ fn state_of(pid: u32) -> Option<char> {
     after_name.trim_start().chars().next()
 }
 
+/// The process group of `pid` and the foreground group of its terminal (`/proc/PID/stat`'s
+/// fifth and eighth fields).
+fn groups_of(pid: u32) -> Option<(i64, i64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some((fields.get(2)?.parse().ok()?, fields.get(5)?.parse().ok()?))
+}
+
 fn wait_for_state(pid: u32, want: char, limit: Duration) -> Result {
     let started = Instant::now();
     while state_of(pid) != Some(want) {
@@ -197,6 +226,12 @@ fn terminated_run_leaves_nothing(
     if scratch.grows("out") {
         return Err(format!(
             "something `{script}` started still writes after leasehold exited"
+        ));
+    }
+    let alive = scratch.live_writers();
+    if !alive.is_empty() {
+        return Err(format!(
+            "writers {alive:?} that `{script}` started are alive after leasehold exited"
         ));
     }
     let next = leasehold()
@@ -278,7 +313,7 @@ fn what_a_finished_command_left_running_is_ended_before_the_release() -> Result 
     if code != 3 {
         return Err(format!("leasehold exited {code}, not the command's 3"));
     }
-    if scratch.grows("out") {
+    if scratch.grows("out") || !scratch.live_writers().is_empty() {
         return Err("the command's background writer outlived the run".into());
     }
     Ok(())
@@ -299,7 +334,7 @@ fn a_stopped_leasehold_cannot_keep_its_command_running_past_the_lease() -> Resul
             "--key",
             "stop",
             "--ttl",
-            "4s",
+            "6s",
             "--lost-exit-code",
             "90",
         ])
@@ -313,7 +348,7 @@ fn a_stopped_leasehold_cannot_keep_its_command_running_past_the_lease() -> Resul
     let seen = scratch.path("seen");
     let second = leasehold()
         .args([
-            "run", "--url", &url, "--key", "stop", "--ttl", "4s", "--wait", "20s", "--",
+            "run", "--url", &url, "--key", "stop", "--ttl", "6s", "--wait", "20s", "--",
         ])
         .args([
             "/bin/sh",
@@ -383,7 +418,7 @@ fn sigtstp_stops_the_command_first_and_sigcont_resumes_it() -> Result {
             return Err("the command goes on writing while leasehold is stopped".into());
         }
         signal(run.id(), "CONT")?;
-        if !scratch.grows("out") {
+        if !scratch.grows_within("out", Duration::from_secs(5)) {
             return Err("the command did not resume with leasehold".into());
         }
         Ok(())
@@ -451,17 +486,17 @@ fn a_command_in_a_terminal_can_read_it() -> Result {
     }
 }
 
-/// The watcher kills only at a deadline nobody confirmed: a command that runs for three TTLs
+/// The watcher kills only at a deadline nobody confirmed: a command that runs for two TTLs
 /// under a lease renewed all along is left alone.
 #[test]
 fn a_renewed_lease_keeps_the_watcher_quiet() -> Result {
     let scratch = Scratch::new("cli-tree-quiet")?;
     let url = scratch.url();
-    let ttl = Duration::from_secs(1);
+    let ttl = Duration::from_secs(2);
     let started = Instant::now();
     let out = leasehold()
-        .args(["run", "--url", &url, "--key", "quiet", "--ttl", "1s", "--"])
-        .args(["/bin/sh", "-c", "/bin/sleep 3; exit 7"])
+        .args(["run", "--url", &url, "--key", "quiet", "--ttl", "2s", "--"])
+        .args(["/bin/sh", "-c", "/bin/sleep 4.5; exit 7"])
         .output()
         .map_err(|e| format!("run: {e}"))?;
     let took = started.elapsed();
@@ -472,9 +507,9 @@ fn a_renewed_lease_keeps_the_watcher_quiet() -> Result {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    if took < ttl * 3 {
+    if took < ttl * 2 {
         return Err(format!(
-            "the command ended after {took:?}, before its 3 s sleep"
+            "the command ended after {took:?}, before its 4.5 s sleep"
         ));
     }
     Ok(())
@@ -513,12 +548,24 @@ fn ctrl_z_at_the_terminal_stops_the_command_and_leasehold() -> Result {
         if scratch.grows("out") {
             return Err("the command goes on writing after Ctrl-Z".into());
         }
+        // Stopped, leasehold took the terminal back: its own group is the foreground one.
+        let (group, foreground) = groups_of(leasehold).ok_or("leasehold's stat")?;
+        if group != foreground {
+            return Err(format!(
+                "stopped, leasehold (group {group}) left the terminal to group {foreground}"
+            ));
+        }
         // `script` stops itself when its child (leasehold) stops, as a job's process does;
         // `fg` would continue both.
         signal(session.id(), "CONT")?;
         signal(leasehold, "CONT")?;
-        if !scratch.grows("out") {
+        if !scratch.grows_within("out", Duration::from_secs(5)) {
             return Err("the command did not resume with leasehold".into());
+        }
+        // Continued in the foreground, leasehold gave the terminal back to the command.
+        let (group, foreground) = groups_of(leasehold).ok_or("leasehold's stat")?;
+        if group == foreground {
+            return Err("continued, leasehold kept the terminal from its command".into());
         }
         Ok(())
     })();
@@ -534,5 +581,8 @@ fn ctrl_z_at_the_terminal_stops_the_command_and_leasehold() -> Result {
         "the terminal session",
     );
     result?;
-    code.map(|_| ())
+    match code? {
+        143 => Ok(()),
+        other => Err(format!("leasehold exited {other} after SIGTERM, not 143")),
+    }
 }
