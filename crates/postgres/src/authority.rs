@@ -263,6 +263,10 @@ struct Inner {
     version: Arc<TableVersion>,
     /// What inspect, attempts and marks last read of each key.
     seen: LastSeen,
+    /// Connections kept open past their caller for an acquisition's late answer (see
+    /// [`Inner::run`]): at most one per lane, so a server that stalls every statement cannot
+    /// make a process open connections without bound.
+    outliving: Arc<tokio::sync::Semaphore>,
 }
 
 impl Drop for Inner {
@@ -329,6 +333,11 @@ impl Inner {
                         answer = &mut statement => answer,
                         _ = tokio::time::sleep_until(give_up) => {
                             drop(lane);
+                            // With as many connections already waiting so as there are lanes,
+                            // this one is closed now: a lease it took ends at its TTL.
+                            let Ok(_kept) = self.outliving.clone().try_acquire_owned() else {
+                                return Err(unanswered("no answer in time, and as many abandoned acquisitions as lanes already wait for theirs"));
+                            };
                             return tokio::time::timeout_at(outlive, statement)
                                 .await
                                 .unwrap_or_else(|_| Err(unanswered("no answer before the lease would have ended")));
@@ -495,10 +504,23 @@ impl Inner {
     /// Releases a lease nobody was told about (its acquisition was cancelled or timed out, or
     /// its fence could not be used), so that the key is free at once instead of after its TTL.
     async fn give_back(&self, key: String, owner: String, raw: i64, ttl: Duration) {
-        let give_up = saturating_add(Instant::now(), ttl.max(self.timeout()));
-        let released = self
-            .release_statement("give back", (key, owner, raw), give_up)
-            .await;
+        // Tried until the lease would have ended anyway, each try bounded by the request
+        // timeout: a try that gets no answer lets its lane go (the lane connects afresh), instead
+        // of holding it for a whole TTL. A release compares owner and fence, so a try that
+        // landed unseen makes the next one find nothing.
+        let end = saturating_add(Instant::now(), ttl.max(self.timeout()));
+        let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
+        let released = loop {
+            let give_up = saturating_add(Instant::now(), self.timeout()).min(end);
+            let args = (key.clone(), owner.clone(), raw);
+            match self.release_statement("give back", args, give_up).await {
+                Err(e) if e.is_retryable() && Instant::now() < end => {
+                    let next = saturating_add(Instant::now(), backoff.next_delay());
+                    tokio::time::sleep_until(next.min(end)).await;
+                }
+                other => break other,
+            }
+        };
         match released {
             Ok(n) if n > 0 => tracing::debug!("gave back a lease whose acquisition nobody awaited"),
             Ok(_) => tracing::trace!("a lease nobody awaited had already ended"),
@@ -768,6 +790,7 @@ impl PostgresAuthority {
             inner: Arc::new(Inner {
                 statements: Statements::new(&config.table),
                 lanes: Lanes::new(config.connect.clone(), config.pool_size as usize),
+                outliving: Arc::new(tokio::sync::Semaphore::new(config.pool_size as usize)),
                 pool,
                 config,
                 capabilities,
@@ -1224,7 +1247,8 @@ impl Authority for PostgresAuthority {
             let name = key.as_str().to_string();
             // Marked past the wait's end by the slack a waiter's own timer may need.
             let mark_ms = ttl_ms(max_wait.saturating_add(Duration::from_secs(1)));
-            let marked = self.inner.run(until, None, move |c| {
+            let give_up = until.min(saturating_add(now, self.inner.timeout()));
+            let marked = self.inner.run(give_up, None, move |c| {
                 let (statement, name) = (statement.clone(), name.clone());
                 Box::pin(async move {
                     sqlx::query_as::<_, (i64, bool)>(statement)
@@ -1235,7 +1259,6 @@ impl Authority for PostgresAuthority {
                         .await
                 })
             });
-            let give_up = until.min(saturating_add(now, self.inner.timeout()));
             match tokio::time::timeout_at(give_up, marked).await {
                 // Changed since the caller's read, before the mark could make it announced.
                 Ok(Ok(Some((fence, live))))

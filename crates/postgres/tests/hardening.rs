@@ -1390,6 +1390,16 @@ async fn an_abandoned_acquisition_closes_its_connection_after_the_ttl() -> Resul
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // Its connection was closed at the bound, so nobody read the late statement's answer and
+    // nothing gave its lease back: the row is still live. (A connection still open would have
+    // read the grant and given it back at once.)
+    if live_rows(&admin, &k).await == 0 {
+        return Err(
+            "the late statement's lease was given back: its answer was read, so its connection \
+             was still open past the bound"
+                .into(),
+        );
+    }
     // Whatever the late statement took ends at its TTL.
     while live_rows(&admin, &k).await > 0 {
         if woke.elapsed() > ttl * 2 {
@@ -1417,7 +1427,9 @@ async fn an_idle_silent_lane_is_replaced_before_its_statement() -> Result<(), St
     let server = start().await;
     let admin = connect(&url(&server)).await;
     admin.migrate().await.map_err(|e| format!("migrate: {e}"))?;
-    let timeout = Duration::from_millis(300);
+    // The ping gets half of it; a fresh connection (a forked backend, authenticated) and the
+    // statement must fit in the other half on a loaded machine.
+    let timeout = Duration::from_millis(1000);
     let app = "idle-silent-lane";
     let a = PostgresAuthority::connect(&format!(
         "{}?pool_size=1&timeout_ms={}&application_name={app}",
