@@ -48,7 +48,9 @@ impl Terminal {
 
     /// Takes the terminal back if process group `group` has it; whether it did.
     pub fn take_back_from(&self, group: u32) -> bool {
-        let has_it = self.foreground_group().is_some_and(|now| Some(now) == pid(group));
+        let has_it = self
+            .foreground_group()
+            .is_some_and(|now| Some(now) == pid(group));
         if has_it {
             self.take_back();
         }
