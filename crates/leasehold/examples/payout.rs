@@ -338,7 +338,8 @@ async fn round(shop: &Shop, rng: &mut StdRng, n: u32) -> Result<(bool, Said), Bo
     .execute(&shop.pool)
     .await?;
     let ttl = shop.ttl;
-    // The seed's failure, with seeded variations.
+    // A pause past the lease, varied per round by the seeded generator: the provider late or
+    // on time, declining or paying, the next worker early or late.
     let late_by = if rng.random_bool(0.8) {
         ttl
     } else {

@@ -93,10 +93,10 @@ fn billing_charges_once_and_refuses_the_paused_worker() {
     assert_eq!(out.matches("won the lock").count(), 1, "{out}");
 }
 
-/// Issue 14: the seed's payout failure (the provider pays but answers late, the worker's lease
-/// runs out, another takes over) across 12 seeded rounds: every payout made exactly once (or,
-/// declined, FAILED with nothing paid), and
-/// the rounds really exercised the late answer and the retry with the same key.
+/// A payout whose provider pays but answers late (the worker's lease runs out, another takes
+/// over) across 12 seeded rounds: every payout made exactly once (or, declined, FAILED with
+/// nothing paid), and the rounds really exercised the late answer and the retry with the same
+/// key.
 #[cfg(feature = "postgres")]
 #[test]
 fn payout_is_made_exactly_once_across_seeded_interleavings() {

@@ -1,4 +1,4 @@
-//! Batched renewal (issue 15): leases on one client renew together, one request per renewal
+//! Batched renewal: leases on one client renew together, one request per renewal
 //! tick, and a refusal inside a batch loses only the lease it names. On the reference authority
 //! and tokio's paused clock; the conformance scenario `renewal_refusal_loses_only_that_lease`
 //! checks the same on every backend against its real server.

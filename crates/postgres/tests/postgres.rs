@@ -994,7 +994,7 @@ async fn listening(pool: &sqlx::PgPool, app: &str) -> i64 {
 /// An `acquire` that finds the key free takes it with the plain upsert, as `try_acquire` does,
 /// and opens no listening connection: the waiting form (which marks a held key) and LISTEN are
 /// for a key that is held. With them, an uncontended `acquire()` pair cost 1.10x
-/// `try_acquire()`'s on one core (issue 15), and every listening server process is signalled
+/// `try_acquire()`'s on one core, and every listening server process is signalled
 /// by every notification in the database. An authority that has to wait listens (the control:
 /// it started after the other's acquires, so the other's listener, had one been started,
 /// would be up first).

@@ -796,7 +796,7 @@ async fn held_leases_renew_in_one_script_call_per_tick() {
 
 /// An `acquire` that finds the key free takes it without subscribing: once an authority's
 /// subscription exists, every release announced on the channel is delivered to it, which cost
-/// each uncontended pair 11 % on one core (issue 15). The first caller that has to wait
+/// each uncontended pair 11 % on one core. The first caller that has to wait
 /// subscribes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_that_need_not_wait_does_not_subscribe() {
