@@ -1,4 +1,4 @@
-//! Issue 10's PostgreSQL findings, each against a real server started by the harness: huge
+//! PostgreSQL's edges, each against a real server started by the harness: huge
 //! durations, the listening connection (its own, watched, replaced), isolation levels set as a
 //! database default, secrets in the URL's query string, what fences promise on the connected
 //! server, cancelled and timed-out acquisitions, and a read-only (demoted) primary.
@@ -48,7 +48,7 @@ async fn live_rows(a: &PostgresAuthority, key: &LockKey) -> i64 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Item 1: `Duration::MAX` and huge durations in the URL.
+// `Duration::MAX` and huge durations in the URL.
 
 /// `acquire(.., Duration::MAX)` means "wait as long as it takes", not a panic, and huge
 /// `timeout_ms` / `listen_check_ms` are "no limit", not an overflow.
@@ -103,7 +103,7 @@ async fn duration_max_waits_forever_instead_of_panicking() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Item 17: the listening connection is not one of the pool's.
+// The listening connection is not one of the pool's.
 
 /// With `pool_size=1`, a waiter on the same authority must not starve the lease it holds: the
 /// listening connection is its own, and a short wait ends at `max_wait` with `Timeout`.
@@ -158,7 +158,7 @@ async fn pool_size_one_keeps_leases_while_waiting() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Item 18: a listening connection that dies is noticed and replaced.
+// A listening connection that dies is noticed and replaced.
 
 /// The pid of the backend serving a listening connection (other than `not`), once it listens.
 async fn listener_pid(admin: &PostgresAuthority, within: Duration) -> i32 {
@@ -357,7 +357,7 @@ async fn a_silent_listener_is_noticed_and_replaced() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Item 19: repeatable read / serializable as the database's default.
+// Repeatable read / serializable as the database's default.
 
 async fn contend(url: &str, k: &LockKey, workers: usize, rounds: usize) -> Vec<u64> {
     let ttl = Duration::from_secs(2);
@@ -421,7 +421,7 @@ async fn contention_under_repeatable_read_and_serializable_defaults() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Item 20: `?password=` is the password, and no secret parameter is ever printed.
+// `?password=` is the password, and no secret parameter is ever printed.
 
 /// Display and Debug of an error and of every error in its source chain.
 fn everything_printed(err: &Error) -> String {
@@ -499,7 +499,7 @@ async fn a_password_in_the_query_string_is_used_and_never_printed() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Item 21: fences declare what the connected server promises.
+// Fences declare what the connected server promises.
 
 /// Sets `synchronous_standby_names` (empty: none) and waits until the server uses it. Reads and
 /// `ALTER SYSTEM` need no commit, so this works while commits would wait for a standby.
@@ -612,7 +612,7 @@ async fn fences_declare_what_the_server_promises() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Item 22: cancelled and timed-out acquisitions give their lease back; a read-only server is
+// Cancelled and timed-out acquisitions give their lease back; a read-only server is
 // an outage, not a permanent error.
 
 /// Acquisitions cut off at random points around one round trip (an acquire that waits: within
@@ -794,7 +794,7 @@ async fn a_read_only_server_is_unavailable_and_retryable() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Item 21, end to end: a real failover to an asynchronous standby reissues a fence, and the
+// A real failover to an asynchronous standby reissues a fence, and the
 // conformance scenario shows it as declared. Vouching for linearizable fences on the same
 // setup is caught as a failure: what the code before this fix declared for every server.
 
@@ -1139,7 +1139,7 @@ mod failover {
         (ctx.capabilities().fence_safety, outcome)
     }
 
-    /// Issue 16: with a synchronous standby, every acquisition the primary confirmed is on the
+    /// With a synchronous standby, every acquisition the primary confirmed is on the
     /// standby, so after the standby is promoted the next fence is greater than every fence
     /// handed out before: the backend declares linearizable fences and the scenario passes. (The
     /// old primary, cut off from its standby, cannot confirm the acquisition tried during the
@@ -1175,7 +1175,7 @@ mod failover {
     }
 }
 
-/// Issue 15: lease statements run on lanes (kept connections) instead of sqlx's pool, which
+/// Lease statements run on lanes (kept connections) instead of sqlx's pool, which
 /// pinged every connection it took back. What the ping protected against still holds: with every
 /// lane's server process terminated (an operator, a failover), a lane used within the last second
 /// fails its next statement with a retryable error and connects afresh, so the call after it
@@ -1227,247 +1227,4 @@ async fn lanes_recover_from_terminated_connections() {
     assert_eq!(a.release(&g).await.unwrap(), Released::Released);
     let again = a.try_acquire(&key("lane/idle"), ttl).await.unwrap();
     assert!(again.is_some(), "the key was left held");
-}
-
-/// The backend serving the one lane of the authority connected as `application_name`: the
-/// client backend whose last statement was a lease statement (its pool's connection last ran
-/// the settings query at connect).
-async fn lane_backend(admin: &PostgresAuthority, application_name: &str) -> Result<i32, String> {
-    sqlx::query_scalar(
-        "SELECT pid FROM pg_stat_activity WHERE application_name = $1 \
-           AND query LIKE '%leasehold_leases%' ORDER BY backend_start DESC LIMIT 1",
-    )
-    .bind(application_name)
-    .fetch_optional(admin.pool())
-    .await
-    .map_err(|e| format!("reading pg_stat_activity: {e}"))?
-    .ok_or_else(|| format!("no backend of {application_name} ran a lease statement"))
-}
-
-/// One lane whose backend goes silent (frozen with SIGSTOP: what a primary moved behind a
-/// virtual IP without a reset looks like from here) must not stall the authority: the
-/// statement sent on it gets no answer within the request timeout, and every later statement
-/// reaches a fresh connection, instead of queueing behind the lost reply until TCP gives up.
-/// With `pool_size=1` this also shows that the abandoned acquisition (its caller timed out,
-/// its statement may still take the key) does not keep the only lane while it waits for its
-/// answer; and when the backend wakes, the lease that statement took for nobody is given back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_silent_lane_is_given_up_and_later_statements_connect_afresh() -> Result<(), String> {
-    let server = start().await;
-    let admin = connect(&url(&server)).await;
-    admin.migrate().await.map_err(|e| format!("migrate: {e}"))?;
-    let timeout = Duration::from_millis(300);
-    let app = "silent-lane";
-    let a = PostgresAuthority::connect(&format!(
-        "{}?pool_size=1&timeout_ms={}&application_name={app}",
-        server.url(),
-        timeout.as_millis()
-    ))
-    .await
-    .map_err(|e| format!("connect: {e}"))?;
-    let ttl = Duration::from_secs(10);
-    let held = a
-        .try_acquire(&key("silent/held"), ttl)
-        .await
-        .map_err(|e| format!("the first acquisition: {e}"))?
-        .ok_or("the first key was held")?;
-    let pid = lane_backend(&admin, app).await?;
-    let frozen = Stopped::new(pid);
-    let mut failed = Vec::new();
-    for i in 0..5 {
-        let k = key(&format!("silent/other{i}"));
-        let started = Instant::now();
-        let outcome = a.try_acquire(&k, ttl).await;
-        let took = started.elapsed();
-        println!(
-            "try {i}: {:?} after {took:?}",
-            outcome.as_ref().map(Option::is_some)
-        );
-        // Every answer, a grant or an error, comes within the request timeout (plus the
-        // time a fresh connection takes, which is part of the same bound's slack of one
-        // more timeout).
-        if took > timeout * 2 {
-            return Err(format!(
-                "try {i} took {took:?}, more than twice the timeout"
-            ));
-        }
-        match outcome {
-            Ok(Some(_)) => {}
-            Ok(None) => return Err(format!("try {i}: {k} was held by nobody yet")),
-            Err(e) if e.is_retryable() => failed.push(format!("try {i}: {e}")),
-            Err(e) => return Err(format!("try {i}: a permanent error: {e}")),
-        }
-    }
-    // Only the statement already sent on the silent connection can go unanswered: nothing
-    // tells a frozen backend from a slow one before the timeout.
-    if failed.len() > 1 {
-        return Err(format!(
-            "{} of 5 tries failed behind the silent lane: {failed:?}",
-            failed.len()
-        ));
-    }
-    let fresh = lane_backend(&admin, app).await?;
-    if fresh == pid {
-        return Err("the lane still uses the silent backend".into());
-    }
-    drop(frozen);
-    // The first try's statement lands now that its backend runs again, taking its key for
-    // nobody; it is given back, not kept for the TTL.
-    if !failed.is_empty() {
-        let k = key("silent/other0");
-        let started = Instant::now();
-        while live_rows(&admin, &k).await > 0 {
-            if started.elapsed() > ttl / 4 {
-                return Err("the abandoned acquisition's lease was not given back".into());
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-    let released = a
-        .release(&held)
-        .await
-        .map_err(|e| format!("releasing the first lease: {e}"))?;
-    if released != Released::Released {
-        return Err(format!("the first lease was lost meanwhile: {released:?}"));
-    }
-    Ok(())
-}
-
-/// An acquisition whose caller gave up waits for its statement's answer on its own connection
-/// (to give back a lease it may have taken) only until the TTL, counted from the caller's
-/// deadline, has passed: then that connection is closed. Seen from the server: a backend
-/// frozen for longer finds its client gone when it wakes, and exits; the lease its statement
-/// took for nobody ends at its TTL.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_abandoned_acquisition_closes_its_connection_after_the_ttl() -> Result<(), String> {
-    let server = start().await;
-    let admin = connect(&url(&server)).await;
-    admin.migrate().await.map_err(|e| format!("migrate: {e}"))?;
-    let timeout = Duration::from_millis(300);
-    let app = "abandoned-acquisition";
-    let a = PostgresAuthority::connect(&format!(
-        "{}?pool_size=1&timeout_ms={}&application_name={app}",
-        server.url(),
-        timeout.as_millis()
-    ))
-    .await
-    .map_err(|e| format!("connect: {e}"))?;
-    let ttl = Duration::from_secs(1);
-    let first = key("abandoned/first");
-    let held = a
-        .try_acquire(&first, ttl)
-        .await
-        .map_err(|e| format!("the first acquisition: {e}"))?
-        .ok_or("the first key was held")?;
-    let pid = lane_backend(&admin, app).await?;
-    let frozen = Stopped::new(pid);
-    let k = key("abandoned/late");
-    let sent = Instant::now();
-    match a.try_acquire(&k, ttl).await {
-        Err(e) if e.is_retryable() => {}
-        other => return Err(format!("an acquisition on a frozen backend: {other:?}")),
-    }
-    // Past the bound (the caller's deadline plus the TTL) with the backend still frozen.
-    let bound = timeout + ttl.max(timeout);
-    tokio::time::sleep_until(sent + bound + timeout).await;
-    drop(frozen);
-    let woke = Instant::now();
-    loop {
-        let alive: bool =
-            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)")
-                .bind(pid)
-                .fetch_one(admin.pool())
-                .await
-                .map_err(|e| format!("reading pg_stat_activity: {e}"))?;
-        if !alive {
-            break;
-        }
-        if woke.elapsed() > ttl {
-            return Err(format!(
-                "the frozen backend still has its client {:?} after it woke",
-                woke.elapsed()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    // Its connection was closed at the bound, so nobody read the late statement's answer and
-    // nothing gave its lease back: the row is still live. (A connection still open would have
-    // read the grant and given it back at once.)
-    if live_rows(&admin, &k).await == 0 {
-        return Err(
-            "the late statement's lease was given back: its answer was read, so its connection \
-             was still open past the bound"
-                .into(),
-        );
-    }
-    // Whatever the late statement took ends at its TTL.
-    while live_rows(&admin, &k).await > 0 {
-        if woke.elapsed() > ttl * 2 {
-            return Err("the late statement's lease outlived its TTL".into());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    // The first lease ran out meanwhile (nothing renewed it): its release finds it gone.
-    let released = a
-        .release(&held)
-        .await
-        .map_err(|e| format!("releasing the first lease: {e}"))?;
-    if released != Released::AlreadyGone {
-        return Err(format!("the first lease outlived its TTL: {released:?}"));
-    }
-    Ok(())
-}
-
-/// A lane idle for a second is pinged before its next statement. When its backend went silent
-/// meanwhile, the ping gives up within half the caller's time and the statement goes to a
-/// fresh connection: with the lane idle, all five `try_acquire` after the freeze hold their
-/// keys, each within the request timeout.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_silent_lane_is_replaced_before_its_statement() -> Result<(), String> {
-    let server = start().await;
-    let admin = connect(&url(&server)).await;
-    admin.migrate().await.map_err(|e| format!("migrate: {e}"))?;
-    // The ping gets half of it; a fresh connection (a forked backend, authenticated) and the
-    // statement must fit in the other half on a loaded machine.
-    let timeout = Duration::from_millis(1000);
-    let app = "idle-silent-lane";
-    let a = PostgresAuthority::connect(&format!(
-        "{}?pool_size=1&timeout_ms={}&application_name={app}",
-        server.url(),
-        timeout.as_millis()
-    ))
-    .await
-    .map_err(|e| format!("connect: {e}"))?;
-    let ttl = Duration::from_secs(10);
-    let held = a
-        .try_acquire(&key("idle-silent/held"), ttl)
-        .await
-        .map_err(|e| format!("the first acquisition: {e}"))?
-        .ok_or("the first key was held")?;
-    let pid = lane_backend(&admin, app).await?;
-    let frozen = Stopped::new(pid);
-    // The lane is pinged before use once idle for a second (docs/postgres.md, "Lanes").
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    for i in 0..5 {
-        let k = key(&format!("idle-silent/other{i}"));
-        let started = Instant::now();
-        let outcome = a.try_acquire(&k, ttl).await;
-        let took = started.elapsed();
-        match outcome {
-            Ok(Some(_)) if took <= timeout => {}
-            other => return Err(format!("try {i} after {took:?}: {other:?}")),
-        }
-    }
-    if lane_backend(&admin, app).await? == pid {
-        return Err("the lane still uses the silent backend".into());
-    }
-    drop(frozen);
-    let released = a
-        .release(&held)
-        .await
-        .map_err(|e| format!("releasing the first lease: {e}"))?;
-    if released != Released::Released {
-        return Err(format!("the first lease was lost meanwhile: {released:?}"));
-    }
-    Ok(())
 }
