@@ -1,4 +1,4 @@
-//! Telemetry: what core records (issue 13) is exact on every backend, against the real server.
+//! Telemetry: what core records is exact on every backend, against the real server.
 
 use std::sync::Arc;
 use std::time::Duration;

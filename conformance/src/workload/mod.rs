@@ -1,4 +1,4 @@
-//! The fault workload's history and checker (issue 11): the foundation the runner, the worker
+//! The fault workload's history and checker: the foundation the runner, the worker
 //! processes, the nemesis and the report stand on.
 //!
 //! A run is Jepsen's lock-set workload with fences: workers take a lease on a key, claim and

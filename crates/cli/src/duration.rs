@@ -197,7 +197,7 @@ mod tests {
         proptest! {
             #![proptest_config(config())]
 
-            /// Issue 17: what `human` prints, `parse` reads back to the same duration (to the
+            /// What `human` prints, `parse` reads back to the same duration (to the
             /// microsecond, which is what `human` prints), for every duration up to the largest.
             #[test]
             fn printed_durations_read_back(secs in any::<u64>(), nanos in 0u32..1_000_000_000) {

@@ -266,7 +266,7 @@ fn etcd_leases(server: &leasehold_servers::EtcdServer) -> Vec<String> {
         .collect()
 }
 
-/// Issue 10 #8: with etcd, `leasehold run` leaves no session lease behind when it exits: not
+/// With etcd, `leasehold run` leaves no session lease behind when it exits: not
 /// after the command ran, nor after the lock was found held. (It used to exit with the session
 /// lease still granted, to live out its TTL.)
 #[test]
@@ -351,7 +351,7 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// Issue 12: two `leasehold run --url memory://x` processes both ran with fence 1, each with an
+/// Two `leasehold run --url memory://x` processes both ran with fence 1, each with an
 /// in-process authority of its own. The CLI refuses `memory://` and names what to use instead.
 #[test]
 fn memory_urls_are_refused_and_point_to_sqlite() {
@@ -368,7 +368,7 @@ fn memory_urls_are_refused_and_point_to_sqlite() {
     }
 }
 
-/// Issue 12: `--ttl 1ms` ran the command. A TTL below the floor (the request timeout plus the
+/// `--ttl 1ms` ran the command. A TTL below the floor (the request timeout plus the
 /// safety margin) is refused before connecting: exit 64 even for an unreachable authority.
 #[test]
 fn a_ttl_below_the_floor_is_refused_before_connecting() {
@@ -596,7 +596,7 @@ fn kill_pid_file(pid: &std::path::Path) {
     }
 }
 
-/// Issue 12: the command must never outlive its lease holder. `kill -9` of `leasehold` leaves
+/// The command must never outlive its lease holder. `kill -9` of `leasehold` leaves
 /// nobody to renew the lease or stop the command, so the command gets the parent-death signal:
 /// it stops at once, long before the lease (TTL 2 s) could pass to another holder.
 #[test]
@@ -971,7 +971,7 @@ fn read_fence(file: &std::path::Path) -> u64 {
         .unwrap()
 }
 
-/// Issue 12: with no `--url` and no `LEASEHOLD_URL`, `leasehold run` uses a per-user SQLite file,
+/// With no `--url` and no `LEASEHOLD_URL`, `leasehold run` uses a per-user SQLite file,
 /// `$XDG_STATE_HOME/leasehold/locks.db`, creating its directory (mode 0700): two processes on one
 /// key exclude each other (the second is busy, or waits), and fences grow.
 #[test]
@@ -1454,7 +1454,7 @@ fn series(body: &str, name: &str, labels: &[&str]) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// Issue 13: `leasehold run --metrics-addr` serves the run's metrics while the command runs:
+/// `leasehold run --metrics-addr` serves the run's metrics while the command runs:
 /// the lease held (1), the acquire that got it, labelled with the backend and the key; an
 /// address already in use is refused before anything is acquired (69).
 #[test]
@@ -1512,7 +1512,7 @@ fn run_serves_prometheus_metrics_while_the_command_runs() {
     );
 }
 
-/// Issue 14: `--if-unavailable` against an authority that does not answer (nothing listens on
+/// `--if-unavailable` against an authority that does not answer (nothing listens on
 /// the port): `fail` (the default) exits 69 and never runs the command; `skip` exits 0 and never
 /// runs it; `run` runs it without a lock, told so by `LEASEHOLD_LOCK=unlocked` and with no
 /// fence in its environment, even one inherited from an outer run, and exits with its status.

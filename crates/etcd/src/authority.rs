@@ -1140,7 +1140,7 @@ mod tests {
     use super::*;
     use leasehold_servers::EtcdServer;
 
-    /// Issue 10 #7 against a real etcd: acquisition 1's write got no answer, so the session
+    /// Against a real etcd: acquisition 1's write got no answer, so the session
     /// deletes its key without knowing its revision. One delete attempt is answered and the
     /// name is freed; acquisition 2 of the same session reuses the name on the same lease; then
     /// a duplicate of acquisition 1's delete arrives late. It must neither delete acquisition

@@ -456,7 +456,7 @@ mod tests {
         );
     }
 
-    /// Issue 10 #7: a late confirmation for an earlier acquisition under a reused name must not
+    /// A late confirmation for an earlier acquisition under a reused name must not
     /// erase the newer acquisition's booking (its key would then look like an orphan and be
     /// deleted), and a name whose delete may still be in flight is not reused at all.
     #[tokio::test(start_paused = true)]

@@ -211,7 +211,7 @@ mod tests {
         proptest! {
             #![proptest_config(config())]
 
-            /// Issue 17: escaping round-trips exactly, for any text, and its output holds no
+            /// Escaping round-trips exactly, for any text, and its output holds no
             /// `/`, so a lock key is always one path segment.
             #[test]
             fn escaping_round_trips_and_never_leaves_a_slash(s in any::<String>()) {

@@ -597,7 +597,7 @@ async fn a_paused_holder_process_is_fenced_out() {
     let _ = b.release(&grant).await.unwrap();
 }
 
-/// Issue 10 #9: a client given three endpoints carries every call to a live member. The leader
+/// A client given three endpoints carries every call to a live member. The leader
 /// is killed and a new one elected; then 60 rounds of acquire, renew and release through the
 /// same client (which still lists the dead member) must all succeed. Before, calls balanced onto
 /// the dead member failed with "connection refused".

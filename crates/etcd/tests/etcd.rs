@@ -1216,7 +1216,7 @@ async fn cancelled_try_acquires_leave_nothing_behind() {
     let _ = b.release(&got.unwrap()).await.unwrap();
 }
 
-/// Issue 10 #3: loss is pushed, not polled. The session's lease is revoked behind the holders'
+/// Loss is pushed, not polled. The session's lease is revoked behind the holders'
 /// backs (a raw etcd client, as an operator's `etcdctl lease revoke` would): at a TTL of 9 s,
 /// where the next renewal or keep-alive is up to 3 s (TTL/3) away, every grant's loss signal
 /// fires and every `Lease` is lost within TTL/9 = 1 s.
@@ -1429,7 +1429,7 @@ async fn txns(server: &EtcdServer) -> u64 {
     metric(server, "grpc_server_handled_total", "grpc_method=\"Txn\"").await
 }
 
-/// Issue 10 #5(b): three waiters queue behind a holder, each on its own client. Each release
+/// Three waiters queue behind a holder, each on its own client. Each release
 /// wakes only the next waiter: the server sees exactly two transactions per hand-off (the
 /// release, and the next waiter's one look at the key ahead of it), and the waiters further
 /// back stay asleep. A waiter watching the holder instead of its predecessor (a herd: every

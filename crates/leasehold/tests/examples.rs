@@ -35,7 +35,7 @@ fn run_with(name: &str, args: &[&str], env: &[(&str, &str)]) -> String {
     stdout
 }
 
-/// Issue 13: workers contend while the metrics are served; the example scrapes itself and fails
+/// Workers contend while the metrics are served; the example scrapes itself and fails
 /// unless acquires, hold-time ratios and at least one refused stale write are in the scrape.
 #[test]
 fn prometheus_serves_what_contending_workers_record() {
@@ -69,7 +69,7 @@ fn prometheus_serves_what_contending_workers_record() {
     );
 }
 
-/// Issue 14: three nodes elected in turn on SQLite; the paused first leader's late command is
+/// Three nodes elected in turn on SQLite; the paused first leader's late command is
 /// refused by the follower, epochs grow, and the observer sees each leader with its value.
 #[cfg(feature = "sqlite")]
 #[test]

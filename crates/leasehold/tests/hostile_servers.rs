@@ -1,4 +1,4 @@
-//! Issue 17 (misbehaving servers): a small fake server per protocol accepts connections and then
+//! Misbehaving servers: a small fake server per protocol accepts connections and then
 //! answers garbage, half a reply and stalls, closes mid-reply, never answers, or answers slowly
 //! (just under and just over the request timeout), plus what is peculiar to each protocol: wrong
 //! types from the Redis scripts, an HTTP/1 server on etcd's port, a ZooKeeper server that never

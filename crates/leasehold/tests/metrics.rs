@@ -1,4 +1,4 @@
-//! Issue 13: the metrics core records, with exact values, read back from metrics-util's
+//! The metrics core records, with exact values, read back from metrics-util's
 //! debugging recorder. On the in-memory reference, through `connect` as an application holds
 //! it; every backend records through the same code (`Instrumented` and `Lease` in core).
 

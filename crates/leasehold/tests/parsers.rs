@@ -1,4 +1,4 @@
-//! Issue 17 (property tests): the parsers and layouts a user's input reaches, fed arbitrary
+//! Property tests: the parsers and layouts a user's input reaches, fed arbitrary
 //! input. Nothing panics; invalid input is a typed error; round trips are exact; distinct keys
 //! never share a place at the authority.
 //!
@@ -110,7 +110,7 @@ proptest! {
         let _ = names::queue(&[s.clone(), format!("{s}{n}")]);
     }
 
-    /// Issue 17: the sequence ZooKeeper appends (`%010d` of a 32-bit counter, so every width
+    /// The sequence ZooKeeper appends (`%010d` of a 32-bit counter, so every width
     /// of positive number and, past `i32::MAX`, negative ones with the sign among the ten
     /// characters; or 19 digits of a 64-bit one) reads back exactly, after leasehold's prefix
     /// and after kazoo's and Curator's.

@@ -1,4 +1,4 @@
-//! Issue 14, scheduled work: `claim_period` gives one instance per period the run, on a real
+//! Scheduled work: `claim_period` gives one instance per period the run, on a real
 //! cross-process authority (SQLite) and on the in-memory reference.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Issue 17 (secrets): every configuration and every connection error that can carry a
+//! Secrets: every configuration and every connection error that can carry a
 //! credential, formatted every way a program prints it (Display, Debug, pretty Debug, the whole
 //! source chain) and logged at TRACE while it happens, never shows the secret. The credentials
 //! sit in every place a URL can carry them: the user info, `?password=`, `?sslpassword=`, and a

@@ -1,4 +1,4 @@
-//! Issue 14: the semaphore's input checks and its slot layout (the behaviour is the conformance
+//! The semaphore's input checks and its slot layout (the behaviour is the conformance
 //! suite's `semaphore_*` scenarios, on every backend against its real server).
 
 use leasehold::{connect, Error, LockKey, Semaphore, MAX_PERMITS};

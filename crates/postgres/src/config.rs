@@ -360,7 +360,7 @@ pub(crate) fn unverified_tls(options: &PgConnectOptions) -> Option<&'static str>
 mod tests {
     use super::*;
 
-    /// Issue 17: a connection over a network that does not verify its server is reported, so
+    /// A connection over a network that does not verify its server is reported, so
     /// the warning at connect names it; loopback and Unix sockets have nobody in between.
     #[test]
     fn connections_below_verify_full_over_a_network_are_unverified() {

@@ -891,7 +891,7 @@ async fn wait_for_change_is_woken_by_proclaim_and_release() {
     let _ = holder.release(&elsewhere).await.unwrap();
 }
 
-/// Issue 15: a release announces itself (NOTIFY, which PostgreSQL delivers by signalling every
+/// A release announces itself (NOTIFY, which PostgreSQL delivers by signalling every
 /// listening server process) only when a waiter marked the key, so an uncontended acquire and
 /// release costs the bare pair. Nobody waits: neither form of acquire nor the release sends a
 /// notification, even while another client listens. A waiter in another client marks the key
@@ -1173,7 +1173,7 @@ async fn a_release_nobody_announced_is_not_slept_through() {
     assert!(quiet.is_err(), "returned with nothing changed");
 }
 
-/// Issue 15: one statement renews a batch. A grant released behind its back and a stale grant
+/// One statement renews a batch. A grant released behind its back and a stale grant
 /// (its key since taken by another client) are refused, each alone; the others in the same batch
 /// are renewed to their full TTL, by the database's clock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

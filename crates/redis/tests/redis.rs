@@ -748,7 +748,7 @@ async fn scripts_cost_one_round_trip_and_survive_a_flushed_script_cache() {
     assert_eq!(calls(&server, "eval").await, eval2, "and then by SHA again");
 }
 
-/// Issue 15: 200 leases held through one authority renew as one script call per renewal tick
+/// 200 leases held through one authority renew as one script call per renewal tick
 /// (counted by the server), and a lease whose key was deleted behind its back is refused in its
 /// batch and lost while the other 199 stay held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

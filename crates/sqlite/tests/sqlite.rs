@@ -886,7 +886,7 @@ async fn wait_for_change_wakes_on_the_same_clients_changes() {
     assert!(forever.is_err());
 }
 
-/// Issue 15: one transaction renews a batch. A grant released behind its back and a stale grant
+/// One transaction renews a batch. A grant released behind its back and a stale grant
 /// (its key since taken by another client) are refused, each alone; the others in the same batch
 /// are renewed to their full TTL.
 #[tokio::test]

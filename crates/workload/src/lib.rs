@@ -1,4 +1,4 @@
-//! The fault workload (issue 11): Jepsen's lock-set run with fences, on real servers, with worker
+//! The fault workload: Jepsen's lock-set run with fences, on real servers, with worker
 //! processes that a seeded nemesis pauses and kills. See `docs/workload.md`.
 //!
 //! The history and the checker live in `leasehold_conformance::workload`; this crate runs the
