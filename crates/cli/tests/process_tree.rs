@@ -169,6 +169,17 @@ fn exit_within(run: &mut Child, limit: Duration, what: &str) -> Result<i32> {
     }
 }
 
+/// Waits for `run` to exit once a test's checks (`result`) are done, whatever they found:
+/// their failure first, else an exit status other than `want`.
+fn settled(result: Result, run: &mut Child, what: &str, want: i32) -> Result {
+    let code = exit_within(run, Duration::from_secs(15), what);
+    result?;
+    match code? {
+        code if code == want => Ok(()),
+        other => Err(format!("{what}: exited {other}, not {want}")),
+    }
+}
+
 /// The process state letter from /proc/PID/stat (`T` stopped, `S` sleeping...).
 fn state_of(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -387,14 +398,7 @@ fn a_stopped_leasehold_cannot_keep_its_command_running_past_the_lease() -> Resul
         Ok(())
     })();
     let _ = signal(first.id(), "CONT");
-    let code = exit_within(&mut first, Duration::from_secs(15), "after SIGCONT");
-    result?;
-    match code? {
-        90 => Ok(()),
-        other => Err(format!(
-            "the resumed run exited {other}, not --lost-exit-code 90"
-        )),
-    }
+    settled(result, &mut first, "the resumed run (--lost-exit-code)", 90)
 }
 
 /// SIGTSTP (Ctrl-Z, or `kill -TSTP`) stops the command first, then leasehold; SIGCONT resumes
@@ -425,12 +429,7 @@ fn sigtstp_stops_the_command_first_and_sigcont_resumes_it() -> Result {
     })();
     let _ = signal(run.id(), "CONT");
     let _ = signal(run.id(), "TERM");
-    let code = exit_within(&mut run, Duration::from_secs(15), "after SIGTERM");
-    result?;
-    match code? {
-        143 => Ok(()),
-        other => Err(format!("exited {other} after SIGTERM, not 143")),
-    }
+    settled(result, &mut run, "after SIGTERM", 143)
 }
 
 /// Runs the shell command line `inner` in a terminal of its own (a pty from script(1)), whose
@@ -474,16 +473,7 @@ fn a_command_in_a_terminal_can_read_it() -> Result {
         Ok(())
     })();
     drop(session.stdin.take());
-    let code = exit_within(
-        &mut session,
-        Duration::from_secs(15),
-        "the terminal session",
-    );
-    result?;
-    match code? {
-        0 => Ok(()),
-        other => Err(format!("the terminal session exited {other}")),
-    }
+    settled(result, &mut session, "the terminal session", 0)
 }
 
 /// The watcher kills only at a deadline nobody confirmed: a command that runs for two TTLs
@@ -575,14 +565,5 @@ fn ctrl_z_at_the_terminal_stops_the_command_and_leasehold() -> Result {
         let _ = signal(pid, "TERM");
     }
     drop(session.stdin.take());
-    let code = exit_within(
-        &mut session,
-        Duration::from_secs(15),
-        "the terminal session",
-    );
-    result?;
-    match code? {
-        143 => Ok(()),
-        other => Err(format!("leasehold exited {other} after SIGTERM, not 143")),
-    }
+    settled(result, &mut session, "leasehold after SIGTERM", 143)
 }

@@ -6,12 +6,13 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use leasehold_conformance::scenarios::run_all;
-use leasehold_conformance::{harness_call, harness_error, Connector, Context, Faults, Residue};
+use leasehold_conformance::{harness_call, Connector, Context, Faults};
 use leasehold_core::{Authority, LockKey};
 use leasehold_postgres::PostgresAuthority;
 use leasehold_servers::{PgBouncer, PostgresServer};
 
 mod common;
+mod suite;
 
 /// Clients of one URL.
 struct Clients(String);
@@ -49,37 +50,7 @@ impl Faults for ServerFaults {
 
     /// The lease's row expires now; the row, and with it the fence counter, stays.
     async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<()> {
-        let admin = PostgresAuthority::connect(&self.direct).await?;
-        sqlx::query(
-            "UPDATE leasehold_leases SET expires_at = statement_timestamp() WHERE lock_key = $1",
-        )
-        .bind(key.as_str())
-        .execute(admin.pool())
-        .await
-        .map_err(harness_error)?;
-        Ok(())
-    }
-}
-
-/// A live lease row left for a key, read directly from the server.
-struct LiveRows(String);
-
-#[async_trait]
-impl Residue for LiveRows {
-    async fn leftovers(&self, key: &LockKey) -> leasehold_core::Result<Vec<String>> {
-        let admin = PostgresAuthority::connect(&self.0).await?;
-        let live: Vec<(i64, String)> = sqlx::query_as(
-            "SELECT fence, owner FROM leasehold_leases \
-             WHERE lock_key = $1 AND expires_at > statement_timestamp()",
-        )
-        .bind(key.as_str())
-        .fetch_all(admin.pool())
-        .await
-        .map_err(harness_error)?;
-        Ok(live
-            .into_iter()
-            .map(|(fence, owner)| format!("a live lease row: fence {fence}, owner {owner}"))
-            .collect())
+        suite::revoke(&self.direct, key).await
     }
 }
 
@@ -110,7 +81,7 @@ async fn suite_through_pgbouncer(more: &str) -> Result<String, String> {
     let ctx = Context::new(Arc::new(Clients(pooled)))
         .await
         .map_err(|e| format!("the suite's context: {e}"))?
-        .with_residue(Arc::new(LiveRows(direct.clone())))
+        .with_residue(Arc::new(suite::LiveRows(direct.clone())))
         .with_faults(Arc::new(ServerFaults {
             server: server.clone(),
             direct,

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leasehold_conformance::harness_call;
 use leasehold_conformance::scenarios::{self, run_all, run_selected};
-use leasehold_conformance::{harness_call, harness_error};
-use leasehold_conformance::{Connector, Context, Faults, Residue, ResourceFactory, Verdict};
+use leasehold_conformance::{Connector, Context, Faults, ResourceFactory, Verdict};
 use leasehold_core::{
     Authority, Error, FencedResource, Instant, Lease, LeaseOptions, LockKey, LostReason,
     OwnerToken, Released,
@@ -18,6 +18,7 @@ use leasehold_postgres::PostgresAuthority;
 use leasehold_servers::PostgresServer;
 
 mod common;
+mod suite;
 
 use common::{start, url};
 
@@ -62,38 +63,7 @@ impl Faults for PgFaults {
 
     /// An operator ends the lease by hand (keeping the row, so the fence counter survives).
     async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<()> {
-        let admin = PostgresAuthority::connect(&self.url).await?;
-        sqlx::query(
-            "UPDATE leasehold_leases SET expires_at = statement_timestamp() WHERE lock_key = $1",
-        )
-        .bind(key.as_str())
-        .execute(admin.pool())
-        .await
-        .map_err(harness_error)?;
-        Ok(())
-    }
-}
-
-/// What is left for a key: a live lease row (the row itself, with its fence counter, stays on
-/// purpose).
-struct PgResidue(String);
-
-#[async_trait]
-impl Residue for PgResidue {
-    async fn leftovers(&self, key: &LockKey) -> leasehold_core::Result<Vec<String>> {
-        let admin = PostgresAuthority::connect(&self.0).await?;
-        let live: Vec<(i64, String)> = sqlx::query_as(
-            "SELECT fence, owner FROM leasehold_leases \
-             WHERE lock_key = $1 AND expires_at > statement_timestamp()",
-        )
-        .bind(key.as_str())
-        .fetch_all(admin.pool())
-        .await
-        .map_err(harness_error)?;
-        Ok(live
-            .into_iter()
-            .map(|(fence, owner)| format!("a live lease row: fence {fence}, owner {owner}"))
-            .collect())
+        suite::revoke(&self.url, key).await
     }
 }
 
@@ -139,7 +109,7 @@ async fn passes_the_conformance_suite_with_faults() {
     let ctx = Context::new(Arc::new(Clients(url.clone())))
         .await
         .unwrap()
-        .with_residue(Arc::new(PgResidue(url.clone())))
+        .with_residue(Arc::new(suite::LiveRows(url.clone())))
         .with_faults(Arc::new(PgFaults { server, url }));
     let report = run_all("postgres", &ctx).await;
     println!("{report}");

@@ -13,8 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::time::saturating_add;
-use leasehold_core::{Authority, Instant, Lease, LeaseOptions, LockKey, Released};
-use leasehold_sqlite::SqliteAuthority;
+use leasehold_core::{Authority, Instant, Lease, LeaseOptions, Released};
 use sqlx::{Connection, SqliteConnection};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -25,18 +24,12 @@ const ROLE_KEY: &str = "LEASEHOLD_SQLITE_OTHER_KERNEL_KEY";
 const OTHER_TTL: Duration = Duration::from_millis(1500);
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
+mod common;
+
+use common::{connect, key};
+
 fn url(path: &Path) -> String {
     format!("sqlite://{}?timeout_ms=1000", path.display())
-}
-
-fn key(name: &str) -> Result<LockKey, String> {
-    LockKey::new(name).map_err(|e| format!("key {name}: {e}"))
-}
-
-async fn connect(url: &str) -> Result<SqliteAuthority, String> {
-    SqliteAuthority::connect(url)
-        .await
-        .map_err(|e| format!("connect {url}: {e}"))
 }
 
 /// The machine's clocks as the authority reads them (tests run outside any time namespace).

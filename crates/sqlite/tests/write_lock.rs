@@ -12,22 +12,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::time::saturating_add;
-use leasehold_core::{Authority, Instant, Lease, LeaseOptions, LeaseState, LockKey};
+use leasehold_core::{Authority, Instant, Lease, LeaseOptions, LeaseState};
 use leasehold_sqlite::SqliteAuthority;
 use sqlx::Connection;
 
+mod common;
+
+use common::{connect, key};
+
 fn url(path: &Path, query: &str) -> String {
     format!("sqlite://{}?{query}", path.display())
-}
-
-fn key(name: &str) -> Result<LockKey, String> {
-    LockKey::new(name).map_err(|e| format!("key {name}: {e}"))
-}
-
-async fn connect(url: &str) -> Result<SqliteAuthority, String> {
-    SqliteAuthority::connect(url)
-        .await
-        .map_err(|e| format!("connect {url}: {e}"))
 }
 
 /// An application's write transaction through `pool()`, holding the file's write lock until it

@@ -1,0 +1,44 @@
+//! What the binaries that run the conformance suite against PostgreSQL share: the operator's
+//! revoke, and the residue a scenario must not leave.
+
+use async_trait::async_trait;
+use leasehold_conformance::{harness_error, Residue};
+use leasehold_core::LockKey;
+use leasehold_postgres::PostgresAuthority;
+
+/// An operator ends the lease on `key` by hand, connected at `url`: its row expires now, and
+/// the row, with its fence counter, stays.
+pub async fn revoke(url: &str, key: &LockKey) -> leasehold_core::Result<()> {
+    let admin = PostgresAuthority::connect(url).await?;
+    sqlx::query(
+        "UPDATE leasehold_leases SET expires_at = statement_timestamp() WHERE lock_key = $1",
+    )
+    .bind(key.as_str())
+    .execute(admin.pool())
+    .await
+    .map_err(harness_error)?;
+    Ok(())
+}
+
+/// What is left for a key: a live lease row, read at the URL it holds (the row itself stays on
+/// purpose).
+pub struct LiveRows(pub String);
+
+#[async_trait]
+impl Residue for LiveRows {
+    async fn leftovers(&self, key: &LockKey) -> leasehold_core::Result<Vec<String>> {
+        let admin = PostgresAuthority::connect(&self.0).await?;
+        let live: Vec<(i64, String)> = sqlx::query_as(
+            "SELECT fence, owner FROM leasehold_leases \
+             WHERE lock_key = $1 AND expires_at > statement_timestamp()",
+        )
+        .bind(key.as_str())
+        .fetch_all(admin.pool())
+        .await
+        .map_err(harness_error)?;
+        Ok(live
+            .into_iter()
+            .map(|(fence, owner)| format!("a live lease row: fence {fence}, owner {owner}"))
+            .collect())
+    }
+}
