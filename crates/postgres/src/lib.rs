@@ -22,11 +22,13 @@ mod errors;
 pub mod guarded;
 mod lanes;
 mod notify;
+mod statements;
 mod table;
 mod table_version;
 mod token;
 
-pub use authority::{schema_sql, PostgresAuthority};
+pub use authority::PostgresAuthority;
 pub use config::{FenceSafetyOption, Pooler, PostgresConfig};
+pub use statements::schema_sql;
 pub use table::{TableName, DEFAULT_TABLE};
 pub use token::PgFence;
