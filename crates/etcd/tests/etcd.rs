@@ -1,11 +1,9 @@
 //! The etcd authority against a real single-node etcd started by the harness: the whole
 //! conformance suite with faults, sessions (one lease, many locks; loss of the lease; idle close),
 //! waiters that leave nothing behind, the etcd #22082 stale release, guarded etcd transactions,
-//! `etcdctl lock` interoperation, and bad input (unreachable, wrong password, TLS, a TTL below
+//! and bad input (unreachable, wrong password, TLS, a TTL below
 //! the server's minimum).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,8 +13,8 @@ use leasehold_conformance::scenarios::run_all;
 use leasehold_conformance::{harness_call, harness_error};
 use leasehold_conformance::{Connector, Context, Faults, Residue, Verdict};
 use leasehold_core::{
-    Authority, Election, Error, Guarded, Instant, Lease, LeaseOptions, LockKey, LostReason,
-    OwnerId, Released, MAX_VALUE_LEN,
+    Authority, Error, Guarded, Instant, Lease, LeaseOptions, LockKey, LostReason, OwnerId,
+    Released, MAX_VALUE_LEN,
 };
 use leasehold_etcd::guarded::{contender_key, guarded_txn, still_holds};
 use leasehold_etcd::EtcdAuthority;
@@ -24,25 +22,9 @@ use leasehold_servers::{
     self as servers, etcdctl_command, CommandSpec, EtcdServer, ManagedProcess, READY_TIMEOUT,
 };
 
-/// The request timeout of every client in these tests (`timeout_ms` in [`url`]): requests give
-/// up after one second, so an unresponsive server is noticed within a TTL.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+mod common;
 
-fn url(server: &EtcdServer) -> String {
-    format!(
-        "etcd://{}?timeout_ms={}",
-        server.endpoint(),
-        REQUEST_TIMEOUT.as_millis()
-    )
-}
-
-async fn start() -> Arc<EtcdServer> {
-    let server = tokio::task::spawn_blocking(EtcdServer::start)
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("etcd must start for these tests: {e}"));
-    Arc::new(server)
-}
+use common::{start, url, REQUEST_TIMEOUT};
 
 async fn raw_client(server: &EtcdServer) -> Client {
     Client::connect([server.endpoint()], None)
@@ -728,105 +710,6 @@ async fn guarded_etcd_transactions_refuse_a_former_holder() {
         Guarded::Stale { newest } => assert!(newest > new.fence().value(), "{newest}"),
         Guarded::Accepted => panic!("a former holder's write went through"),
     }
-}
-
-fn spawn_etcdctl_lock(server: &EtcdServer, name: &str, script: &str) -> Child {
-    let mut command = server.etcdctl().expect("etcdctl");
-    command
-        .args(["lock", "--ttl=2", name, "--", "sh", "-c", script])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    command.spawn().expect("spawn etcdctl lock")
-}
-
-/// `etcdctl lock <namespace>/<key>` and leasehold share one queue: each waits for the other,
-/// and leasehold's fence comes after the revision etcdctl was granted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcdctl_lock_and_leasehold_exclude_each_other() {
-    let server = start().await;
-    let a = EtcdAuthority::connect(&url(&server)).await.unwrap();
-    let key = LockKey::new("jobs/nightly").unwrap();
-    let name = a.etcdctl_lock_name(&key);
-    assert_eq!(name, "leasehold/jobs%2Fnightly");
-    let ttl = Duration::from_secs(2);
-
-    // etcdctl holds the lock while its child waits for a file to appear (etcdctl does not hand
-    // its stdin to the child).
-    let dir = servers::process::server_dir("etcdctl-lock").unwrap();
-    let done = dir.path().join("done");
-    let script = format!(
-        "echo \"$ETCD_LOCK_KEY $ETCD_LOCK_REV\"; while [ ! -e {} ]; do sleep 0.05; done",
-        done.display()
-    );
-    let mut held = spawn_etcdctl_lock(&server, &name, &script);
-    let mut out = BufReader::new(held.stdout.take().unwrap());
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        out.read_line(&mut line).map(|_| line)
-    })
-    .await
-    .unwrap()
-    .unwrap();
-    let (lock_key, lock_rev) = line
-        .trim()
-        .split_once(' ')
-        .expect("etcdctl prints key and revision");
-    assert!(lock_key.starts_with(&a.prefix(&key)), "{lock_key}");
-    let lock_rev: u64 = lock_rev.parse().unwrap();
-    assert!(
-        a.try_acquire(&key, ttl).await.unwrap().is_none(),
-        "leasehold ignored etcdctl's lock"
-    );
-    // inspect sees the peer as the holder, with the revision of its key as its fence.
-    let seen = a.inspect(&key).await.unwrap();
-    assert!(seen.held, "{seen:?}");
-    assert_eq!(
-        seen.owner.as_ref().map(|o| o.as_str()),
-        Some("peer:etcd-mutex")
-    );
-    assert!(seen.fence.is_some_and(|f| f.raw() <= lock_rev), "{seen:?}");
-    let waiter = {
-        let a = a.clone();
-        let key = key.clone();
-        tokio::spawn(async move { a.acquire(&key, ttl, Duration::from_secs(10)).await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !waiter.is_finished(),
-        "leasehold acquired while etcdctl held the lock"
-    );
-    std::fs::write(&done, b"done").unwrap();
-    let ours = waiter
-        .await
-        .unwrap()
-        .expect("leasehold gets the lock after etcdctl");
-    assert!(ours.fence().raw() > lock_rev);
-    let _ = tokio::task::spawn_blocking(move || held.wait())
-        .await
-        .unwrap();
-
-    // Now leasehold holds it: etcdctl waits until leasehold releases.
-    let mut blocked = spawn_etcdctl_lock(&server, &name, "echo \"$ETCD_LOCK_REV\"");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        blocked.try_wait().unwrap().is_none(),
-        "etcdctl got the lock while leasehold held it"
-    );
-    let fence = ours.fence().raw();
-    assert_eq!(a.release(&ours).await.unwrap(), Released::Released);
-    let output = tokio::task::spawn_blocking(move || blocked.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(output.status.success());
-    let rev: u64 = String::from_utf8_lossy(&output.stdout)
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(
-        rev > fence,
-        "etcdctl's revision {rev} is not after leasehold's fence {fence}"
-    );
 }
 
 /// Bad input and refused credentials: typed errors, fast, and no password in any of them.
@@ -1815,113 +1698,4 @@ async fn dropped_waits_leave_no_watch_behind() {
         "{} watchers at the server after the waits ended, {before} before",
         watchers().await
     );
-}
-
-/// Reads `n` lines from a child's stdout, or fails the test after `within`.
-async fn read_lines(
-    out: &mut Option<BufReader<std::process::ChildStdout>>,
-    n: usize,
-    within: Duration,
-) -> Vec<String> {
-    let mut reader = out.take().expect("the child's stdout");
-    let read = tokio::task::spawn_blocking(move || {
-        let mut lines = Vec::new();
-        for _ in 0..n {
-            let mut line = String::new();
-            reader.read_line(&mut line).expect("read a line");
-            lines.push(line.trim_end_matches('\n').to_string());
-        }
-        (lines, reader)
-    });
-    let (lines, reader) = tokio::time::timeout(within, read)
-        .await
-        .expect("the child printed in time")
-        .unwrap();
-    *out = Some(reader);
-    lines
-}
-
-/// Sends SIGINT, on which `etcdctl elect` resigns and exits.
-fn interrupt(child: &Child) {
-    let status = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success());
-}
-
-/// `etcdctl elect` (etcd's `concurrency.Election`) shares the layout, so each side sees the
-/// other's leader and value: an `etcdctl elect --listen` observer prints our leader's key and
-/// its stored value (our owner token, then on the next line what we proclaimed, each time we
-/// proclaim); an `etcdctl elect` campaigner's proposal is what leasehold's `inspect` and
-/// `Election::leader` report as its value, and it excludes our candidates until it resigns.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcdctl_elect_and_leasehold_see_each_others_values() {
-    let server = start().await;
-    let a = EtcdAuthority::connect(&url(&server)).await.unwrap();
-    let authority: Arc<dyn Authority> = Arc::new(a.clone());
-    let key = LockKey::new("elect/leader").unwrap();
-    let name = a.etcdctl_lock_name(&key);
-    let ttl = Duration::from_secs(2);
-    let election = Election::new(authority, &key)
-        .with_value("10.0.0.1:7000")
-        .unwrap();
-
-    let mut leading = election.campaign(ttl, ttl).await.unwrap();
-    let ours = contender_key(leading.lease().grant()).unwrap().to_string();
-    let token = leading.lease().grant().owner().to_hex();
-    let mut listener = server
-        .etcdctl()
-        .unwrap()
-        .args(["elect", "--listen", &name])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn etcdctl elect --listen");
-    let mut out = listener.stdout.take().map(BufReader::new);
-    let seen = read_lines(&mut out, 3, ttl * 5).await;
-    assert_eq!(seen, [ours.as_str(), &token, "10.0.0.1:7000"]);
-    leading.proclaim("10.0.0.1:7001").await.unwrap();
-    let seen = read_lines(&mut out, 3, ttl * 5).await;
-    assert_eq!(seen, [ours.as_str(), &token, "10.0.0.1:7001"]);
-    let _ = listener.kill();
-    let _ = listener.wait();
-    let _ = leading.resign().await.unwrap();
-
-    let mut campaigner = server
-        .etcdctl()
-        .unwrap()
-        .args(["elect", &name, "proposal-x"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn etcdctl elect");
-    let mut out = campaigner.stdout.take().map(BufReader::new);
-    // Elected, it prints its key and value.
-    let elected = read_lines(&mut out, 2, ttl * 5).await;
-    assert!(elected[0].starts_with(&a.prefix(&key)), "{elected:?}");
-    assert_eq!(elected[1], "proposal-x");
-    let seen = a.inspect(&key).await.unwrap();
-    assert!(seen.held);
-    assert_eq!(seen.value, Some(b"proposal-x".to_vec()));
-    assert_eq!(
-        seen.owner.as_ref().map(|o| o.as_str()),
-        Some("peer:etcd-election")
-    );
-    let leader = election.leader().await.unwrap().expect("etcdctl leads");
-    assert_eq!(leader.value_str(), Some("proposal-x"));
-    assert!(
-        election.try_campaign(ttl).await.unwrap().is_none(),
-        "leasehold was elected while etcdctl led"
-    );
-    interrupt(&campaigner);
-    let next = election
-        .campaign(ttl, ttl * 5)
-        .await
-        .expect("leasehold leads once etcdctl resigned");
-    assert!(next.epoch() > leader.epoch);
-    let _ = tokio::task::spawn_blocking(move || campaigner.wait())
-        .await
-        .unwrap();
-    let _ = next.resign().await.unwrap();
 }

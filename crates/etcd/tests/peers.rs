@@ -1,0 +1,224 @@
+//! etcd's own lock and election clients against leasehold on the same server: `etcdctl lock` and
+//! `etcdctl elect` share leasehold's key layout, so each excludes, and sees, the other.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::{Authority, Election, LockKey, Released};
+use leasehold_etcd::guarded::contender_key;
+use leasehold_etcd::EtcdAuthority;
+use leasehold_servers::{self as servers, EtcdServer};
+
+mod common;
+
+use common::{start, url};
+
+fn spawn_etcdctl_lock(server: &EtcdServer, name: &str, script: &str) -> Child {
+    let mut command = server.etcdctl().expect("etcdctl");
+    command
+        .args(["lock", "--ttl=2", name, "--", "sh", "-c", script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    command.spawn().expect("spawn etcdctl lock")
+}
+
+/// `etcdctl lock <namespace>/<key>` and leasehold share one queue: each waits for the other,
+/// and leasehold's fence comes after the revision etcdctl was granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_lock_and_leasehold_exclude_each_other() {
+    let server = start().await;
+    let a = EtcdAuthority::connect(&url(&server)).await.unwrap();
+    let key = LockKey::new("jobs/nightly").unwrap();
+    let name = a.etcdctl_lock_name(&key);
+    assert_eq!(name, "leasehold/jobs%2Fnightly");
+    let ttl = Duration::from_secs(2);
+
+    // etcdctl holds the lock while its child waits for a file to appear (etcdctl does not hand
+    // its stdin to the child).
+    let dir = servers::process::server_dir("etcdctl-lock").unwrap();
+    let done = dir.path().join("done");
+    let script = format!(
+        "echo \"$ETCD_LOCK_KEY $ETCD_LOCK_REV\"; while [ ! -e {} ]; do sleep 0.05; done",
+        done.display()
+    );
+    let mut held = spawn_etcdctl_lock(&server, &name, &script);
+    let mut out = BufReader::new(held.stdout.take().unwrap());
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        out.read_line(&mut line).map(|_| line)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let (lock_key, lock_rev) = line
+        .trim()
+        .split_once(' ')
+        .expect("etcdctl prints key and revision");
+    assert!(lock_key.starts_with(&a.prefix(&key)), "{lock_key}");
+    let lock_rev: u64 = lock_rev.parse().unwrap();
+    assert!(
+        a.try_acquire(&key, ttl).await.unwrap().is_none(),
+        "leasehold ignored etcdctl's lock"
+    );
+    // inspect sees the peer as the holder, with the revision of its key as its fence.
+    let seen = a.inspect(&key).await.unwrap();
+    assert!(seen.held, "{seen:?}");
+    assert_eq!(
+        seen.owner.as_ref().map(|o| o.as_str()),
+        Some("peer:etcd-mutex")
+    );
+    assert!(seen.fence.is_some_and(|f| f.raw() <= lock_rev), "{seen:?}");
+    let waiter = {
+        let a = a.clone();
+        let key = key.clone();
+        tokio::spawn(async move { a.acquire(&key, ttl, Duration::from_secs(10)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiter.is_finished(),
+        "leasehold acquired while etcdctl held the lock"
+    );
+    std::fs::write(&done, b"done").unwrap();
+    let ours = waiter
+        .await
+        .unwrap()
+        .expect("leasehold gets the lock after etcdctl");
+    assert!(ours.fence().raw() > lock_rev);
+    let _ = tokio::task::spawn_blocking(move || held.wait())
+        .await
+        .unwrap();
+
+    // Now leasehold holds it: etcdctl waits until leasehold releases.
+    let mut blocked = spawn_etcdctl_lock(&server, &name, "echo \"$ETCD_LOCK_REV\"");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        blocked.try_wait().unwrap().is_none(),
+        "etcdctl got the lock while leasehold held it"
+    );
+    let fence = ours.fence().raw();
+    assert_eq!(a.release(&ours).await.unwrap(), Released::Released);
+    let output = tokio::task::spawn_blocking(move || blocked.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(output.status.success());
+    let rev: u64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        rev > fence,
+        "etcdctl's revision {rev} is not after leasehold's fence {fence}"
+    );
+}
+
+/// Reads `n` lines from a child's stdout, or fails the test after `within`.
+async fn read_lines(
+    out: &mut Option<BufReader<std::process::ChildStdout>>,
+    n: usize,
+    within: Duration,
+) -> Vec<String> {
+    let mut reader = out.take().expect("the child's stdout");
+    let read = tokio::task::spawn_blocking(move || {
+        let mut lines = Vec::new();
+        for _ in 0..n {
+            let mut line = String::new();
+            reader.read_line(&mut line).expect("read a line");
+            lines.push(line.trim_end_matches('\n').to_string());
+        }
+        (lines, reader)
+    });
+    let (lines, reader) = tokio::time::timeout(within, read)
+        .await
+        .expect("the child printed in time")
+        .unwrap();
+    *out = Some(reader);
+    lines
+}
+
+/// Sends SIGINT, on which `etcdctl elect` resigns and exits.
+fn interrupt(child: &Child) {
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+}
+
+/// `etcdctl elect` (etcd's `concurrency.Election`) shares the layout, so each side sees the
+/// other's leader and value: an `etcdctl elect --listen` observer prints our leader's key and
+/// its stored value (our owner token, then on the next line what we proclaimed, each time we
+/// proclaim); an `etcdctl elect` campaigner's proposal is what leasehold's `inspect` and
+/// `Election::leader` report as its value, and it excludes our candidates until it resigns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_elect_and_leasehold_see_each_others_values() {
+    let server = start().await;
+    let a = EtcdAuthority::connect(&url(&server)).await.unwrap();
+    let authority: Arc<dyn Authority> = Arc::new(a.clone());
+    let key = LockKey::new("elect/leader").unwrap();
+    let name = a.etcdctl_lock_name(&key);
+    let ttl = Duration::from_secs(2);
+    let election = Election::new(authority, &key)
+        .with_value("10.0.0.1:7000")
+        .unwrap();
+
+    let mut leading = election.campaign(ttl, ttl).await.unwrap();
+    let ours = contender_key(leading.lease().grant()).unwrap().to_string();
+    let token = leading.lease().grant().owner().to_hex();
+    let mut listener = server
+        .etcdctl()
+        .unwrap()
+        .args(["elect", "--listen", &name])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn etcdctl elect --listen");
+    let mut out = listener.stdout.take().map(BufReader::new);
+    let seen = read_lines(&mut out, 3, ttl * 5).await;
+    assert_eq!(seen, [ours.as_str(), &token, "10.0.0.1:7000"]);
+    leading.proclaim("10.0.0.1:7001").await.unwrap();
+    let seen = read_lines(&mut out, 3, ttl * 5).await;
+    assert_eq!(seen, [ours.as_str(), &token, "10.0.0.1:7001"]);
+    let _ = listener.kill();
+    let _ = listener.wait();
+    let _ = leading.resign().await.unwrap();
+
+    let mut campaigner = server
+        .etcdctl()
+        .unwrap()
+        .args(["elect", &name, "proposal-x"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn etcdctl elect");
+    let mut out = campaigner.stdout.take().map(BufReader::new);
+    // Elected, it prints its key and value.
+    let elected = read_lines(&mut out, 2, ttl * 5).await;
+    assert!(elected[0].starts_with(&a.prefix(&key)), "{elected:?}");
+    assert_eq!(elected[1], "proposal-x");
+    let seen = a.inspect(&key).await.unwrap();
+    assert!(seen.held);
+    assert_eq!(seen.value, Some(b"proposal-x".to_vec()));
+    assert_eq!(
+        seen.owner.as_ref().map(|o| o.as_str()),
+        Some("peer:etcd-election")
+    );
+    let leader = election.leader().await.unwrap().expect("etcdctl leads");
+    assert_eq!(leader.value_str(), Some("proposal-x"));
+    assert!(
+        election.try_campaign(ttl).await.unwrap().is_none(),
+        "leasehold was elected while etcdctl led"
+    );
+    interrupt(&campaigner);
+    let next = election
+        .campaign(ttl, ttl * 5)
+        .await
+        .expect("leasehold leads once etcdctl resigned");
+    assert!(next.epoch() > leader.epoch);
+    let _ = tokio::task::spawn_blocking(move || campaigner.wait())
+        .await
+        .unwrap();
+    let _ = next.resign().await.unwrap();
+}
