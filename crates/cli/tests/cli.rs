@@ -287,16 +287,7 @@ fn etcd_runs_leave_no_lease_behind() {
         .unwrap();
     let started = Instant::now();
     // Only once the holder's command runs (so it holds the key) does the second run try.
-    while !holding.exists() {
-        if let Some(status) = holder.try_wait().unwrap() {
-            panic!("the holder exited ({status}) before its command ran");
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the holder's command did not run within 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_file(&holding, &mut holder);
     let held = loop {
         let out = leasehold(&["run", "--url", &url, "--key", "job:etcd", "--", "true"]);
         if code(&out) == 75 {
