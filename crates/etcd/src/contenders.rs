@@ -281,12 +281,14 @@ impl Contenders {
 
     /// Whether the key `name` with `value` and `create_revision`, found on this session's lease,
     /// is one the session knows (booked for that acquisition) and still wants; if not, it is an
-    /// orphan of a request whose answer was lost, which nobody but us will ever delete. A key
-    /// booked for withdrawal is not wanted: whoever meets it deletes it at once rather than
-    /// waiting behind it for the session's next attempt.
+    /// orphan of a request whose answer was lost, which nobody but us will ever delete. A write
+    /// booked for withdrawal with no known revision (its answer was lost) is not wanted: whoever
+    /// meets it deletes it at once rather than waiting behind it for the session's next attempt.
+    /// A release in flight (a known revision) is left to the release: a second delete racing it
+    /// would make the holder's release report the key already gone.
     pub fn knows(&self, name: &str, value: &[u8], create_revision: i64) -> bool {
         self.book().entries.get(name).is_some_and(|e| {
-            !matches!(e.state, State::Withdrawing { .. })
+            !matches!(e.state, State::Withdrawing { revision: None, .. })
                 && (e.state.revision() == Some(create_revision)
                     || (e.state.revision().is_none() && e.owner.to_hex().as_bytes() == value))
         })
