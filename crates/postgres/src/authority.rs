@@ -72,9 +72,25 @@ impl Drop for Inner {
 /// One try at a lease statement on one pooled connection.
 type Once<'c, T> = Pin<Box<dyn Future<Output = std::result::Result<T, sqlx::Error>> + Send + 'c>>;
 
-/// What one acquisition statement returned: the fence if we won, and (for the waiting form)
-/// the holder's remaining time in milliseconds.
-type Acquired = std::result::Result<(Option<i64>, Option<i64>), sqlx::Error>;
+/// A lease statement that can be sent again, or waited on by a task of its own.
+type Statement<T> = Arc<dyn for<'c> Fn(&'c mut PgConnection) -> Once<'c, T> + Send + Sync>;
+
+/// A statement unanswered when its caller stopped waiting, still owning its connection.
+type LateStatement<T> = Pin<Box<dyn Future<Output = std::result::Result<T, Failed<T>>> + Send>>;
+
+/// What became of a statement sent by [`Inner::send`].
+enum Sent<T> {
+    Answered(std::result::Result<T, Failed<T>>),
+    /// Unanswered in time; it may still take effect.
+    Late(LateStatement<T>),
+}
+
+/// What one acquisition statement returned.
+type Acquired = std::result::Result<Answer, sqlx::Error>;
+
+/// An acquisition statement's answer: the fence if it won, and (for the waiting form) the
+/// holder's remaining time in milliseconds.
+type Answer = (Option<i64>, Option<i64>);
 
 impl Inner {
     fn timeout(&self) -> Duration {
@@ -93,69 +109,135 @@ impl Inner {
     /// is run again, with a fresh snapshot, until `give_up`. A connection that broke or reaches
     /// a read-only server is closed, and its lane connects afresh next time; so is one whose
     /// statement is dropped unanswered.
-    ///
-    /// `outlive`: an acquisition's statement may take the key after its caller stopped waiting,
-    /// and its answer is needed to give that lease back. Unanswered at `give_up`, it lets its
-    /// lane go (which connects afresh for the next statement, as nobody can tell a frozen
-    /// backend from a slow one) and keeps waiting on its own connection until `outlive`; past
-    /// that, its connection is closed, and a lease it took ends at its TTL.
     async fn run<T>(
         &self,
         give_up: Instant,
-        outlive: Option<Instant>,
         once: impl for<'c> Fn(&'c mut PgConnection) -> Once<'c, T>,
     ) -> std::result::Result<T, sqlx::Error> {
         let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(20));
         loop {
-            let mut lane = match outlive {
-                // Nobody waits for a lane past `give_up` (a caller that left, or timed out).
-                Some(_) => tokio::time::timeout_at(give_up, self.lanes.take(give_up))
-                    .await
-                    .map_err(|_| unanswered("no lane with a working connection in time"))??,
-                None => self.lanes.take(give_up).await?,
-            };
+            let mut lane = self.lanes.take(give_up).await?;
             let mut conn = lane.connection()?;
-            let pooled = !self.named();
-            let answer = match outlive {
-                None => statement_on(&mut conn, pooled, &once).await,
-                Some(outlive) => {
-                    let mut statement = pin!(statement_on(&mut conn, pooled, &once));
-                    tokio::select! {
-                        biased;
-                        answer = &mut statement => answer,
-                        _ = tokio::time::sleep_until(give_up) => {
-                            drop(lane);
-                            // With as many connections already waiting so as there are lanes,
-                            // this one is closed now: a lease it took ends at its TTL.
-                            let Ok(_kept) = self.outliving.clone().try_acquire_owned() else {
-                                return Err(unanswered("no answer in time, and as many abandoned acquisitions as lanes already wait for theirs"));
-                            };
-                            return tokio::time::timeout_at(outlive, statement)
-                                .await
-                                .unwrap_or_else(|_| Err(unanswered("no answer before the lease would have ended")));
-                        }
-                    }
-                }
-            };
-            match answer {
+            match statement_on(&mut conn, !self.named(), &once).await {
                 Ok(v) => {
                     lane.put_back(conn);
                     return Ok(v);
                 }
-                Err(e) if errors::is_conflict(&e) && Instant::now() < give_up => {
+                Err(Failed::Statement(e))
+                    if errors::is_conflict(&e) && Instant::now() < give_up =>
+                {
                     lane.put_back(conn);
                     drop(lane);
                     let next = saturating_add(Instant::now(), backoff.next_delay());
                     tokio::time::sleep_until(next.min(give_up)).await;
                 }
-                Err(e) => {
+                Err(Failed::Statement(e)) => {
                     if !errors::discards_connection(&e) {
                         lane.put_back(conn);
                     }
                     return Err(e);
                 }
+                // Its outcome is not known, which is an error for everything but an
+                // acquisition (see `Inner::send`).
+                Err(Failed::Commit { error, .. }) => return Err(error),
             }
         }
+    }
+
+    /// Sends an acquisition statement on a lane's connection, as [`Inner::run`] runs one, and
+    /// waits for its answer until `give_up`. An acquisition's statement may take the key after
+    /// its caller stopped waiting, and its answer is needed to give that lease back: unanswered
+    /// at `give_up`, the statement lets its lane go (which connects afresh for the next
+    /// statement, as nobody can tell a frozen backend from a slow one) and is returned still
+    /// owning its connection, for [`Inner::outlive`] to wait on.
+    ///
+    /// `hedge`: the answer is waited for only half the time left once the statement is sent
+    /// (the lane, however long it takes to get, is waited for until `give_up`).
+    async fn send<T: Send + 'static>(
+        &self,
+        give_up: Instant,
+        hedge: bool,
+        once: Statement<T>,
+    ) -> Sent<T> {
+        let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(20));
+        loop {
+            // Nobody waits for a lane past `give_up` (a caller that left, or timed out).
+            let mut lane = match tokio::time::timeout_at(give_up, self.lanes.take(give_up)).await {
+                Ok(Ok(lane)) => lane,
+                Ok(Err(e)) => return Sent::Answered(Err(Failed::Statement(e))),
+                Err(_) => {
+                    let why = "no lane with a working connection in time";
+                    return Sent::Answered(Err(Failed::Statement(unanswered(why))));
+                }
+            };
+            let mut conn = match lane.connection() {
+                Ok(conn) => conn,
+                Err(e) => return Sent::Answered(Err(Failed::Statement(e))),
+            };
+            let now = Instant::now();
+            let answer_by = if hedge {
+                saturating_add(now, give_up.saturating_duration_since(now) / 2)
+            } else {
+                give_up
+            };
+            let (pooled, once) = (!self.named(), once.clone());
+            let mut statement = Box::pin(async move {
+                let answer = statement_on(&mut conn, pooled, &*once).await;
+                (conn, answer)
+            });
+            let (conn, answer) = tokio::select! {
+                biased;
+                answered = &mut statement => answered,
+                _ = tokio::time::sleep_until(answer_by) => {
+                    drop(lane);
+                    return Sent::Late(Box::pin(async move { statement.await.1 }));
+                }
+            };
+            match answer {
+                Ok(v) => {
+                    lane.put_back(conn);
+                    return Sent::Answered(Ok(v));
+                }
+                Err(Failed::Statement(e))
+                    if errors::is_conflict(&e) && Instant::now() < give_up =>
+                {
+                    lane.put_back(conn);
+                    drop(lane);
+                    let next = saturating_add(Instant::now(), backoff.next_delay());
+                    tokio::time::sleep_until(next.min(give_up)).await;
+                }
+                Err(Failed::Statement(e)) => {
+                    if !errors::discards_connection(&e) {
+                        lane.put_back(conn);
+                    }
+                    return Sent::Answered(Err(Failed::Statement(e)));
+                }
+                Err(unconfirmed) => return Sent::Answered(Err(unconfirmed)),
+            }
+        }
+    }
+
+    /// Waits for a late statement's answer on its own connection until `until`; past that,
+    /// its connection is closed, and a lease it took ends at its TTL. At most one such wait
+    /// per lane goes on at a time: with as many already waiting as there are lanes, the
+    /// connection is closed now.
+    async fn outlive<T>(
+        &self,
+        late: LateStatement<T>,
+        until: Instant,
+    ) -> std::result::Result<T, Failed<T>> {
+        let Ok(_kept) = self.outliving.clone().try_acquire_owned() else {
+            drop(late);
+            let why = "no answer in time, and as many abandoned acquisitions as lanes already \
+                       wait for theirs";
+            return Err(Failed::Statement(unanswered(why)));
+        };
+        tokio::time::timeout_at(until, late)
+            .await
+            .unwrap_or_else(|_| {
+                let why = "no answer before the lease would have ended";
+                Err(Failed::Statement(unanswered(why)))
+            })
     }
 
     /// [`Inner::run`] bounded by `give_up`, with leasehold's errors.
@@ -165,7 +247,7 @@ impl Inner {
         give_up: Instant,
         once: impl for<'c> Fn(&'c mut PgConnection) -> Once<'c, T>,
     ) -> Result<T> {
-        tokio::time::timeout_at(give_up, self.run(give_up, None, once))
+        tokio::time::timeout_at(give_up, self.run(give_up, once))
             .await
             .map_err(|_| errors::timed_out(what, self.timeout()))?
             .map_err(|e| errors::map_lease(e, what, &self.config.table))
@@ -173,8 +255,17 @@ impl Inner {
 
     /// One acquisition statement, for `owner`. Runs in its own task (see
     /// [`PostgresAuthority::attempt`]), so it is never cut off halfway by a caller.
+    ///
+    /// The plain upsert (`try_acquire`, and `acquire`'s first look) still unanswered after half
+    /// the caller's time is sent again, on a fresh connection, with the same owner token (see
+    /// `acquire_again`): one silent connection costs that acquisition half its time, not its
+    /// lease. The first statement is kept waiting for its answer on its own connection, and a
+    /// lease it took is given back by its fence, which its retry has raised if it ran after it:
+    /// the give-back then finds nothing. (The waiting form is not sent twice: its answer counts
+    /// a key held under its own owner token as won, so a late first statement and its retry
+    /// would both report one grant.)
     async fn acquire_statement(
-        &self,
+        self: &Arc<Self>,
         key: String,
         owner: String,
         ttl: Duration,
@@ -184,34 +275,106 @@ impl Inner {
         // Past the TTL counted from the caller's deadline, a lease the statement took (counted
         // from when the server read it) has ended unless the server sat on the statement that
         // long: nothing is left to give back worth keeping a connection open for.
-        let outlive = Some(saturating_add(give_up, ttl.max(self.timeout())));
+        let outlive = saturating_add(give_up, ttl.max(self.timeout()));
         let named = self.named();
-        if !waiting {
-            let statement = self.statements.acquire.clone();
-            return self
-                .run(give_up, outlive, move |c| {
-                    let (statement, key, owner) = (statement.clone(), key.clone(), owner.clone());
-                    Box::pin(async move {
-                        // The fence is read strictly (see StrictBigint): it becomes a grant.
-                        // The plain upsert returns the fence alone, or no row.
-                        sqlx::query_scalar::<_, StrictBigint>(statement)
-                            .persistent(named)
-                            .bind(key)
-                            .bind(owner)
-                            .bind(ttl_ms(ttl))
-                            .fetch_optional(c)
-                            .await
-                            .map(|fence| (fence.map(|f| f.0), None))
-                    })
-                })
-                .await;
+        if waiting {
+            let once = self.waiting_form(key.clone(), owner.clone(), ttl);
+            let sent = self.send(give_up, false, once).await;
+            return self.settle(sent, outlive, &key, &owner, ttl).await;
         }
+        let plain = |statement: SqlStr| -> Statement<Answer> {
+            let (key, owner) = (key.clone(), owner.clone());
+            Arc::new(move |c| {
+                let (statement, key, owner) = (statement.clone(), key.clone(), owner.clone());
+                Box::pin(async move {
+                    // The fence is read strictly (see StrictBigint): it becomes a grant.
+                    // The plain upsert returns the fence alone, or no row.
+                    sqlx::query_scalar::<_, StrictBigint>(statement)
+                        .persistent(named)
+                        .bind(key)
+                        .bind(owner)
+                        .bind(ttl_ms(ttl))
+                        .fetch_optional(c)
+                        .await
+                        .map(|fence| (fence.map(|f| f.0), None))
+                })
+            })
+        };
+        match self
+            .send(give_up, true, plain(self.statements.acquire.clone()))
+            .await
+        {
+            // Nothing changed: sent again below, with a fresh snapshot.
+            Sent::Answered(Err(Failed::Statement(e))) if errors::is_conflict(&e) => {}
+            Sent::Late(late) => {
+                let (inner, key, owner) = (self.clone(), key.clone(), owner.clone());
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    runtime.spawn(async move {
+                        let late = inner.outlive(late, outlive).await;
+                        let answer = inner.confirmed(late, &key, &owner, ttl);
+                        if let Some(raw) = won(&answer) {
+                            inner.give_back(key, owner, raw, ttl, false).await;
+                        }
+                    });
+                }
+            }
+            sent => return self.settle(sent, outlive, &key, &owner, ttl).await,
+        }
+        let again = self
+            .send(give_up, false, plain(self.statements.acquire_again.clone()))
+            .await;
+        self.settle(again, outlive, &key, &owner, ttl).await
+    }
+
+    /// What a sent acquisition statement comes to for the acquisition: its answer; a late one's
+    /// answer when it comes (the caller, gone by then, gives back a lease it took: see
+    /// [`claim_or_give_back`]); or, where its transaction's COMMIT failed without an answer
+    /// (through a transaction pooler), an error, and a lease it may have taken given back.
+    async fn settle(
+        self: &Arc<Self>,
+        sent: Sent<Answer>,
+        outlive: Instant,
+        key: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Acquired {
+        let answer = match sent {
+            Sent::Answered(answer) => answer,
+            Sent::Late(late) => self.outlive(late, outlive).await,
+        };
+        self.confirmed(answer, key, owner, ttl)
+    }
+
+    /// An acquisition statement's answer, where a COMMIT that failed without an answer is an
+    /// error, and a lease its statement took is given back.
+    fn confirmed(
+        self: &Arc<Self>,
+        answer: std::result::Result<Answer, Failed<Answer>>,
+        key: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Acquired {
+        match answer {
+            Ok(answer) => Ok(answer),
+            Err(Failed::Statement(e)) => Err(e),
+            Err(Failed::Commit { answer, error }) => {
+                if let Some(raw) = answer.0 {
+                    spawn_give_back(self, key, owner, raw, ttl, true);
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// The waiting form of the acquisition statement, for [`Inner::send`].
+    fn waiting_form(&self, key: String, owner: String, ttl: Duration) -> Statement<Answer> {
+        let named = self.named();
         let (current, before) = (
             self.statements.acquire_or_remaining.clone(),
             self.statements.previous.acquire_or_remaining.clone(),
         );
         let (version, table) = (self.version.clone(), self.config.table.plain());
-        self.run(give_up, outlive, move |c| {
+        Arc::new(move |c| {
             let (current, before, key, owner, version, table) = (
                 current.clone(),
                 before.clone(),
@@ -242,7 +405,6 @@ impl Inner {
                 result.map(|(fence, remaining)| (fence.map(|f| f.0), remaining))
             })
         })
-        .await
     }
 
     /// The release statement for one grant: how many rows it released (0 or 1). Notifies the
@@ -295,7 +457,19 @@ impl Inner {
 
     /// Releases a lease nobody was told about (its acquisition was cancelled or timed out, or
     /// its fence could not be used), so that the key is free at once instead of after its TTL.
-    async fn give_back(&self, key: String, owner: String, raw: i64, ttl: Duration) {
+    ///
+    /// `unconfirmed`: the acquisition's COMMIT failed without an answer, so its transaction may
+    /// still be in progress on the server (behind a pooler that lost the connection): the
+    /// give-back then waits for it (see [`Inner::give_back_unconfirmed`]) instead of finding
+    /// nothing yet.
+    async fn give_back(
+        &self,
+        key: String,
+        owner: String,
+        raw: i64,
+        ttl: Duration,
+        unconfirmed: bool,
+    ) {
         // Tried until the lease would have ended anyway, each try bounded by the request
         // timeout: a try that gets no answer lets its lane go (the lane connects afresh), instead
         // of holding it for a whole TTL. A release compares owner and fence, so a try that
@@ -305,7 +479,12 @@ impl Inner {
         let released = loop {
             let give_up = saturating_add(Instant::now(), self.timeout()).min(end);
             let args = (key.clone(), owner.clone(), raw);
-            match self.release_statement("give back", args, give_up).await {
+            let released = if unconfirmed {
+                self.give_back_unconfirmed(args, give_up).await
+            } else {
+                self.release_statement("give back", args, give_up).await
+            };
+            match released {
                 Err(e) if e.is_retryable() && Instant::now() < end => {
                     let next = saturating_add(Instant::now(), backoff.next_delay());
                     tokio::time::sleep_until(next.min(end)).await;
@@ -323,6 +502,45 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// The release of an acquisition whose COMMIT went unanswered: an upsert, because an
+    /// insert that meets a row another transaction is inserting or updating waits for that
+    /// transaction to end and then sees its outcome, where an UPDATE would not see a row still
+    /// being inserted, nor its new owner. Whatever the acquisition's transaction did, this runs
+    /// after it: it expires the row if the acquisition's grant is there, and otherwise changes
+    /// nothing but, for a key that had no row, leaves one that is already expired. Notifies the
+    /// key's waiters as a release does.
+    async fn give_back_unconfirmed(
+        &self,
+        (key, owner, fence): (String, String, i64),
+        give_up: Instant,
+    ) -> Result<i64> {
+        let (statement, table, named) = (
+            self.statements.give_back_unconfirmed.clone(),
+            self.config.table.plain(),
+            self.named(),
+        );
+        self.bounded("give back", give_up, move |c| {
+            let (statement, key, owner, table) =
+                (statement.clone(), key.clone(), owner.clone(), table.clone());
+            Box::pin(async move {
+                let args = (key, owner, fence, table);
+                release_once(statement, named, &args, c).await
+            })
+        })
+        .await
+    }
+}
+
+/// Why [`statement_on`] failed.
+enum Failed<T> {
+    /// The statement failed (and through a transaction pooler, its transaction was ended).
+    Statement(sqlx::Error),
+    /// Through a transaction pooler: the statement answered, but its transaction's COMMIT
+    /// failed, so whether it took effect is not known.
+    Commit { answer: T, error: sqlx::Error },
+}
+
 /// Runs `once` on `conn`. Through a transaction-pooling proxy (`pooled`), in a transaction of
 /// its own: the driver parses a statement and executes it in two exchanges, each ending in a
 /// Sync, and between them such a proxy may hand the client's next exchange to another server
@@ -332,21 +550,23 @@ impl Inner {
 async fn statement_on<T>(
     conn: &mut PgConnection,
     pooled: bool,
-    once: &impl for<'c> Fn(&'c mut PgConnection) -> Once<'c, T>,
-) -> std::result::Result<T, sqlx::Error> {
+    once: &(impl for<'c> Fn(&'c mut PgConnection) -> Once<'c, T> + ?Sized),
+) -> std::result::Result<T, Failed<T>> {
     if !pooled {
-        return once(conn).await;
+        return once(conn).await.map_err(Failed::Statement);
     }
     sqlx::raw_sql(AssertSqlSafe("BEGIN"))
         .execute(&mut *conn)
-        .await?;
+        .await
+        .map_err(Failed::Statement)?;
     match once(&mut *conn).await {
-        Ok(answer) => {
-            sqlx::raw_sql(AssertSqlSafe("COMMIT"))
-                .execute(&mut *conn)
-                .await?;
-            Ok(answer)
-        }
+        Ok(answer) => match sqlx::raw_sql(AssertSqlSafe("COMMIT"))
+            .execute(&mut *conn)
+            .await
+        {
+            Ok(_) => Ok(answer),
+            Err(error) => Err(Failed::Commit { answer, error }),
+        },
         Err(e) => {
             // The transaction is aborted; ending it gives the proxy its server connection back.
             // A connection that cannot end it is closed with the error it failed with.
@@ -354,8 +574,8 @@ async fn statement_on<T>(
                 .execute(&mut *conn)
                 .await
             {
-                Ok(_) => Err(e),
-                Err(rollback) => Err(rollback),
+                Ok(_) => Err(Failed::Statement(e)),
+                Err(rollback) => Err(Failed::Statement(rollback)),
             }
         }
     }
@@ -408,12 +628,19 @@ async fn release_once(
         .map(|row| i64::from(row.is_some()))
 }
 
-fn spawn_give_back(inner: &Arc<Inner>, key: &str, owner: &str, raw: i64, ttl: Duration) {
+fn spawn_give_back(
+    inner: &Arc<Inner>,
+    key: &str,
+    owner: &str,
+    raw: i64,
+    ttl: Duration,
+    unconfirmed: bool,
+) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
     let (inner, key, owner) = (inner.clone(), key.to_string(), owner.to_string());
-    runtime.spawn(async move { inner.give_back(key, owner, raw, ttl).await });
+    runtime.spawn(async move { inner.give_back(key, owner, raw, ttl, unconfirmed).await });
 }
 
 /// Which statement an acquisition attempt sends, and what a conflict with a concurrent
@@ -707,7 +934,7 @@ impl PostgresAuthority {
             );
             move |raw: i64| {
                 let (inner, key, owner) = (inner.clone(), key.clone(), owner.clone());
-                async move { inner.give_back(key, owner, raw, ttl).await }
+                async move { inner.give_back(key, owner, raw, ttl, false).await }
             }
         };
         let acquired = claim_or_give_back(request, give_up, won, give_back)
@@ -719,7 +946,7 @@ impl PostgresAuthority {
             Ok((Some(raw), _)) => match self.grant(key, owner, raw, ttl, sent) {
                 Ok(grant) => Ok(Attempt::Won(grant)),
                 Err(e) => {
-                    spawn_give_back(&self.inner, key.as_str(), &owner_hex, raw, ttl);
+                    spawn_give_back(&self.inner, key.as_str(), &owner_hex, raw, ttl, false);
                     Err(e)
                 }
             },
@@ -1040,7 +1267,7 @@ impl Authority for PostgresAuthority {
             // Marked past the wait's end by the slack a waiter's own timer may need.
             let mark_ms = ttl_ms(max_wait.saturating_add(Duration::from_secs(1)));
             let give_up = until.min(saturating_add(now, self.inner.timeout()));
-            let marked = self.inner.run(give_up, None, move |c| {
+            let marked = self.inner.run(give_up, move |c| {
                 let (statement, name) = (statement.clone(), name.clone());
                 Box::pin(async move {
                     sqlx::query_as::<_, (i64, bool)>(statement)

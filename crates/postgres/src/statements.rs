@@ -23,10 +23,12 @@ use crate::table::TableName;
 #[derive(Debug, Clone)]
 pub(crate) struct Statements {
     pub(crate) acquire: SqlStr,
+    pub(crate) acquire_again: SqlStr,
     pub(crate) acquire_or_remaining: SqlStr,
     pub(crate) renew: SqlStr,
     pub(crate) renew_many: SqlStr,
     pub(crate) release: SqlStr,
+    pub(crate) give_back_unconfirmed: SqlStr,
     pub(crate) mark_waited: SqlStr,
     pub(crate) proclaim: SqlStr,
     /// The forms of `acquire_or_remaining` and `release` for a table `migrate` has not upgraded
@@ -79,6 +81,16 @@ impl Statements {
         );
         let channel = notify::CHANNEL;
         Statements {
+            // An acquisition sent again after its first statement went unanswered (a silent
+            // connection), with the same owner token: it also takes the key from that first
+            // statement, should it have landed meanwhile, raising the fence, so the late grant's
+            // fence, which the first statement's answer carries and a give-back compares, is no
+            // longer the key's. The owner token is fresh for every acquisition, so no lease
+            // anyone was told about has it.
+            acquire_again: sql(upsert.replace(
+                "WHERE l.expires_at <= statement_timestamp()",
+                "WHERE l.expires_at <= statement_timestamp() OR l.owner = excluded.owner",
+            )),
             acquire: sql(upsert.clone()),
             // One upsert that either takes the key (expired: as `acquire`) or, finding it
             // held, marks it waited on until just past the holder's expiry, so that a release
@@ -126,6 +138,18 @@ impl Statements {
             release: sql(format!(
                 "{released} RETURNING CASE WHEN waited_until > statement_timestamp() \
                    THEN pg_notify('{channel}', $4 || ' ' || lock_key) END IS NULL"
+            )),
+            // The release of a grant whose acquisition's COMMIT went unanswered (see
+            // `Inner::give_back_unconfirmed`): an upsert, so that it waits for a transaction
+            // still inserting or updating the row and then matches its outcome. A key that had
+            // no row gets one already expired, which is what a release leaves.
+            give_back_unconfirmed: sql(format!(
+                "INSERT INTO {t} AS l (lock_key, owner, fence, expires_at) \
+                 VALUES ($1, $2, 1, statement_timestamp()) \
+                 ON CONFLICT (lock_key) DO UPDATE SET expires_at = statement_timestamp() \
+                 WHERE l.owner = $2 AND l.fence = $3 AND l.expires_at > statement_timestamp() \
+                 RETURNING CASE WHEN l.waited_until > statement_timestamp() \
+                   THEN pg_notify('{channel}', $4 || ' ' || l.lock_key) END IS NULL"
             )),
             // A waiter for any change (`wait_for_change`) marks the key for as long as it
             // waits (a mark is only ever extended), and reads the newest version of the row:

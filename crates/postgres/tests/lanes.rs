@@ -75,6 +75,15 @@ async fn lane_backend(admin: &PostgresAuthority, application_name: &str) -> Resu
     .ok_or_else(|| format!("no backend of {application_name} ran a lease statement"))
 }
 
+/// Whether the server still has the backend `pid`.
+async fn lane_backend_alive(admin: &PostgresAuthority, pid: i32) -> Result<bool> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)")
+        .bind(pid)
+        .fetch_one(admin.pool())
+        .await
+        .map_err(|e| format!("reading pg_stat_activity: {e}"))
+}
+
 /// An authority with one lane (`pool_size=1`) and the request timeout `timeout`, holding one
 /// lease of `ttl` on `held`, whose lane's backend is then frozen.
 struct FrozenLane {
@@ -146,75 +155,76 @@ impl FrozenLane {
 }
 
 /// One lane whose backend goes silent (frozen with SIGSTOP: what a primary moved behind a
-/// virtual IP without a reset looks like from here) must not stall the authority: the
-/// statement sent on it gets no answer within the request timeout, and every later statement
-/// reaches a fresh connection, instead of queueing behind the lost reply until TCP gives up.
-/// With `pool_size=1` this also shows that the abandoned acquisition (its caller timed out,
-/// its statement may still take the key) does not keep the only lane while it waits for its
-/// answer; and when the backend wakes, the lease that statement took for nobody is given back.
+/// virtual IP without a reset looks like from here) must not stall the authority: all five
+/// `try_acquire` after the freeze hold their keys, each within the request timeout. The first
+/// one's statement is already on the silent connection, and nothing tells a frozen backend
+/// from a slow one: after half its time it is sent again, with the same owner token, on a
+/// fresh connection; later statements find the lane connected afresh. With `pool_size=1` this
+/// also shows that the abandoned statement does not keep the only lane while it waits for its
+/// answer; and when the backend wakes, that statement lands on a key its own retry holds and
+/// changes nothing: the retry's lease renews and releases as a lease should.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_lane_is_given_up_and_later_statements_connect_afresh() -> Result {
     let timeout = Duration::from_millis(300);
     let ttl = Duration::from_secs(10);
     let lane = FrozenLane::start("silent-lane", timeout, ttl, "silent/held").await?;
     let (a, admin) = (&lane.authority, &lane.admin);
-    let mut failed = Vec::new();
+    let mut grants = Vec::new();
     for i in 0..5 {
         let k = key(&format!("silent/other{i}"))?;
         let started = Instant::now();
         let outcome = a.try_acquire(&k, ttl).await;
         let took = started.elapsed();
-        println!(
-            "try {i}: {:?} after {took:?}",
-            outcome.as_ref().map(Option::is_some)
-        );
-        // Every answer, a grant or an error, comes within the request timeout (plus the
-        // time a fresh connection takes, which is part of the same bound's slack of one
-        // more timeout).
-        if took > timeout * 2 {
+        // Every answer comes within the request timeout (the bound every call keeps), plus
+        // scheduling slack on a loaded machine.
+        if took > timeout + timeout / 2 {
             return Err(format!(
-                "try {i} took {took:?}, more than twice the timeout"
+                "try {i} took {took:?}, past the timeout {timeout:?}"
             ));
         }
         match outcome {
-            Ok(Some(_)) => {}
+            Ok(Some(grant)) => grants.push(grant),
             Ok(None) => return Err(format!("try {i}: {k} was held by nobody yet")),
-            Err(e) if e.is_retryable() => failed.push(format!("try {i}: {e}")),
-            Err(e) => return Err(format!("try {i}: a permanent error: {e}")),
+            Err(e) => return Err(format!("try {i} failed behind the silent lane: {e}")),
         }
-    }
-    // Only the statement already sent on the silent connection can go unanswered: nothing
-    // tells a frozen backend from a slow one before the timeout.
-    if failed.len() > 1 {
-        return Err(format!(
-            "{} of 5 tries failed behind the silent lane: {failed:?}",
-            failed.len()
-        ));
     }
     if lane_backend(admin, lane.app).await? == lane.pid {
         return Err("the lane still uses the silent backend".into());
     }
     lane.wake();
-    // The first try's statement lands now that its backend runs again, taking its key for
-    // nobody; it is given back, not kept for the TTL.
-    if !failed.is_empty() {
-        let k = key("silent/other0")?;
-        let started = Instant::now();
-        while live_rows(admin, &k).await? > 0 {
-            if started.elapsed() > ttl / 4 {
-                return Err("the abandoned acquisition's lease was not given back".into());
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+    // The first try's abandoned statement lands now that its backend runs again, or its
+    // connection is found closed: either way it must leave the retry's lease alone.
+    let k = key("silent/other0")?;
+    let landed = Instant::now();
+    while lane_backend_alive(admin, lane.pid).await? {
+        if landed.elapsed() > ttl / 2 {
+            return Err("the woken backend kept its abandoned statement's connection".into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if live_rows(admin, &k).await? != 1 {
+        return Err(format!(
+            "{k} is not held after the abandoned statement landed"
+        ));
+    }
+    for grant in &grants {
+        a.renew(grant, ttl)
+            .await
+            .map_err(|e| format!("renewing {} after the wake: {e}", grant.key()))?;
+        match a.release(grant).await {
+            Ok(Released::Released) => {}
+            other => return Err(format!("releasing {}: {other:?}", grant.key())),
         }
     }
     lane.release_held(Released::Released).await
 }
 
-/// An acquisition whose caller gave up waits for its statement's answer on its own connection
-/// (to give back a lease it may have taken) only until the TTL, counted from the caller's
-/// deadline, has passed: then that connection is closed. Seen from the server: a backend
-/// frozen for longer finds its client gone when it wakes, and exits; the lease its statement
-/// took for nobody ends at its TTL.
+/// An acquisition statement abandoned on a silent connection (its acquisition was sent again
+/// on a fresh one, and took the key) waits for its answer on its own connection (to give back
+/// a lease it may have taken) only until the TTL, counted from the caller's deadline, has
+/// passed: then that connection is closed. Seen from the server: a backend frozen for longer
+/// finds its client gone when it wakes, and exits; the lease its statement took for nobody
+/// (the retry's lease has run out by then) ends at its TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_acquisition_closes_its_connection_after_the_ttl() -> Result {
     let timeout = Duration::from_millis(300);
@@ -223,10 +233,10 @@ async fn an_abandoned_acquisition_closes_its_connection_after_the_ttl() -> Resul
     let (a, admin, pid) = (&lane.authority, &lane.admin, lane.pid);
     let k = key("abandoned/late")?;
     let sent = Instant::now();
-    match a.try_acquire(&k, ttl).await {
-        Err(e) if e.is_retryable() => {}
-        other => return Err(format!("an acquisition on a frozen backend: {other:?}")),
-    }
+    let retried = match a.try_acquire(&k, ttl).await {
+        Ok(Some(grant)) => grant,
+        other => return Err(format!("an acquisition behind a frozen backend: {other:?}")),
+    };
     // Past the bound (the caller's deadline plus the TTL) with the backend still frozen.
     let bound = timeout + ttl.max(timeout);
     tokio::time::sleep_until(sent + bound + timeout).await;
@@ -267,7 +277,12 @@ async fn an_abandoned_acquisition_closes_its_connection_after_the_ttl() -> Resul
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // The first lease ran out meanwhile (nothing renewed it): its release finds it gone.
+    // The retry's lease and the first one ran out meanwhile (nothing renewed them): their
+    // releases find them gone.
+    match a.release(&retried).await {
+        Ok(Released::AlreadyGone) => {}
+        other => return Err(format!("releasing the retry's lease: {other:?}")),
+    }
     lane.release_held(Released::AlreadyGone).await
 }
 
@@ -300,4 +315,70 @@ async fn an_idle_silent_lane_is_replaced_before_its_statement() -> Result {
     }
     lane.wake();
     lane.release_held(Released::Released).await
+}
+
+/// An acquisition statement the server answers only after half the request timeout is sent
+/// again, with the same owner token, on another connection; here the first statement takes the
+/// key before the second runs (a trigger makes its commit slow), so the second finds the key
+/// held by its own owner token. It must take it over, not report it held by someone else, and
+/// the first statement's late grant, given back when its answer comes, must not end the lease
+/// the caller was handed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_acquisition_sent_again_takes_the_key_once() -> Result {
+    let timeout = Duration::from_millis(1000);
+    let ttl = Duration::from_secs(10);
+    let server = start().await;
+    let admin = PostgresAuthority::connect(&url(&server))
+        .await
+        .map_err(|e| format!("connect the admin: {e}"))?;
+    admin.migrate().await.map_err(|e| format!("migrate: {e}"))?;
+    // Only the key's first grant (fence 1) is slow: 0.7 of the timeout, past the half at
+    // which the acquisition is sent again, and before the timeout.
+    let slow = "slow-commit/first";
+    for statement in [
+        "CREATE OR REPLACE FUNCTION slow_first_grant() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM pg_sleep(0.7); RETURN NULL; END $$"
+            .to_string(),
+        format!(
+            "CREATE TRIGGER slow_first_grant AFTER INSERT ON leasehold_leases FOR EACH ROW \
+             WHEN (NEW.lock_key = '{slow}') EXECUTE FUNCTION slow_first_grant()"
+        ),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(admin.pool())
+            .await
+            .map_err(|e| format!("making the first grant slow: {e}"))?;
+    }
+    let authority = PostgresAuthority::connect(&format!(
+        "{}?timeout_ms={}&application_name=slow-commit",
+        server.url(),
+        timeout.as_millis()
+    ))
+    .await
+    .map_err(|e| format!("connect: {e}"))?;
+    let k = key(slow)?;
+    let started = Instant::now();
+    let grant = match authority.try_acquire(&k, ttl).await {
+        Ok(Some(grant)) => grant,
+        other => {
+            return Err(format!(
+                "the slow acquisition after {:?}: {other:?}",
+                started.elapsed()
+            ))
+        }
+    };
+    // The first statement's answer has come by now (its connection was never silent) and its
+    // grant was given back, by a fence that is no longer the key's.
+    tokio::time::sleep(timeout / 2).await;
+    if live_rows(&admin, &k).await? != 1 {
+        return Err("the first statement's give-back ended the caller's lease".into());
+    }
+    authority
+        .renew(&grant, ttl)
+        .await
+        .map_err(|e| format!("renewing the slow acquisition's lease: {e}"))?;
+    match authority.release(&grant).await {
+        Ok(Released::Released) => Ok(()),
+        other => Err(format!("releasing the slow acquisition's lease: {other:?}")),
+    }
 }

@@ -160,3 +160,101 @@ async fn an_undeclared_transaction_pooler_is_named_in_the_error() -> Result<(), 
         )),
     }
 }
+
+/// Through a transaction pooler an acquisition is a transaction of its own: when its statement
+/// took the key but the COMMIT's answer is lost (here PgBouncer dies while a deferred trigger
+/// holds the COMMIT up, and the server commits anyway), the caller gets an error, and the
+/// lease it was not told about is given back once the pooler is back, instead of holding the
+/// key for its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_whose_commit_went_unanswered_is_given_back() -> Result<(), String> {
+    let server = common::start().await;
+    let bouncer = {
+        let server = server.clone();
+        tokio::task::spawn_blocking(move || PgBouncer::start_transaction_pooling(&server, 2))
+            .await
+            .map_err(|e| format!("starting PgBouncer: {e}"))?
+            .map_err(|e| format!("PgBouncer must start for this test: {e}"))?
+    };
+    let bouncer = Arc::new(bouncer);
+    let direct = PostgresAuthority::connect(&common::url(&server))
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    direct
+        .migrate()
+        .await
+        .map_err(|e| format!("migrate: {e}"))?;
+    let slow = "commit-lost/key";
+    for statement in [
+        "CREATE OR REPLACE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$"
+            .to_string(),
+        format!(
+            "CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON leasehold_leases \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW \
+             WHEN (NEW.lock_key = '{slow}') EXECUTE FUNCTION slow_commit()"
+        ),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(direct.pool())
+            .await
+            .map_err(|e| format!("making the commit slow: {e}"))?;
+    }
+    let pooled = PostgresAuthority::connect(&format!(
+        "{}?timeout_ms=3000&pooler=transaction",
+        bouncer.url()
+    ))
+    .await
+    .map_err(|e| format!("connect through PgBouncer: {e}"))?;
+    let ttl = std::time::Duration::from_secs(30);
+    let key = LockKey::new(slow).map_err(|e| e.to_string())?;
+    let acquiring = {
+        let (pooled, key) = (pooled.clone(), key.clone());
+        tokio::spawn(async move { pooled.try_acquire(&key, ttl).await })
+    };
+    // The COMMIT is under way (the upsert answers at once; the deferred trigger sleeps a
+    // second at COMMIT): PgBouncer dies and comes back.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    {
+        let bouncer = bouncer.clone();
+        tokio::task::spawn_blocking(move || bouncer.restart())
+            .await
+            .map_err(|e| format!("restarting PgBouncer: {e}"))?
+            .map_err(|e| format!("restarting PgBouncer: {e}"))?;
+    }
+    match acquiring
+        .await
+        .map_err(|e| format!("the acquisition's task: {e}"))?
+    {
+        Err(e) if e.is_retryable() => {}
+        other => {
+            return Err(format!(
+                "an acquisition whose COMMIT went unanswered: {other:?}"
+            ))
+        }
+    }
+    // The server committed the grant after its trigger; the give-back ends it long before
+    // its TTL.
+    let started = tokio::time::Instant::now();
+    loop {
+        let (rows, live): (i64, i64) = sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE expires_at > statement_timestamp()) \
+             FROM leasehold_leases WHERE lock_key = $1",
+        )
+        .bind(slow)
+        .fetch_one(direct.pool())
+        .await
+        .map_err(|e| format!("reading the key's row: {e}"))?;
+        if rows == 1 && live == 0 {
+            return Ok(());
+        }
+        if started.elapsed() > ttl / 4 {
+            return Err(format!(
+                "{rows} rows, {live} live {:?} after the COMMIT went unanswered: the grant was \
+                 not given back",
+                started.elapsed()
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

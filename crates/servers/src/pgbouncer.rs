@@ -65,7 +65,8 @@ impl PgBouncer {
                      pool_mode = transaction\n\
                      default_pool_size = {server_connections}\n\
                      max_client_conn = 1000\n\
-                     ignore_startup_parameters = extra_float_digits\n",
+                     ignore_startup_parameters = extra_float_digits\n\
+                     server_login_retry = 0\n",
                     server_port = server.port(),
                     userlist = userlist.display(),
                 ),
@@ -79,6 +80,9 @@ impl PgBouncer {
             let mut spec = CommandSpec::new(PGBOUNCER, args);
             // Started as root, it switches to `postgres` itself (-u).
             spec.user = None;
+            // `server_login_retry = 0`: a server login that failed (the server restarting
+            // under a fault) is tried again at the next client's login, instead of every
+            // client being refused for 15 seconds, as PgBouncer does by default.
             // SIGINT is its "safe shutdown", which waits for clients; SIGTERM quits at once.
             spec.stop_signal = "TERM";
             let process = ManagedProcess::spawn("pgbouncer", dir, spec)?;
@@ -88,6 +92,14 @@ impl PgBouncer {
                 .wait_ready(READY_TIMEOUT, || startup_probe(bouncer.port))?;
             Ok(bouncer)
         })
+    }
+
+    /// Kills PgBouncer (every client and server connection through it ends at once) and starts
+    /// it again on the same port; waits until it accepts clients.
+    pub fn restart(&self) -> Result<()> {
+        self.process.respawn()?;
+        self.process
+            .wait_ready(READY_TIMEOUT, || startup_probe(self.port))
     }
 
     /// `postgres://leasehold@127.0.0.1:PORT/postgres`, through PgBouncer.
