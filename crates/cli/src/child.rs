@@ -219,7 +219,7 @@ impl Child {
         if let (Some(group), false) = (self.group, self.reaped) {
             descendants::signal_group(group, signal);
         }
-        descendants::signal_each(&self.rest(), signal);
+        descendants::signal_each(std::process::id(), &self.rest(), signal);
     }
 
     /// SIGKILL to the group and every descendant until none is left (a process killed while it

@@ -118,11 +118,50 @@ pub fn below(root: u32, spared: &[u32], keep: &[u32]) -> Vec<u32> {
         .collect()
 }
 
-/// Sends `signal` to each of `pids`; one that is already gone is no error.
-pub fn signal_each(pids: &[u32], signal: Signal) {
+/// Whether `root` is an ancestor of `pid`, by the parents in `/proc`.
+fn is_below(root: i32, pid: i32) -> bool {
+    let mut current = pid;
+    // A chain longer than the pid space would be a loop read across a racing reparenting.
+    for _ in 0..4_194_304 {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{current}/stat")) else {
+            return false;
+        };
+        match parse_stat(current, &stat) {
+            Some(entry) if entry.parent == root => return true,
+            Some(entry) if entry.parent > 1 => current = entry.parent,
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// Sends `signal` to each of `pids` that is still below `root`; one that is already gone is no
+/// error. The pids come from an earlier read of `/proc`: one that exited since may have been
+/// given to a process that is not ours. So each is first pinned with a pidfd (which refers to
+/// that one process for good, whatever becomes of its number), then checked to be below
+/// `root`, and signalled through the pidfd. Where pidfds are missing (Linux before 5.3), the
+/// check and a plain kill(2) remain, with the short race between them.
+pub fn signal_each(root: u32, pids: &[u32], signal: Signal) {
+    let Ok(root) = i32::try_from(root) else {
+        return;
+    };
     for pid in pids {
-        if let Some(pid) = i32::try_from(*pid).ok().and_then(Pid::from_raw) {
-            let _ = rustix::process::kill_process(pid, signal);
+        let Some(pid) = i32::try_from(*pid).ok().and_then(Pid::from_raw) else {
+            continue;
+        };
+        match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) {
+            Ok(pidfd) => {
+                if is_below(root, pid.as_raw_nonzero().get()) {
+                    let _ = rustix::process::pidfd_send_signal(&pidfd, signal);
+                }
+            }
+            Err(rustix::io::Errno::NOSYS) => {
+                if is_below(root, pid.as_raw_nonzero().get()) {
+                    let _ = rustix::process::kill_process(pid, signal);
+                }
+            }
+            // Gone (ESRCH), or not ours to signal.
+            Err(_) => {}
         }
     }
 }
@@ -152,6 +191,37 @@ mod tests {
         let zombie = parse_stat(9, "9 (sh) Z 1 9 9").map(|e| e.zombie);
         assert_eq!(zombie, Some(true));
         assert_eq!(parse_stat(9, "9 (sh"), None);
+    }
+
+    /// A pid read from `/proc` earlier may belong to another process by the time it is
+    /// signalled: only one still below the root is.
+    #[test]
+    fn only_processes_still_below_the_root_are_signalled() -> Result<(), String> {
+        let spawn = || {
+            std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .map_err(|e| format!("spawning sleep: {e}"))
+        };
+        let (mut root, mut other) = (spawn()?, spawn()?);
+        // `other` is this process's child, not `root`'s: it must survive.
+        signal_each(root.id(), &[other.id()], Signal::KILL);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let survived = matches!(other.try_wait(), Ok(None));
+        // Below this process it is signalled.
+        signal_each(std::process::id(), &[other.id()], Signal::KILL);
+        let killed = other
+            .wait()
+            .map_err(|e| format!("waiting for sleep: {e}"))?;
+        let _ = root.kill();
+        let _ = root.wait();
+        if !survived {
+            return Err("a process not below the root was signalled".into());
+        }
+        if killed.success() {
+            return Err("a process below the root was not signalled".into());
+        }
+        Ok(())
     }
 
     #[test]

@@ -217,7 +217,7 @@ fn end_everything(group: u32, parent: u32) {
         if rest.is_empty() {
             return;
         }
-        descendants::signal_each(&rest, Signal::KILL);
+        descendants::signal_each(parent, &rest, Signal::KILL);
         std::thread::sleep(Duration::from_millis(2));
     }
 }

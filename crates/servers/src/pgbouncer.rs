@@ -30,6 +30,30 @@ pub struct PgBouncer {
 
 delegate_faults!(PgBouncer);
 
+/// The setting that turns PgBouncer's tracking of prepared statements off, for versions that
+/// have it (1.21 and later; from 1.22 it is on by default): the pooler then behaves as the
+/// transaction poolers that do not track them, which is what the tests of an undeclared pooler
+/// need to meet, whichever version Debian ships.
+fn prepared_statements_off(program: &std::path::Path) -> &'static str {
+    let version = std::process::Command::new(program)
+        .arg("--version")
+        .output()
+        .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+        .unwrap_or_default();
+    let numbers: Vec<u32> = version
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_default()
+        .split('.')
+        .map_while(|n| n.parse().ok())
+        .collect();
+    match numbers[..] {
+        [1, minor, ..] if minor >= 21 => "max_prepared_statements = 0\n",
+        [major, ..] if major >= 2 => "max_prepared_statements = 0\n",
+        _ => "",
+    }
+}
+
 impl PgBouncer {
     /// Starts PgBouncer on a free loopback port in transaction pooling mode in front of
     /// `server` (which must use trust authentication, as [`PostgresServer::start`] does), with
@@ -66,8 +90,10 @@ impl PgBouncer {
                      default_pool_size = {server_connections}\n\
                      max_client_conn = 1000\n\
                      ignore_startup_parameters = extra_float_digits\n\
-                     server_login_retry = 0\n",
+                     server_login_retry = 0\n\
+                     {prepared}",
                     server_port = server.port(),
+                    prepared = prepared_statements_off(&program),
                     userlist = userlist.display(),
                 ),
             )
