@@ -30,7 +30,7 @@ pub(crate) struct Statements {
     pub(crate) mark_waited: SqlStr,
     pub(crate) proclaim: SqlStr,
     /// The forms of `acquire_or_remaining` and `release` for a table `migrate` has not upgraded
-    /// yet (no `waited_until`): waiters mark nothing and every release notifies, as before.
+    /// yet (no `waited_until`): waiters mark nothing and every release notifies.
     pub(crate) previous: Previous,
     pub(crate) inspect: SqlStr,
     pub(crate) list_keys: SqlStr,
