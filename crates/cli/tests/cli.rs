@@ -247,8 +247,8 @@ fn etcd_leases(server: &leasehold_servers::EtcdServer) -> Vec<String> {
 }
 
 /// With etcd, `leasehold run` leaves no session lease behind when it exits: not
-/// after the command ran, nor after the lock was found held. (It used to exit with the session
-/// lease still granted, to live out its TTL.)
+/// after the command ran, nor after the lock was found held. (Exiting without closing the
+/// authority would leave the session lease granted, to live out its TTL.)
 #[test]
 fn etcd_runs_leave_no_lease_behind() {
     let server = leasehold_servers::EtcdServer::start().unwrap();

@@ -3,7 +3,7 @@
 //!
 //! The request runs on the caller's own task while the caller waits, which costs nothing
 //! more than the request itself (measured on PostgreSQL: a task spawned for every attempt was
-//! part of leasehold's client CPU per acquisition, see docs/performance.md). If the caller
+//! part of leasehold's client CPU per acquisition, see docs/performance-log.md). If the caller
 //! stops waiting before the answer arrives, the request moves to a task of its own and runs to
 //! its end there; a win it then takes was claimed by nobody and is given back. An answer that
 //! arrived while the caller waited is the caller's.

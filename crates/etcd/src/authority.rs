@@ -845,7 +845,7 @@ impl Authority for EtcdAuthority {
             .await
     }
 
-    /// Many renewals, with their reads in transactions of at most [`MAX_TXN_OPS`] gets (etcd's
+    /// Many renewals, with their reads in transactions of at most `MAX_TXN_OPS` (128) gets (etcd's
     /// default limit), all sent at once: one round trip per tick for a client's leases, where
     /// one read per lease was sent before. Each grant is then judged as `renew` judges it.
     async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {

@@ -6,7 +6,7 @@
 //! missed meanwhile, because the watch starts from the key's creation and replays a deletion
 //! that happened before it opened. Until then a grant waits in this queue, which the session's
 //! task serves, instead of in a task and a timer of its own: those cost an uncontended
-//! acquire + release about 10 µs of client CPU (measured, see docs/performance.md).
+//! acquire + release about 10 µs of client CPU (measured, see docs/performance-log.md).
 
 use std::collections::VecDeque;
 use std::sync::Mutex;

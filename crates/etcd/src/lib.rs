@@ -43,7 +43,10 @@
 //!   a watch on the held key sees it deleted behind our back (the whole session when its lease
 //!   is gone), so a `Lease` learns of it at once, not at its next renewal.
 //!
-//! See `docs/etcd.md` in the repository for the guarantees, the failure modes and the tests.
+//! The user's guide (the URL, capabilities, guarantees, what can break it, interoperation with
+//! `etcdctl`, the tests) is
+//! [docs/etcd.md](https://github.com/leasehold/leasehold/blob/main/docs/etcd.md) in the
+//! repository.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

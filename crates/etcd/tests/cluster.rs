@@ -599,8 +599,8 @@ async fn a_paused_holder_process_is_fenced_out() {
 
 /// A client given three endpoints carries every call to a live member. The leader
 /// is killed and a new one elected; then 60 rounds of acquire, renew and release through the
-/// same client (which still lists the dead member) must all succeed. Before, calls balanced onto
-/// the dead member failed with "connection refused".
+/// same client (which still lists the dead member) must all succeed. Calls balanced onto the
+/// dead member fail with "connection refused" unless a request that never left is sent again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_reach_a_live_member_while_one_is_down() {
     let cluster = start_cluster().await;

@@ -679,8 +679,8 @@ async fn try_within(
 
 /// `try_acquire` futures dropped at random points around one round trip, 200 times: another
 /// client then gets the key within TTL + expiry slack + one request timeout, and no key of the
-/// cancelling client's session is left under the prefix. (A cancelled try used to leave its key
-/// booked as pending on the kept-alive session lease: the key blocked until the process exited.)
+/// cancelling client's session is left under the prefix. (A cancelled try's key left booked as
+/// pending on the kept-alive session lease would block the lock until the process exits.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_try_acquires_leave_nothing_behind() {
     let server = start().await;
@@ -822,7 +822,7 @@ async fn a_key_deleted_behind_our_back_is_lost_within_a_second() {
 /// noticed (the watch replays from the key's creation), and every held key ends up watched.
 /// Twenty grants in a row leave the runtime's task count where it was, give or take the tasks
 /// of watches that opened meanwhile (at most three each: the watch, and the HTTP/2 stream's);
-/// before, each grant left a task of its own asleep for 250 ms.
+/// a task per grant would stay asleep for up to 250 ms each.
 #[tokio::test]
 async fn grants_start_no_task_of_their_own_and_their_watches_still_open() {
     let server = start().await;

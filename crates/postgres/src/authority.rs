@@ -823,7 +823,7 @@ impl PostgresAuthority {
 
     /// Creates the lease table if it does not exist, and adds the columns of this version to
     /// one an older version created (its rows are kept). Idempotent, safe to run concurrently
-    /// and while leases are in use. The same SQL is in [`schema_sql`] and docs/postgres.md.
+    /// and while leases are in use. The same SQL is in [`crate::schema_sql`] and docs/postgres.md.
     pub async fn migrate(&self) -> Result<()> {
         let table = &self.inner.config.table;
         let timeout = self.inner.timeout();
@@ -1039,7 +1039,7 @@ impl Authority for PostgresAuthority {
         // A free key is taken by the plain upsert, as `try_acquire` takes it: the waiting form
         // (which marks a held key and reads how long its holder has left) and the listening
         // connection are for a key that is held (measured: an uncontended `acquire()` pair
-        // cost 1.10x `try_acquire()`'s with them; see docs/performance.md). A held key then
+        // cost 1.10x `try_acquire()`'s with them; see docs/performance-log.md). A held key then
         // costs one more round trip, before the wait.
         if let Attempt::Won(grant) = self.attempt(key, ttl, Form::First).await? {
             return Ok(grant);

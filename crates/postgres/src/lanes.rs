@@ -3,7 +3,7 @@
 //!
 //! Why not sqlx's pool: it pings every connection it takes back (unconditionally, in a task of
 //! its own), so each statement costs a second round trip on the server and the client; measured,
-//! that was a quarter of an uncontended acquire + release (see docs/performance.md). A lane is
+//! that was a quarter of an uncontended acquire + release (see docs/performance-log.md). A lane is
 //! simply locked, used and unlocked. What the pool's ping protects against is handled here:
 //! * a statement in flight owns its connection: it leaves the lane with [`Lane::connection`] and
 //!   comes back with the answer ([`Lane::put_back`]). A statement dropped unanswered (its caller

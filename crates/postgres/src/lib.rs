@@ -13,6 +13,11 @@
 //!
 //! See [`PostgresAuthority`] for how leases map to rows, and [`guarded`] for writes that refuse
 //! stale fences.
+//!
+//! The user's guide (URL parameters, TLS, the schema and its upgrades, what fences promise on
+//! each replication setup, waiting, failures, PgBouncer) is
+//! [docs/postgres.md](https://github.com/leasehold/leasehold/blob/main/docs/postgres.md) in the
+//! repository.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -32,7 +32,7 @@ pub(crate) struct Statements {
     pub(crate) mark_waited: SqlStr,
     pub(crate) proclaim: SqlStr,
     /// The forms of `acquire_or_remaining` and `release` for a table `migrate` has not upgraded
-    /// yet (no `waited_until`): waiters mark nothing and every release notifies, as before.
+    /// yet (no `waited_until`): waiters mark nothing and every release notifies.
     pub(crate) previous: Previous,
     pub(crate) inspect: SqlStr,
     pub(crate) list_keys: SqlStr,
@@ -103,7 +103,7 @@ impl Statements {
             // happened (the owner token is fresh for every attempt). A waiter's every attempt
             // after its first runs this (the first is the plain upsert, which takes a free key
             // without a mark); one upsert, because two data-modifying CTEs cost each attempt
-            // more (measured, see docs/performance.md).
+            // more (measured, see docs/performance-log.md).
             acquire_or_remaining: sql(format!(
                 "INSERT INTO {t} AS l (lock_key, owner, fence, expires_at) \
                  VALUES ($1, $2, 1, statement_timestamp() + $3::float8 * interval '1 millisecond') \
@@ -200,11 +200,11 @@ impl Statements {
 }
 
 /// The SQL that creates the lease table, or upgrades one an older version created (what
-/// [`PostgresAuthority::migrate`] runs), for DBAs who apply schema themselves. Idempotent.
+/// [`crate::PostgresAuthority::migrate`] runs), for DBAs who apply schema themselves. Idempotent.
 ///
-/// `value` and `value_fence` hold what a grant proclaimed ([`Authority::proclaim`]); the value
-/// counts only while `value_fence` equals the row's `fence`, so acquire, renew and release never
-/// touch them and a new grant starts with none. `waited_until` is set by waiters: a release
+/// `value` and `value_fence` hold what a grant proclaimed ([`leasehold_core::Authority::proclaim`]);
+/// the value counts only while `value_fence` equals the row's `fence`, so acquire, renew and
+/// release never touch them and a new grant starts with none. `waited_until` is set by waiters: a release
 /// notifies only while it is in the future.
 pub fn schema_sql(table: &TableName) -> String {
     format!("{}\n{}", create_sql(table), add_columns_sql(table))

@@ -382,7 +382,7 @@ async fn a_failover_to_an_async_standby_reissues_a_fence_as_declared() {
         matches!(outcome, Ok(Verdict::Declared(_))),
         "the failover must reissue a fence, and it must be declared: {outcome:?}"
     );
-    // The same setup, declared linearizable (as every server was before): caught.
+    // The same setup, declared linearizable (an overclaim): caught.
     let (safety, outcome) = failover_verdict("&fence_safety=linearizable").await;
     assert_eq!(safety, FenceSafety::Linearizable);
     assert!(outcome.is_err(), "an overclaim must fail: {outcome:?}");

@@ -635,7 +635,7 @@ impl Authority for RedisAuthority {
         // A free key is taken without touching the subscription, as Redisson does: once the
         // subscription connection exists, every release on the channel is delivered to it (the
         // server writes it, this client reads it), which cost an uncontended pair 11 % on one
-        // core (measured, docs/performance.md). Only a caller who finds the key held
+        // core (measured, docs/performance-log.md). Only a caller who finds the key held
         // subscribes, and then tries again before it waits: a release in between is caught by
         // that attempt.
         if let Attempt::Won(grant) = self.attempt(key, ttl).await? {

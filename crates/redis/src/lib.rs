@@ -20,6 +20,11 @@
 //! seen at connect to fsync every write and evict no counter: [`ServerSettings`]). Use Redis for efficiency locks (a duplicate
 //! is wasted work, not damage), or raise the deployment epoch after every failover and restart;
 //! see docs/redis.md and docs/guarantees.md.
+//!
+//! The user's guide (URL parameters, choosing between one server, Sentinel and Cluster, the
+//! server settings read at connect, errors, what can break it, why this is not Redlock) is
+//! [docs/redis.md](https://github.com/leasehold/leasehold/blob/main/docs/redis.md) in the
+//! repository.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -1126,8 +1126,8 @@ async fn a_waiter_whose_attempt_fails_passes_its_turn_on() -> Result<(), String>
 /// An attempt that won but cannot use its grant (its fence out of range) gives the lease back
 /// in the background; that give-back wakes this authority's waiters as a release does, since
 /// the waiter handed the turn next may have found the lease not yet given back, and no
-/// announcement follows where publishing is refused. Before, the second waiter ended at its
-/// timer in some runs (174 to 215 ms after the release; one to two runs of three).
+/// announcement follows where publishing is refused. Without that wake-up the second waiter
+/// ends at its timer in some runs (174 to 215 ms after the release; one to two runs of three).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_given_back_after_a_failed_attempt_wakes_the_next_waiter() -> Result<(), String> {
     let server = start().await;
@@ -1811,7 +1811,7 @@ async fn connect_under_policy(
 /// counter (`allkeys-*`). The authority reads the policy at connect and warns; and since the
 /// server persists every write (`appendonly yes`, `appendfsync always`), it declares its fences
 /// durable exactly when no counter can be evicted, and leases exclusive only under
-/// `noeviction`. A user that may not read the configuration connects as before, and nothing is
+/// `noeviction`. A user that may not read the configuration still connects, and nothing is
 /// claimed for it: fences not durable, leases declared able to end early.
 ///
 /// A current-thread runtime, so that the warnings are logged on the thread that collects them.

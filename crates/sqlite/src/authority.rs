@@ -129,7 +129,7 @@ impl Statements {
 }
 
 /// The SQL that creates the lease table (the authority runs it at connect, and adds the
-/// [`ADDED_COLUMNS`] to a table an older version created).
+/// columns of later versions to a table an older version created: `ADDED_COLUMNS`).
 ///
 /// `expires_ns` is a reading of the machine's `CLOCK_MONOTONIC` in the boot `boot_id`, which
 /// decides every row of this boot. `written_unix_ns` and `expires_unix_ns` are the wall clock's
@@ -493,8 +493,8 @@ enum Attempt {
 /// * Acquire is one `BEGIN IMMEDIATE` transaction: an upsert that takes the key's row over only
 ///   when its lease is over (expired by the machine's clock; or of another boot and written
 ///   before this boot began, or past its wall-clock expiry: see docs/sqlite.md), raising
-///   the row's `fence` counter, which is the fence. It runs in its own task: a caller that is
-///   cancelled or times out does not cut it off, and a lease it took for nobody is given back.
+///   the row's `fence` counter, which is the fence. It runs on the caller's task, and on its own
+///   if the caller is cancelled or times out first; a lease it took for nobody is given back.
 /// * Renew and release are `UPDATE`s matched on key, owner token, fence and boot, only while
 ///   the lease is live; release expires the row and keeps its counter.
 /// * Expiry is measured on the machine's `CLOCK_MONOTONIC`, read by the client after it holds
@@ -507,8 +507,8 @@ enum Attempt {
 ///   beside it: it counts only while that grant holds the row. `wait_for_change` polls (a
 ///   release or proclaim through the same client cuts it short).
 /// * WAL mode, `synchronous=FULL` (a grant is on disk before anyone hears of it), and a busy
-///   timeout equal to the request timeout: a writer that keeps the lock longer makes requests
-///   `Unavailable`, never "held".
+///   timeout of three quarters of the request timeout: a writer that keeps the lock longer makes
+///   requests fail with a retryable `Backend` error (busy, not `Unavailable`), never "held".
 ///
 /// Clones share the connection pool.
 #[derive(Clone)]

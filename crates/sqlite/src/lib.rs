@@ -18,7 +18,11 @@
 //! What it cannot do: coordinate machines. A database on a filesystem not known to be local to
 //! this kernel (network, cluster and FUSE filesystems, a VM's share) is refused, since SQLite's
 //! locks are not reliable there, and a lease that another kernel wrote into the file since this
-//! boot began is not taken over before its expiry by the wall clock. See [`SqliteAuthority`] and docs/sqlite.md.
+//! boot began is not taken over before its expiry by the wall clock. See [`SqliteAuthority`].
+//!
+//! The user's guide (URL parameters, schema, guarantees, filesystems, the file's write lock,
+//! what can break it) is [docs/sqlite.md](https://github.com/leasehold/leasehold/blob/main/docs/sqlite.md)
+//! in the repository.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

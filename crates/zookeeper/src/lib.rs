@@ -38,8 +38,10 @@
 //! the servers' `secureClientPort` over TLS, always verifying the server's certificate against
 //! `tls_ca` and the host name; see [`ZkConfig`].
 //!
-//! See `docs/zookeeper.md` for the guarantees, the failure modes and interoperation with Curator
-//! and kazoo.
+//! The user's guide (the URL, sessions and TTLs, guarantees, TLS and ACLs, interoperation with
+//! Curator and kazoo) is
+//! [docs/zookeeper.md](https://github.com/leasehold/leasehold/blob/main/docs/zookeeper.md) in
+//! the repository.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
