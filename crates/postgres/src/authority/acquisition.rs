@@ -1,0 +1,293 @@
+//! The acquisition statement: sent, sent again once when a connection goes silent, and its
+//! lease given back when nobody was told about it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::time::saturating_add;
+use leasehold_core::{Backoff, Instant, Result};
+use sqlx::{PgConnection, SqlStr};
+
+use super::sending::{Failed, Sent, Statement};
+use super::{release_once, ttl_ms, Inner};
+use crate::errors;
+use crate::token::StrictBigint;
+
+/// What one acquisition statement returned.
+pub(super) type Acquired = std::result::Result<Answer, sqlx::Error>;
+
+/// An acquisition statement's answer: the fence if it won, and (for the waiting form) the
+/// holder's remaining time in milliseconds.
+pub(super) type Answer = (Option<i64>, Option<i64>);
+
+impl Inner {
+    /// One acquisition statement, for `owner`. Runs in its own task (see
+    /// [`PostgresAuthority::attempt`](super::PostgresAuthority::attempt)), so it is never cut off halfway by a caller.
+    ///
+    /// The plain upsert (`try_acquire`, and `acquire`'s first look) still unanswered after half
+    /// the caller's time is sent again, on a fresh connection, with the same owner token (see
+    /// `acquire_again`): one silent connection costs that acquisition half its time, not its
+    /// lease. The first statement is kept waiting for its answer on its own connection, and a
+    /// lease it took is given back by its fence, which its retry has raised if it ran after it:
+    /// the give-back then finds nothing. (The waiting form is not sent twice: its answer counts
+    /// a key held under its own owner token as won, so a late first statement and its retry
+    /// would both report one grant.)
+    pub(super) async fn acquire_statement(
+        self: &Arc<Self>,
+        key: String,
+        owner: String,
+        ttl: Duration,
+        waiting: bool,
+        give_up: Instant,
+    ) -> Acquired {
+        // Past the TTL counted from the caller's deadline, a lease the statement took (counted
+        // from when the server read it) has ended unless the server sat on the statement that
+        // long: nothing is left to give back worth keeping a connection open for.
+        let outlive = saturating_add(give_up, ttl.max(self.timeout()));
+        let named = self.named();
+        if waiting {
+            let once = self.waiting_form(key.clone(), owner.clone(), ttl);
+            let sent = self.send(give_up, false, once).await;
+            return self.settle(sent, outlive, &key, &owner, ttl).await;
+        }
+        let plain = |statement: SqlStr| -> Statement<Answer> {
+            let (key, owner) = (key.clone(), owner.clone());
+            Arc::new(move |c| {
+                let (statement, key, owner) = (statement.clone(), key.clone(), owner.clone());
+                Box::pin(async move {
+                    // The fence is read strictly (see StrictBigint): it becomes a grant.
+                    // The plain upsert returns the fence alone, or no row.
+                    sqlx::query_scalar::<_, StrictBigint>(statement)
+                        .persistent(named)
+                        .bind(key)
+                        .bind(owner)
+                        .bind(ttl_ms(ttl))
+                        .fetch_optional(c)
+                        .await
+                        .map(|fence| (fence.map(|f| f.0), None))
+                })
+            })
+        };
+        match self
+            .send(give_up, true, plain(self.statements.acquire.clone()))
+            .await
+        {
+            // Nothing changed: sent again below, with a fresh snapshot.
+            Sent::Answered(Err(Failed::Statement(e))) if errors::is_conflict(&e) => {}
+            Sent::Late(late) => {
+                let (inner, key, owner) = (self.clone(), key.clone(), owner.clone());
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    runtime.spawn(async move {
+                        let late = inner.outlive(late, outlive).await;
+                        let answer = inner.confirmed(late, &key, &owner, ttl);
+                        if let Some(raw) = won(&answer) {
+                            inner.give_back(key, owner, raw, ttl, false).await;
+                        }
+                    });
+                }
+            }
+            sent => return self.settle(sent, outlive, &key, &owner, ttl).await,
+        }
+        let again = self
+            .send(give_up, false, plain(self.statements.acquire_again.clone()))
+            .await;
+        self.settle(again, outlive, &key, &owner, ttl).await
+    }
+
+    /// What a sent acquisition statement comes to for the acquisition: its answer; a late one's
+    /// answer when it comes (the caller, gone by then, gives back a lease it took: see
+    /// [`claim_or_give_back`](leasehold_core::claim_or_give_back)); or, where its transaction's COMMIT failed without an answer
+    /// (through a transaction pooler), an error, and a lease it may have taken given back.
+    pub(super) async fn settle(
+        self: &Arc<Self>,
+        sent: Sent<Answer>,
+        outlive: Instant,
+        key: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Acquired {
+        let answer = match sent {
+            Sent::Answered(answer) => answer,
+            Sent::Late(late) => self.outlive(late, outlive).await,
+        };
+        self.confirmed(answer, key, owner, ttl)
+    }
+
+    /// An acquisition statement's answer, where a COMMIT that failed without an answer is an
+    /// error, and a lease its statement took is given back.
+    pub(super) fn confirmed(
+        self: &Arc<Self>,
+        answer: std::result::Result<Answer, Failed<Answer>>,
+        key: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Acquired {
+        match answer {
+            Ok(answer) => Ok(answer),
+            Err(Failed::Statement(e)) => Err(e),
+            Err(Failed::Commit { answer, error }) => {
+                if let Some(raw) = answer.0 {
+                    spawn_give_back(self, key, owner, raw, ttl, true);
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// The waiting form of the acquisition statement, for [`Inner::send`].
+    pub(super) fn waiting_form(
+        &self,
+        key: String,
+        owner: String,
+        ttl: Duration,
+    ) -> Statement<Answer> {
+        let named = self.named();
+        let (current, before) = (
+            self.statements.acquire_or_remaining.clone(),
+            self.statements.previous.acquire_or_remaining.clone(),
+        );
+        let (version, table) = (self.version.clone(), self.config.table.plain());
+        Arc::new(move |c| {
+            let (current, before, key, owner, version, table) = (
+                current.clone(),
+                before.clone(),
+                key.clone(),
+                owner.clone(),
+                version.clone(),
+                table.clone(),
+            );
+            Box::pin(async move {
+                let args = (key, owner, ttl);
+                // This version's form first even on a table found without `waited_until`:
+                // `migrate()` may have run in another process since, whose releases notify
+                // only marked keys, and a waiter that marks nothing would sleep until the
+                // holder's expiry. On a table still old that costs a waiting attempt one
+                // statement more, which fails before it runs.
+                let result = match waiting_attempt(current, named, &args, &mut *c).await {
+                    Err(e) if errors::is_undefined_column(&e) => {
+                        version.found_previous(&table);
+                        waiting_attempt(before, named, &args, &mut *c).await
+                    }
+                    other => {
+                        if other.is_ok() {
+                            version.found_current(&table);
+                        }
+                        other
+                    }
+                };
+                result.map(|(fence, remaining)| (fence.map(|f| f.0), remaining))
+            })
+        })
+    }
+
+    /// Releases a lease nobody was told about (its acquisition was cancelled or timed out, or
+    /// its fence could not be used), so that the key is free at once instead of after its TTL.
+    ///
+    /// `unconfirmed`: the acquisition's COMMIT failed without an answer, so its transaction may
+    /// still be in progress on the server (behind a pooler that lost the connection): the
+    /// give-back then waits for it (see [`Inner::give_back_unconfirmed`]) instead of finding
+    /// nothing yet.
+    pub(super) async fn give_back(
+        &self,
+        key: String,
+        owner: String,
+        raw: i64,
+        ttl: Duration,
+        unconfirmed: bool,
+    ) {
+        // Tried until the lease would have ended anyway, each try bounded by the request
+        // timeout: a try that gets no answer lets its lane go (the lane connects afresh), instead
+        // of holding it for a whole TTL. A release compares owner and fence, so a try that
+        // landed unseen makes the next one find nothing.
+        let end = saturating_add(Instant::now(), ttl.max(self.timeout()));
+        let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
+        let released = loop {
+            let give_up = saturating_add(Instant::now(), self.timeout()).min(end);
+            let args = (key.clone(), owner.clone(), raw);
+            let released = if unconfirmed {
+                self.give_back_unconfirmed(args, give_up).await
+            } else {
+                self.release_statement("give back", args, give_up).await
+            };
+            match released {
+                Err(e) if e.is_retryable() && Instant::now() < end => {
+                    let next = saturating_add(Instant::now(), backoff.next_delay());
+                    tokio::time::sleep_until(next.min(end)).await;
+                }
+                other => break other,
+            }
+        };
+        match released {
+            Ok(n) if n > 0 => tracing::debug!("gave back a lease whose acquisition nobody awaited"),
+            Ok(_) => tracing::trace!("a lease nobody awaited had already ended"),
+            Err(error) => {
+                tracing::debug!(%error, "could not give back a lease nobody awaited; it ends at its TTL")
+            }
+        }
+    }
+
+    /// The release of an acquisition whose COMMIT went unanswered: an upsert, because an
+    /// insert that meets a row another transaction is inserting or updating waits for that
+    /// transaction to end and then sees its outcome, where an UPDATE would not see a row still
+    /// being inserted, nor its new owner. Whatever the acquisition's transaction did, this runs
+    /// after it: it expires the row if the acquisition's grant is there, and otherwise changes
+    /// nothing but, for a key that had no row, leaves one that is already expired. Notifies the
+    /// key's waiters as a release does.
+    pub(super) async fn give_back_unconfirmed(
+        &self,
+        (key, owner, fence): (String, String, i64),
+        give_up: Instant,
+    ) -> Result<i64> {
+        let (statement, table, named) = (
+            self.statements.give_back_unconfirmed.clone(),
+            self.config.table.plain(),
+            self.named(),
+        );
+        self.bounded("give back", give_up, move |c| {
+            let (statement, key, owner, table) =
+                (statement.clone(), key.clone(), owner.clone(), table.clone());
+            Box::pin(async move {
+                let args = (key, owner, fence, table);
+                release_once(statement, named, &args, c).await
+            })
+        })
+        .await
+    }
+}
+
+/// Whether an acquisition answer took a lease: its fence column, to give it back by.
+pub(super) fn won(acquired: &Acquired) -> Option<i64> {
+    acquired.as_ref().ok().and_then(|(raw, _)| *raw)
+}
+
+/// The waiting form of the acquisition statement (`acquire_or_remaining`, or its previous
+/// form): the fence if it won, and the holder's remaining time in milliseconds.
+pub(super) async fn waiting_attempt(
+    statement: SqlStr,
+    named: bool,
+    (key, owner, ttl): &(String, String, Duration),
+    c: &mut PgConnection,
+) -> std::result::Result<(Option<StrictBigint>, Option<i64>), sqlx::Error> {
+    sqlx::query_as(statement)
+        .persistent(named)
+        .bind(key.clone())
+        .bind(owner.clone())
+        .bind(ttl_ms(*ttl))
+        .fetch_one(c)
+        .await
+}
+
+pub(super) fn spawn_give_back(
+    inner: &Arc<Inner>,
+    key: &str,
+    owner: &str,
+    raw: i64,
+    ttl: Duration,
+    unconfirmed: bool,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let (inner, key, owner) = (inner.clone(), key.to_string(), owner.to_string());
+    runtime.spawn(async move { inner.give_back(key, owner, raw, ttl, unconfirmed).await });
+}
