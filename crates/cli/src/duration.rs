@@ -1,79 +1,93 @@
 //! Durations as people write them: `250ms`, `1.5s`, `1m30s`, `2h`, `1d`.
+//!
+//! humantime reads each part; what is kept here is the narrower grammar `--help` promises (the
+//! units `ms`, `s`, `m`, `h` and `d`, no spaces, no weeks or months) and the messages in its terms.
 
 use std::time::Duration;
 
-/// The units, longest first, with their length in nanoseconds.
-const UNITS: [(&str, u128); 5] = [
-    ("d", 86_400_000_000_000),
-    ("h", 3_600_000_000_000),
-    ("m", 60_000_000_000),
-    ("s", 1_000_000_000),
-    ("ms", 1_000_000),
-];
+/// The units a part may have.
+const UNITS: [&str; 5] = ["ms", "s", "m", "h", "d"];
+
+/// The largest number of milliseconds humantime keeps (it counts them in `u64` nanoseconds).
+const MAX_MS: u64 = u64::MAX / 1_000_000;
 
 /// Parses one or more `<number><unit>` parts (`250ms`, `1.5s`, `1m30s`, `2d`); each number may
-/// have a fraction. Exact to the nanosecond: no floating point.
+/// have a fraction, which must come out exact (to the nanosecond; for `h` and `d`, to the
+/// second). No floating point.
 pub fn parse(text: &str) -> Result<Duration, String> {
     if text.is_empty() {
         return Err("an empty duration (write e.g. 10s, 1.5s, 1m30s, 250ms, 2h or 1d)".into());
     }
-    let mut total: u128 = 0;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| format!("`{text}` needs a unit: ms, s, m, h or d"))?;
-        let (number, after) = rest.split_at(digits);
-        let unit_len = after
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(after.len());
-        let (unit, next) = after.split_at(unit_len);
-        let scale = UNITS
-            .iter()
-            .find(|(name, _)| *name == unit)
-            .map(|(_, nanos)| *nanos)
-            .ok_or_else(|| format!("`{text}`: unknown unit `{unit}` (ms, s, m, h, d)"))?;
-        let nanos = scaled(number, scale).ok_or_else(|| format!("`{text}` is not a duration"))?;
+    let mut total = Duration::ZERO;
+    for part in parts(text) {
+        let unit = part.trim_start_matches(is_number);
+        if unit.is_empty() {
+            return Err(format!("`{text}` needs a unit: ms, s, m, h or d"));
+        }
+        if !UNITS.contains(&unit) {
+            return Err(format!("`{text}`: unknown unit `{unit}` (ms, s, m, h, d)"));
+        }
+        let number = &part[..part.len() - unit.len()];
         total = total
-            .checked_add(nanos)
+            .checked_add(parse_part(text, number, unit)?)
             .ok_or_else(|| format!("`{text}` is too long"))?;
-        rest = next;
     }
-    let secs = u64::try_from(total / 1_000_000_000).map_err(|_| format!("`{text}` is too long"))?;
-    // The remainder is below 10^9, so it fits.
-    let nanos =
-        u32::try_from(total % 1_000_000_000).map_err(|_| format!("`{text}` is too long"))?;
-    Ok(Duration::new(secs, nanos))
+    Ok(total)
 }
 
-/// `number` (digits, optionally a `.` and more digits) times `scale` nanoseconds, rounded down
-/// to the nanosecond.
-fn scaled(number: &str, scale: u128) -> Option<u128> {
-    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if whole.is_empty() && fraction.is_empty() {
-        return None;
+/// Whether `c` belongs to a part's number rather than to its unit.
+fn is_number(c: char) -> bool {
+    c.is_ascii_digit() || c == '.'
+}
+
+/// `text` cut where a unit ends and the next number begins: `1m30s` is `1m` and `30s`.
+fn parts(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let unit = rest.find(|c: char| !is_number(c)).unwrap_or(rest.len());
+        let end = rest[unit..]
+            .find(is_number)
+            .map_or(rest.len(), |at| unit + at);
+        let (part, next) = rest.split_at(end);
+        rest = next;
+        Some(part)
+    })
+}
+
+/// One part, read by humantime. Each part is read alone and the parts are added here, so that
+/// a total past `Duration::MAX` is refused as too long, never wrapped.
+fn parse_part(text: &str, number: &str, unit: &str) -> Result<Duration, String> {
+    let not_a_duration = || format!("`{text}` is not a duration");
+    if !number.contains(|c: char| c.is_ascii_digit()) {
+        return Err(not_a_duration());
     }
-    if !whole
-        .chars()
-        .chain(fraction.chars())
-        .all(|c| c.is_ascii_digit())
-    {
-        return None;
+    // humantime wants a digit on both sides of the point: `.5s` is `0.5s`, `1.s` is `1s`.
+    let number = number.strip_suffix('.').unwrap_or(number);
+    let lead = if number.starts_with('.') { "0" } else { "" };
+    match humantime::parse_duration(&format!("{lead}{number}{unit}")) {
+        Ok(d) => Ok(d),
+        Err(humantime::DurationError::NumberOverflow) => {
+            let (whole, _) = number.split_once('.').unwrap_or((number, ""));
+            let whole = if whole.is_empty() { "0" } else { whole };
+            if humantime::parse_duration(&format!("{whole}{unit}")).is_ok() {
+                // The whole part fits, so the fraction is what cannot be kept exactly.
+                Err(format!(
+                    "`{text}`: the fraction of `{number}{unit}` is finer than a duration keeps \
+                     (a nanosecond; a second for h and d): write the rest in a smaller unit"
+                ))
+            } else if unit == "ms" {
+                Err(format!(
+                    "`{text}` is too long in ms (at most {MAX_MS}ms): write it in s, m, h or d"
+                ))
+            } else {
+                Err(format!("`{text}` is too long"))
+            }
+        }
+        Err(_) => Err(not_a_duration()),
     }
-    let whole: u128 = if whole.is_empty() {
-        0
-    } else {
-        whole.parse().ok()?
-    };
-    let mut nanos = whole.checked_mul(scale)?;
-    // At most 18 fraction digits matter (a day is under 10^14 ns); more are dropped.
-    let fraction = &fraction[..fraction.len().min(18)];
-    if !fraction.is_empty() {
-        let digits: u128 = fraction.parse().ok()?;
-        let divisor = 10u128.checked_pow(u32::try_from(fraction.len()).ok()?)?;
-        nanos = nanos.checked_add(digits.checked_mul(scale)? / divisor)?;
-    }
-    Some(nanos)
 }
 
 /// The duration as people write it: `1m30s`, `1.5s`, `250ms`, `2d3h`, `0s`. [`parse`] reads it
@@ -151,6 +165,47 @@ mod tests {
         assert!(parse("99999999999999999999d").is_err());
     }
 
+    /// What humantime reads but the documented grammar does not have is refused, each with a
+    /// message in the grammar's terms.
+    #[test]
+    fn refuses_outside_the_grammar_and_says_why() {
+        for (bad, says) in [
+            ("", "empty"),
+            ("10", "needs a unit"),
+            ("1m30", "needs a unit"),
+            ("1.", "needs a unit"),
+            ("10w", "unknown unit `w`"),
+            ("1sec", "unknown unit `sec`"),
+            ("2 hours", "unknown unit ` hours`"),
+            ("1h 30m", "unknown unit `h `"),
+            ("1us", "unknown unit `us`"),
+            ("1µs", "unknown unit `µs`"),
+            ("1M", "unknown unit `M`"),
+            ("-1s", "unknown unit `-`"),
+            ("s", "not a duration"),
+            (".s", "not a duration"),
+            ("1..5s", "not a duration"),
+            ("99999999999999999999d", "too long"),
+            ("18446744073709551615s1s", "too long"),
+            ("18446744073709551615s1000ms", "too long"),
+            ("18446744073710ms", "too long in ms"),
+            ("1.0001h", "fraction"),
+            ("1.0000000001s", "fraction"),
+        ] {
+            match parse(bad) {
+                Ok(d) => panic!("`{bad}` was read as {d:?}"),
+                Err(e) => assert!(e.contains(says), "`{bad}`: {e}"),
+            }
+        }
+        assert_eq!(parse("1.s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse("1m.5s"), Ok(Duration::from_millis(60_500)));
+        assert_eq!(parse("18446744073709ms"), Ok(Duration::from_millis(MAX_MS)));
+        assert_eq!(
+            parse("18446744073709551615s999ms"),
+            Ok(Duration::new(u64::MAX, 999_000_000))
+        );
+    }
+
     #[test]
     fn prints_as_people_write_and_reads_back() {
         for (d, want) in [
@@ -221,7 +276,16 @@ mod tests {
             #[test]
             fn whole_units_are_exact_and_overflow_is_refused(n in any::<u64>()) {
                 prop_assert_eq!(parse(&format!("{n}s")), Ok(Duration::from_secs(n)));
-                prop_assert_eq!(parse(&format!("{n}ms")), Ok(Duration::from_millis(n)));
+                // humantime counts milliseconds in u64 nanoseconds: about 584 years of them.
+                match parse(&format!("{n}ms")) {
+                    Ok(d) => prop_assert_eq!(d, Duration::from_millis(n)),
+                    Err(e) => {
+                        prop_assert!(n > MAX_MS);
+                        prop_assert!(e.contains("too long"), "{}", e);
+                    }
+                }
+                let small = n % (MAX_MS + 1);
+                prop_assert_eq!(parse(&format!("{small}ms")), Ok(Duration::from_millis(small)));
                 let days = u128::from(n) * 86_400;
                 match parse(&format!("{n}d")) {
                     Ok(d) => prop_assert_eq!(u128::from(d.as_secs()), days),

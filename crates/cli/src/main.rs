@@ -40,7 +40,7 @@ use leasehold::{
 use leasehold_postgres::PostgresAuthority;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
-use crate::args::{IfUnavailableArg, Invocation, RunArgs, USAGE, VERSION};
+use crate::args::{IfUnavailableArg, Invocation, RunArgs, VERSION};
 use crate::child::{Child, Job};
 use crate::duration::human;
 
@@ -59,14 +59,19 @@ fn main() -> ExitCode {
         std::env::args_os().skip(1).collect(),
         std::env::var("LEASEHOLD_URL").ok(),
     ) {
-        Ok(Invocation::Help) => return print_out(USAGE),
-        Ok(Invocation::Version) => return print_out(VERSION),
+        Ok(Invocation::Completions(shell)) => return print_bytes(&args::completions(shell)),
+        Ok(Invocation::Man(name)) => {
+            return match args::man(name.as_deref()) {
+                Ok(roff) => print_bytes(&roff),
+                Err(e) => {
+                    say!("leasehold: writing the manual page: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Ok(Invocation::WatchGroup(args)) => return ExitCode::from(watcher::watch_group(&args)),
         Ok(i) => i,
-        Err(e) => {
-            say!("leasehold: {e}\n(`leasehold --help` shows the usage)");
-            return ExitCode::from(code::USAGE);
-        }
+        Err(e) => return refused(&e),
     };
     logging::init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -87,18 +92,44 @@ fn main() -> ExitCode {
             Invocation::Run(args) => run(args).await,
             Invocation::Status(args) => status::status(args).await,
             Invocation::Migrate { url } => migrate(&url).await,
-            Invocation::Help | Invocation::Version | Invocation::WatchGroup(_) => 0,
+            Invocation::Completions(_) | Invocation::Man(_) | Invocation::WatchGroup(_) => 0,
         }
     });
     ExitCode::from(status)
 }
 
-/// Prints `text` on stdout. `println!` panics when the reader has gone away (`leasehold --help |
-/// head`: EPIPE, since Rust ignores SIGPIPE); a reader that stopped reading is not an error of
-/// ours, so stop quietly with success, as `ls | head` does.
+/// What clap said instead of an invocation: `--help` on stdout with status 0, `--version` as
+/// [`VERSION`], and a usage error on stderr with status 64, sysexits.h's EX_USAGE, as for any
+/// bad input (clap's own status for it is 2).
+fn refused(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayVersion => print_out(VERSION),
+        _ if !e.use_stderr() => stdout_written(e.print()),
+        _ => {
+            // Nothing to be done if stderr is gone too.
+            let _ = e.print();
+            ExitCode::from(code::USAGE)
+        }
+    }
+}
+
+/// Prints `text` and a newline on stdout.
 fn print_out(text: &str) -> ExitCode {
+    print_bytes(format!("{text}\n").as_bytes())
+}
+
+/// Prints `bytes` on stdout as they are.
+fn print_bytes(bytes: &[u8]) -> ExitCode {
     let mut out = std::io::stdout().lock();
-    match writeln!(out, "{text}").and_then(|()| out.flush()) {
+    stdout_written(out.write_all(bytes).and_then(|()| out.flush()))
+}
+
+/// The status of a write to stdout. `println!` panics when the reader has gone away
+/// (`leasehold --help | head`: EPIPE, since Rust ignores SIGPIPE); a reader that stopped reading
+/// is not an error of ours, so stop quietly with success, as `ls | head` does.
+fn stdout_written(written: std::io::Result<()>) -> ExitCode {
+    match written {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => {
