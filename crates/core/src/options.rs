@@ -1,12 +1,13 @@
 //! Settings every backend shares, and how they are read from a connection URL.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::fence::Epoch;
 use crate::margin::SafetyMargin;
-use crate::redact::redact_url;
+use crate::redact::{is_secret_param, redact_url, Secret};
 
 /// Client-side settings common to every authority.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,7 +32,10 @@ impl Default for ClientOptions {
 
 /// The query parameters of a connection URL, consumed one by one so that a parameter nobody
 /// understood is an error instead of being silently ignored.
-#[derive(Debug)]
+///
+/// Values are kept as written (not percent-decoded: [`UrlParams::take_decoded`] decodes); the
+/// value of a parameter whose name says it is a secret ([`is_secret_param`]) is never shown in
+/// `Debug` or in an error.
 pub struct UrlParams {
     redacted_url: String,
     params: BTreeMap<String, String>,
@@ -76,9 +80,31 @@ impl UrlParams {
             None => Ok(None),
             Some(v) => v.parse().map(Some).map_err(|_| Error::InvalidUrl {
                 url: self.redacted_url.clone(),
-                reason: format!("parameter `{name}` has an invalid value `{v}`"),
+                reason: match is_secret_param(name) {
+                    true => format!("parameter `{name}` has an invalid value"),
+                    false => format!("parameter `{name}` has an invalid value `{v}`"),
+                },
             }),
         }
+    }
+
+    /// Removes parameter `name` and percent-decodes it (a path that holds `&`, `#` or `%`).
+    pub fn take_decoded(&mut self, name: &str) -> Result<Option<String>> {
+        match self.params.remove(name) {
+            None => Ok(None),
+            Some(v) => percent_decode(&v)
+                .map(Some)
+                .ok_or_else(|| Error::InvalidUrl {
+                    url: self.redacted_url.clone(),
+                    reason: format!("parameter `{name}` is not valid percent-encoded UTF-8"),
+                }),
+        }
+    }
+
+    /// Removes parameter `name` (`password`, `sentinel_password`), percent-decoded, as a
+    /// [`Secret`]; an error names the parameter, never its value.
+    pub fn take_secret(&mut self, name: &str) -> Result<Option<Secret>> {
+        Ok(self.take_decoded(name)?.map(Secret::new))
     }
 
     /// Reads the [`ClientOptions`] parameters: `epoch`, `safety_margin_ms`,
@@ -110,13 +136,34 @@ impl UrlParams {
 
     /// Fails if any parameter was not consumed: a typo must not silently fall back to a default.
     pub fn finish(self) -> Result<()> {
+        self.check_all_taken()
+    }
+
+    /// [`UrlParams::finish`] without giving the parameters up.
+    pub(crate) fn check_all_taken(&self) -> Result<()> {
         match self.params.keys().next() {
             None => Ok(()),
             Some(k) => Err(Error::InvalidUrl {
-                url: self.redacted_url,
+                url: self.redacted_url.clone(),
                 reason: format!("unknown parameter `{k}`"),
             }),
         }
+    }
+}
+
+impl fmt::Debug for UrlParams {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = self
+            .params
+            .iter()
+            .map(|(name, value)| match is_secret_param(name) {
+                true => (name, "***"),
+                false => (name, value.as_str()),
+            });
+        f.debug_struct("UrlParams")
+            .field("url", &self.redacted_url)
+            .field("params", &BTreeMap::from_iter(shown))
+            .finish()
     }
 }
 
@@ -191,5 +238,11 @@ mod tests {
             .and_then(|_| p.finish())
             .unwrap_err();
         assert!(!format!("{err} {err:?}").contains("hunter2"));
+        let p = UrlParams::parse("postgres://u@h/db?password=hunter2&sslmode=require").unwrap();
+        let shown = format!("{p:?}");
+        assert!(
+            !shown.contains("hunter2") && shown.contains("require"),
+            "{shown}"
+        );
     }
 }

@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use leasehold_core::{percent_decode, redact_url, ClientOptions, Error, Result, Secret, UrlParams};
+use leasehold_core::{redact_url, ClientOptions, ConnectionUrl, Error, Result, Secret};
 
 /// etcd's default client port, used when an endpoint names none.
 const DEFAULT_PORT: u16 = 2379;
@@ -72,92 +72,64 @@ impl fmt::Debug for EtcdConfig {
 impl EtcdConfig {
     /// Parses an `etcd://` or `etcds://` URL.
     pub fn from_url(url: &str) -> Result<Self> {
-        let redacted_url = redact_url(url);
-        let invalid = |reason: String| Error::InvalidUrl {
-            url: redacted_url.clone(),
-            reason,
+        let tls = match ConnectionUrl::scheme_of(url).as_deref() {
+            Some("etcd") => false,
+            Some("etcds") => true,
+            _ => {
+                return Err(Error::InvalidUrl {
+                    url: redact_url(url),
+                    reason: "expected an etcd:// or etcds:// URL".into(),
+                })
+            }
         };
-        let Some((scheme, rest)) = url.split_once("://") else {
-            return Err(invalid("expected an etcd:// or etcds:// URL".into()));
-        };
-        let tls = match scheme.to_ascii_lowercase().as_str() {
-            "etcd" => false,
-            "etcds" => true,
-            _ => return Err(invalid("expected an etcd:// or etcds:// URL".into())),
-        };
-        let mut params = UrlParams::parse(url)?;
-        let client = params.take_client_options()?;
-        let session_idle = match params.take_parsed::<u64>("session_idle_ms")? {
-            Some(0) => return Err(invalid("session_idle_ms must be at least 1".into())),
+        let mut url = ConnectionUrl::parse(url)?;
+        let client = url.params().take_client_options()?;
+        let session_idle = match url.params().take_parsed::<u64>("session_idle_ms")? {
+            Some(0) => return Err(url.invalid("session_idle_ms must be at least 1")),
             Some(ms) => Duration::from_millis(ms),
             None => DEFAULT_SESSION_IDLE,
         };
         let files = TlsFiles {
-            ca: params.take("tls_ca").map(PathBuf::from),
-            cert: params.take("tls_cert").map(PathBuf::from),
-            key: params.take("tls_key").map(PathBuf::from),
-            domain: params.take("tls_domain"),
+            ca: url.params().take("tls_ca").map(PathBuf::from),
+            cert: url.params().take("tls_cert").map(PathBuf::from),
+            key: url.params().take("tls_key").map(PathBuf::from),
+            domain: url.params().take("tls_domain"),
         };
-        params.finish()?;
+        url.finish_params()?;
         if !tls && files != TlsFiles::default() {
-            return Err(invalid(
-                "tls_ca, tls_cert, tls_key and tls_domain need an etcds:// URL".into(),
-            ));
+            return Err(
+                url.invalid("tls_ca, tls_cert, tls_key and tls_domain need an etcds:// URL")
+            );
         }
         if files.cert.is_some() != files.key.is_some() {
-            return Err(invalid(
-                "tls_cert and tls_key must be given together (a client certificate and its key)"
-                    .into(),
+            return Err(url.invalid(
+                "tls_cert and tls_key must be given together (a client certificate and its key)",
             ));
         }
-
-        let rest = rest.split(['?', '#']).next().unwrap_or("");
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i + 1..]),
-            None => (rest, ""),
-        };
-        let (userinfo, hosts) = match authority.rfind('@') {
-            Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
-            None => (None, authority),
-        };
-        let user = match userinfo {
+        let user = match url.user() {
             None => None,
-            Some(info) => {
-                let (name, password) = info.split_once(':').unwrap_or((info, ""));
-                let name = percent_decode(name).ok_or_else(|| {
-                    invalid("the user name is not valid percent-encoded UTF-8".into())
-                })?;
-                let password = percent_decode(password).ok_or_else(|| {
-                    invalid("the password is not valid percent-encoded UTF-8".into())
-                })?;
-                if name.is_empty() {
-                    return Err(invalid("a password needs a user name".into()));
-                }
-                Some((name, Secret::new(password)))
-            }
+            Some("") => return Err(url.invalid("a password needs a user name")),
+            Some(name) => Some((
+                name.to_string(),
+                url.password().cloned().unwrap_or_else(|| Secret::new("")),
+            )),
         };
+        if url.hosts().is_empty() {
+            return Err(url.invalid("no endpoint: expected etcd://host:port[,host:port...]"));
+        }
         let scheme = if tls { "https" } else { "http" };
-        let mut endpoints = Vec::new();
-        for host in hosts.split(',') {
-            let host = host.trim();
-            if host.is_empty() {
-                continue;
-            }
-            endpoints.push(format!("{scheme}://{}", endpoint(host).map_err(&invalid)?));
-        }
-        if endpoints.is_empty() {
-            return Err(invalid(
-                "no endpoint: expected etcd://host:port[,host:port...]".into(),
-            ));
-        }
-        let namespace = percent_decode(path.trim_matches('/'))
-            .ok_or_else(|| invalid("the namespace is not valid percent-encoded UTF-8".into()))?;
+        let endpoints = url
+            .hosts()
+            .iter()
+            .map(|host| format!("{scheme}://{}", host.address(DEFAULT_PORT)))
+            .collect();
+        let namespace = url.decode("namespace", url.path().trim_matches('/'))?;
         let namespace = if namespace.is_empty() {
             DEFAULT_NAMESPACE.to_string()
         } else {
             namespace
         };
-        check_namespace(&namespace).map_err(&invalid)?;
+        check_namespace(&namespace).map_err(|reason| url.invalid(reason))?;
         Ok(EtcdConfig {
             endpoints,
             tls: tls.then_some(files),
@@ -165,7 +137,7 @@ impl EtcdConfig {
             namespace,
             session_idle,
             client,
-            redacted_url,
+            redacted_url: url.redacted().to_string(),
         })
     }
 
@@ -212,41 +184,6 @@ impl EtcdConfig {
     pub fn redacted_url(&self) -> &str {
         &self.redacted_url
     }
-}
-
-/// `host[:port]` or `[v6]:port`, checked, with the default port added.
-fn endpoint(host: &str) -> std::result::Result<String, String> {
-    if host.contains(|c: char| !c.is_ascii_graphic()) || host.contains(['/', '@']) {
-        return Err(format!("`{host}` is not a host:port endpoint"));
-    }
-    let (name, port) = if let Some(v6) = host.strip_prefix('[') {
-        let (addr, after) = v6
-            .split_once(']')
-            .ok_or_else(|| format!("`{host}`: unclosed `[` in an IPv6 address"))?;
-        let port = match after.strip_prefix(':') {
-            Some(p) => Some(p),
-            None if after.is_empty() => None,
-            None => return Err(format!("`{host}` is not a host:port endpoint")),
-        };
-        (format!("[{addr}]"), port)
-    } else {
-        match host.rsplit_once(':') {
-            Some((name, port)) => (name.to_string(), Some(port)),
-            None => (host.to_string(), None),
-        }
-    };
-    if name.is_empty() || name == "[]" {
-        return Err(format!("`{host}` has no host name"));
-    }
-    let port = match port {
-        None => DEFAULT_PORT,
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| format!("`{host}`: `{p}` is not a port"))?,
-    };
-    Ok(format!("{name}:{port}"))
 }
 
 /// A namespace is printable ASCII without spaces, so keys print unambiguously, at most 100 bytes.
@@ -314,6 +251,8 @@ mod tests {
             "redis://u:hunter2@h:2379",
             "etcd://u:hunter2@[::1:2379",
             "etcd://u:hunter2%zz@h",
+            "etcd://u:hunter2@h1,,h2",
+            "etcd://u:hunter2@h1, h2",
         ] {
             let err = EtcdConfig::from_url(bad).unwrap_err();
             let shown = format!("{err} {err:?}");

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use leasehold_core::{redact_url, Authority, Error, Instrumented, Result};
+use leasehold_core::{redact_url, Authority, ConnectionUrl, Error, Instrumented, Result};
 
 /// The URL schemes and the cargo feature that brings each backend in.
 const SCHEMES: &[(&str, &str)] = &[
@@ -44,14 +44,12 @@ const SCHEMES: &[(&str, &str)] = &[
 /// enabled (the message names the feature); the backend's own errors when it cannot connect.
 /// Passwords never appear in the errors.
 pub async fn connect(url: &str) -> Result<Arc<dyn Authority>> {
-    let invalid = |reason: String| Error::InvalidUrl {
-        url: redact_url(url),
-        reason,
+    let Some(scheme) = ConnectionUrl::scheme_of(url) else {
+        return Err(Error::InvalidUrl {
+            url: redact_url(url),
+            reason: "expected `scheme://...`".into(),
+        });
     };
-    let Some((scheme, _)) = url.split_once("://") else {
-        return Err(invalid("expected `scheme://...`".into()));
-    };
-    let scheme = scheme.to_ascii_lowercase();
     let inner: Arc<dyn Authority> = match scheme.as_str() {
         #[cfg(feature = "memory")]
         "memory" => Arc::new(memory(url)?),
@@ -95,17 +93,13 @@ fn not_built_in(scheme: &str, url: &str) -> Error {
 /// `memory://name?params`: the process-wide in-memory server `name` (empty: `default`).
 #[cfg(feature = "memory")]
 fn memory(url: &str) -> Result<leasehold_memory::MemoryAuthority> {
-    let mut params = leasehold_core::UrlParams::parse(url)?;
-    let options = params.take_client_options()?;
-    params.finish()?;
-    let rest = &url["memory://".len()..];
-    let name = rest.split(['?', '#']).next().unwrap_or("");
-    let name = name.trim_end_matches('/');
+    // The name is the whole text before the query, checked as one piece.
+    let mut url = ConnectionUrl::parse_opaque(url)?;
+    let options = url.params().take_client_options()?;
+    url.finish_params()?;
+    let name = url.path().trim_end_matches('/');
     if name.contains(['/', '@', ':']) {
-        return Err(Error::InvalidUrl {
-            url: redact_url(url),
-            reason: "a memory URL is `memory://` or `memory://name`".into(),
-        });
+        return Err(url.invalid("a memory URL is `memory://` or `memory://name`"));
     }
     let name = if name.is_empty() { "default" } else { name };
     Ok(leasehold_memory::MemoryServer::named(name).authority(options))

@@ -5,7 +5,8 @@ use std::str::FromStr;
 
 use std::time::Duration;
 
-use leasehold_core::{percent_decode, redact_url, ClientOptions, Error, Result, Secret, UrlParams};
+use leasehold_core::{redact_url, ClientOptions, ConnectionUrl, Error, Result, Secret};
+use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use sqlx::postgres::PgConnectOptions;
 
 use crate::table::TableName;
@@ -147,79 +148,68 @@ pub(crate) fn redact_text(text: &str, secrets: &[&str]) -> String {
 impl PostgresConfig {
     /// Parses a `postgres://` or `postgresql://` URL.
     pub fn from_url(url: &str) -> Result<Self> {
-        let redacted_url = redact_url(url);
-        let invalid = |reason: String| Error::InvalidUrl {
-            url: redacted_url.clone(),
-            reason,
-        };
-        let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
-        if !matches!(scheme.as_deref(), Some("postgres" | "postgresql")) {
-            return Err(invalid(
-                "expected a postgres:// or postgresql:// URL".into(),
-            ));
+        if !matches!(
+            ConnectionUrl::scheme_of(url).as_deref(),
+            Some("postgres" | "postgresql")
+        ) {
+            return Err(Error::InvalidUrl {
+                url: redact_url(url),
+                reason: "expected a postgres:// or postgresql:// URL".into(),
+            });
         }
-        // Everything below reads the redacted URL; the password is taken from the original.
-        let mut params = UrlParams::parse(&redacted_url)?;
-        let password = query_password(url).map_err(invalid)?;
-        if params.take("password").is_some() && userinfo_has_password(url) {
-            return Err(invalid(
-                "the password is given twice: in the user info and as `password=`".into(),
-            ));
+        let mut url = ConnectionUrl::parse(url)?;
+        let password = url.params().take_secret("password")?;
+        if password.is_some() && url.password().is_some() {
+            return Err(
+                url.invalid("the password is given twice: in the user info and as `password=`")
+            );
         }
-        let client = params.take_client_options()?;
-        let table = match params.take("table") {
+        let client = url.params().take_client_options()?;
+        let table = match url.params().take("table") {
             Some(t) => TableName::new(&t)?,
             None => TableName::default(),
         };
-        let pool_size = params.take_parsed::<u32>("pool_size")?.unwrap_or(10);
+        let pool_size = url.params().take_parsed::<u32>("pool_size")?.unwrap_or(10);
         if pool_size == 0 || pool_size > 1000 {
-            return Err(invalid(format!("pool_size {pool_size} is not in 1..=1000")));
+            return Err(url.invalid(format!("pool_size {pool_size} is not in 1..=1000")));
         }
-        let listen_check = match params.take_parsed::<u64>("listen_check_ms")? {
+        let listen_check = match url.params().take_parsed::<u64>("listen_check_ms")? {
             None => LISTEN_CHECK,
-            Some(0) => return Err(invalid("listen_check_ms must be greater than zero".into())),
+            Some(0) => return Err(url.invalid("listen_check_ms must be greater than zero")),
             Some(ms) => Duration::from_millis(ms),
         };
-        let fence_safety = match params.take("fence_safety") {
+        let fence_safety = match url.params().take("fence_safety") {
             None => FenceSafetyOption::Auto,
             Some(v) => v.parse().map_err(|()| {
-                invalid(format!(
+                url.invalid(format!(
                     "fence_safety `{v}` is not one of auto, linearizable, failover-unsafe"
                 ))
             })?,
         };
-        let pooler = match params.take("pooler") {
+        let pooler = match url.params().take("pooler") {
             None => Pooler::None,
             Some(v) => v.parse().map_err(|()| {
-                invalid(format!(
+                url.invalid(format!(
                     "pooler `{v}` is not one of none, session, transaction"
                 ))
             })?,
         };
-        let listen_host = params.take("listen_host");
-        let listen_port = params.take_parsed::<u16>("listen_port")?;
-        // The driver's parameters, from the original URL (values the redaction left alone).
-        let mut original = UrlParams::parse(url)?;
+        let listen_host = url.params().take("listen_host");
+        let listen_port = url.params().take_parsed::<u16>("listen_port")?;
         let mut driver = Vec::new();
         for name in DRIVER_PARAMS {
-            let _ = params.take(name);
-            if let Some(v) = original.take(name) {
+            if let Some(v) = url.params().take(name) {
                 driver.push(format!("{name}={v}"));
             }
         }
-        params.finish()?;
-        let base = url.split(['?', '#']).next().unwrap_or(url);
-        let driver_url = if driver.is_empty() {
-            base.to_string()
-        } else {
-            format!("{base}?{}", driver.join("&"))
-        };
+        url.finish_params()?;
+        let driver_url = driver_url(&url, &driver)?;
         let secrets = [
             password.as_ref().map(Secret::expose).unwrap_or(""),
-            userinfo_password(url).unwrap_or(""),
+            url.password().map(Secret::expose).unwrap_or(""),
         ];
-        let mut connect = PgConnectOptions::from_str(&driver_url).map_err(|e| {
-            invalid(format!(
+        let mut connect = PgConnectOptions::from_str(driver_url.expose()).map_err(|e| {
+            url.invalid(format!(
                 "the PostgreSQL driver rejected it: {}",
                 redact_text(&e.to_string(), &secrets)
             ))
@@ -243,7 +233,7 @@ impl PostgresConfig {
         };
         Ok(PostgresConfig {
             connect,
-            redacted_url,
+            redacted_url: url.redacted().to_string(),
             table,
             pool_size,
             listen_check,
@@ -296,37 +286,34 @@ impl PostgresConfig {
     }
 }
 
-/// The user info's password as written (between `user:` and `@`), if any.
-fn userinfo_password(url: &str) -> Option<&str> {
-    let rest = url.split_once("://")?.1;
-    let authority = rest.split(['/', '?', '#']).next()?;
-    let (userinfo, _) = authority.rsplit_once('@')?;
-    userinfo.split_once(':').map(|(_, p)| p)
-}
-
-/// Whether the user info (between `://` and `@`) has a `:password` part.
-fn userinfo_has_password(url: &str) -> bool {
-    userinfo_password(url).is_some()
-}
-
-/// The `password` query parameter, percent-decoded. The reason of an error never quotes it.
-fn query_password(url: &str) -> std::result::Result<Option<Secret>, String> {
-    let Some((_, query)) = url.split_once('?') else {
-        return Ok(None);
-    };
-    let query = query.split('#').next().unwrap_or("");
-    let mut found = None;
-    for pair in query.split('&') {
-        if let Some(("password", v)) = pair.split_once('=') {
-            if found.is_some() {
-                return Err("parameter `password` is given twice".into());
-            }
-            let decoded = percent_decode(v)
-                .ok_or("the `password` parameter is not valid percent-encoded UTF-8")?;
-            found = Some(Secret::new(decoded));
+/// The URL the driver reads: the user info, the host, the database and the driver's own
+/// parameters, without ours. The user info's password is written back into it (so that, as
+/// with the URL as given, the driver looks in `~/.pgpass` only when there is none), so it is a
+/// [`Secret`].
+fn driver_url(url: &ConnectionUrl, driver_params: &[String]) -> Result<Secret> {
+    let encode = |s: &str| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string();
+    let user_info = match (url.user(), url.password()) {
+        (None, _) => String::new(),
+        (Some(user), None) => format!("{}@", encode(user)),
+        (Some(user), Some(password)) => {
+            format!("{}:{}@", encode(user), encode(password.expose()))
         }
+    };
+    let host = match url.hosts() {
+        [] => String::new(),
+        [host] => host.to_string(),
+        _ => {
+            return Err(
+                url.invalid("PostgreSQL is reached at one host; a list of hosts is not supported")
+            )
+        }
+    };
+    let mut text = format!("{}://{user_info}{host}{}", url.scheme(), url.path());
+    if !driver_params.is_empty() {
+        text.push('?');
+        text.push_str(&driver_params.join("&"));
     }
-    Ok(found)
+    Ok(Secret::new(text))
 }
 
 /// Whether a connection made with these options is unverified: its server is not proven to be
@@ -359,6 +346,8 @@ pub(crate) fn unverified_tls(options: &PgConnectOptions) -> Option<&'static str>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_core::percent_decode;
+    use sqlx::ConnectOptions;
 
     /// A connection over a network that does not verify its server is reported, so
     /// the warning at connect names it; loopback and Unix sockets have nobody in between.
@@ -398,23 +387,31 @@ mod tests {
             "postgres://u:***@h/db?sslpassword=***&table=t&Password=***#f"
         );
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(
-            query_password("postgres://u@h/db?a=1&password=p%40ss%20w").unwrap(),
-            Some(Secret::new("p@ss w"))
-        );
-        assert_eq!(query_password("postgres://u@h/db?a=1").unwrap(), None);
+        // Both passwords reach the driver decoded, whatever they hold.
+        for (url, want) in [
+            ("postgres://u@h/db?password=p%40ss%20w", "p@ss w"),
+            ("postgres://u:p@h/db?application_name=@", "p"),
+            ("postgres://u:p@ss:w%2F%25@h/db", "p@ss:w/%"),
+        ] {
+            let c = PostgresConfig::from_url(url).unwrap();
+            let seen = c.connect.to_url_lossy();
+            let password = seen.password().and_then(percent_decode);
+            assert_eq!(password.as_deref(), Some(want), "{url}");
+            assert_eq!(c.connect.get_username(), "u", "{url}");
+        }
         for bad in [
             "postgres://h?password=a&password=b",
             "postgres://h?password=%zz",
+            "postgres://u:%zz@h",
+            "postgres://u:p@h1,h2/db",
         ] {
-            let reason = query_password(bad).unwrap_err();
+            let err = PostgresConfig::from_url(bad).unwrap_err();
+            let shown = format!("{err} {err:?}");
             assert!(
-                !reason.contains("%zz") && !reason.contains("=a"),
-                "{reason}"
+                !shown.contains("%zz") && !shown.contains("=a") && !shown.contains(":p@"),
+                "{shown}"
             );
         }
-        assert_eq!(userinfo_password("postgres://u:p@h/db?x=@"), Some("p"));
-        assert_eq!(userinfo_password("postgres://u@h/db?password=p"), None);
         let c = PostgresConfig::from_url(
             "postgres://u@h/db?password=hunter2&fence_safety=linearizable&listen_check_ms=500",
         )

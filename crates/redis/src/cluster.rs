@@ -12,16 +12,17 @@
 use std::fmt;
 use std::time::Duration;
 
-use leasehold_core::{Error, Result};
+use leasehold_core::{ConnectionUrl, Result};
 use redis::aio::AsyncPushSender;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::{
     ConnectionAddr, IntoConnectionInfo, ProtocolVersion, RedisConnectionInfo, RedisResult,
 };
 
-use crate::sentinel::{parse_host, parse_userinfo, NodeAddr};
+use crate::sentinel::{node_addrs, node_settings, NodeAddr};
 
-/// The port of a cluster node when the URL names none.
+/// The port of a Redis server (a cluster node, or the server of a `redis://` URL) when the URL
+/// names none.
 pub(crate) const DEFAULT_PORT: u16 = 6379;
 
 /// How many times the cluster client retries a request itself (after `MOVED`, `ASK`,
@@ -47,34 +48,17 @@ impl fmt::Debug for ClusterTarget {
     }
 }
 
-/// Parses the part of a `redis+cluster://` URL after the scheme and before `?`:
-/// `[user][:password@]host[:port][,host[:port]...][/0]`.
-pub(crate) fn parse_target(rest: &str, invalid: &dyn Fn(String) -> Error) -> Result<ClusterTarget> {
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i + 1..]),
-        None => (rest, ""),
-    };
-    let (userinfo, hosts) = match authority.rfind('@') {
-        Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
-        None => (None, authority),
-    };
-    let node = parse_userinfo(userinfo, invalid)?;
-    let mut seeds = Vec::new();
-    for host in hosts.split(',') {
-        let addr = parse_host(host, DEFAULT_PORT, "cluster node").map_err(invalid)?;
-        if !seeds.contains(&addr) {
-            seeds.push(addr);
-        }
-    }
+/// What a `redis+cluster://` URL names: `[user][:password@]host[:port][,host[:port]...][/0]`.
+pub(crate) fn parse_target(url: &ConnectionUrl) -> Result<ClusterTarget> {
+    let node = node_settings(url);
+    let seeds = node_addrs(url, DEFAULT_PORT, "cluster node")?;
     if seeds.is_empty() {
-        return Err(invalid(
-            "no node: expected redis+cluster://host:port[,host:port...]".into(),
-        ));
+        return Err(url.invalid("no node: expected redis+cluster://host:port[,host:port...]"));
     }
-    match path {
+    match url.path().strip_prefix('/').unwrap_or("") {
         "" | "0" => {}
         other => {
-            return Err(invalid(format!(
+            return Err(url.invalid(format!(
                 "Redis Cluster serves database 0 only; the path must be empty or /0, not `/{other}`"
             )))
         }
@@ -139,24 +123,22 @@ pub(crate) fn lock_key_of<'a>(shard_channel: &'a str, channel: &str) -> Option<&
 mod tests {
     use super::*;
 
-    fn invalid(reason: String) -> Error {
-        Error::InvalidUrl {
-            url: String::new(),
-            reason,
-        }
+    /// The target of `redis+cluster://<rest>`.
+    fn target(rest: &str) -> Result<ClusterTarget> {
+        parse_target(&ConnectionUrl::parse(&format!("redis+cluster://{rest}"))?)
     }
 
     #[test]
     fn parses_seeds_and_credentials() {
-        let t = parse_target("app:hunter2@10.0.0.1:7000,10.0.0.2,[::1]:7002", &invalid).unwrap();
+        let t = target("app:hunter2@10.0.0.1:7000,10.0.0.2,[::1]:7002").unwrap();
         let seeds: Vec<String> = t.seeds.iter().map(|s| s.to_string()).collect();
         assert_eq!(seeds, ["10.0.0.1:7000", "10.0.0.2:6379", "[::1]:7002"]);
         assert_eq!(t.node.username(), Some("app"));
         assert_eq!(t.node.password(), Some("hunter2"));
         assert!(!format!("{t:?}").contains("hunter2"));
-        assert!(parse_target("h:7000/0", &invalid).is_ok());
+        assert!(target("h:7000/0").is_ok());
         for bad in ["", "h:7000/1", "h:0", "h:7000,", "h:x", "h/0/1"] {
-            assert!(parse_target(bad, &invalid).is_err(), "{bad}");
+            assert!(target(bad).is_err(), "{bad}");
         }
     }
 

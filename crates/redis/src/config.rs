@@ -4,12 +4,12 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use leasehold_core::{redact_url, ClientOptions, Error, Result, UrlParams};
-use redis::{ConnectionInfo, IntoConnectionInfo};
+use leasehold_core::{redact_url, ClientOptions, ConnectionUrl, Error, Result};
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 
-use crate::cluster::ClusterTarget;
+use crate::cluster::{ClusterTarget, DEFAULT_PORT};
 use crate::keys::{check_channel, KeyLayout, DEFAULT_CHANNEL};
-use crate::sentinel::{parse_target, SentinelTarget};
+use crate::sentinel::{node_settings, parse_target, SentinelTarget};
 
 /// Where the authority finds its server.
 #[derive(Clone)]
@@ -101,111 +101,97 @@ const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(100);
 const MAX_WAIT_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
 
 impl RedisConfig {
-    /// Parses a `redis://`, `rediss://` or `redis+sentinel://` URL.
+    /// Parses a `redis://`, `rediss://`, `redis+sentinel://` or `redis+cluster://` URL.
     pub fn from_url(url: &str) -> Result<Self> {
-        let redacted_url = redact_url(url);
-        let invalid = |reason: String| Error::InvalidUrl {
-            url: redacted_url.clone(),
-            reason,
+        let wrong = |reason: &str| Error::InvalidUrl {
+            url: redact_url(url),
+            reason: reason.into(),
         };
-        let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
-        let (tls, sentinel, cluster) = match scheme.as_deref() {
+        let (tls, sentinel, cluster) = match ConnectionUrl::scheme_of(url).as_deref() {
             Some("redis") => (false, false, false),
             Some("rediss") => (true, false, false),
             Some("redis+sentinel") => (false, true, false),
             Some("redis+cluster") => (false, false, true),
             Some("rediss+cluster") => {
-                return Err(invalid(
+                return Err(wrong(
                     "TLS to a Redis Cluster is not supported yet; use redis+cluster:// on a \
-                     trusted network"
-                        .into(),
+                     trusted network",
                 ))
             }
-            Some("rediss+sentinel") => return Err(invalid(
+            Some("rediss+sentinel") => return Err(wrong(
                 "TLS to a Sentinel deployment is not supported yet; use redis+sentinel:// on a \
-                     trusted network, or rediss:// to an address that follows the primary"
-                    .into(),
+                     trusted network, or rediss:// to an address that follows the primary",
             )),
             _ => {
-                return Err(invalid(
-                    "expected a redis://, rediss://, redis+sentinel:// or redis+cluster:// URL"
-                        .into(),
+                return Err(wrong(
+                    "expected a redis://, rediss://, redis+sentinel:// or redis+cluster:// URL",
                 ))
             }
         };
-        let mut params = UrlParams::parse(url)?;
-        let client = params.take_client_options()?;
-        let layout = match params.take("prefix") {
+        let mut url = ConnectionUrl::parse(url)?;
+        let client = url.params().take_client_options()?;
+        let layout = match url.params().take("prefix") {
             Some(prefix) => KeyLayout::new(&prefix)?,
             None => KeyLayout::default(),
         };
-        let channel = params
+        let channel = url
+            .params()
             .take("channel")
             .unwrap_or_else(|| DEFAULT_CHANNEL.to_string());
         check_channel(&channel)?;
-        let replicas = params.take_parsed::<u32>("wait_replicas")?.unwrap_or(0);
-        let wait_timeout = params
+        let replicas = url
+            .params()
+            .take_parsed::<u32>("wait_replicas")?
+            .unwrap_or(0);
+        let wait_timeout = url
+            .params()
             .take_parsed::<u64>("wait_timeout_ms")?
             .map(Duration::from_millis);
-        let tls_ca_file = params.take("tls_ca_file").map(PathBuf::from);
+        let tls_ca_file = url.params().take("tls_ca_file").map(PathBuf::from);
         let (sentinel_user, sentinel_password) = if sentinel {
             (
-                params.take("sentinel_user"),
-                params.take("sentinel_password"),
+                url.params().take_decoded("sentinel_user")?,
+                url.params().take_secret("sentinel_password")?,
             )
         } else {
             (None, None)
         };
-        params.finish()?;
+        url.finish_params()?;
         if tls_ca_file.is_some() && !tls {
-            return Err(invalid("tls_ca_file needs a rediss:// URL".into()));
+            return Err(url.invalid("tls_ca_file needs a rediss:// URL"));
         }
         if cluster && replicas > 0 {
             // WAIT counts the replicas of the connection it is sent on, and the cluster client
             // sends a keyless command to any node: it would count another shard's replicas.
-            return Err(invalid(
+            return Err(url.invalid(
                 "wait_replicas is not supported on redis+cluster:// (WAIT cannot be sent on \
-                 the connection that took the write through the cluster client)"
-                    .into(),
+                 the connection that took the write through the cluster client)",
             ));
         }
         let wait = match (replicas, wait_timeout) {
             (0, None) => None,
-            (0, Some(_)) => return Err(invalid("wait_timeout_ms needs wait_replicas".into())),
+            (0, Some(_)) => return Err(url.invalid("wait_timeout_ms needs wait_replicas")),
             (replicas, timeout) => Some(WaitReplicas {
                 replicas,
                 timeout: timeout.unwrap_or(DEFAULT_WAIT_TIMEOUT),
             }),
         };
-        // The client library gets the URL without our parameters.
-        if let Some((_, fragment)) = url.split_once('#') {
-            return Err(invalid(format!(
+        if let Some(fragment) = url.fragment() {
+            return Err(url.invalid(format!(
                 "`#{fragment}` is not supported: certificates are always verified; trust a \
                  private CA with tls_ca_file"
             )));
         }
-        let driver_url = url.split('?').next().unwrap_or(url);
-        let rest = driver_url.split_once("://").map_or("", |(_, rest)| rest);
         let target = if cluster {
-            Target::Cluster(crate::cluster::parse_target(rest, &invalid)?)
+            Target::Cluster(crate::cluster::parse_target(&url)?)
         } else if sentinel {
-            Target::Sentinel(parse_target(
-                rest,
-                sentinel_user,
-                sentinel_password,
-                &invalid,
-            )?)
+            Target::Sentinel(parse_target(&url, sentinel_user, sentinel_password)?)
         } else {
-            Target::Direct(driver_url.into_connection_info().map_err(|e| {
-                invalid(format!(
-                    "the Redis client rejected it: {}",
-                    redact_url(&e.to_string())
-                ))
-            })?)
+            Target::Direct(direct_target(&url, tls)?)
         };
         let config = RedisConfig {
             target,
-            redacted_url,
+            redacted_url: url.redacted().to_string(),
             layout,
             channel,
             wait: None,
@@ -329,6 +315,47 @@ impl RedisConfig {
     }
 }
 
+/// The one server of a `redis://` or `rediss://` URL (`host[:port][/db]`, port 6379 by
+/// default), with its database and the URL's credentials.
+fn direct_target(url: &ConnectionUrl, tls: bool) -> Result<ConnectionInfo> {
+    let host = match url.hosts() {
+        [host] => host,
+        [] => return Err(url.invalid("no host: expected redis://host[:port][/db]")),
+        _ => {
+            return Err(url.invalid(
+                "a redis:// URL names one server; for several, use redis+sentinel:// or \
+                 redis+cluster://",
+            ))
+        }
+    };
+    if matches!(host.name(), "0.0.0.0" | "::") {
+        return Err(url.invalid("cannot connect to a wildcard address (0.0.0.0 or ::)"));
+    }
+    let db = match url.path().trim_matches('/') {
+        "" => 0,
+        db => db
+            .parse::<i64>()
+            .map_err(|_| url.invalid(format!("the database must be a number, not `{db}`")))?,
+    };
+    let (name, port) = (host.name().to_string(), host.port().unwrap_or(DEFAULT_PORT));
+    let addr = match tls {
+        true => ConnectionAddr::TcpTls {
+            host: name,
+            port,
+            insecure: false,
+            tls_params: None,
+        },
+        false => ConnectionAddr::Tcp(name, port),
+    };
+    let info = addr.into_connection_info().map_err(|e| {
+        url.invalid(format!(
+            "the Redis client rejected it: {}",
+            redact_url(&e.to_string())
+        ))
+    })?;
+    Ok(info.set_redis_settings(node_settings(url).set_db(db)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -393,6 +420,10 @@ mod tests {
             "redis+cluster://:hunter2@h:99999",
             "redis+cluster://:hunter2@",
             "rediss+cluster://:hunter2@h:7000",
+            "redis://:hunter2@h1,h2",
+            "redis://:hunter2@",
+            "redis://:hunter2@0.0.0.0",
+            "redis://:hunter2@h:0",
         ] {
             let err = RedisConfig::from_url(bad).unwrap_err();
             let shown = format!("{err} {err:?}");
@@ -402,6 +433,45 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+    }
+
+    /// One server, by name or IPv6 address, with TLS and a database; the password
+    /// percent-decoded and an empty one left out.
+    #[test]
+    fn a_direct_url_names_one_server() -> std::result::Result<(), String> {
+        for (url, want_host, want_port, want_tls, want_db, want_password) in [
+            (
+                "rediss://u:p%40ss@[::1]:6390/3",
+                "::1",
+                6390,
+                true,
+                3,
+                Some("p@ss"),
+            ),
+            ("redis://cache/", "cache", 6379, false, 0, None),
+            ("redis://:@cache:7000", "cache", 7000, false, 0, None),
+        ] {
+            let config = RedisConfig::from_url(url).map_err(|e| format!("{url}: {e}"))?;
+            let Target::Direct(info) = &config.target else {
+                return Err(format!("{url}: not a direct target"));
+            };
+            let (host, port, tls) = match info.addr() {
+                ConnectionAddr::Tcp(host, port) => (host, *port, false),
+                ConnectionAddr::TcpTls {
+                    host,
+                    port,
+                    insecure: false,
+                    ..
+                } => (host, *port, true),
+                other => return Err(format!("{url}: {other:?}")),
+            };
+            let settings = info.redis_settings();
+            let got = (host.as_str(), port, tls, settings.db(), settings.password());
+            if got != (want_host, want_port, want_tls, want_db, want_password) {
+                return Err(format!("{url}: {got:?}"));
+            }
+        }
+        Ok(())
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold_core::{percent_decode, Error, Result};
+use leasehold_core::{ConnectionUrl, Result, Secret};
 use redis::aio::MultiplexedConnection;
 use redis::{
     AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, IntoConnectionInfo, ProtocolVersion,
@@ -71,49 +71,32 @@ impl fmt::Debug for SentinelTarget {
     }
 }
 
-/// Parses the part of a `redis+sentinel://` URL after the scheme and before `?`:
-/// `[user][:password@]host[:port][,host[:port]...]/<master name>[/db]`.
+/// What a `redis+sentinel://` URL names: `[user][:password@]host[:port][,host[:port]...]/<master
+/// name>[/db]`, with the sentinels' own user and password from `sentinel_user` and
+/// `sentinel_password` (already percent-decoded).
 pub(crate) fn parse_target(
-    rest: &str,
+    url: &ConnectionUrl,
     sentinel_user: Option<String>,
-    sentinel_password: Option<String>,
-    invalid: &dyn Fn(String) -> Error,
+    sentinel_password: Option<Secret>,
 ) -> Result<SentinelTarget> {
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i + 1..]),
-        None => (rest, ""),
-    };
-    let (userinfo, hosts) = match authority.rfind('@') {
-        Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
-        None => (None, authority),
-    };
-    let mut node = parse_userinfo(userinfo, invalid)?;
-    let mut sentinels = Vec::new();
-    for host in hosts.split(',') {
-        let addr = parse_host(host, DEFAULT_SENTINEL_PORT, "sentinel").map_err(invalid)?;
-        if !sentinels.contains(&addr) {
-            sentinels.push(addr);
-        }
-    }
+    let mut node = node_settings(url);
+    let sentinels = node_addrs(url, DEFAULT_SENTINEL_PORT, "sentinel")?;
     if sentinels.is_empty() {
-        return Err(invalid(
-            "no sentinel: expected redis+sentinel://host:port[,host:port...]/<master name>".into(),
+        return Err(url.invalid(
+            "no sentinel: expected redis+sentinel://host:port[,host:port...]/<master name>",
         ));
     }
+    let path = url.path().strip_prefix('/').unwrap_or("");
     let mut segments = path.split('/');
-    let name = segments.next().unwrap_or("");
-    let master_name = percent_decode(name)
-        .ok_or_else(|| invalid("the master name is not valid percent-encoded UTF-8".into()))?;
+    // Decoded on its own, so a master name may hold an encoded `/`.
+    let master_name = url.decode("master name", segments.next().unwrap_or(""))?;
     if master_name.is_empty() {
-        return Err(invalid(
-            "no master name: expected redis+sentinel://host:port[,host:port...]/<master name>[/db]"
-                .into(),
+        return Err(url.invalid(
+            "no master name: expected redis+sentinel://host:port[,host:port...]/<master name>[/db]",
         ));
     }
     if !master_name.chars().all(|c| c.is_ascii_graphic()) {
-        return Err(invalid(
-            "the master name must be printable ASCII without spaces".into(),
-        ));
+        return Err(url.invalid("the master name must be printable ASCII without spaces"));
     }
     match (segments.next(), segments.next()) {
         (None, _) => {}
@@ -121,7 +104,7 @@ pub(crate) fn parse_target(
             let db: i64 = match db.parse::<u32>() {
                 Ok(db) => i64::from(db),
                 Err(_) => {
-                    return Err(invalid(format!(
+                    return Err(url.invalid(format!(
                         "the database must be a number (redis+sentinel://.../<master name>/<db>), \
                          not `{db}`"
                     )))
@@ -130,28 +113,20 @@ pub(crate) fn parse_target(
             node = node.set_db(db);
         }
         (Some(_), Some(_)) => {
-            return Err(invalid(
-                "the path is /<master name> or /<master name>/<db>".into(),
-            ))
+            return Err(url.invalid("the path is /<master name> or /<master name>/<db>"))
         }
     }
     let mut sentinel_auth = RedisConnectionInfo::default();
     if let Some(user) = sentinel_user.filter(|u| !u.is_empty()) {
-        sentinel_auth =
-            sentinel_auth.set_username(percent_decode(&user).ok_or_else(|| {
-                invalid("sentinel_user is not valid percent-encoded UTF-8".into())
-            })?);
+        sentinel_auth = sentinel_auth.set_username(user);
     }
     if let Some(password) = sentinel_password {
-        let password = percent_decode(&password).ok_or_else(|| {
-            invalid("sentinel_password is not valid percent-encoded UTF-8".into())
-        })?;
-        if password.is_empty() {
-            return Err(invalid("sentinel_password is empty".into()));
+        if password.expose().is_empty() {
+            return Err(url.invalid("sentinel_password is empty"));
         }
-        sentinel_auth = sentinel_auth.set_password(password);
+        sentinel_auth = sentinel_auth.set_password(password.expose());
     } else if sentinel_auth.username().is_some() {
-        return Err(invalid("sentinel_user needs sentinel_password".into()));
+        return Err(url.invalid("sentinel_user needs sentinel_password"));
     }
     Ok(SentinelTarget {
         sentinels,
@@ -161,81 +136,45 @@ pub(crate) fn parse_target(
     })
 }
 
-/// The user and password of a URL's user info (`[user][:password]`, percent-encoded), kept
-/// only in the client library's settings (which never print them).
-pub(crate) fn parse_userinfo(
-    userinfo: Option<&str>,
-    invalid: &dyn Fn(String) -> Error,
-) -> Result<RedisConnectionInfo> {
+/// The URL's user and password for the servers (an empty one is none), kept only in the client
+/// library's settings (which never print them).
+pub(crate) fn node_settings(url: &ConnectionUrl) -> RedisConnectionInfo {
     let mut node = RedisConnectionInfo::default();
-    if let Some(info) = userinfo {
-        let (user, password) = match info.split_once(':') {
-            Some((user, password)) => (user, Some(password)),
-            None => (info, None),
-        };
-        let user = percent_decode(user)
-            .ok_or_else(|| invalid("the user name is not valid percent-encoded UTF-8".into()))?;
-        if !user.is_empty() {
-            node = node.set_username(user);
-        }
-        if let Some(password) = password {
-            let password = percent_decode(password)
-                .ok_or_else(|| invalid("the password is not valid percent-encoded UTF-8".into()))?;
-            if !password.is_empty() {
-                node = node.set_password(password);
-            }
-        }
+    if let Some(user) = url.user().filter(|u| !u.is_empty()) {
+        node = node.set_username(user);
     }
-    Ok(node)
+    if let Some(password) = url.password().filter(|p| !p.expose().is_empty()) {
+        node = node.set_password(password.expose());
+    }
+    node
 }
 
-/// `host`, `host:port`, `[v6]` or `[v6]:port`; `default_port` when none is given; `what` names
-/// the kind of server in messages.
-pub(crate) fn parse_host(
-    text: &str,
+/// The URL's hosts as server addresses, `default_port` where none is given, each once, in
+/// the URL's order; `what` names the kind of server in messages. A host must be a name Redis
+/// reports back in its replies: letters, digits, `.`, `-`, `_`, or an IPv6 address.
+pub(crate) fn node_addrs(
+    url: &ConnectionUrl,
     default_port: u16,
     what: &str,
-) -> std::result::Result<NodeAddr, String> {
-    let text = text.trim();
-    if text.is_empty() {
-        return Err(format!("an empty {what} address"));
-    }
-    let (host, port) = if let Some(bracketed) = text.strip_prefix('[') {
-        let Some((host, after)) = bracketed.split_once(']') else {
-            return Err(format!("`{text}`: a `[` without `]`"));
-        };
-        let port = match after {
-            "" => None,
-            p => Some(
-                p.strip_prefix(':')
-                    .ok_or_else(|| format!("`{text}`: expected `:port` after `]`"))?,
-            ),
-        };
-        (host, port)
-    } else {
-        match text.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (text, None),
-        }
-    };
-    if host.is_empty()
-        || !host
+) -> Result<Vec<NodeAddr>> {
+    let mut addrs = Vec::with_capacity(url.hosts().len());
+    for host in url.hosts() {
+        let plain = host
+            .name()
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'))
-    {
-        return Err(format!("`{text}` is not a valid {what} host"));
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
+        if !plain && !host.is_ipv6() {
+            return Err(url.invalid(format!("`{host}` is not a valid {what} host")));
+        }
+        let addr = NodeAddr {
+            host: host.name().to_string(),
+            port: host.port().unwrap_or(default_port),
+        };
+        if !addrs.contains(&addr) {
+            addrs.push(addr);
+        }
     }
-    let port = match port {
-        None => default_port,
-        Some(p) => match p.parse::<u16>() {
-            Ok(port) if port > 0 => port,
-            _ => return Err(format!("`{text}`: invalid port `{p}`")),
-        },
-    };
-    Ok(NodeAddr {
-        host: host.to_string(),
-        port,
-    })
+    Ok(addrs)
 }
 
 /// What a sentinel says about the primary: its address, and the configuration epoch of that
@@ -788,21 +727,20 @@ fn unexpected(what: String) -> RedisError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_core::Error;
 
-    fn invalid(reason: String) -> Error {
-        Error::InvalidUrl {
-            url: "test".into(),
-            reason,
-        }
+    /// The target of `redis+sentinel://<rest>`.
+    fn target(rest: &str, user: Option<&str>, password: Option<&str>) -> Result<SentinelTarget> {
+        let url = ConnectionUrl::parse(&format!("redis+sentinel://{rest}"))?;
+        parse_target(&url, user.map(String::from), password.map(Secret::new))
     }
 
     #[test]
     fn parses_hosts_names_and_credentials() {
-        let t = parse_target(
+        let t = target(
             "app:p%40ss@s1:26380,s2,[::1]:26381/mymaster/3",
-            Some("watch".into()),
-            Some("sp".into()),
-            &invalid,
+            Some("watch"),
+            Some("sp"),
         )
         .unwrap();
         let shown: Vec<String> = t.sentinels.iter().map(|s| s.to_string()).collect();
@@ -819,7 +757,7 @@ mod tests {
             "{debug}"
         );
 
-        let plain = parse_target(":pw@h/m", None, None, &invalid).unwrap();
+        let plain = target(":pw@h/m", None, None).unwrap();
         assert_eq!(plain.node.username(), None);
         assert_eq!(plain.node.password(), Some("pw"));
         assert_eq!(plain.node.db(), 0);
@@ -843,15 +781,15 @@ mod tests {
             "u:%zz@h/m",
         ] {
             assert!(
-                matches!(
-                    parse_target(bad, None, None, &invalid),
-                    Err(Error::InvalidUrl { .. })
-                ),
+                matches!(target(bad, None, None), Err(Error::InvalidUrl { .. })),
                 "{bad}"
             );
         }
-        assert!(parse_target("h/m", Some("u".into()), None, &invalid).is_err());
-        assert!(parse_target("h/m", None, Some(String::new()), &invalid).is_err());
+        assert!(target("h/m", Some("u"), None).is_err());
+        assert!(target("h/m", None, Some("")).is_err());
+        // A host Redis would not name back, and an encoded `/` in the master name.
+        assert!(target("h!/m", None, None).is_err());
+        assert_eq!(target("h/a%2Fb/1", None, None).unwrap().master_name, "a/b");
     }
 
     fn named(port: u16, epoch: Option<u64>) -> Named {
@@ -868,7 +806,7 @@ mod tests {
     /// configuration epoch: never followed back, whatever `ROLE` said.
     #[test]
     fn older_configurations_are_never_followed_back() {
-        let target = parse_target("h/m", None, None, &invalid).unwrap();
+        let target = target("h/m", None, None).unwrap();
         let resolver = Resolver::new(target, Duration::from_secs(1));
         assert!(resolver.confirmed(&named(1, Some(1))));
         assert!(resolver.confirmed(&named(2, Some(2))));
@@ -888,7 +826,7 @@ mod tests {
     /// majority naming different servers, is still passed over.
     #[test]
     fn a_renumbering_is_believed_only_from_an_agreeing_majority() {
-        let target = parse_target("h1,h2,h3/m", None, None, &invalid).unwrap();
+        let target = target("h1,h2,h3/m", None, None).unwrap();
         let resolver = Resolver::new(target, Duration::from_secs(1));
         assert!(resolver.confirmed(&named(2, Some(4))));
         assert_eq!(resolver.renumbered(&[(0, named(1, Some(3)), 4)]), None);

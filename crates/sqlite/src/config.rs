@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use leasehold_core::{percent_decode, redact_url, ClientOptions, Error, Result, UrlParams};
+use leasehold_core::{redact_url, ClientOptions, ConnectionUrl, Error, Result};
 
 /// The lease table's default name.
 pub const DEFAULT_TABLE: &str = "leasehold_leases";
@@ -52,56 +52,55 @@ impl SqliteConfig {
     /// so it cannot coordinate processes; use `memory://` inside one process), a path starting
     /// with `~` (no shell expands it here), and any unknown parameter.
     pub fn from_url(url: &str) -> Result<Self> {
-        let redacted = redact_url(url);
-        let invalid = |reason: String| Error::InvalidUrl {
-            url: redacted.clone(),
-            reason,
+        let wrong = |reason: &str| Error::InvalidUrl {
+            url: redact_url(url),
+            reason: reason.into(),
         };
-        let Some((scheme, rest)) = url.split_once("://") else {
-            return Err(invalid(
-                "expected sqlite:///absolute/path or sqlite://relative/path".into(),
-            ));
-        };
-        if !scheme.eq_ignore_ascii_case("sqlite") {
-            return Err(invalid("expected a sqlite:// URL".into()));
+        match ConnectionUrl::scheme_of(url).as_deref() {
+            Some("sqlite") => {}
+            Some(_) => return Err(wrong("expected a sqlite:// URL")),
+            None => {
+                return Err(wrong(
+                    "expected sqlite:///absolute/path or sqlite://relative/path",
+                ))
+            }
         }
-        let raw_path = rest.split(['?', '#']).next().unwrap_or("");
-        let path = percent_decode(raw_path)
-            .ok_or_else(|| invalid("the path is not valid percent-encoded UTF-8".into()))?;
+        // Everything between `://` and the query is the path: `sqlite://locks.db` names no host.
+        let mut url = ConnectionUrl::parse_opaque(url)?;
+        let path = url.decoded_path()?;
         if path.is_empty() {
-            return Err(invalid(
-                "no path: use sqlite:///absolute/path.db or sqlite://relative/path.db".into(),
-            ));
+            return Err(
+                url.invalid("no path: use sqlite:///absolute/path.db or sqlite://relative/path.db")
+            );
         }
         if path == ":memory:" || path.starts_with("file:") || path.contains("mode=memory") {
-            return Err(invalid(
-                "an in-memory SQLite database cannot coordinate processes; name a file (or use memory:// inside one process)".into(),
+            return Err(url.invalid(
+                "an in-memory SQLite database cannot coordinate processes; name a file (or use memory:// inside one process)",
             ));
         }
         if path.starts_with('~') {
-            return Err(invalid(
-                "`~` is not expanded; write the home directory out".into(),
-            ));
+            return Err(url.invalid("`~` is not expanded; write the home directory out"));
         }
         if path.ends_with('/') {
-            return Err(invalid("the path names a directory, not a file".into()));
+            return Err(url.invalid("the path names a directory, not a file"));
         }
-        let mut params = UrlParams::parse(url)?;
-        let client = params.take_client_options()?;
-        let table = match params.take("table") {
+        let client = url.params().take_client_options()?;
+        let table = match url.params().take("table") {
             Some(t) => table_name(&t)?,
             None => DEFAULT_TABLE.to_string(),
         };
-        let pool_size = params
+        let pool_size = url
+            .params()
             .take_parsed::<u32>("pool_size")?
             .unwrap_or(DEFAULT_POOL_SIZE);
         if pool_size == 0 || pool_size > 64 {
-            return Err(invalid(format!("pool_size {pool_size} is not in 1..=64")));
+            return Err(url.invalid(format!("pool_size {pool_size} is not in 1..=64")));
         }
-        let allow_network_fs = params
+        let allow_network_fs = url
+            .params()
             .take_parsed::<bool>("allow_network_fs")?
             .unwrap_or(false);
-        params.finish()?;
+        url.finish_params()?;
         Ok(SqliteConfig {
             path: PathBuf::from(path),
             table,

@@ -7,7 +7,8 @@ use std::time::Duration;
 use leasehold_core::Instant;
 
 use leasehold_core::{
-    percent_decode, redact_url, ClientOptions, Error, Result, Secret, TtlRange, UrlParams,
+    percent_decode, redact_url, ClientOptions, ConnectionUrl, Error, Result, Secret, TtlRange,
+    UrlHost,
 };
 
 /// The chroot used when the URL names none, so that lock nodes never land in the server's root
@@ -113,62 +114,46 @@ impl fmt::Debug for ZkConfig {
 impl ZkConfig {
     /// Parses a `zk://` or `zks://` URL.
     pub fn from_url(url: &str) -> Result<Self> {
-        let redacted_url = redact_url(url);
-        let invalid = |reason: String| Error::InvalidUrl {
-            url: redacted_url.clone(),
-            reason,
-        };
-        let Some((scheme, rest)) = url.split_once("://") else {
-            return Err(invalid("expected a zk:// or zks:// URL".into()));
-        };
-        let secure = match scheme.to_ascii_lowercase().as_str() {
-            "zk" => false,
-            "zks" => true,
-            _ => return Err(invalid("expected a zk:// or zks:// URL".into())),
-        };
-        let mut params = UrlParams::parse(url)?;
-        let client = params.take_client_options()?;
-        let acl = params.take("acl");
-        let parent = params.take("parent");
-        let tls_ca = params.take("tls_ca");
-        let tls_cert = params.take("tls_cert");
-        let tls_key = params.take("tls_key");
-        params.finish()?;
-        let tls = tls_files(secure, tls_ca, tls_cert, tls_key).map_err(&invalid)?;
-
-        let rest = rest.split(['?', '#']).next().unwrap_or("");
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, ""),
-        };
-        let (userinfo, hosts) = match authority.rfind('@') {
-            Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
-            None => (None, authority),
-        };
-        let credentials = match userinfo {
-            None => None,
-            Some(info) => {
-                let (user, password) = info.split_once(':').ok_or_else(|| {
-                    invalid("credentials must be `user:password` (digest authentication)".into())
-                })?;
-                let user = percent_decode(user)
-                    .ok_or_else(|| invalid("the user name is not valid percent-encoding".into()))?;
-                let password = percent_decode(password)
-                    .ok_or_else(|| invalid("the password is not valid percent-encoding".into()))?;
-                if user.is_empty() || user.contains(':') {
-                    return Err(invalid(
-                        "the user name must be non-empty and contain no `:`".into(),
-                    ));
-                }
-                Some((user, Secret::new(password)))
+        let secure = match ConnectionUrl::scheme_of(url).as_deref() {
+            Some("zk") => false,
+            Some("zks") => true,
+            _ => {
+                return Err(Error::InvalidUrl {
+                    url: redact_url(url),
+                    reason: "expected a zk:// or zks:// URL".into(),
+                })
             }
         };
-        let hosts = parse_hosts(hosts, secure).map_err(invalid)?;
-        let chroot = match path {
+        let mut url = ConnectionUrl::parse(url)?;
+        let client = url.params().take_client_options()?;
+        let acl = url.params().take("acl");
+        let parent = url.params().take("parent");
+        let tls_ca = url.params().take("tls_ca");
+        let tls_cert = url.params().take("tls_cert");
+        let tls_key = url.params().take("tls_key");
+        url.finish_params()?;
+        let tls = tls_files(secure, tls_ca, tls_cert, tls_key).map_err(|r| url.invalid(r))?;
+
+        let credentials = match (url.user(), url.password()) {
+            (None, _) => None,
+            (Some(_), None) => {
+                return Err(
+                    url.invalid("credentials must be `user:password` (digest authentication)")
+                )
+            }
+            (Some(user), Some(_)) if user.is_empty() || user.contains(':') => {
+                return Err(url.invalid("the user name must be non-empty and contain no `:`"))
+            }
+            (Some(user), Some(password)) => Some((user.to_string(), password.clone())),
+        };
+        let hosts = connect_string(url.hosts(), secure).map_err(|r| url.invalid(r))?;
+        // The chroot is a ZooKeeper path as written: never percent-decoded.
+        let chroot = match url.path() {
             "" => DEFAULT_CHROOT.to_string(),
             "/" => "/".to_string(),
             p => {
-                validate_path(p).map_err(|why| invalid(format!("invalid chroot `{p}`: {why}")))?;
+                validate_path(p)
+                    .map_err(|why| url.invalid(format!("invalid chroot `{p}`: {why}")))?;
                 p.to_string()
             }
         };
@@ -177,12 +162,10 @@ impl ZkConfig {
             None | Some("open") => AclMode::Open,
             Some("creator") if credentials.is_some() => AclMode::CreatorOnly,
             Some("creator") => {
-                return Err(invalid(
-                    "acl=creator needs credentials (zk://user:password@...)".into(),
-                ))
+                return Err(url.invalid("acl=creator needs credentials (zk://user:password@...)"))
             }
             Some(other) => {
-                return Err(invalid(format!(
+                return Err(url.invalid(format!(
                     "parameter `acl` has an invalid value `{other}`; use `open` or `creator`"
                 )))
             }
@@ -191,7 +174,7 @@ impl ZkConfig {
             None | Some("container") => ParentMode::Container,
             Some("persistent") => ParentMode::Persistent,
             Some(other) => {
-                return Err(invalid(format!(
+                return Err(url.invalid(format!(
                     "parameter `parent` has an invalid value `{other}`; use `container` or `persistent`"
                 )))
             }
@@ -207,7 +190,7 @@ impl ZkConfig {
             ttl_range: None,
             server_version: None,
             half_tick: None,
-            redacted_url,
+            redacted_url: url.redacted().to_string(),
         })
     }
 
@@ -352,56 +335,24 @@ fn tls_files(
     Ok(Some(TlsFiles { ca, identity }))
 }
 
-/// Validates a comma-separated host list and returns it as a connect string. With TLS
+/// The connect string handed to the client (`host:port,...`, port 2181 when omitted). With TLS
 /// (`secure`), each host must also be a name a certificate can be checked against: a DNS name
 /// or an IP address.
-fn parse_hosts(hosts: &str, secure: bool) -> std::result::Result<String, String> {
+fn connect_string(hosts: &[UrlHost], secure: bool) -> std::result::Result<String, String> {
     if hosts.is_empty() {
         return Err("no hosts given; expected zk://host:2181[,host:2181...]".into());
     }
-    let mut out = Vec::new();
-    for host in hosts.split(',') {
-        if host.is_empty() {
-            return Err("an empty host in the host list".into());
+    let mut out = Vec::with_capacity(hosts.len());
+    for host in hosts {
+        if secure
+            && !host.is_ipv6()
+            && rustls::pki_types::ServerName::try_from(host.name()).is_err()
+        {
+            return Err(format!(
+                "`{host}` is neither a DNS name nor an IP address, so a server certificate cannot be checked against it"
+            ));
         }
-        let (name, port) = if let Some(inner) = host.strip_prefix('[') {
-            // An IPv6 literal: [::1]:2181
-            let (addr, after) = inner
-                .split_once(']')
-                .ok_or_else(|| format!("host `{host}` has an unclosed `[`"))?;
-            (format!("[{addr}]"), after.strip_prefix(':'))
-        } else {
-            match host.rsplit_once(':') {
-                Some((name, port)) => (name.to_string(), Some(port)),
-                None => (host.to_string(), None),
-            }
-        };
-        if name.is_empty() || name.contains(['/', '@', ' ']) {
-            return Err(format!("`{host}` is not a host"));
-        }
-        if secure {
-            let checkable = match name.strip_prefix('[') {
-                Some(v6) => v6
-                    .trim_end_matches(']')
-                    .parse::<std::net::Ipv6Addr>()
-                    .is_ok(),
-                None => rustls::pki_types::ServerName::try_from(name.as_str()).is_ok(),
-            };
-            if !checkable {
-                return Err(format!(
-                    "`{host}` is neither a DNS name nor an IP address, so a server certificate cannot be checked against it"
-                ));
-            }
-        }
-        let port: u16 = match port {
-            None => 2181,
-            Some(p) => p
-                .parse()
-                .ok()
-                .filter(|p| *p > 0)
-                .ok_or_else(|| format!("host `{host}` has an invalid port"))?,
-        };
-        out.push(format!("{name}:{port}"));
+        out.push(host.address(2181));
     }
     Ok(out.join(","))
 }
