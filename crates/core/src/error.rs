@@ -401,6 +401,105 @@ mod tests {
     }
 
     #[test]
+    fn every_variant_shows_its_message() -> std::result::Result<(), String> {
+        let unavailable = Error::Unavailable {
+            backend: "redis",
+            message: "connect".into(),
+            source: None,
+        };
+        let cases = [
+            (
+                Error::InvalidKey {
+                    reason: "empty".into(),
+                },
+                "invalid lock key: empty",
+            ),
+            (
+                Error::InvalidTtl {
+                    ttl: Duration::from_millis(1500),
+                    reason: "whole seconds only".into(),
+                },
+                "invalid TTL 1.5s: whole seconds only",
+            ),
+            (
+                Error::InvalidUrl {
+                    url: "redis://:***@h".into(),
+                    reason: "no port".into(),
+                },
+                "invalid URL `redis://:***@h`: no port",
+            ),
+            (
+                Error::InvalidConfig {
+                    reason: "epoch 0".into(),
+                },
+                "invalid configuration: epoch 0",
+            ),
+            (
+                Error::Timeout {
+                    key: "k".into(),
+                    waited: Duration::from_secs(2),
+                },
+                "lock `k` still held by another owner after waiting 2s",
+            ),
+            (
+                Error::lease_lost("k", LostReason::RenewalFailed(Arc::new(unavailable))),
+                "lease on `k` lost: renewal failed: redis authority unavailable: connect",
+            ),
+            (
+                Error::LeaseSuspended { key: "k".into() },
+                "lease on `k` suspended: the last renewal's outcome is unknown",
+            ),
+            (
+                Error::Unauthorized {
+                    backend: "postgres",
+                    message: "password authentication failed".into(),
+                    source: None,
+                },
+                "postgres authority refused the credentials: password authentication failed",
+            ),
+            (
+                Error::Backend {
+                    backend: "etcd",
+                    message: "no leader".into(),
+                    retryable: true,
+                    source: None,
+                },
+                "etcd authority error: no leader",
+            ),
+            (
+                Error::Unsupported {
+                    backend: "zookeeper",
+                    operation: "renewal with another TTL".into(),
+                },
+                "renewal with another TTL is not supported by the zookeeper authority",
+            ),
+            (
+                Error::FenceOutOfRange {
+                    backend: "redis",
+                    raw: 1 << 48,
+                },
+                "fence 281474976710656 from the redis authority is outside 1..=2^48-1",
+            ),
+            (
+                Error::Entropy {
+                    source: BoxError::from("getrandom failed"),
+                },
+                "the operating system's random number generator failed",
+            ),
+        ];
+        for (error, expected) in cases {
+            let shown = error.to_string();
+            if shown != expected {
+                return Err(format!(
+                    "{} shows `{shown}`, not `{expected}`",
+                    error.kind()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
     fn retryable_split_is_what_callers_rely_on() {
         let unavailable = Error::Unavailable {
             backend: "x",
