@@ -26,7 +26,7 @@ pub fn check_batch_ttls(
 
 /// Every grant of a batch failed with `error` (no answer: each renewal's outcome is unknown).
 pub fn batch_failed(error: Error, grants: usize) -> Vec<Result<Instant>> {
-    error.into_copies(grants).into_iter().map(Err).collect()
+    vec![Err(error); grants]
 }
 
 /// A batch's answers: each grant `renewed(i, grant)` says was renewed gets its deadline counted
