@@ -288,3 +288,29 @@ where
 {
     send(what, timeout, Resend::Unavailable, request).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clone_still_says_the_lease_is_gone() -> Result<(), String> {
+        let keep_alive =
+            etcd_client::Error::LeaseKeepAliveError("etcdserver: requested lease not found".into());
+        let error = map(keep_alive, "keep-alive");
+        // A failed batch hands every member a clone; each must still find etcd's own error.
+        for e in vec![error.clone(); 2].iter().chain([&error]) {
+            if !is_lease_gone(e) {
+                return Err(format!("{e:?} is not taken for a lease that is gone"));
+            }
+        }
+        let refused = map(
+            etcd_client::Error::LeaseKeepAliveError("connection reset".into()),
+            "keep-alive",
+        );
+        if is_lease_gone(&refused.clone()) {
+            return Err(format!("{refused:?} is taken for a lease that is gone"));
+        }
+        Ok(())
+    }
+}
