@@ -50,3 +50,32 @@ pub fn batch_answers(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_batch_gives_every_grant_the_same_error() -> std::result::Result<(), String> {
+        let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out");
+        let answers = batch_failed(Error::unavailable("x", "renew", io), 3);
+        if answers.len() != 3 {
+            return Err(format!("{} answers for 3 grants", answers.len()));
+        }
+        for answer in &answers {
+            let Err(e) = answer else {
+                return Err(format!("a failed batch answered {answer:?}"));
+            };
+            let source = std::error::Error::source(e).map(ToString::to_string);
+            if e.to_string() != "x authority unavailable: renew"
+                || source.as_deref() != Some("timed out")
+            {
+                return Err(format!("a member got {e:?}"));
+            }
+        }
+        if !batch_failed(Error::lease_lost("k", LostReason::Refused), 0).is_empty() {
+            return Err("an empty batch got answers".into());
+        }
+        Ok(())
+    }
+}
