@@ -26,7 +26,7 @@ pub fn check_batch_ttls(
 
 /// Every grant of a batch failed with `error` (no answer: each renewal's outcome is unknown).
 pub fn batch_failed(error: Error, grants: usize) -> Vec<Result<Instant>> {
-    error.into_copies(grants).into_iter().map(Err).collect()
+    vec![Err(error); grants]
 }
 
 /// A batch's answers: each grant `renewed(i, grant)` says was renewed gets its deadline counted
@@ -49,4 +49,33 @@ pub fn batch_answers(
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_batch_gives_every_grant_the_same_error() -> std::result::Result<(), String> {
+        let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out");
+        let answers = batch_failed(Error::unavailable("x", "renew", io), 3);
+        if answers.len() != 3 {
+            return Err(format!("{} answers for 3 grants", answers.len()));
+        }
+        for answer in &answers {
+            let Err(e) = answer else {
+                return Err(format!("a failed batch answered {answer:?}"));
+            };
+            let source = std::error::Error::source(e).map(ToString::to_string);
+            if e.to_string() != "x authority unavailable: renew"
+                || source.as_deref() != Some("timed out")
+            {
+                return Err(format!("a member got {e:?}"));
+            }
+        }
+        if !batch_failed(Error::lease_lost("k", LostReason::Refused), 0).is_empty() {
+            return Err("an empty batch got answers".into());
+        }
+        Ok(())
+    }
 }

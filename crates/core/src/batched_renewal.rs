@@ -177,17 +177,15 @@ impl Renewals {
                 .await;
             let mut results = match answered {
                 Ok(results) => results.into_iter(),
-                Err(_) => Error::Backend {
-                    backend: self.authority.capabilities().backend,
-                    message: "the backend panicked while renewing".into(),
-                    retryable: false,
-                    source: None,
+                Err(_) => {
+                    let panicked = Error::Backend {
+                        backend: self.authority.capabilities().backend,
+                        message: "the backend panicked while renewing".into(),
+                        retryable: false,
+                        source: None,
+                    };
+                    vec![Err(panicked); grants.len()].into_iter()
                 }
-                .into_copies(grants.len())
-                .into_iter()
-                .map(Err)
-                .collect::<Vec<_>>()
-                .into_iter(),
             };
             for pending in batch {
                 let result = results.next().unwrap_or_else(|| {

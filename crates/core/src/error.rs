@@ -1,12 +1,19 @@
 //! One error type for every authority, so callers can decide fail-open or fail-closed explicitly.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::lost::LostReason;
 
-/// A boxed error from a backend's client library, kept as the `source` of an [`Error`].
+/// A boxed error from a backend's client library, as [`Error::unavailable`] and
+/// [`Error::backend`] take it.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A backend's client library error kept as the `source` of an [`Error`]: shared, so that an
+/// error cloned for every member of a failed batch, or for everyone waiting on
+/// [`crate::Lease::lost`], keeps the same source.
+pub type ArcError = Arc<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Result alias used throughout leasehold.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -22,19 +29,18 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 ///   so nobody knows who holds the lock. Whether to proceed without it (fail-open) or not
 ///   (fail-closed) is the caller's explicit decision, never ours.
 ///
-/// [`Error::is_retryable`] tells whether the same call may succeed later.
-#[derive(Debug, thiserror::Error)]
+/// [`Error::is_retryable`] tells whether the same call may succeed later. A clone shares the
+/// original's source ([`ArcError`]), so it shows, chains and downcasts the same.
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum Error {
     /// The lock key is empty, too long, or contains characters outside the allowed set.
-    #[error("invalid lock key: {reason}")]
     InvalidKey {
         /// What is wrong with the key.
         reason: String,
     },
     /// The TTL is zero, outside the backend's supported range, or not a multiple of its
     /// granularity. TTLs are never silently rounded.
-    #[error("invalid TTL {ttl:?}: {reason}")]
     InvalidTtl {
         /// The TTL that was asked for.
         ttl: Duration,
@@ -43,7 +49,6 @@ pub enum Error {
     },
     /// A connection URL could not be parsed or names an unknown scheme. The URL in the message
     /// has any password replaced by `***`.
-    #[error("invalid URL `{url}`: {reason}")]
     InvalidUrl {
         /// The URL, redacted.
         url: String,
@@ -51,14 +56,12 @@ pub enum Error {
         reason: String,
     },
     /// A configuration value (epoch, safety margin, table name, ...) is out of range.
-    #[error("invalid configuration: {reason}")]
     InvalidConfig {
         /// What is wrong.
         reason: String,
     },
     /// `acquire` waited `max_wait` and the lock stayed held by someone else. The authority was
     /// reachable; this is contention, not an outage.
-    #[error("lock `{key}` still held by another owner after waiting {waited:?}")]
     Timeout {
         /// The contended key.
         key: String,
@@ -67,7 +70,6 @@ pub enum Error {
     },
     /// The lease is no longer ours: the authority refused a renewal, or its validity ran out.
     /// Stop starting protected side effects.
-    #[error("lease on `{key}` lost: {reason}")]
     LeaseLost {
         /// The key whose lease was lost.
         key: String,
@@ -77,37 +79,31 @@ pub enum Error {
     /// The lease is suspended: its last renewal's outcome is unknown (see
     /// [`crate::LeaseState::Suspended`]). Do not start a protected side effect now; renewal goes
     /// on, and the lease is held again or lost before its local deadline.
-    #[error("lease on `{key}` suspended: the last renewal's outcome is unknown")]
     LeaseSuspended {
         /// The key whose lease is suspended.
         key: String,
     },
     /// The authority could not be reached or did not answer in time. Nobody knows who holds the
     /// lock right now.
-    #[error("{backend} authority unavailable: {message}")]
     Unavailable {
         /// Which backend.
         backend: &'static str,
         /// A short description of what failed.
         message: String,
         /// The client library's error, when there is one.
-        #[source]
-        source: Option<BoxError>,
+        source: Option<ArcError>,
     },
     /// The authority rejected the credentials (wrong password, unknown user, missing permission).
-    #[error("{backend} authority refused the credentials: {message}")]
     Unauthorized {
         /// Which backend.
         backend: &'static str,
         /// What the server said, without secrets.
         message: String,
         /// The client library's error.
-        #[source]
-        source: Option<BoxError>,
+        source: Option<ArcError>,
     },
     /// The authority answered with an error that is none of the above (a missing table, a script
     /// error, a protocol violation).
-    #[error("{backend} authority error: {message}")]
     Backend {
         /// Which backend.
         backend: &'static str,
@@ -116,12 +112,10 @@ pub enum Error {
         /// Whether the same call may succeed later.
         retryable: bool,
         /// The client library's error.
-        #[source]
-        source: Option<BoxError>,
+        source: Option<ArcError>,
     },
     /// The backend cannot do this at all (for example a feature it was not built with, or a
     /// renewal with a different TTL on a backend whose TTL is fixed per session).
-    #[error("{operation} is not supported by the {backend} authority")]
     Unsupported {
         /// Which backend.
         backend: &'static str,
@@ -129,7 +123,6 @@ pub enum Error {
         operation: String,
     },
     /// A backend's fence does not fit the stored fence layout (see [`crate::Fence`]).
-    #[error("fence {raw} from the {backend} authority is outside 1..=2^48-1")]
     FenceOutOfRange {
         /// Which backend.
         backend: &'static str,
@@ -137,143 +130,74 @@ pub enum Error {
         raw: u64,
     },
     /// The operating system's random number generator failed, so no owner token could be made.
-    #[error("the operating system's random number generator failed")]
     Entropy {
         /// The generator's error.
-        #[source]
-        source: BoxError,
+        source: ArcError,
     },
 }
 
-/// One error's source, shared by the copies [`Error::into_copies`] makes: it shows and chains
-/// exactly as the original did.
-#[derive(Debug, Clone)]
-struct SharedSource(Arc<dyn std::error::Error + Send + Sync>);
-
-impl std::fmt::Display for SharedSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl std::error::Error for SharedSource {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.0.source()
-    }
-}
-
-impl Error {
-    /// `n` copies of this error (the same variant, message and source chain), for a batch whose
-    /// every member failed the same way ([`crate::Authority::renew_many`]).
-    pub fn into_copies(self, n: usize) -> Vec<Error> {
-        let share = |source: Option<BoxError>| -> Option<SharedSource> {
-            source.map(|b| SharedSource(Arc::from(b)))
-        };
-        let boxed = |s: &Option<SharedSource>| -> Option<BoxError> {
-            s.clone().map(|s| Box::new(s) as BoxError)
-        };
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Error::InvalidKey { reason } => write!(f, "invalid lock key: {reason}"),
+            Error::InvalidTtl { ttl, reason } => write!(f, "invalid TTL {ttl:?}: {reason}"),
+            Error::InvalidUrl { url, reason } => write!(f, "invalid URL `{url}`: {reason}"),
+            Error::InvalidConfig { reason } => write!(f, "invalid configuration: {reason}"),
+            Error::Timeout { key, waited } => write!(
+                f,
+                "lock `{key}` still held by another owner after waiting {waited:?}"
+            ),
+            Error::LeaseLost { key, reason } => write!(f, "lease on `{key}` lost: {reason}"),
+            Error::LeaseSuspended { key } => write!(
+                f,
+                "lease on `{key}` suspended: the last renewal's outcome is unknown"
+            ),
             Error::Unavailable {
-                backend,
-                message,
-                source,
-            } => {
-                let source = share(source);
-                (0..n)
-                    .map(|_| Error::Unavailable {
-                        backend,
-                        message: message.clone(),
-                        source: boxed(&source),
-                    })
-                    .collect()
-            }
+                backend, message, ..
+            } => write!(f, "{backend} authority unavailable: {message}"),
             Error::Unauthorized {
-                backend,
-                message,
-                source,
-            } => {
-                let source = share(source);
-                (0..n)
-                    .map(|_| Error::Unauthorized {
-                        backend,
-                        message: message.clone(),
-                        source: boxed(&source),
-                    })
-                    .collect()
-            }
+                backend, message, ..
+            } => write!(f, "{backend} authority refused the credentials: {message}"),
             Error::Backend {
-                backend,
-                message,
-                retryable,
-                source,
-            } => {
-                let source = share(source);
-                (0..n)
-                    .map(|_| Error::Backend {
-                        backend,
-                        message: message.clone(),
-                        retryable,
-                        source: boxed(&source),
-                    })
-                    .collect()
+                backend, message, ..
+            } => write!(f, "{backend} authority error: {message}"),
+            Error::Unsupported { backend, operation } => {
+                write!(f, "{operation} is not supported by the {backend} authority")
             }
-            Error::Entropy { source } => {
-                let source = share(Some(source));
-                (0..n)
-                    .map(|_| Error::Entropy {
-                        source: boxed(&source).unwrap_or_else(|| "entropy".into()),
-                    })
-                    .collect()
+            Error::FenceOutOfRange { backend, raw } => write!(
+                f,
+                "fence {raw} from the {backend} authority is outside 1..=2^48-1"
+            ),
+            Error::Entropy { .. } => {
+                f.write_str("the operating system's random number generator failed")
             }
-            Error::InvalidKey { reason } => (0..n)
-                .map(|_| Error::InvalidKey {
-                    reason: reason.clone(),
-                })
-                .collect(),
-            Error::InvalidTtl { ttl, reason } => (0..n)
-                .map(|_| Error::InvalidTtl {
-                    ttl,
-                    reason: reason.clone(),
-                })
-                .collect(),
-            Error::InvalidUrl { url, reason } => (0..n)
-                .map(|_| Error::InvalidUrl {
-                    url: url.clone(),
-                    reason: reason.clone(),
-                })
-                .collect(),
-            Error::InvalidConfig { reason } => (0..n)
-                .map(|_| Error::InvalidConfig {
-                    reason: reason.clone(),
-                })
-                .collect(),
-            Error::Timeout { key, waited } => (0..n)
-                .map(|_| Error::Timeout {
-                    key: key.clone(),
-                    waited,
-                })
-                .collect(),
-            Error::LeaseLost { key, reason } => (0..n)
-                .map(|_| Error::LeaseLost {
-                    key: key.clone(),
-                    reason: reason.clone(),
-                })
-                .collect(),
-            Error::LeaseSuspended { key } => (0..n)
-                .map(|_| Error::LeaseSuspended { key: key.clone() })
-                .collect(),
-            Error::Unsupported { backend, operation } => (0..n)
-                .map(|_| Error::Unsupported {
-                    backend,
-                    operation: operation.clone(),
-                })
-                .collect(),
-            Error::FenceOutOfRange { backend, raw } => (0..n)
-                .map(|_| Error::FenceOutOfRange { backend, raw })
-                .collect(),
         }
     }
+}
 
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let source = match self {
+            Error::Unavailable { source, .. }
+            | Error::Unauthorized { source, .. }
+            | Error::Backend { source, .. } => source.as_ref()?,
+            Error::Entropy { source } => source,
+            _ => return None,
+        };
+        // The client library's error itself, not the `Arc` around it (which shows and chains
+        // the same but is another type), so callers can downcast it to the client's type.
+        Some(&**source)
+    }
+}
+
+// Batches and lease waiters hand out clones of one error; a source that stopped being shareable
+// would break them all.
+const _: () = {
+    const fn shareable<T: Clone + Send + Sync + 'static>() {}
+    shareable::<Error>();
+};
+
+impl Error {
     /// Whether the same call may succeed if tried again later.
     ///
     /// `Unavailable`, `Timeout` (contention), `LeaseSuspended` and retryable `Backend` errors
@@ -322,7 +246,7 @@ impl Error {
         Error::Unavailable {
             backend,
             message: message.into(),
-            source: Some(source.into()),
+            source: Some(Arc::from(source.into())),
         }
     }
 
@@ -336,7 +260,7 @@ impl Error {
             backend,
             message: message.into(),
             retryable: false,
-            source: Some(source.into()),
+            source: Some(Arc::from(source.into())),
         }
     }
 
@@ -358,46 +282,192 @@ impl Error {
     }
 }
 
-/// Errors are shared between a lease's renewal task and everyone waiting on [`crate::Lease::lost`].
-pub type SharedError = Arc<Error>;
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn copies_keep_the_variant_message_and_chain() {
-        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
-        let original = Error::Unavailable {
-            backend: "x",
-            message: "no answer".into(),
-            source: Some(Box::new(io)),
-        };
-        let chain = |e: &Error| {
-            let mut out = e.to_string();
-            let mut next = std::error::Error::source(e);
-            while let Some(s) = next {
-                out.push_str(&format!(" <- {s}"));
-                next = s.source();
-            }
-            out
-        };
-        let expected = chain(&original);
-        let copies = original.into_copies(3);
-        assert_eq!(copies.len(), 3);
-        for copy in &copies {
-            assert!(matches!(copy, Error::Unavailable { .. }));
-            assert!(copy.is_retryable());
-            assert_eq!(chain(copy), expected);
+    /// An error and its sources, as a log line shows them.
+    fn chain(e: &Error) -> String {
+        let mut out = e.to_string();
+        let mut next = std::error::Error::source(e);
+        while let Some(s) = next {
+            out.push_str(&format!(" <- {s}"));
+            next = s.source();
         }
-        assert_eq!(
-            expected,
-            "x authority unavailable: no answer <- reset by peer"
-        );
-        assert!(Error::lease_lost("k", LostReason::Refused)
-            .into_copies(2)
-            .iter()
-            .all(Error::is_lease_lost));
+        out
+    }
+
+    /// A client library's error with a source of its own, as a connection error has.
+    #[derive(Debug)]
+    struct Client(std::io::Error);
+
+    impl std::fmt::Display for Client {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("connection closed")
+        }
+    }
+
+    impl std::error::Error for Client {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn clones_keep_the_variant_message_and_chain() -> std::result::Result<(), String> {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let original = Error::unavailable("x", "no answer", Client(io));
+        let expected = "x authority unavailable: no answer <- connection closed <- reset by peer";
+        if chain(&original) != expected {
+            return Err(format!("the original shows `{}`", chain(&original)));
+        }
+        for copy in vec![original.clone(); 3] {
+            if !matches!(copy, Error::Unavailable { .. }) || !copy.is_retryable() {
+                return Err(format!("a clone changed variant: {copy:?}"));
+            }
+            if chain(&copy) != expected {
+                return Err(format!("a clone shows `{}`", chain(&copy)));
+            }
+            if format!("{copy:?}") != format!("{original:?}") {
+                return Err(format!("a clone debugs as {copy:?}, not {original:?}"));
+            }
+        }
+        let lost = Error::lease_lost("k", LostReason::Refused);
+        if !lost.clone().is_lease_lost() {
+            return Err("a clone of a lost lease is not lease-lost".into());
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn the_source_of_a_clone_downcasts_to_the_client_error() -> std::result::Result<(), String> {
+        use std::error::Error as _;
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let original = Error::backend("etcd", "lease revoke", io);
+        for e in [original.clone(), original] {
+            // Through `source()`, as a caller walking the chain sees it.
+            let kind = e
+                .source()
+                .and_then(|s| s.downcast_ref::<std::io::Error>())
+                .map(std::io::Error::kind)
+                .ok_or_else(|| format!("source() of {e:?} is no io::Error"))?;
+            if kind != std::io::ErrorKind::ConnectionRefused {
+                return Err(format!(
+                    "source() downcasts to an io::Error of kind {kind:?}"
+                ));
+            }
+            // Through the field, as a backend looking for its client's error sees it.
+            let Error::Backend { source, .. } = &e else {
+                return Err(format!("not a backend error: {e:?}"));
+            };
+            if source
+                .as_deref()
+                .and_then(|s| s.downcast_ref::<std::io::Error>())
+                .is_none()
+            {
+                return Err(format!("the source field of {e:?} is no io::Error"));
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn every_variant_shows_its_message() -> std::result::Result<(), String> {
+        let unavailable = Error::Unavailable {
+            backend: "redis",
+            message: "connect".into(),
+            source: None,
+        };
+        let cases = [
+            (
+                Error::InvalidKey {
+                    reason: "empty".into(),
+                },
+                "invalid lock key: empty",
+            ),
+            (
+                Error::InvalidTtl {
+                    ttl: Duration::from_millis(1500),
+                    reason: "whole seconds only".into(),
+                },
+                "invalid TTL 1.5s: whole seconds only",
+            ),
+            (
+                Error::InvalidUrl {
+                    url: "redis://:***@h".into(),
+                    reason: "no port".into(),
+                },
+                "invalid URL `redis://:***@h`: no port",
+            ),
+            (
+                Error::InvalidConfig {
+                    reason: "epoch 0".into(),
+                },
+                "invalid configuration: epoch 0",
+            ),
+            (
+                Error::Timeout {
+                    key: "k".into(),
+                    waited: Duration::from_secs(2),
+                },
+                "lock `k` still held by another owner after waiting 2s",
+            ),
+            (
+                Error::lease_lost("k", LostReason::RenewalFailed(Arc::new(unavailable))),
+                "lease on `k` lost: renewal failed: redis authority unavailable: connect",
+            ),
+            (
+                Error::LeaseSuspended { key: "k".into() },
+                "lease on `k` suspended: the last renewal's outcome is unknown",
+            ),
+            (
+                Error::Unauthorized {
+                    backend: "postgres",
+                    message: "password authentication failed".into(),
+                    source: None,
+                },
+                "postgres authority refused the credentials: password authentication failed",
+            ),
+            (
+                Error::Backend {
+                    backend: "etcd",
+                    message: "no leader".into(),
+                    retryable: true,
+                    source: None,
+                },
+                "etcd authority error: no leader",
+            ),
+            (
+                Error::Unsupported {
+                    backend: "zookeeper",
+                    operation: "renewal with another TTL".into(),
+                },
+                "renewal with another TTL is not supported by the zookeeper authority",
+            ),
+            (
+                Error::FenceOutOfRange {
+                    backend: "redis",
+                    raw: 1 << 48,
+                },
+                "fence 281474976710656 from the redis authority is outside 1..=2^48-1",
+            ),
+            (
+                Error::Entropy {
+                    source: Arc::from(BoxError::from("getrandom failed")),
+                },
+                "the operating system's random number generator failed",
+            ),
+        ];
+        for (error, expected) in cases {
+            let shown = error.to_string();
+            if shown != expected {
+                return Err(format!(
+                    "{} shows `{shown}`, not `{expected}`",
+                    error.kind()
+                ));
+            }
+        }
+        Ok(())
     }
 
     #[test]

@@ -70,7 +70,7 @@ pub use batch_answers::{batch_answers, batch_failed, check_batch_ttls};
 pub use capabilities::{Capabilities, WaitStrategy};
 pub use connection_url::{ConnectionUrl, UrlHost};
 pub use election::{Election, Leader, Leadership, Observer, DEFAULT_OBSERVE_INTERVAL};
-pub use error::{BoxError, Error, Result, SharedError};
+pub use error::{ArcError, BoxError, Error, Result};
 pub use exclusion::ExclusionSafety;
 pub use fence::{Epoch, Fence, FenceSafety, FencingToken};
 pub use grant::Grant;

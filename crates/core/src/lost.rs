@@ -15,7 +15,8 @@ pub enum LostReason {
     Refused,
     /// Renewal failed: either with a permanent error (credentials, configuration), or with
     /// errors of unknown outcome (the authority unreachable) until the local deadline passed.
-    /// Carries the last error.
+    /// Carries the last error, behind an `Arc`: [`Error::LeaseLost`] carries a `LostReason` in
+    /// turn, and everyone waiting on [`crate::Lease::lost`] gets a clone of this one.
     RenewalFailed(Arc<Error>),
     /// The local deadline (monotonic clock, started before the request, minus the safety
     /// margin) passed without a successful renewal.

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use rand::TryRngCore;
 
@@ -26,7 +27,7 @@ impl OwnerToken {
         rand::rngs::OsRng
             .try_fill_bytes(&mut bytes)
             .map_err(|e| Error::Entropy {
-                source: Box::new(e),
+                source: Arc::new(e),
             })?;
         Ok(OwnerToken(bytes))
     }

@@ -881,7 +881,7 @@ impl Authority for EtcdAuthority {
                     got.resize(chunk.len(), None);
                     found.extend(got.into_iter().map(Ok));
                 }
-                Err(e) => found.extend(e.into_copies(chunk.len()).into_iter().map(Err)),
+                Err(e) => found.extend(vec![Err(e); chunk.len()]),
             }
         }
         let mut found = found.into_iter();

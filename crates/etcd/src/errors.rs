@@ -1,6 +1,7 @@
 //! From etcd-client's errors to leasehold's, keeping "unreachable" apart from "refused".
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{redact_url, Backoff, Error};
@@ -53,21 +54,21 @@ pub(crate) fn map(error: etcd_client::Error, what: &str) -> Error {
                     backend: BACKEND,
                     message,
                     retryable: true,
-                    source: Some(Box::new(error)),
+                    source: Some(Arc::new(error)),
                 },
                 code::INVALID_ARGUMENT if lower.contains("revision of auth store is old") => {
                     Error::Backend {
                         backend: BACKEND,
                         message,
                         retryable: true,
-                        source: Some(Box::new(error)),
+                        source: Some(Arc::new(error)),
                     }
                 }
                 _ => Error::Backend {
                     backend: BACKEND,
                     message,
                     retryable: false,
-                    source: Some(Box::new(error)),
+                    source: Some(Arc::new(error)),
                 },
             }
         }
@@ -82,7 +83,7 @@ pub(crate) fn map(error: etcd_client::Error, what: &str) -> Error {
             backend: BACKEND,
             message: redact_url(&format!("{what}: {error}")),
             retryable: false,
-            source: Some(Box::new(error)),
+            source: Some(Arc::new(error)),
         },
     }
 }
@@ -91,7 +92,7 @@ fn unauthorized(message: String, error: etcd_client::Error) -> Error {
     Error::Unauthorized {
         backend: BACKEND,
         message,
-        source: Some(Box::new(error)),
+        source: Some(Arc::new(error)),
     }
 }
 
@@ -99,7 +100,7 @@ fn unavailable(message: String, error: etcd_client::Error) -> Error {
     Error::Unavailable {
         backend: BACKEND,
         message,
-        source: Some(Box::new(error)),
+        source: Some(Arc::new(error)),
     }
 }
 
@@ -286,4 +287,30 @@ where
     Fut: Future<Output = Result<T, etcd_client::Error>>,
 {
     send(what, timeout, Resend::Unavailable, request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clone_still_says_the_lease_is_gone() -> Result<(), String> {
+        let keep_alive =
+            etcd_client::Error::LeaseKeepAliveError("etcdserver: requested lease not found".into());
+        let error = map(keep_alive, "keep-alive");
+        // A failed batch hands every member a clone; each must still find etcd's own error.
+        for e in vec![error.clone(); 2].iter().chain([&error]) {
+            if !is_lease_gone(e) {
+                return Err(format!("{e:?} is not taken for a lease that is gone"));
+            }
+        }
+        let refused = map(
+            etcd_client::Error::LeaseKeepAliveError("connection reset".into()),
+            "keep-alive",
+        );
+        if is_lease_gone(&refused.clone()) {
+            return Err(format!("{refused:?} is taken for a lease that is gone"));
+        }
+        Ok(())
+    }
 }

@@ -3,7 +3,7 @@
 //! and tokio's paused clock; the conformance scenario `renewal_refusal_loses_only_that_lease`
 //! checks the same on every backend against its real server.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,12 +13,13 @@ use leasehold_core::{
 };
 use leasehold_memory::MemoryAuthority;
 
-/// Counts `renew_many` requests and the grants in each.
+/// Counts `renew_many` requests and the grants in each; panics in `renew_many` once told to.
 #[derive(Debug)]
 struct Counted {
     inner: MemoryAuthority,
     batches: Mutex<Vec<Vec<LockKey>>>,
     single: AtomicUsize,
+    panic: AtomicBool,
 }
 
 #[async_trait::async_trait]
@@ -41,6 +42,7 @@ impl Authority for Counted {
             .lock()
             .unwrap()
             .push(grants.iter().map(|g| g.key().clone()).collect());
+        assert!(!self.panic.load(Ordering::SeqCst), "told to panic");
         self.inner.renew_many(grants).await
     }
     async fn release(&self, grant: &Grant) -> Result<Released> {
@@ -53,6 +55,7 @@ fn counted() -> Arc<Counted> {
         inner: MemoryAuthority::standalone(),
         batches: Mutex::default(),
         single: AtomicUsize::new(0),
+        panic: AtomicBool::new(false),
     })
 }
 
@@ -120,6 +123,28 @@ async fn a_refusal_in_a_batch_loses_only_that_lease() {
             assert!(lease.state().is_held(), "lease {i}: {:?}", lease.state());
         }
     }
+}
+
+/// A backend that panics while renewing a batch renews none of it: every lease of the batch is
+/// lost with the same error, as one whose own renewal task died would be.
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_a_batch_loses_every_lease_of_it() -> std::result::Result<(), String> {
+    let authority = counted();
+    let leases = hold(&authority, 5, Duration::ZERO).await;
+    authority.panic.store(true, Ordering::SeqCst);
+    for lease in &leases {
+        let reason = tokio::time::timeout(TTL, lease.lost())
+            .await
+            .map_err(|_| format!("{} was not lost within the TTL", lease.key()))?;
+        let LostReason::RenewalFailed(error) = &reason else {
+            return Err(format!("{} lost for {reason:?}", lease.key()));
+        };
+        let shown = error.to_string();
+        if shown != "memory authority error: the backend panicked while renewing" {
+            return Err(format!("{} lost with `{shown}`", lease.key()));
+        }
+    }
+    Ok(())
 }
 
 /// A renewal queued while the previous batch is closing must still be sent. 200 leases of

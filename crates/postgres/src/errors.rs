@@ -1,5 +1,6 @@
 //! From the driver's errors to leasehold's, keeping "unreachable" apart from "refused".
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::Error;
@@ -65,7 +66,7 @@ pub(crate) fn map_lease(error: sqlx::Error, what: &str, table: &TableName) -> Er
                     table.plain()
                 ),
                 retryable: false,
-                source: Some(Box::new(error)),
+                source: Some(Arc::new(error)),
             }
         }
         _ => map(error, what, table),
@@ -82,7 +83,7 @@ pub(crate) fn map(error: sqlx::Error, what: &str, table: &TableName) -> Error {
             "28000" | "28P01" => Error::Unauthorized {
                 backend: BACKEND,
                 message,
-                source: Some(Box::new(error)),
+                source: Some(Arc::new(error)),
             },
             // invalid_sql_statement_name, duplicate_prepared_statement: a statement prepared
             // under a name on this connection is missing at the server, or another client's is
@@ -94,7 +95,7 @@ pub(crate) fn map(error: sqlx::Error, what: &str, table: &TableName) -> Error {
                     "{message}: a transaction-pooling proxy (such as PgBouncer with pool_mode = transaction) seems to be between this client and PostgreSQL; declare it with pooler=transaction in the URL (see docs/postgres.md)"
                 ),
                 retryable: false,
-                source: Some(Box::new(error)),
+                source: Some(Arc::new(error)),
             },
             // undefined_table
             "42P01" => Error::Backend {
@@ -104,13 +105,13 @@ pub(crate) fn map(error: sqlx::Error, what: &str, table: &TableName) -> Error {
                     table.plain()
                 ),
                 retryable: false,
-                source: Some(Box::new(error)),
+                source: Some(Arc::new(error)),
             },
             // insufficient_privilege
             "42501" => Error::Unauthorized {
                 backend: BACKEND,
                 message,
-                source: Some(Box::new(error)),
+                source: Some(Arc::new(error)),
             },
             // connection exceptions, operator intervention (shutdown, crash recovery, cannot
             // connect now), insufficient resources: the server is not serving us right now.
@@ -125,7 +126,7 @@ pub(crate) fn map(error: sqlx::Error, what: &str, table: &TableName) -> Error {
                 Error::Unavailable {
                     backend: BACKEND,
                     message,
-                    source: Some(Box::new(error)),
+                    source: Some(Arc::new(error)),
                 }
             }
             // serialization failure, deadlock, lock not available: try again.
@@ -133,13 +134,13 @@ pub(crate) fn map(error: sqlx::Error, what: &str, table: &TableName) -> Error {
                 backend: BACKEND,
                 message,
                 retryable: true,
-                source: Some(Box::new(error)),
+                source: Some(Arc::new(error)),
             },
             _ => Error::Backend {
                 backend: BACKEND,
                 message,
                 retryable: false,
-                source: Some(Box::new(error)),
+                source: Some(Arc::new(error)),
             },
         };
     }
@@ -153,14 +154,14 @@ pub(crate) fn map(error: sqlx::Error, what: &str, table: &TableName) -> Error {
         | sqlx::Error::Protocol(_) => Error::Unavailable {
             backend: BACKEND,
             message,
-            source: Some(Box::new(error)),
+            source: Some(Arc::new(error)),
         },
         sqlx::Error::Configuration(_) => Error::InvalidConfig { reason: message },
         _ => Error::Backend {
             backend: BACKEND,
             message,
             retryable: false,
-            source: Some(Box::new(error)),
+            source: Some(Arc::new(error)),
         },
     }
 }

@@ -1,5 +1,6 @@
 //! From the client library's errors to leasehold's, keeping "unreachable" apart from "refused".
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{redact_url, Error};
@@ -71,7 +72,7 @@ pub(crate) fn map_on(error: RedisError, what: &str, cluster: bool) -> Error {
                 "{what}: {error} (the cluster's slots are moving; the next request reads the \
                  slot map again)"
             )),
-            source: Some(Box::new(error)),
+            source: Some(Arc::new(error)),
         };
     }
     map(error, what)
@@ -94,18 +95,18 @@ pub(crate) fn map(error: RedisError, what: &str) -> Error {
     let unauthorized = |message: String, error: RedisError| Error::Unauthorized {
         backend: BACKEND,
         message,
-        source: Some(Box::new(error)),
+        source: Some(Arc::new(error)),
     };
     let unavailable = |message: String, error: RedisError| Error::Unavailable {
         backend: BACKEND,
         message,
-        source: Some(Box::new(error)),
+        source: Some(Arc::new(error)),
     };
     let backend = |message: String, retryable: bool, error: RedisError| Error::Backend {
         backend: BACKEND,
         message,
         retryable,
-        source: Some(Box::new(error)),
+        source: Some(Arc::new(error)),
     };
     match (error.kind(), code.as_str()) {
         // WRONGPASS during the handshake, NOAUTH when no password was given, NOPERM when the ACL

@@ -1,6 +1,7 @@
 //! From SQLite's errors to leasehold's, keeping "busy" (someone holds the file's write lock)
 //! apart from "broken".
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::Error;
@@ -57,24 +58,24 @@ pub(crate) fn map(error: sqlx::Error, what: &str, path: &str) -> Error {
                 backend: BACKEND,
                 message: format!("{message}: another connection kept the database's write lock"),
                 retryable: true,
-                source: Some(Box::new(error)),
+                source: Some(Arc::new(error)),
             },
             SQLITE_IOERR | SQLITE_NOMEM => Error::Unavailable {
                 backend: BACKEND,
                 message,
-                source: Some(Box::new(error)),
+                source: Some(Arc::new(error)),
             },
             SQLITE_FULL => Error::Backend {
                 backend: BACKEND,
                 message: format!("{message}: the disk is full"),
                 retryable: true,
-                source: Some(Box::new(error)),
+                source: Some(Arc::new(error)),
             },
             SQLITE_PERM | SQLITE_READONLY | SQLITE_CANTOPEN => Error::Backend {
                 backend: BACKEND,
                 message: format!("{message}: check the file's and its directory's permissions"),
                 retryable: false,
-                source: Some(Box::new(error)),
+                source: Some(Arc::new(error)),
             },
             // The lease table lacks a column of this version: another program made (or
             // remade) it after this client opened the file, which is when columns are added.
@@ -84,13 +85,13 @@ pub(crate) fn map(error: sqlx::Error, what: &str, path: &str) -> Error {
                     "{message}: the lease table was created by an older version; connect again (opening the database adds the missing columns, keeping the rows)"
                 ),
                 retryable: false,
-                source: Some(Box::new(error)),
+                source: Some(Arc::new(error)),
             },
             _ => Error::Backend {
                 backend: BACKEND,
                 message,
                 retryable: false,
-                source: Some(Box::new(error)),
+                source: Some(Arc::new(error)),
             },
         };
     }
@@ -102,14 +103,14 @@ pub(crate) fn map(error: sqlx::Error, what: &str, path: &str) -> Error {
         | sqlx::Error::WorkerCrashed => Error::Unavailable {
             backend: BACKEND,
             message,
-            source: Some(Box::new(error)),
+            source: Some(Arc::new(error)),
         },
         sqlx::Error::Configuration(_) => Error::InvalidConfig { reason: message },
         _ => Error::Backend {
             backend: BACKEND,
             message,
             retryable: false,
-            source: Some(Box::new(error)),
+            source: Some(Arc::new(error)),
         },
     }
 }

@@ -625,8 +625,8 @@ impl Authority for ZkAuthority {
                     Ok(Ok(stats)) if stats.len() == chunk.len() => stats,
                     // No answer in time: every renewal in the chunk has an unknown outcome.
                     Err(e) => {
-                        for ((i, _, _), e) in chunk.iter().zip(e.into_copies(chunk.len())) {
-                            results[*i] = Some(Err(e));
+                        for (i, _, _) in chunk {
+                            results[*i] = Some(Err(e.clone()));
                         }
                         continue;
                     }

@@ -1,5 +1,6 @@
 //! From the client's errors to leasehold's, keeping "unreachable" apart from "refused".
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::Error;
@@ -46,7 +47,7 @@ pub(crate) fn map(error: ZkError, what: &str) -> Error {
         ZkError::NoAuth | ZkError::AuthFailed | ZkError::InvalidAcl => Error::Unauthorized {
             backend: BACKEND,
             message,
-            source: Some(Box::new(error)),
+            source: Some(Arc::new(error)),
         },
         ZkError::NoHosts
         | ZkError::Timeout
@@ -58,13 +59,13 @@ pub(crate) fn map(error: ZkError, what: &str) -> Error {
         | ZkError::Custom(_) => Error::Unavailable {
             backend: BACKEND,
             message,
-            source: Some(Box::new(error)),
+            source: Some(Arc::new(error)),
         },
         ZkError::Throttled => Error::Backend {
             backend: BACKEND,
             message,
             retryable: true,
-            source: Some(Box::new(error)),
+            source: Some(Arc::new(error)),
         },
         ZkError::Unimplemented => Error::Backend {
             backend: BACKEND,
@@ -72,14 +73,14 @@ pub(crate) fn map(error: ZkError, what: &str) -> Error {
                 "{message} (a server older than 3.5.3? see ZkConfig::with_server_version)"
             ),
             retryable: false,
-            source: Some(Box::new(error)),
+            source: Some(Arc::new(error)),
         },
         ZkError::BadArguments(_) => Error::InvalidConfig { reason: message },
         _ => Error::Backend {
             backend: BACKEND,
             message,
             retryable: false,
-            source: Some(Box::new(error)),
+            source: Some(Arc::new(error)),
         },
     }
 }
