@@ -54,7 +54,31 @@ fn start(client_auth: ZkClientAuth) -> (TestCerts, ZkServer) {
     let certs = TestCerts::generate().expect("test certificates");
     let server = ZkServer::start_tls(&certs, client_auth)
         .unwrap_or_else(|e| panic!("ZooKeeper with TLS must start for these tests: {e}"));
+    warm_up(&certs, &server);
     (certs, server)
+}
+
+/// One TLS session opened and closed with a generous timeout before the tests use the server:
+/// the JVM's first TLS handshake loads and compiles its TLS code, which on a loaded machine
+/// took longer than the tests' one-second request timeout (a bound on the client, not on the
+/// server's warm-up).
+fn warm_up(certs: &TestCerts, server: &ZkServer) {
+    let url = client_url(certs, &secure_hosts(server), "/tls-warm-up").replace(
+        &format!("timeout_ms={}", TIMEOUT.as_millis()),
+        "timeout_ms=30000",
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime for the warm-up");
+    runtime.block_on(async {
+        match ZkAuthority::connect(&url).await {
+            Ok(authority) => {
+                let _ = leasehold_core::Authority::close(&authority).await;
+            }
+            Err(e) => panic!("the TLS warm-up session: {e}"),
+        }
+    });
 }
 
 async fn server(which: fn() -> &'static (TestCerts, ZkServer)) -> &'static (TestCerts, ZkServer) {
