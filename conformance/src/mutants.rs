@@ -222,6 +222,7 @@ impl Mutated {
 }
 
 #[async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl Authority for Mutated {
     fn capabilities(&self) -> &Capabilities {
         &self.capabilities
@@ -359,6 +360,10 @@ impl Authority for Mutated {
 
     async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
         self.inner.wait_for_change(key, max_wait).await
+    }
+
+    async fn close(&self) -> Result<()> {
+        self.inner.close().await
     }
 }
 

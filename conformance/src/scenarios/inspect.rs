@@ -193,6 +193,7 @@ mod tests {
     struct Flawed(MemoryAuthority, Flaw);
 
     #[async_trait]
+    #[deny(clippy::missing_trait_methods)]
     impl Authority for Flawed {
         fn capabilities(&self) -> &Capabilities {
             self.0.capabilities()
@@ -234,6 +235,25 @@ mod tests {
                 }
             }
             Ok(seen)
+        }
+        async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
+            self.0.renew_many(grants).await
+        }
+        async fn list_keys(
+            &self,
+            prefix: &leasehold_core::KeyPrefix,
+            limit: usize,
+        ) -> Result<Vec<LockKey>> {
+            self.0.list_keys(prefix, limit).await
+        }
+        async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
+            self.0.proclaim(grant, value).await
+        }
+        async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
+            self.0.wait_for_change(key, max_wait).await
+        }
+        async fn close(&self) -> Result<()> {
+            self.0.close().await
         }
     }
 

@@ -26,6 +26,7 @@ struct Counting {
 }
 
 #[async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl Authority for Counting {
     fn capabilities(&self) -> &Capabilities {
         self.inner.capabilities()
@@ -55,6 +56,12 @@ impl Authority for Counting {
     }
     async fn list_keys(&self, prefix: &KeyPrefix, limit: usize) -> Result<Vec<LockKey>> {
         self.inner.list_keys(prefix, limit).await
+    }
+    async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
+        self.inner.proclaim(grant, value).await
+    }
+    async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
+        self.inner.wait_for_change(key, max_wait).await
     }
     async fn close(&self) -> Result<()> {
         self.inner.close().await

@@ -117,14 +117,8 @@ pub trait Authority: Send + Sync + fmt::Debug {
     /// * An error that leaves the whole batch's outcome unknown (no answer) is that error for
     ///   every grant.
     /// * Deadlines count from before the batch was sent.
-    /// * The default renews one grant after another.
-    async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
-        let mut results = Vec::with_capacity(grants.len());
-        for grant in grants {
-            results.push(self.renew(grant, grant.ttl()).await);
-        }
-        results
-    }
+    /// * A backend without a batch form renews one grant after another.
+    async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>>;
 
     /// Frees `grant`, if it is still ours.
     ///
@@ -151,16 +145,8 @@ pub trait Authority: Send + Sync + fmt::Debug {
     /// * When held, the holder's fence equals the fence its grant carries; the last fence, when
     ///   reported, is at least every fence issued on the key so far.
     /// * The owner id never reveals an owner token (see [`crate::OwnerId`]).
-    /// * The default answers [`Error::Unsupported`]: it exists so wrappers written before this
-    ///   method keep compiling. Every backend in this workspace implements it, and a wrapper
-    ///   should delegate it.
-    async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
-        let _ = key;
-        Err(Error::Unsupported {
-            backend: self.capabilities().backend,
-            operation: "inspect".into(),
-        })
-    }
+    /// * A backend that cannot read a key without changing it answers [`Error::Unsupported`].
+    async fn inspect(&self, key: &LockKey) -> Result<Inspection>;
 
     /// Lists the keys under `prefix` that the authority knows of: the first `limit` of them in
     /// ascending byte order. For `leasehold status --prefix`; [`Authority::inspect`] each one to
@@ -174,14 +160,8 @@ pub trait Authority: Send + Sync + fmt::Debug {
     /// * Only keys that start with `prefix`, each once, sorted, at most `limit`. Ask for one more
     ///   than you show to know whether there are more.
     /// * A snapshot, as inspect is: never a reason to act.
-    /// * The default answers [`Error::Unsupported`], as for inspect.
-    async fn list_keys(&self, prefix: &KeyPrefix, limit: usize) -> Result<Vec<LockKey>> {
-        let _ = (prefix, limit);
-        Err(Error::Unsupported {
-            backend: self.capabilities().backend,
-            operation: "list_keys".into(),
-        })
-    }
+    /// * A backend that cannot list keys answers [`Error::Unsupported`].
+    async fn list_keys(&self, prefix: &KeyPrefix, limit: usize) -> Result<Vec<LockKey>>;
 
     /// Attaches `value` (at most [`MAX_VALUE_LEN`] bytes: an address, a node name) to `grant`
     /// at the authority, for others to read in [`Inspection::value`]. Leader election
@@ -194,15 +174,7 @@ pub trait Authority: Send + Sync + fmt::Debug {
     /// * The value belongs to this grant: while the grant holds the key, inspect shows the value
     ///   last proclaimed; a later grant on the key (ours or anyone's) starts with none.
     /// * A value longer than [`MAX_VALUE_LEN`] is [`Error::InvalidConfig`], before any request.
-    /// * The default answers [`Error::Unsupported`]; every backend in this workspace implements
-    ///   it, and a wrapper should delegate it.
-    async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
-        let _ = (grant, value);
-        Err(Error::Unsupported {
-            backend: self.capabilities().backend,
-            operation: "proclaim".into(),
-        })
-    }
+    async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()>;
 
     /// Waits until `key` may have changed at the authority (a release, a new grant, a
     /// proclaimed value), or `max_wait` has passed, whichever comes first. Observers of an
@@ -223,12 +195,8 @@ pub trait Authority: Send + Sync + fmt::Debug {
     /// * Dropping the future leaves nothing behind at the authority that holds, blocks or
     ///   changes any lease (PostgreSQL leaves the waiter's mark on the key, which only makes
     ///   its releases notify until the mark runs out).
-    /// * The default sleeps for `max_wait`: polling, for backends without notification.
-    async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
-        let _ = key;
-        tokio::time::sleep_until(crate::time::saturating_add(Instant::now(), max_wait)).await;
-        Ok(())
-    }
+    /// * A backend without notification sleeps for `max_wait` (polling).
+    async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()>;
 
     /// Ends what this client keeps at the authority on behalf of all its leases (an etcd
     /// session lease, say), and waits for the answer. Call it before a process exits: dropping
@@ -240,7 +208,8 @@ pub trait Authority: Send + Sync + fmt::Debug {
     /// * Leases held through this client are lost (their loss signal fires, where they have one).
     /// * The client stays usable; a later acquire starts afresh.
     /// * The default does nothing: a backend whose leases are plain keys or rows with a TTL has
-    ///   nothing beyond them to end.
+    ///   nothing beyond them to end. A wrapper forwards it (wrappers deny
+    ///   `clippy::missing_trait_methods`, so a default cannot hide a method they must pass on).
     async fn close(&self) -> Result<()> {
         Ok(())
     }

@@ -49,6 +49,7 @@ fn outcome<T>(result: &Result<T>) -> &'static str {
 }
 
 #[async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl Authority for Instrumented {
     fn capabilities(&self) -> &Capabilities {
         self.inner.capabilities()
@@ -238,8 +239,8 @@ mod tests {
     use crate::fence::FenceSafety;
     use crate::ttl::TtlRange;
 
-    /// Answers inspect only: enough to see that the wrapper passes it on instead of falling back
-    /// to the trait's `Unsupported` default (which `leasehold status` would then print).
+    /// Answers inspect and list_keys only: enough to see that the wrapper passes them on to the
+    /// authority it wraps.
     #[derive(Debug)]
     struct InspectOnly(Capabilities);
 
@@ -273,6 +274,24 @@ mod tests {
         }
         async fn list_keys(&self, prefix: &KeyPrefix, _: usize) -> Result<Vec<LockKey>> {
             LockKey::new(format!("{prefix}x")).map(|k| vec![k])
+        }
+        async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
+            grants
+                .iter()
+                .map(|_| {
+                    Err(Error::InvalidConfig {
+                        reason: "stub".into(),
+                    })
+                })
+                .collect()
+        }
+        async fn proclaim(&self, _: &Grant, _: &[u8]) -> Result<()> {
+            Err(Error::InvalidConfig {
+                reason: "stub".into(),
+            })
+        }
+        async fn wait_for_change(&self, _: &LockKey, _: Duration) -> Result<()> {
+            Ok(())
         }
     }
 

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_core::{
-    Authority, Capabilities, Grant, Instant, Lease, LeaseOptions, LockKey, LostReason, Released,
-    Result, SafetyMargin,
+    Authority, Capabilities, Grant, Inspection, Instant, KeyPrefix, Lease, LeaseOptions, LockKey,
+    LostReason, Released, Result, SafetyMargin,
 };
 use leasehold_memory::MemoryAuthority;
 
@@ -23,6 +23,7 @@ struct Counted {
 }
 
 #[async_trait::async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl Authority for Counted {
     fn capabilities(&self) -> &Capabilities {
         self.inner.capabilities()
@@ -47,6 +48,21 @@ impl Authority for Counted {
     }
     async fn release(&self, grant: &Grant) -> Result<Released> {
         self.inner.release(grant).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Inspection> {
+        self.inner.inspect(key).await
+    }
+    async fn list_keys(&self, prefix: &KeyPrefix, limit: usize) -> Result<Vec<LockKey>> {
+        self.inner.list_keys(prefix, limit).await
+    }
+    async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
+        self.inner.proclaim(grant, value).await
+    }
+    async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
+        self.inner.wait_for_change(key, max_wait).await
+    }
+    async fn close(&self) -> Result<()> {
+        self.inner.close().await
     }
 }
 

@@ -67,6 +67,7 @@ where
 }
 
 #[async_trait::async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl<F> Authority for RenewedBy<F>
 where
     F: for<'a> Fn(&'a MemoryAuthority, &'a Grant, Duration) -> RenewFuture<'a> + Send + Sync,
@@ -94,6 +95,37 @@ where
     }
     async fn release(&self, grant: &Grant) -> leasehold_core::Result<Released> {
         self.inner.release(grant).await
+    }
+    /// One grant after another, each through the renewal given.
+    async fn renew_many(&self, grants: &[Grant]) -> Vec<leasehold_core::Result<Instant>> {
+        let mut results = Vec::with_capacity(grants.len());
+        for grant in grants {
+            results.push(self.renew(grant, grant.ttl()).await);
+        }
+        results
+    }
+    async fn inspect(&self, key: &LockKey) -> leasehold_core::Result<leasehold_core::Inspection> {
+        self.inner.inspect(key).await
+    }
+    async fn list_keys(
+        &self,
+        prefix: &leasehold_core::KeyPrefix,
+        limit: usize,
+    ) -> leasehold_core::Result<Vec<LockKey>> {
+        self.inner.list_keys(prefix, limit).await
+    }
+    async fn proclaim(&self, grant: &Grant, value: &[u8]) -> leasehold_core::Result<()> {
+        self.inner.proclaim(grant, value).await
+    }
+    async fn wait_for_change(
+        &self,
+        key: &LockKey,
+        max_wait: Duration,
+    ) -> leasehold_core::Result<()> {
+        self.inner.wait_for_change(key, max_wait).await
+    }
+    async fn close(&self) -> leasehold_core::Result<()> {
+        self.inner.close().await
     }
 }
 

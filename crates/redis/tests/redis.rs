@@ -261,6 +261,7 @@ impl Liar {
 }
 
 #[async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl Authority for Liar {
     fn capabilities(&self) -> &Capabilities {
         &self.capabilities
@@ -293,6 +294,38 @@ impl Authority for Liar {
 
     async fn release(&self, grant: &Grant) -> leasehold_core::Result<Released> {
         self.inner.release(grant).await
+    }
+
+    async fn renew_many(&self, grants: &[Grant]) -> Vec<leasehold_core::Result<Instant>> {
+        self.inner.renew_many(grants).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> leasehold_core::Result<leasehold_core::Inspection> {
+        self.inner.inspect(key).await
+    }
+
+    async fn list_keys(
+        &self,
+        prefix: &leasehold_core::KeyPrefix,
+        limit: usize,
+    ) -> leasehold_core::Result<Vec<LockKey>> {
+        self.inner.list_keys(prefix, limit).await
+    }
+
+    async fn proclaim(&self, grant: &Grant, value: &[u8]) -> leasehold_core::Result<()> {
+        self.inner.proclaim(grant, value).await
+    }
+
+    async fn wait_for_change(
+        &self,
+        key: &LockKey,
+        max_wait: Duration,
+    ) -> leasehold_core::Result<()> {
+        self.inner.wait_for_change(key, max_wait).await
+    }
+
+    async fn close(&self) -> leasehold_core::Result<()> {
+        self.inner.close().await
     }
 }
 

@@ -48,6 +48,7 @@ impl Freezable {
 }
 
 #[async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl Authority for Freezable {
     fn capabilities(&self) -> &Capabilities {
         self.inner.capabilities()
@@ -115,6 +116,11 @@ impl Authority for Freezable {
         max_wait: Duration,
     ) -> leasehold_core::Result<()> {
         self.inner.wait_for_change(key, max_wait).await
+    }
+
+    async fn close(&self) -> leasehold_core::Result<()> {
+        self.thawed().await;
+        self.inner.close().await
     }
 }
 
