@@ -35,8 +35,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use leasehold::{
     redact_url, Authority, ClientOptions, Error, Instant, Lease, LeaseOptions, LeaseState, LockKey,
-    UrlParams,
 };
+use leasehold_core::backend::UrlParams;
 use leasehold_postgres::PostgresAuthority;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 

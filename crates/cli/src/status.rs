@@ -4,7 +4,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use leasehold::{redact_url, Authority, Inspection, KeyPrefix, LockKey, UrlParams};
+use leasehold::{redact_url, Authority, Inspection, KeyPrefix, LockKey};
+use leasehold_core::backend::UrlParams;
 
 use crate::args::{StatusArgs, StatusTarget};
 use crate::duration::human;

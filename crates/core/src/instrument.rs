@@ -7,13 +7,13 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::authority::{Authority, Released};
-use crate::capabilities::Capabilities;
-use crate::error::{Error, Result};
-use crate::grant::Grant;
-use crate::inspection::Inspection;
-use crate::key::LockKey;
-use crate::key_prefix::KeyPrefix;
+use crate::contract::authority::{Authority, Released};
+use crate::contract::capabilities::Capabilities;
+use crate::contract::error::{Error, Result};
+use crate::contract::grant::Grant;
+use crate::contract::inspection::Inspection;
+use crate::contract::key::LockKey;
+use crate::contract::key_prefix::KeyPrefix;
 use crate::telemetry::{self, AcquireOutcome};
 
 /// Wraps an authority so each acquire, renew and release runs in a span
@@ -235,9 +235,9 @@ impl Authority for Instrumented {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Error;
-    use crate::fence::FenceSafety;
-    use crate::ttl::TtlRange;
+    use crate::contract::error::Error;
+    use crate::contract::fence::FenceSafety;
+    use crate::contract::ttl::TtlRange;
 
     /// Answers inspect and list_keys only: enough to see that the wrapper passes them on to the
     /// authority it wraps.

@@ -1,4 +1,14 @@
-//! The `Lease` handle: a grant that renews itself and says when it is lost.
+//! The lease: a grant that renews itself and says when it is lost ([`Lease`]), its state as
+//! the holder sees it ([`LeaseState`], [`LeaseWatch`]), the loss signal a backend fires when it
+//! learns of a loss first ([`LossSignal`]), and the batches in which the leases of one client
+//! renew together.
+
+pub(crate) mod batched_renewal;
+pub(crate) mod loss_signal;
+pub(crate) mod state;
+
+pub use loss_signal::LossSignal;
+pub use state::{LeaseState, LeaseWatch};
 
 use std::fmt;
 use std::future::Future;
@@ -10,15 +20,15 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::authority::{Authority, Released};
-use crate::backoff::Backoff;
-use crate::batched_renewal::Renewals;
-use crate::error::{Error, Result};
-use crate::fence::Fence;
-use crate::grant::Grant;
-use crate::key::LockKey;
-use crate::lease_state::{LeaseState, LeaseWatch, Published};
-use crate::lost::LostReason;
+use crate::backend::backoff::Backoff;
+use crate::contract::authority::{Authority, Released};
+use crate::contract::error::{Error, Result};
+use crate::contract::fence::Fence;
+use crate::contract::grant::Grant;
+use crate::contract::key::LockKey;
+use crate::contract::lost::LostReason;
+use crate::lease::batched_renewal::Renewals;
+use crate::lease::state::Published;
 use crate::telemetry::{HoldRecord, RenewalOutcome};
 use crate::time::saturating_add;
 

@@ -32,66 +32,27 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-mod authority;
-mod backoff;
-mod batch_answers;
-mod batched_renewal;
-mod capabilities;
-mod connection_url;
-mod election;
-mod error;
-mod exclusion;
-mod fence;
-mod grant;
-mod if_unavailable;
-mod inspection;
+pub mod backend;
+mod contract;
 mod instrument;
-mod key;
-mod key_prefix;
 mod lease;
-mod lease_state;
-mod loss_signal;
-mod lost;
-mod margin;
-mod options;
-mod owner;
-mod redact;
-mod resource;
-mod schedule;
-mod semaphore;
+mod recipes;
 pub mod telemetry;
 pub mod time;
-mod ttl;
-mod unclaimed;
 
-pub use authority::{check_proclaimed, Authority, Released, MAX_VALUE_LEN};
-pub use backoff::{poll_acquire, Backoff};
-pub use batch_answers::{batch_answers, batch_failed, check_batch_ttls};
-pub use capabilities::{Capabilities, WaitStrategy};
-pub use connection_url::{ConnectionUrl, UrlHost};
-pub use election::{Election, Leader, Leadership, Observer, DEFAULT_OBSERVE_INTERVAL};
-pub use error::{ArcError, BoxError, Error, Result};
-pub use exclusion::ExclusionSafety;
-pub use fence::{Epoch, Fence, FenceSafety, FencingToken};
-pub use grant::Grant;
-pub use if_unavailable::{acquire_or, is_unavailable, Admission, IfUnavailable, Unlocked};
-pub use inspection::{Inspection, OwnerId};
+pub use contract::{
+    ArcError, Authority, BoxError, Capabilities, ClientOptions, Epoch, Error, ExclusionSafety,
+    Fence, FenceSafety, FencedRegister, FencedResource, FencingToken, Grant, Guarded, Inspection,
+    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, SafetyMargin, TtlRange,
+    WaitStrategy, MAX_KEY_LEN, MAX_VALUE_LEN,
+};
 pub use instrument::Instrumented;
-pub use key::{LockKey, MAX_KEY_LEN};
-pub use key_prefix::{KeyPrefix, SmallestKeys};
-pub use lease::{Lease, LeaseOptions};
-pub use lease_state::{LeaseState, LeaseWatch};
-pub use loss_signal::LossSignal;
-pub use lost::LostReason;
-pub use margin::SafetyMargin;
-pub use options::{percent_decode, ClientOptions, UrlParams};
-pub use owner::OwnerToken;
-pub use redact::{is_secret_param, redact_url, Secret};
-pub use resource::{FencedRegister, FencedResource, Guarded};
-pub use schedule::{claim_period, claim_ttl};
-pub use semaphore::{Permit, Semaphore, MAX_PERMITS};
-pub use ttl::TtlRange;
-pub use unclaimed::{claim_or_give_back, Left, Unanswered};
+pub use lease::{Lease, LeaseOptions, LeaseState, LeaseWatch, LossSignal};
+pub use recipes::{
+    acquire_or, claim_period, claim_ttl, is_unavailable, Admission, Election, IfUnavailable,
+    Leader, Leadership, Observer, Permit, Semaphore, Unlocked, DEFAULT_OBSERVE_INTERVAL,
+    MAX_PERMITS,
+};
 
 /// Re-exported so backends and tests use the same monotonic clock type (tokio's, which
 /// `tokio::time::pause()` controls in tests).

@@ -30,8 +30,8 @@ use std::time::Duration;
 
 use metrics::{Label, Unit};
 
-use crate::key::LockKey;
-use crate::lost::LostReason;
+use crate::contract::key::LockKey;
+use crate::contract::lost::LostReason;
 
 /// `leasehold_acquire_total`.
 pub const ACQUIRE_TOTAL: &str = "leasehold_acquire_total";

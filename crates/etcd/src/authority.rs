@@ -9,11 +9,12 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
     SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
+use leasehold_core::backend::{check_proclaimed, SmallestKeys};
 use leasehold_core::time::{deadline_in, saturating_add};
 use leasehold_core::{
-    check_proclaimed, Authority, Capabilities, Error, ExclusionSafety, FenceSafety, FencingToken,
-    Grant, Inspection, Instant, KeyPrefix, LockKey, LossSignal, LostReason, OwnerToken, Released,
-    Result, SmallestKeys, TtlRange, WaitStrategy,
+    Authority, Capabilities, Error, ExclusionSafety, FenceSafety, FencingToken, Grant, Inspection,
+    Instant, KeyPrefix, LockKey, LossSignal, LostReason, OwnerToken, Released, Result, TtlRange,
+    WaitStrategy,
 };
 use tokio::sync::{oneshot, watch};
 

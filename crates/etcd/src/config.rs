@@ -4,7 +4,8 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use leasehold_core::{redact_url, ClientOptions, ConnectionUrl, Error, Result, Secret};
+use leasehold_core::backend::{redact_url, ConnectionUrl, Secret};
+use leasehold_core::{ClientOptions, Error, Result};
 
 /// etcd's default client port, used when an endpoint names none.
 const DEFAULT_PORT: u16 = 2379;

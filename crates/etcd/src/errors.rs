@@ -4,7 +4,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{redact_url, Backoff, Error};
+use leasehold_core::backend::{redact_url, Backoff};
+use leasehold_core::Error;
 
 pub(crate) const BACKEND: &str = "etcd";
 

@@ -18,8 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, Txn, TxnOp};
+use leasehold_core::backend::Backoff;
 use leasehold_core::time::{deadline_in, saturating_add};
-use leasehold_core::{Backoff, Error, LossSignal, LostReason, OwnerToken, Result, SafetyMargin};
+use leasehold_core::{Error, LossSignal, LostReason, OwnerToken, Result, SafetyMargin};
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 

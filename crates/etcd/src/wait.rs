@@ -9,7 +9,8 @@ use etcd_client::{
     Client, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
     WatchFilterType, WatchOptions,
 };
-use leasehold_core::{Backoff, LossSignal, LostReason, Result};
+use leasehold_core::backend::Backoff;
+use leasehold_core::{LossSignal, LostReason, Result};
 use tokio::time::Instant;
 
 use crate::authority::{delete_orphan, is_orphan};

@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use leasehold_core::{redact_url, Authority, ConnectionUrl, Error, Instrumented, Result};
+use leasehold_core::backend::{redact_url, ConnectionUrl};
+use leasehold_core::{Authority, Error, Instrumented, Result};
 
 /// The URL schemes and the cargo feature that brings each backend in.
 const SCHEMES: &[(&str, &str)] = &[

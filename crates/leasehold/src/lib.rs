@@ -59,7 +59,17 @@
 mod connect;
 
 pub use connect::connect;
-pub use leasehold_core::*;
+/// A connection URL with its password (in the user info or a query parameter) masked, for logs.
+pub use leasehold_core::backend::redact_url;
+pub use leasehold_core::{
+    acquire_or, claim_period, claim_ttl, is_unavailable, telemetry, time, Admission, ArcError,
+    Authority, BoxError, Capabilities, ClientOptions, Election, Epoch, Error, ExclusionSafety,
+    Fence, FenceSafety, FencedRegister, FencedResource, FencingToken, Grant, Guarded,
+    IfUnavailable, Inspection, Instant, Instrumented, KeyPrefix, Leader, Leadership, Lease,
+    LeaseOptions, LeaseState, LeaseWatch, LockKey, LossSignal, LostReason, Observer, OwnerId,
+    OwnerToken, Permit, Released, Result, SafetyMargin, Semaphore, TtlRange, Unlocked,
+    WaitStrategy, DEFAULT_OBSERVE_INTERVAL, MAX_KEY_LEN, MAX_PERMITS, MAX_VALUE_LEN,
+};
 
 /// The in-memory reference authority, for tests and single-process use.
 #[cfg(feature = "memory")]

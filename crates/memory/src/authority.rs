@@ -5,9 +5,10 @@ use std::pin::pin;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leasehold_core::backend::SmallestKeys;
 use leasehold_core::{
     Authority, Capabilities, ClientOptions, Error, Fence, FenceSafety, Grant, Inspection, Instant,
-    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, SmallestKeys, TtlRange,
+    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange,
 };
 
 use crate::server::{MemoryServer, BACKEND};
@@ -170,7 +171,7 @@ impl Authority for MemoryAuthority {
 
     /// One request renews the whole batch, each grant checked as `renew` checks it.
     async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
-        if let Err(refused) = leasehold_core::check_batch_ttls(grants, &TTL) {
+        if let Err(refused) = leasehold_core::backend::check_batch_ttls(grants, &TTL) {
             return refused;
         }
         let sent = Instant::now();
@@ -190,12 +191,13 @@ impl Authority for MemoryAuthority {
             })
             .await;
         match renewed {
-            Err(e) => leasehold_core::batch_failed(e, grants.len()),
-            Ok(renewed) => {
-                leasehold_core::batch_answers(grants, sent, &self.options.safety_margin, |i, _| {
-                    renewed.get(i) == Some(&true)
-                })
-            }
+            Err(e) => leasehold_core::backend::batch_failed(e, grants.len()),
+            Ok(renewed) => leasehold_core::backend::batch_answers(
+                grants,
+                sent,
+                &self.options.safety_margin,
+                |i, _| renewed.get(i) == Some(&true),
+            ),
         }
     }
 
@@ -253,7 +255,7 @@ impl Authority for MemoryAuthority {
     }
 
     async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
-        leasehold_core::check_proclaimed(value)?;
+        leasehold_core::backend::check_proclaimed(value)?;
         let stored = self
             .server
             .request(&self.options, "proclaim", |state, now| {

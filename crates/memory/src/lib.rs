@@ -1,6 +1,6 @@
 //! # leasehold-memory
 //!
-//! The reference [`Authority`]: every contract of leasehold-core, implemented in one process
+//! The reference [`Authority`](leasehold_core::Authority): every contract of leasehold-core, implemented in one process
 //! with a mutex and a map. It exists for two reasons:
 //! * it is the yardstick the conformance suite is checked against (the suite must pass on it,
 //!   and each deliberately broken variant of it must fail the suite);

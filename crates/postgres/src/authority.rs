@@ -6,12 +6,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_core::redact_url;
+use leasehold_core::backend::redact_url;
+use leasehold_core::backend::{claim_or_give_back, Backoff, Left};
 use leasehold_core::time::{saturating_add, FOREVER};
 use leasehold_core::{
-    claim_or_give_back, Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant,
-    Inspection, Instant, KeyPrefix, Left, LockKey, LostReason, OwnerId, OwnerToken, Released,
-    Result, TtlRange, WaitStrategy,
+    Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
+    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange, WaitStrategy,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row, SqlStr};
@@ -629,7 +629,7 @@ impl Authority for PostgresAuthority {
 
     /// One statement renews the whole batch, each row checked as `renew` checks it.
     async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
-        if let Err(refused) = leasehold_core::check_batch_ttls(grants, &TTL) {
+        if let Err(refused) = leasehold_core::backend::check_batch_ttls(grants, &TTL) {
             return refused;
         }
         let (mut keys, mut owners, mut fences, mut ttls) = (
@@ -676,9 +676,9 @@ impl Authority for PostgresAuthority {
             .await;
         let renewed: std::collections::HashSet<(String, i64)> = match renewed {
             Ok(rows) => rows.into_iter().collect(),
-            Err(e) => return leasehold_core::batch_failed(e, grants.len()),
+            Err(e) => return leasehold_core::backend::batch_failed(e, grants.len()),
         };
-        leasehold_core::batch_answers(
+        leasehold_core::backend::batch_answers(
             grants,
             sent,
             &self.inner.config.client.safety_margin,
@@ -709,7 +709,7 @@ impl Authority for PostgresAuthority {
     /// database's clock), that stamps the value with the grant's fence and `NOTIFY`s the key's
     /// waiters in the same statement.
     async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
-        leasehold_core::check_proclaimed(value)?;
+        leasehold_core::backend::check_proclaimed(value)?;
         let (key, owner, fence) = Self::owner_matches(grant);
         let statement = self.inner.statements.proclaim.clone();
         let named = self.inner.named();

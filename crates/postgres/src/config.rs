@@ -5,7 +5,8 @@ use std::str::FromStr;
 
 use std::time::Duration;
 
-use leasehold_core::{redact_url, ClientOptions, ConnectionUrl, Error, Result, Secret};
+use leasehold_core::backend::{redact_url, ConnectionUrl, Secret};
+use leasehold_core::{ClientOptions, Error, Result};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use sqlx::postgres::PgConnectOptions;
 
@@ -346,7 +347,7 @@ pub(crate) fn unverified_tls(options: &PgConnectOptions) -> Option<&'static str>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use leasehold_core::percent_decode;
+    use leasehold_core::backend::percent_decode;
     use sqlx::ConnectOptions;
 
     /// A connection over a network that does not verify its server is reported, so

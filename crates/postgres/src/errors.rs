@@ -6,7 +6,7 @@ use std::time::Duration;
 use leasehold_core::Error;
 
 use crate::table::TableName;
-use leasehold_core::redact_url;
+use leasehold_core::backend::redact_url;
 
 pub(crate) const BACKEND: &str = "postgres";
 

@@ -4,12 +4,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leasehold_core::backend::Backoff;
 use leasehold_core::time::{deadline_in, FOREVER};
-use leasehold_core::Backoff;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::{watch, Notify};
 
-use leasehold_core::redact_url;
+use leasehold_core::backend::redact_url;
 
 /// The channel every leasehold release and proclaim is announced on. The payload is
 /// `<table> <key>` (keys have no spaces), so one channel serves every lease table of a

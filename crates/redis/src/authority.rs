@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leasehold_core::backend::{Backoff, SmallestKeys};
 use leasehold_core::time::{deadline_in, saturating_add};
 use leasehold_core::{
-    Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
-    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, SmallestKeys, TtlRange,
+    Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
+    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange,
 };
 use redis::{AsyncConnectionConfig, Client, ProtocolVersion, RedisResult, TlsCertificates};
 
@@ -729,7 +730,7 @@ impl Authority for RedisAuthority {
     /// One script call renews the whole batch, each key checked as `renew` checks it. On a
     /// Redis Cluster, one renewal per grant instead.
     async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
-        if let Err(refused) = leasehold_core::check_batch_ttls(grants, &TTL) {
+        if let Err(refused) = leasehold_core::backend::check_batch_ttls(grants, &TTL) {
             return refused;
         }
         if self.inner.config.is_cluster() {
@@ -756,23 +757,25 @@ impl Authority for RedisAuthority {
             .script("renew", &self.inner.scripts.renew_many, &keys, &args)
             .await;
         match answered {
-            Err(e) => leasehold_core::batch_failed(e, grants.len()),
+            Err(e) => leasehold_core::backend::batch_failed(e, grants.len()),
             // One answer per grant, or nobody knows which were renewed: a protocol error for
             // the whole batch (retryable, as any unknown outcome).
-            Ok(Ints(renewed)) if renewed.len() != grants.len() => leasehold_core::batch_failed(
-                Error::Backend {
-                    backend: BACKEND,
-                    message: format!(
-                        "renew: the script answered {} results for {} leases",
-                        renewed.len(),
-                        grants.len()
-                    ),
-                    retryable: true,
-                    source: None,
-                },
-                grants.len(),
-            ),
-            Ok(Ints(renewed)) => leasehold_core::batch_answers(
+            Ok(Ints(renewed)) if renewed.len() != grants.len() => {
+                leasehold_core::backend::batch_failed(
+                    Error::Backend {
+                        backend: BACKEND,
+                        message: format!(
+                            "renew: the script answered {} results for {} leases",
+                            renewed.len(),
+                            grants.len()
+                        ),
+                        retryable: true,
+                        source: None,
+                    },
+                    grants.len(),
+                )
+            }
+            Ok(Ints(renewed)) => leasehold_core::backend::batch_answers(
                 grants,
                 sent,
                 &self.inner.config.client.safety_margin,
@@ -869,7 +872,7 @@ impl Authority for RedisAuthority {
     /// the grant's fence if the lock key still holds our owner token, and announced on the
     /// release channel so that observers read again at once.
     async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
-        leasehold_core::check_proclaimed(value)?;
+        leasehold_core::backend::check_proclaimed(value)?;
         let lock_key = self.inner.config.layout.lock_key(grant.key());
         let value_key = KeyLayout::value_key_of(&lock_key);
         let (token, fence) = (hex(&grant.owner()), grant.fence().raw().to_string());

@@ -12,7 +12,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use leasehold_core::{ConnectionUrl, Result};
+use leasehold_core::backend::ConnectionUrl;
+use leasehold_core::Result;
 use redis::aio::AsyncPushSender;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::{

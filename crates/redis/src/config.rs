@@ -4,7 +4,8 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use leasehold_core::{redact_url, ClientOptions, ConnectionUrl, Error, Result};
+use leasehold_core::backend::{redact_url, ConnectionUrl};
+use leasehold_core::{ClientOptions, Error, Result};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 
 use crate::cluster::{ClusterTarget, DEFAULT_PORT};

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{redact_url, Error};
+use leasehold_core::backend::redact_url;
+use leasehold_core::Error;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 pub(crate) const BACKEND: &str = "redis";

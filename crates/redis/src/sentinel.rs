@@ -16,7 +16,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold_core::{ConnectionUrl, Result, Secret};
+use leasehold_core::backend::{ConnectionUrl, Secret};
+use leasehold_core::Result;
 use redis::aio::MultiplexedConnection;
 use redis::{
     AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, IntoConnectionInfo, ProtocolVersion,

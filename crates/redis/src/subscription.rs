@@ -10,7 +10,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold_core::Backoff;
+use leasehold_core::backend::Backoff;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Msg, ProtocolVersion, PushInfo, PushKind, RedisError, Value};
 use tokio::sync::{watch, Notify};

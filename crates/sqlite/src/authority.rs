@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leasehold_core::backend::{claim_or_give_back, Backoff, Left};
 use leasehold_core::time::{saturating_add, FOREVER};
 use leasehold_core::{
-    claim_or_give_back, Authority, Backoff, Capabilities, Error, FenceSafety, FencingToken, Grant,
-    Inspection, Instant, KeyPrefix, Left, LockKey, LostReason, OwnerId, OwnerToken, Released,
-    Result, TtlRange, WaitStrategy,
+    Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
+    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange, WaitStrategy,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -850,7 +850,7 @@ impl Authority for SqliteAuthority {
 
     /// One transaction renews the whole batch.
     async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
-        if let Err(refused) = leasehold_core::check_batch_ttls(grants, &TTL) {
+        if let Err(refused) = leasehold_core::backend::check_batch_ttls(grants, &TTL) {
             return refused;
         }
         let sent = Instant::now();
@@ -863,8 +863,8 @@ impl Authority for SqliteAuthority {
             )
             .await;
         match renewed {
-            Err(e) => leasehold_core::batch_failed(e, grants.len()),
-            Ok(renewed) => leasehold_core::batch_answers(
+            Err(e) => leasehold_core::backend::batch_failed(e, grants.len()),
+            Ok(renewed) => leasehold_core::backend::batch_answers(
                 grants,
                 sent,
                 &self.inner.config.client.safety_margin,
@@ -895,7 +895,7 @@ impl Authority for SqliteAuthority {
     /// live by the machine's clock read with the write lock held), that stamps the value with
     /// the grant's fence.
     async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
-        leasehold_core::check_proclaimed(value)?;
+        leasehold_core::backend::check_proclaimed(value)?;
         let (key, owner, fence) = Self::owner_matches(grant);
         let changed = self
             .inner

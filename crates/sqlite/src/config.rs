@@ -2,7 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use leasehold_core::{redact_url, ClientOptions, ConnectionUrl, Error, Result};
+use leasehold_core::backend::{redact_url, ConnectionUrl};
+use leasehold_core::{ClientOptions, Error, Result};
 
 /// The lease table's default name.
 pub const DEFAULT_TABLE: &str = "leasehold_leases";

@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leasehold_core::backend::SmallestKeys;
 use leasehold_core::time::saturating_add;
 use leasehold_core::{
     Authority, Capabilities, Error, ExclusionSafety, FenceSafety, FencingToken, Grant, Inspection,
-    Instant, KeyPrefix, LockKey, LostReason, OwnerToken, Released, Result, SmallestKeys, TtlRange,
-    WaitStrategy,
+    Instant, KeyPrefix, LockKey, LostReason, OwnerToken, Released, Result, TtlRange, WaitStrategy,
 };
 use zookeeper_client::{Error as ZkError, Stat};
 
@@ -776,7 +776,7 @@ impl Authority for ZkAuthority {
     /// flight is `LeaseLost` too, and the value goes with the node, as every value does: a later
     /// grant, a new node, starts with none.
     async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
-        leasehold_core::check_proclaimed(value)?;
+        leasehold_core::backend::check_proclaimed(value)?;
         let held = Self::held(grant)?;
         let key = grant.key().as_str();
         let refused = || Error::lease_lost(key, LostReason::Refused);

@@ -12,7 +12,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::Backoff;
+use leasehold_core::backend::Backoff;
 use zookeeper_client::{CreateSequence, Error as ZkError, Stat};
 
 use crate::config::ZkConfig;

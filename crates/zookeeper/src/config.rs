@@ -6,10 +6,8 @@ use std::time::Duration;
 
 use leasehold_core::Instant;
 
-use leasehold_core::{
-    percent_decode, redact_url, ClientOptions, ConnectionUrl, Error, Result, Secret, TtlRange,
-    UrlHost,
-};
+use leasehold_core::backend::{percent_decode, redact_url, ConnectionUrl, Secret, UrlHost};
+use leasehold_core::{ClientOptions, Error, Result, TtlRange};
 
 /// The chroot used when the URL names none, so that lock nodes never land in the server's root
 /// next to `/zookeeper`.

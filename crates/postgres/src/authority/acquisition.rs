@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold_core::backend::Backoff;
 use leasehold_core::time::saturating_add;
-use leasehold_core::{Backoff, Instant, Result};
+use leasehold_core::{Instant, Result};
 use sqlx::{PgConnection, SqlStr};
 
 use super::sending::{Failed, Sent, Statement};
@@ -96,7 +97,7 @@ impl Inner {
 
     /// What a sent acquisition statement comes to for the acquisition: its answer; a late one's
     /// answer when it comes (the caller, gone by then, gives back a lease it took: see
-    /// [`claim_or_give_back`](leasehold_core::claim_or_give_back)); or, where its transaction's COMMIT failed without an answer
+    /// [`claim_or_give_back`](leasehold_core::backend::claim_or_give_back)); or, where its transaction's COMMIT failed without an answer
     /// (through a transaction pooler), an error, and a lease it may have taken given back.
     pub(super) async fn settle(
         self: &Arc<Self>,

@@ -7,8 +7,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold_core::backend::Backoff;
 use leasehold_core::time::saturating_add;
-use leasehold_core::{Backoff, Instant, Result};
+use leasehold_core::{Instant, Result};
 use sqlx::{AssertSqlSafe, PgConnection};
 
 use super::Inner;

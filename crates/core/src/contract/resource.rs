@@ -4,8 +4,8 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use crate::error::Result;
-use crate::fence::Fence;
+use crate::contract::error::Result;
+use crate::contract::fence::Fence;
 
 /// What a fenced resource did with a claim or a write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,7 +111,7 @@ impl FencedResource for FencedRegister {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fence::{Epoch, FenceSafety};
+    use crate::contract::fence::{Epoch, FenceSafety};
 
     fn f(n: u64) -> Fence {
         Fence::compose("t", Epoch::ZERO, n, FenceSafety::Linearizable).unwrap()

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::fence::Fence;
-use crate::key::LockKey;
-use crate::loss_signal::LossSignal;
-use crate::owner::OwnerToken;
+use crate::contract::fence::Fence;
+use crate::contract::key::LockKey;
+use crate::contract::owner::OwnerToken;
+use crate::lease::loss_signal::LossSignal;
 
 /// One successful acquisition: who holds which key, with which fence, until when.
 ///

@@ -1,40 +1,20 @@
-//! Settings every backend shares, and how they are read from a connection URL.
+//! The query parameters of a connection URL, read strictly: what every backend's URL shares.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use crate::error::{Error, Result};
-use crate::fence::Epoch;
-use crate::margin::SafetyMargin;
-use crate::redact::{is_secret_param, redact_url, Secret};
-
-/// Client-side settings common to every authority.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClientOptions {
-    /// The deployment epoch in the top bits of every fence (default 0).
-    pub epoch: Epoch,
-    /// What each grant's local deadline gives up to clock drift.
-    pub safety_margin: SafetyMargin,
-    /// How long one request may take before it is [`Error::Unavailable`] (default 5 s).
-    pub request_timeout: Duration,
-}
-
-impl Default for ClientOptions {
-    fn default() -> Self {
-        ClientOptions {
-            epoch: Epoch::ZERO,
-            safety_margin: SafetyMargin::default(),
-            request_timeout: Duration::from_secs(5),
-        }
-    }
-}
+use crate::backend::redact::{is_secret_param, redact_url, Secret};
+use crate::contract::client_options::ClientOptions;
+use crate::contract::error::{Error, Result};
+use crate::contract::fence::Epoch;
+use crate::contract::margin::SafetyMargin;
 
 /// The query parameters of a connection URL, consumed one by one so that a parameter nobody
 /// understood is an error instead of being silently ignored.
 ///
 /// Values are kept as written (not percent-decoded: [`UrlParams::take_decoded`] decodes); the
-/// value of a parameter whose name says it is a secret ([`is_secret_param`]) is never shown in
+/// value of a parameter whose name says it is a secret (`password`, `token`, ...) is never shown in
 /// `Debug` or in an error.
 pub struct UrlParams {
     redacted_url: String,

@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use crate::contract::error::{Error, Result};
 
 /// The longest key, in bytes. Long enough for `tenant:invoice:<uuid>`-style names, short enough
 /// to fit every backend's key or node-name limit after its own prefix and escaping.

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::lost::LostReason;
+use crate::contract::lost::LostReason;
 
 /// A boxed error from a backend's client library, as [`Error::unavailable`] and
 /// [`Error::backend`] take it.

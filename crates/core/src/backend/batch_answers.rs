@@ -4,11 +4,11 @@
 
 use tokio::time::Instant;
 
-use crate::error::{Error, Result};
-use crate::grant::Grant;
-use crate::lost::LostReason;
-use crate::margin::SafetyMargin;
-use crate::ttl::TtlRange;
+use crate::contract::error::{Error, Result};
+use crate::contract::grant::Grant;
+use crate::contract::lost::LostReason;
+use crate::contract::margin::SafetyMargin;
+use crate::contract::ttl::TtlRange;
 
 /// Checks every grant's TTL against `range` before anything is sent: when one is invalid, every
 /// grant of the batch gets that error.

@@ -20,13 +20,13 @@ use std::time::Duration;
 
 use futures_util::Stream;
 
-use crate::authority::{check_proclaimed, Authority, Released};
-use crate::error::Result;
-use crate::fence::Fence;
-use crate::inspection::{Inspection, OwnerId};
-use crate::key::LockKey;
+use crate::contract::authority::{check_proclaimed, Authority, Released};
+use crate::contract::error::Result;
+use crate::contract::fence::Fence;
+use crate::contract::inspection::{Inspection, OwnerId};
+use crate::contract::key::LockKey;
+use crate::contract::lost::LostReason;
 use crate::lease::{Lease, LeaseOptions};
-use crate::lost::LostReason;
 
 /// How often an observer reads the leader when no notification comes: the timer fallback that
 /// notices a leader whose lease simply ran out.

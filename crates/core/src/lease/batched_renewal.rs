@@ -18,9 +18,9 @@ use futures_util::FutureExt;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use crate::authority::Authority;
-use crate::error::{Error, Result};
-use crate::grant::Grant;
+use crate::contract::authority::Authority;
+use crate::contract::error::{Error, Result};
+use crate::contract::grant::Grant;
 use crate::time::saturating_add;
 
 /// How long an opened batch waits for others to join before it is sent: short against any

@@ -4,7 +4,7 @@ use std::cmp::Ordering;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
-use crate::error::{Error, Result};
+use crate::contract::error::{Error, Result};
 
 /// How far a backend's fences can be trusted to only grow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::error::Error;
+use crate::contract::error::Error;
 
 /// Why no answer was claimed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,7 +4,7 @@ use std::fmt;
 
 use tokio::sync::watch;
 
-use crate::lost::LostReason;
+use crate::contract::lost::LostReason;
 
 /// The state of a [`crate::Lease`], as its renewal task last learned it.
 ///

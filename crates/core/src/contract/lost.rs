@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::Error;
+use crate::contract::error::Error;
 
 /// Why a lease is no longer valid. Delivered by [`crate::Lease::lost`] and carried by
 /// [`Error::LeaseLost`].
@@ -27,7 +27,7 @@ pub enum LostReason {
     /// The holder released the lease.
     Released,
     /// Renewal stopped on purpose because the lease reached its configured maximum hold time
-    /// ([`crate::LeaseOptions::max_hold`]), and the last renewal's validity ran out.
+    /// ([`crate::LeaseOptions::with_max_hold`]), and the last renewal's validity ran out.
     MaxHoldReached,
 }
 

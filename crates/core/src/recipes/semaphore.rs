@@ -22,15 +22,15 @@ use std::time::Duration;
 
 use rand::seq::SliceRandom;
 
-use crate::authority::{Authority, Released};
-use crate::backoff::Backoff;
-use crate::capabilities::WaitStrategy;
-use crate::error::{Error, Result};
-use crate::fence::Fence;
-use crate::key::LockKey;
-use crate::key_prefix::KeyPrefix;
+use crate::backend::backoff::Backoff;
+use crate::contract::authority::{Authority, Released};
+use crate::contract::capabilities::WaitStrategy;
+use crate::contract::error::{Error, Result};
+use crate::contract::fence::Fence;
+use crate::contract::key::LockKey;
+use crate::contract::key_prefix::KeyPrefix;
+use crate::contract::lost::LostReason;
 use crate::lease::{Lease, LeaseOptions};
-use crate::lost::LostReason;
 use crate::time::saturating_add;
 
 /// The most permits a semaphore may have: each try looks at every slot.

@@ -3,8 +3,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
-use crate::key::{LockKey, MAX_KEY_LEN};
+use crate::contract::error::{Error, Result};
+use crate::contract::key::{LockKey, MAX_KEY_LEN};
 
 /// The start of lock keys, as `leasehold status --prefix` and [`crate::Authority::list_keys`]
 /// take it: `invoice:` lists `invoice:72` and `invoice:73`.

@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use crate::exclusion::ExclusionSafety;
-use crate::fence::FenceSafety;
-use crate::ttl::TtlRange;
+use crate::contract::exclusion::ExclusionSafety;
+use crate::contract::fence::FenceSafety;
+use crate::contract::ttl::TtlRange;
 
 /// How a backend waits for a held lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

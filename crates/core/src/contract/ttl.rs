@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::contract::error::{Error, Result};
 
 /// The TTLs a backend supports: a range and a granularity.
 ///

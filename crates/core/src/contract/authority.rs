@@ -6,13 +6,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::capabilities::Capabilities;
-use crate::error::Error;
-use crate::error::Result;
-use crate::grant::Grant;
-use crate::inspection::Inspection;
-use crate::key::LockKey;
-use crate::key_prefix::KeyPrefix;
+use crate::contract::capabilities::Capabilities;
+use crate::contract::error::Error;
+use crate::contract::error::Result;
+use crate::contract::grant::Grant;
+use crate::contract::inspection::Inspection;
+use crate::contract::key::LockKey;
+use crate::contract::key_prefix::KeyPrefix;
 
 /// The longest value [`Authority::proclaim`] attaches to a grant, in bytes: enough for an
 /// address or a node name, small enough for every backend to store beside a lease.

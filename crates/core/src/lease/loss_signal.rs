@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::lost::LostReason;
+use crate::contract::lost::LostReason;
 
 /// A one-way switch a backend flips when something that carries many grants ends: an etcd
 /// session lease revoked or reported expired by keep-alive, a ZooKeeper session expired.

@@ -24,10 +24,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::authority::Authority;
-use crate::capabilities::Capabilities;
-use crate::error::{Error, Result};
-use crate::key::LockKey;
+use crate::contract::authority::Authority;
+use crate::contract::capabilities::Capabilities;
+use crate::contract::error::{Error, Result};
+use crate::contract::key::LockKey;
 use crate::lease::{Lease, LeaseOptions};
 
 /// Claims `key` for one `period`, without waiting: `Some(lease)` when this instance should run

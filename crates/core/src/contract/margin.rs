@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::error::{Error, Result};
+use crate::contract::error::{Error, Result};
 
 /// How much of a TTL the client gives up to stay on the safe side.
 ///

@@ -12,9 +12,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::authority::Authority;
-use crate::error::{Error, Result};
-use crate::key::LockKey;
+use crate::contract::authority::Authority;
+use crate::contract::error::{Error, Result};
+use crate::contract::key::LockKey;
 use crate::lease::{Lease, LeaseOptions};
 
 /// What to do when the authority cannot be reached.

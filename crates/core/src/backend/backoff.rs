@@ -3,12 +3,6 @@
 use std::time::Duration;
 
 use rand::Rng;
-use tokio::time::Instant;
-
-use crate::authority::Authority;
-use crate::error::{Error, Result};
-use crate::grant::Grant;
-use crate::key::LockKey;
 
 /// Exponential backoff with "equal jitter": each delay is half the current step plus a random
 /// part of the other half. The jitter keeps a crowd of waiters that woke together from retrying
@@ -51,37 +45,6 @@ impl Backoff {
     /// Back to the first step (after progress was made).
     pub fn reset(&mut self) {
         self.step = self.base;
-    }
-}
-
-/// `acquire` for backends without notifications: `try_acquire` again after each jittered delay,
-/// until the key is ours or `max_wait` has passed.
-///
-/// An attempt already sent is never cut short by `max_wait`: cutting it could leave a lease
-/// created at the authority that nobody knows about. So the wait ends at most one request after
-/// `max_wait`.
-pub async fn poll_acquire(
-    authority: &dyn Authority,
-    key: &LockKey,
-    ttl: Duration,
-    max_wait: Duration,
-    mut backoff: Backoff,
-) -> Result<Grant> {
-    let start = Instant::now();
-    let give_up = crate::time::saturating_add(start, max_wait);
-    loop {
-        if let Some(grant) = authority.try_acquire(key, ttl).await? {
-            return Ok(grant);
-        }
-        let now = Instant::now();
-        if now >= give_up {
-            return Err(Error::Timeout {
-                key: key.to_string(),
-                waited: now - start,
-            });
-        }
-        let delay = backoff.next_delay().min(give_up - now);
-        tokio::time::sleep(delay).await;
     }
 }
 

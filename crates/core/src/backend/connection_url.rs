@@ -21,9 +21,9 @@
 
 use std::fmt;
 
-use crate::error::{Error, Result};
-use crate::options::{percent_decode, UrlParams};
-use crate::redact::{redact_url, Secret};
+use crate::backend::redact::{redact_url, Secret};
+use crate::backend::url_params::{percent_decode, UrlParams};
+use crate::contract::error::{Error, Result};
 
 /// One `host[:port]` of a URL's host list, checked by the `url` crate's host rules.
 #[derive(Clone, Debug, PartialEq, Eq)]

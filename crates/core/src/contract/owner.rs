@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use rand::TryRngCore;
 
-use crate::error::{Error, Result};
+use crate::contract::error::{Error, Result};
 
 /// A random 128-bit identity for one grant, drawn from the operating system's CSPRNG.
 ///

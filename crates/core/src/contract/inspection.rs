@@ -3,9 +3,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::fence::Fence;
-use crate::key::LockKey;
-use crate::owner::OwnerToken;
+use crate::contract::fence::Fence;
+use crate::contract::key::LockKey;
+use crate::contract::owner::OwnerToken;
 
 /// A short, non-secret name for whoever holds a key.
 ///
@@ -176,7 +176,7 @@ impl fmt::Display for Inspection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fence::{Epoch, FenceSafety};
+    use crate::contract::fence::{Epoch, FenceSafety};
 
     #[test]
     fn owner_id_shows_only_a_prefix() {

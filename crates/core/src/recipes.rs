@@ -1,0 +1,16 @@
+//! Patterns built on leases, for every backend: they use only the [`Authority`](crate::Authority)
+//! contract, so each works wherever a lock does.
+//!
+//! [`Election`] (a leader whose epoch is its fence), [`Semaphore`] (N fenced slots),
+//! [`claim_period`] (scheduled work that runs once per period across processes), and
+//! [`acquire_or`] (failing open or closed when the authority is unavailable, declared).
+
+pub(crate) mod election;
+pub(crate) mod if_unavailable;
+pub(crate) mod schedule;
+pub(crate) mod semaphore;
+
+pub use election::{Election, Leader, Leadership, Observer, DEFAULT_OBSERVE_INTERVAL};
+pub use if_unavailable::{acquire_or, is_unavailable, Admission, IfUnavailable, Unlocked};
+pub use schedule::{claim_period, claim_ttl};
+pub use semaphore::{Permit, Semaphore, MAX_PERMITS};
