@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::{Error, LockKey, Result};
 
-fn unsupported(operation: &str) -> Error {
+pub(crate) fn unsupported(operation: &str) -> Error {
     Error::Unsupported {
         backend: "fault harness",
         operation: operation.to_string(),

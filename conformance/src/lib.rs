@@ -17,15 +17,21 @@
 //!   lost acknowledgements, stale writes accepted, reissued fences, overlapping holders,
 //!   availability and hand-off latency, from a run's history and the resource's final state.
 //!
+//! * [`kit`]: what binds a backend's tests to all this in a few lines: a [`Connector`] for any
+//!   URL ([`kit::UrlConnector`]), [`Faults`] for any harness server ([`kit::ServerFaults`]),
+//!   and [`OrFail`] on `Result` and `Option` for tests that say what failed.
+//!
 //! A backend's test calls the whole suite in one line:
 //! ```ignore
-//! let ctx = Context::new(Arc::new(MyConnector::new(url))).await?.with_faults(faults);
+//! let clients = UrlConnector::new(url, |url| async move { MyAuthority::connect(&url).await });
+//! let ctx = Context::new(Arc::new(clients)).await.or_fail("connect")?.with_faults(faults);
 //! leasehold_conformance::scenarios::run_all("mybackend", &ctx).await.assert_passed();
 //! ```
 #![deny(missing_docs)]
 
 mod context;
 mod faults;
+pub mod kit;
 pub mod memory;
 pub mod mutants;
 pub mod recorded;

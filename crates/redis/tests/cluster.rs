@@ -11,14 +11,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_conformance::scenarios::run_all;
-use leasehold_conformance::{harness_error, Connector, Context, Faults, Residue, Verdict};
+use leasehold_conformance::{harness_error, Context, Faults, Residue, Verdict};
 use leasehold_core::{Authority, FenceSafety, Instant, LockKey, Released};
 use leasehold_redis::{KeyLayout, RedisAuthority};
 use leasehold_servers::{ClusterNode, RedisCluster};
 
 mod common;
 
-use common::{blocking, cut_replication, wait_in_sync};
+use common::{blocking, clients, cut_replication, wait_in_sync};
 
 /// Every request gives up after one second.
 const TIMEOUT: Duration = Duration::from_millis(1000);
@@ -66,16 +66,6 @@ fn primaries(cluster: &RedisCluster) -> Result<Vec<&ClusterNode>, String> {
         }
     }
     Ok(found)
-}
-
-/// Clients through the one cluster URL, before and after failovers.
-struct Clients(String);
-
-#[async_trait]
-impl Connector for Clients {
-    async fn connect(&self) -> leasehold_core::Result<Arc<dyn Authority>> {
-        Ok(Arc::new(RedisAuthority::connect(&self.0).await?))
-    }
 }
 
 /// Faults on the cluster. A restart and a pause act on every primary (the faults do not know
@@ -208,7 +198,7 @@ impl Residue for ClusterResidue {
 async fn passes_the_conformance_suite_on_a_cluster_with_a_failover() {
     let cluster = start().await;
     let url = with_timeout(&cluster.url());
-    let ctx = Context::new(Arc::new(Clients(url))).await.unwrap();
+    let ctx = Context::new(Arc::new(clients(&url))).await.unwrap();
     let failover_key = KeyLayout::default().lock_key(&ctx.key("fences-failover"));
     let ctx = ctx
         .with_residue(Arc::new(ClusterResidue(cluster.clone())))

@@ -11,14 +11,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_conformance::scenarios::run_all;
-use leasehold_conformance::{harness_error, Connector, Context, Faults, Residue, Verdict};
+use leasehold_conformance::{harness_error, Context, Faults, Residue, Verdict};
 use leasehold_core::{Authority, Error, FenceSafety, Instant, LockKey, Released};
 use leasehold_redis::{KeyLayout, RedisAuthority, RedisConfig};
 use leasehold_servers::{RedisServer, SentinelDeployment, SentinelOptions};
 
 mod common;
 
-use common::{blocking, cut_replication, wait_in_sync};
+use common::{blocking, clients, cut_replication, wait_in_sync};
 
 /// Every request, sentinel queries included, gives up after one second.
 const TIMEOUT: Duration = Duration::from_millis(1000);
@@ -37,16 +37,6 @@ async fn start_with(options: SentinelOptions) -> Arc<SentinelDeployment> {
         .await
         .unwrap_or_else(|e| panic!("Redis Sentinel must start for these tests: {e}"));
     Arc::new(deployment)
-}
-
-/// Clients through the one sentinel URL, before and after failovers.
-struct Clients(String);
-
-#[async_trait]
-impl Connector for Clients {
-    async fn connect(&self) -> leasehold_core::Result<Arc<dyn Authority>> {
-        Ok(Arc::new(RedisAuthority::connect(&self.0).await?))
-    }
 }
 
 /// Faults on whichever server the sentinels name as the primary. A restart and a pause are
@@ -170,7 +160,7 @@ impl Residue for SentinelResidue {
 async fn passes_the_conformance_suite_with_a_sentinel_failover() {
     let deployment = start_with(SentinelOptions::default()).await;
     let url = with_timeout(&deployment.url());
-    let ctx = Context::new(Arc::new(Clients(url)))
+    let ctx = Context::new(Arc::new(clients(&url)))
         .await
         .unwrap()
         .with_residue(Arc::new(SentinelResidue(deployment.clone())))

@@ -5,24 +5,25 @@ mod common;
 
 use std::sync::Arc;
 
+use leasehold_conformance::kit::{OrFail, TestResult};
 use leasehold_conformance::scenarios::run_all;
 use leasehold_conformance::{Context, Verdict};
 
-use common::{standalone, url, Clients, StandaloneFaults, ZkResidue, IDLE_CLEANUP};
+use common::{clients, standalone, standalone_faults, url, ZkResidue, IDLE_CLEANUP};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn passes_the_conformance_suite_with_faults() {
-    let server = standalone().await;
+async fn passes_the_conformance_suite_with_faults() -> TestResult {
+    let server = standalone().await?;
     let url = url(&server.connect_string(), "/conformance");
-    let ctx = Context::new(Arc::new(Clients(url.clone())))
+    let ctx = Context::new(Arc::new(clients(&url)))
         .await
-        .unwrap()
+        .or_fail("connect the first client")?
         .with_idle_cleanup(IDLE_CLEANUP)
         .with_residue(Arc::new(ZkResidue {
             hosts: server.connect_string(),
             url: url.clone(),
         }))
-        .with_faults(Arc::new(StandaloneFaults { server, url }));
+        .with_faults(Arc::new(standalone_faults(server, url)));
     assert_eq!(
         ctx.ttl().as_millis(),
         500,
@@ -42,4 +43,5 @@ async fn passes_the_conformance_suite_with_faults() {
             );
         }
     }
+    Ok(())
 }

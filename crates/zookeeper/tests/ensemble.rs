@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leasehold_conformance::kit::{ErrOrFail, OrFail, TestResult};
 use leasehold_conformance::scenarios::run_all;
 use leasehold_conformance::{Context, Faults, Verdict};
 use leasehold_core::{
@@ -18,7 +19,8 @@ use leasehold_core::{
 use leasehold_servers::ZkEnsemble;
 use leasehold_zookeeper::ZkAuthority;
 
-use common::{blocking, ensemble, Clients};
+use common::{clients, ensemble};
+use leasehold_conformance::harness_call as blocking;
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -59,7 +61,7 @@ impl Faults for EnsembleFaults {
     /// after the servers are back, not the ensemble's recovery. Bounded by 30 s.
     async fn resume(&self) -> leasehold_core::Result<()> {
         self.each(|m| m.resume()).await?;
-        let probe_key = LockKey::new("harness/resume-probe").expect("a valid key");
+        let probe_key = LockKey::new("harness/resume-probe")?;
         let ttl = self.ensemble.tick_time() * 4;
         let started = Instant::now();
         loop {
@@ -93,12 +95,12 @@ impl Faults for EnsembleFaults {
             Ok(leader)
         })
         .await?;
-        *self.killed.lock().unwrap() = Some(killed);
+        *self.killed.lock().unwrap_or_else(|e| e.into_inner()) = Some(killed);
         Ok(())
     }
 
     async fn complete_failover(&self) -> leasehold_core::Result<()> {
-        let killed = self.killed.lock().unwrap().take();
+        let killed = self.killed.lock().unwrap_or_else(|e| e.into_inner()).take();
         let e = self.ensemble.clone();
         blocking(move || {
             e.leader()?;
@@ -116,13 +118,13 @@ fn epoch(fence: leasehold_core::Fence) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn passes_the_conformance_suite_on_an_ensemble_with_a_leader_crash() {
+async fn passes_the_conformance_suite_on_an_ensemble_with_a_leader_crash() -> TestResult {
     let _one = ONE_AT_A_TIME.lock().await;
-    let ensemble = ensemble().await;
+    let ensemble = ensemble().await?;
     let url = common::url(&ensemble.connect_string(), "/conformance");
-    let ctx = Context::new(Arc::new(Clients(url.clone())))
+    let ctx = Context::new(Arc::new(clients(&url)))
         .await
-        .unwrap()
+        .or_fail("connect the first client")?
         .with_idle_cleanup(common::IDLE_CLEANUP)
         .with_residue(Arc::new(common::ZkResidue {
             hosts: ensemble.connect_string(),
@@ -144,27 +146,28 @@ async fn passes_the_conformance_suite_on_an_ensemble_with_a_leader_crash() {
             line.scenario
         );
     }
+    Ok(())
 }
 
 /// The leader crashes while A holds a renewed lease and B keeps trying: B never gets the key
 /// while A's lease is valid, and every fence after the election is greater (a greater epoch).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_leader_crash_while_held_keeps_one_holder_and_fences_grow() {
+async fn a_leader_crash_while_held_keeps_one_holder_and_fences_grow() -> TestResult {
     let _one = ONE_AT_A_TIME.lock().await;
-    let ensemble = ensemble().await;
+    let ensemble = ensemble().await?;
     let url = format!(
         "zk://{}/failover?timeout_ms=2000",
         ensemble.connect_string()
     );
-    let a: Arc<dyn Authority> = Arc::new(ZkAuthority::connect(&url).await.unwrap());
-    let b = ZkAuthority::connect(&url).await.unwrap();
-    let key = LockKey::new("failover").unwrap();
+    let a: Arc<dyn Authority> = Arc::new(ZkAuthority::connect(&url).await.or_fail("connect A")?);
+    let b = ZkAuthority::connect(&url).await.or_fail("connect B")?;
+    let key = LockKey::new("failover").or_fail("the key")?;
     let ttl = Duration::from_secs(2);
     let lease = Arc::new(
         Lease::try_acquire(a.clone(), &key, ttl, LeaseOptions::default())
             .await
-            .unwrap()
-            .unwrap(),
+            .or_fail("A's lease")?
+            .or_fail("the key is free")?,
     );
     let before = lease.fence();
 
@@ -195,11 +198,11 @@ async fn a_leader_crash_while_held_keeps_one_holder_and_fences_grow() {
         Ok(leader)
     })
     .await
-    .unwrap();
+    .or_fail("kill the leader")?;
     // Let the clients find the new leader, then a while longer.
     tokio::time::sleep(ttl).await;
     stop.notify_one();
-    let got = prober.await.unwrap();
+    let got = prober.await.or_fail("the prober")?;
     for (fence, a_valid) in &got {
         assert!(
             !a_valid,
@@ -214,7 +217,10 @@ async fn a_leader_crash_while_held_keeps_one_holder_and_fences_grow() {
         got.len()
     );
     drop(lease);
-    let after = b.acquire(&key, ttl, ttl * 3).await.unwrap();
+    let after = b
+        .acquire(&key, ttl, ttl * 3)
+        .await
+        .or_fail("B acquires after the election")?;
     assert!(
         after.fence() > before,
         "{} after the election, {} before",
@@ -227,19 +233,20 @@ async fn a_leader_crash_while_held_keeps_one_holder_and_fences_grow() {
         before.raw(),
         after.fence().raw()
     );
-    let _ = b.release(&after).await.unwrap();
+    let _ = b.release(&after).await.or_fail("B releases")?;
+    Ok(())
 }
 
 /// A's server stops answering (SIGSTOP of the one member A talks to) for longer than A's session
 /// timeout: the leader expires A's session, A's `lost()` fires, B acquires with a greater fence
 /// and claims the resource, and A's late write with its old fence is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_expired_holder_loses_its_lease_and_its_stale_write_is_refused() {
+async fn an_expired_holder_loses_its_lease_and_its_stale_write_is_refused() -> TestResult {
     let _one = ONE_AT_A_TIME.lock().await;
-    let ensemble = ensemble().await;
+    let ensemble = ensemble().await?;
     let e = ensemble.clone();
-    let leader = blocking(move || e.leader()).await.unwrap();
-    let x = (0..3).find(|&i| i != leader).unwrap();
+    let leader = blocking(move || e.leader()).await.or_fail("the leader")?;
+    let x = (0..3).find(|&i| i != leader).or_fail("a follower")?;
     let others: Vec<String> = (0..3)
         .filter(|&i| i != x)
         .map(|i| ensemble.member(i).connect_string())
@@ -249,28 +256,33 @@ async fn an_expired_holder_loses_its_lease_and_its_stale_write_is_refused() {
         ensemble.member(x).connect_string()
     );
     let b_url = format!("zk://{}/expiry?timeout_ms=1000", others.join(","));
-    let a: Arc<dyn Authority> = Arc::new(ZkAuthority::connect(&a_url).await.unwrap());
-    let b = ZkAuthority::connect(&b_url).await.unwrap();
-    let key = LockKey::new("payout:7").unwrap();
+    let a: Arc<dyn Authority> = Arc::new(ZkAuthority::connect(&a_url).await.or_fail("connect A")?);
+    let b = ZkAuthority::connect(&b_url).await.or_fail("connect B")?;
+    let key = LockKey::new("payout:7").or_fail("the key")?;
     let ttl = Duration::from_secs(1);
     let register = FencedRegister::new();
 
     let lease = Lease::try_acquire(a.clone(), &key, ttl, LeaseOptions::default())
         .await
-        .unwrap()
-        .unwrap();
+        .or_fail("A's lease")?
+        .or_fail("the key is free")?;
     let stale = lease.grant().clone();
     assert_eq!(
-        register.claim(lease.fence()).await.unwrap(),
+        register.claim(lease.fence()).await.or_fail("A claims")?,
         Guarded::Accepted
     );
     assert_eq!(
-        register.write(lease.fence(), "A: 1").await.unwrap(),
+        register
+            .write(lease.fence(), "A: 1")
+            .await
+            .or_fail("A writes")?,
         Guarded::Accepted
     );
 
     let e = ensemble.clone();
-    blocking(move || e.member(x).pause()).await.unwrap();
+    blocking(move || e.member(x).pause())
+        .await
+        .or_fail("pause A's server")?;
     let paused = Instant::now();
     let waiter = tokio::spawn({
         let (b, key) = (b.clone(), key.clone());
@@ -282,7 +294,7 @@ async fn an_expired_holder_loses_its_lease_and_its_stale_write_is_refused() {
     let deadline = lease.deadline();
     let reason = tokio::time::timeout_at(deadline + Duration::from_millis(500), lease.lost())
         .await
-        .expect("lost() fires by the deadline while A's server is frozen");
+        .or_fail("lost() fires by the deadline while A's server is frozen")?;
     assert!(
         matches!(
             reason,
@@ -291,8 +303,8 @@ async fn an_expired_holder_loses_its_lease_and_its_stale_write_is_refused() {
         "{reason:?}"
     );
     let lost_at = Instant::now();
-    let (granted, got_at) = waiter.await.unwrap();
-    let fresh = granted.expect("B gets the key once the leader expires A's session");
+    let (granted, got_at) = waiter.await.or_fail("B's waiting task")?;
+    let fresh = granted.or_fail("B gets the key once the leader expires A's session")?;
     assert!(
         got_at >= lost_at,
         "B held the key before A knew it had lost it"
@@ -307,11 +319,14 @@ async fn an_expired_holder_loses_its_lease_and_its_stale_write_is_refused() {
 
     // B claims the resource first thing; A's write, late, carries the old fence.
     assert_eq!(
-        register.claim(fresh.fence()).await.unwrap(),
+        register.claim(fresh.fence()).await.or_fail("B claims")?,
         Guarded::Accepted
     );
     assert_eq!(
-        register.write(stale.fence(), "A: 2").await.unwrap(),
+        register
+            .write(stale.fence(), "A: 2")
+            .await
+            .or_fail("A's late write")?,
         Guarded::Stale {
             newest: fresh.fence().value()
         }
@@ -319,14 +334,19 @@ async fn an_expired_holder_loses_its_lease_and_its_stale_write_is_refused() {
     assert!(register
         .write(fresh.fence(), "B: 1")
         .await
-        .unwrap()
+        .or_fail("B writes")?
         .is_accepted());
 
     // Once A's client knows (its side gives up after 7/5 of the timeout), renewing says why.
     tokio::time::sleep_until(paused + ttl * 2).await;
     let e = ensemble.clone();
-    blocking(move || e.member(x).resume()).await.unwrap();
-    let err = a.renew(&stale, ttl).await.unwrap_err();
+    blocking(move || e.member(x).resume())
+        .await
+        .or_fail("resume A's server")?;
+    let err = a
+        .renew(&stale, ttl)
+        .await
+        .err_or_fail("A renews after its session ended")?;
     assert!(
         matches!(
             err,
@@ -338,7 +358,8 @@ async fn an_expired_holder_loses_its_lease_and_its_stale_write_is_refused() {
         "{err:?}"
     );
     drop(lease);
-    let _ = b.release(&fresh).await.unwrap();
+    let _ = b.release(&fresh).await.or_fail("B releases")?;
+    Ok(())
 }
 
 /// Starts an ensemble of `size` members as `config` says, or says why it did not start.

@@ -1,13 +1,20 @@
-//! What the Redis test binaries share: the bridge to the blocking harness, and replication
-//! helpers for any Redis process the harness runs (a plain server, a Sentinel deployment's, a
-//! cluster node).
+//! What the Redis test binaries share: starting servers, clients plain and leasehold's, the
+//! bridge to the blocking harness, the server's command counters and release-channel
+//! subscribers, a collector of warnings, and replication helpers for any Redis process the
+//! harness runs (a plain server, a Sentinel deployment's, a cluster node).
 
 // Each test binary uses part of this module.
 #![allow(dead_code)]
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leasehold_conformance::harness_call;
+use leasehold_conformance::kit::{self, OrFail, TestResult, UrlConnector};
+use leasehold_core::Instant;
+use leasehold_redis::RedisAuthority;
 use leasehold_servers::{ClusterNode, HarnessError, RedisServer};
+use redis::aio::MultiplexedConnection;
 
 /// A Redis process the harness sends commands to.
 pub trait Node {
@@ -26,9 +33,65 @@ impl Node for ClusterNode {
     }
 }
 
-/// Runs a blocking harness call off the runtime's threads.
+/// Runs a blocking harness call off the runtime's threads; a panic in it goes on in the caller.
 pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.unwrap()
+    match tokio::task::spawn_blocking(f).await {
+        Ok(value) => value,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
+/// Requests give up after one second, so an unresponsive server is noticed within a TTL.
+pub fn url(server: &RedisServer) -> String {
+    format!("{}?timeout_ms=1000", server.url())
+}
+
+/// A plain server of the test's own.
+pub async fn start() -> TestResult<Arc<RedisServer>> {
+    kit::start("Redis", RedisServer::start).await
+}
+
+/// A primary and its replica, in sync.
+pub async fn start_pair() -> TestResult<(Arc<RedisServer>, Arc<RedisServer>)> {
+    let primary = start().await?;
+    let p = primary.clone();
+    let replica = kit::start("the Redis replica", move || {
+        RedisServer::start_replica_of(&p)
+    })
+    .await?;
+    Ok((primary, replica))
+}
+
+/// Clients of the authority at `url`, for the suite.
+pub fn clients(url: &str) -> UrlConnector {
+    UrlConnector::new(
+        url,
+        |url| async move { RedisAuthority::connect(&url).await },
+    )
+}
+
+/// A plain client of the same library, for what an operator or another application does.
+pub async fn raw(server: &RedisServer) -> TestResult<MultiplexedConnection> {
+    redis::Client::open(server.url())
+        .or_fail("a plain client")?
+        .get_multiplexed_async_connection()
+        .await
+        .or_fail("a plain connection")
+}
+
+/// A command through the harness, off the runtime's threads.
+pub async fn command(server: &Arc<RedisServer>, args: &[&str]) -> TestResult<String> {
+    let what = args.join(" ");
+    let (server, args) = (
+        server.clone(),
+        args.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+    );
+    harness_call(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        server.command(&args)
+    })
+    .await
+    .or_fail(&what)
 }
 
 /// `field:value` from an `INFO` reply.
@@ -36,6 +99,89 @@ pub fn info_field(info: &str, field: &str) -> Option<String> {
     info.lines()
         .find_map(|l| l.strip_prefix(&format!("{field}:")))
         .map(|v| v.trim().to_string())
+}
+
+/// `(calls, failed_calls)` of a command from `INFO commandstats`.
+pub async fn calls(server: &Arc<RedisServer>, command_name: &str) -> TestResult<(u64, u64)> {
+    let info = command(server, &["INFO", "commandstats"]).await?;
+    let Some(stats) = info_field(&info, &format!("cmdstat_{command_name}")) else {
+        return Ok((0, 0));
+    };
+    let get = |name: &str| {
+        stats
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    Ok((get("calls"), get("failed_calls")))
+}
+
+/// How many subscribers the release channel has (`PUBSUB NUMSUB`).
+pub async fn subscribers(con: &mut MultiplexedConnection) -> TestResult<Option<redis::Value>> {
+    let numsub: Vec<redis::Value> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg("leasehold:released")
+        .query_async(con)
+        .await
+        .or_fail("PUBSUB NUMSUB")?;
+    Ok(numsub.get(1).cloned())
+}
+
+/// Waits until the authority's subscription is on the release channel (`PUBSUB NUMSUB`).
+pub async fn wait_subscribed(con: &mut MultiplexedConnection, count: i64) -> TestResult {
+    let since = Instant::now();
+    loop {
+        let numsub = subscribers(con).await?;
+        if numsub == Some(redis::Value::Int(count)) {
+            return Ok(());
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(5),
+            "no subscription: {numsub:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Collects the warnings logged on this thread (a minimal `tracing` subscriber, so the tests
+/// need no logging crate).
+#[derive(Clone, Default)]
+pub struct Warnings(Arc<Mutex<Vec<String>>>);
+
+impl Warnings {
+    pub fn taken(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+struct Message(String);
+
+impl tracing::field::Visit for Message {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!(" {}={value:?}", field.name()));
+    }
+}
+
+impl tracing::Subscriber for Warnings {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        *metadata.level() <= tracing::Level::WARN
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(message.0);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
 }
 
 fn text(e: HarnessError) -> String {

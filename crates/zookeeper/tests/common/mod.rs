@@ -1,16 +1,22 @@
-//! What the ZooKeeper test binaries share: starting servers, clients, faults.
+//! What the ZooKeeper test binaries share: starting servers (one shared per binary for the
+//! tests that do not fault it), clients, raw clients to look behind the authority, faults, and
+//! polling. Each binary uses its part.
 
 #![allow(dead_code)]
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_conformance::{Connector, Faults, Residue};
-use leasehold_core::{Authority, LockKey};
+use leasehold_conformance::kit::{self, OrFail, ServerFaults, TestResult, UrlConnector};
+use leasehold_conformance::{Failure, Residue};
+use leasehold_core::{Instant, LockKey};
 use leasehold_servers::ZK_CONTAINER_CHECK_INTERVAL;
 use leasehold_servers::{ZkEnsemble, ZkServer};
 use leasehold_zookeeper::{names, ZkAuthority, ZkConfig};
+use zookeeper_client::{Acls, CreateMode};
+
+use leasehold_conformance::harness_error;
 
 /// Requests give up after one second, so an unresponsive server is noticed within a TTL.
 pub const PARAMS: &str = "timeout_ms=1000";
@@ -19,39 +25,79 @@ pub fn url(hosts: &str, chroot: &str) -> String {
     format!("zk://{hosts}{chroot}?{PARAMS}")
 }
 
-pub async fn standalone() -> Arc<ZkServer> {
-    let server = tokio::task::spawn_blocking(ZkServer::start)
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("ZooKeeper must start for these tests: {e}"));
-    Arc::new(server)
+pub fn key(name: &str) -> TestResult<LockKey> {
+    LockKey::new(name).or_fail(&format!("key {name}"))
 }
 
-pub async fn ensemble() -> Arc<ZkEnsemble> {
-    let ensemble = tokio::task::spawn_blocking(|| ZkEnsemble::start(3))
+/// A standalone server of the test's own, for a test that faults it.
+pub async fn standalone() -> TestResult<Arc<ZkServer>> {
+    kit::start("ZooKeeper", ZkServer::start).await
+}
+
+pub async fn ensemble() -> TestResult<Arc<ZkEnsemble>> {
+    kit::start("a 3-node ZooKeeper ensemble", || ZkEnsemble::start(3)).await
+}
+
+/// One server for the tests of a binary that cannot disturb each other (each uses its own
+/// chroot); tests that fault a server start their own.
+pub fn shared() -> TestResult<&'static ZkServer> {
+    static SERVER: OnceLock<Result<ZkServer, String>> = OnceLock::new();
+    SERVER
+        .get_or_init(|| ZkServer::start().map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| Failure::new(format!("ZooKeeper must start for these tests: {e}")))
+}
+
+/// The shared server's hosts, started off the runtime's workers if it is not running yet.
+pub async fn shared_hosts() -> TestResult<String> {
+    tokio::task::spawn_blocking(|| shared().map(|s| s.connect_string()))
         .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("a 3-node ZooKeeper ensemble must start for these tests: {e}"));
-    Arc::new(ensemble)
+        .or_fail("start the shared server")?
+}
+
+/// Clients of the authority at `url`, for the suite.
+pub fn clients(url: &str) -> UrlConnector {
+    UrlConnector::new(url, |url| async move { ZkAuthority::connect(&url).await })
 }
 
 /// A raw client (no chroot) for looking at and tampering with the nodes behind the authority.
-pub async fn raw(hosts: &str) -> zookeeper_client::Client {
+pub async fn raw(hosts: &str) -> TestResult<zookeeper_client::Client> {
     zookeeper_client::Client::connector()
         .with_session_timeout(Duration::from_secs(10))
         .connect(hosts)
         .await
-        .expect("a raw ZooKeeper client connects")
+        .or_fail("a raw ZooKeeper client connects")
 }
 
 /// The children of `key`'s parent that queue for the lock.
-pub async fn contenders(raw: &zookeeper_client::Client, parent: &str) -> Vec<String> {
+pub async fn contenders(raw: &zookeeper_client::Client, parent: &str) -> TestResult<Vec<String>> {
     let children = match raw.list_children(parent).await {
         Ok(children) => children,
         Err(zookeeper_client::Error::NoNode) => Vec::new(),
-        Err(e) => panic!("list {parent}: {e}"),
+        Err(e) => return Err(Failure::new(format!("list {parent}: {e}"))),
     };
-    names::queue(&children)
+    Ok(names::queue(&children))
+}
+
+pub fn ephemeral_sequential() -> zookeeper_client::CreateOptions<'static> {
+    CreateMode::EphemeralSequential.with_acls(Acls::anyone_all())
+}
+
+/// Polls `probe` every 10 ms until it returns true, for at most `within`; whether it did.
+pub async fn eventually(
+    within: Duration,
+    mut probe: impl AsyncFnMut() -> TestResult<bool>,
+) -> TestResult<bool> {
+    let start = Instant::now();
+    loop {
+        if probe().await? {
+            return Ok(true);
+        }
+        if start.elapsed() > within {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// How long a key must sit idle before the harness server has certainly reaped its empty
@@ -76,23 +122,11 @@ impl Residue for ZkResidue {
             "/" => format!("/{name}"),
             chroot => format!("{chroot}/{name}"),
         };
-        let raw = raw(&self.hosts).await;
-        let left = contenders(&raw, &parent).await;
+        let raw = raw(&self.hosts).await.map_err(harness_error)?;
+        let left = contenders(&raw, &parent).await.map_err(harness_error)?;
         Ok(left.into_iter().map(|n| format!("{parent}/{n}")).collect())
     }
 }
-
-pub struct Clients(pub String);
-
-#[async_trait]
-impl Connector for Clients {
-    async fn connect(&self) -> leasehold_core::Result<Arc<dyn Authority>> {
-        Ok(Arc::new(ZkAuthority::connect(&self.0).await?))
-    }
-}
-
-pub use leasehold_conformance::harness_call as blocking;
-pub use leasehold_conformance::harness_error;
 
 /// Deletes the holder's node of `key`, as an operator (or a session expiry) would.
 pub async fn revoke(
@@ -100,10 +134,11 @@ pub async fn revoke(
     authority: &ZkAuthority,
     key: &LockKey,
 ) -> leasehold_core::Result<()> {
-    let raw = raw(hosts).await;
+    let raw = raw(hosts).await.map_err(harness_error)?;
     let parent = authority.lock_path(key);
     let first = contenders(&raw, &parent)
         .await
+        .map_err(harness_error)?
         .into_iter()
         .next()
         .ok_or_else(|| harness_error(format!("nobody holds {key}")))?;
@@ -112,31 +147,14 @@ pub async fn revoke(
         .map_err(harness_error)
 }
 
-/// Crash, freeze and operator faults on a standalone server.
-pub struct StandaloneFaults {
-    pub server: Arc<ZkServer>,
-    pub url: String,
-}
-
-#[async_trait]
-impl Faults for StandaloneFaults {
-    async fn restart(&self) -> leasehold_core::Result<()> {
-        let s = self.server.clone();
-        blocking(move || s.restart()).await
-    }
-
-    async fn pause(&self) -> leasehold_core::Result<()> {
-        let s = self.server.clone();
-        blocking(move || s.pause()).await
-    }
-
-    async fn resume(&self) -> leasehold_core::Result<()> {
-        let s = self.server.clone();
-        blocking(move || s.resume()).await
-    }
-
-    async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<()> {
-        let admin = ZkAuthority::connect(&self.url).await?;
-        revoke(&self.server.connect_string(), &admin, key).await
-    }
+/// Crash, freeze and operator faults on a standalone server whose clients connect with `url`.
+pub fn standalone_faults(server: Arc<ZkServer>, url: String) -> ServerFaults<ZkServer> {
+    let hosts = server.connect_string();
+    ServerFaults::new(server).with_revoke(move |key| {
+        let (hosts, url) = (hosts.clone(), url.clone());
+        async move {
+            let admin = ZkAuthority::connect(&url).await?;
+            revoke(&hosts, &admin, &key).await
+        }
+    })
 }
