@@ -82,14 +82,20 @@ impl Statements {
         let channel = notify::CHANNEL;
         Statements {
             // An acquisition sent again after its first statement went unanswered (a silent
-            // connection), with the same owner token: it also takes the key from that first
-            // statement, should it have landed meanwhile, raising the fence, so the late grant's
-            // fence, which the first statement's answer carries and a give-back compares, is no
-            // longer the key's. The owner token is fresh for every acquisition, so no lease
-            // anyone was told about has it.
-            acquire_again: sql(upsert.replace(
-                "WHERE l.expires_at <= statement_timestamp()",
-                "WHERE l.expires_at <= statement_timestamp() OR l.owner = excluded.owner",
+            // connection, or a slow server), with the same owner token: it takes an expired
+            // key as `acquire` does, and finds a key that first statement took meanwhile held
+            // under its own owner token, which it leaves as it is and answers with its fence:
+            // both statements then report the same grant. The owner token is fresh for every
+            // acquisition, so no lease anyone else was told about has it.
+            acquire_again: sql(format!(
+                "INSERT INTO {t} AS l (lock_key, owner, fence, expires_at) \
+                 VALUES ($1, $2, 1, statement_timestamp() + $3::float8 * interval '1 millisecond') \
+                 ON CONFLICT (lock_key) DO UPDATE SET \
+                   owner = CASE WHEN l.expires_at <= statement_timestamp() THEN excluded.owner ELSE l.owner END, \
+                   fence = CASE WHEN l.expires_at <= statement_timestamp() THEN l.fence + 1 ELSE l.fence END, \
+                   expires_at = CASE WHEN l.expires_at <= statement_timestamp() THEN excluded.expires_at ELSE l.expires_at END \
+                 WHERE l.expires_at <= statement_timestamp() OR l.owner = excluded.owner \
+                 RETURNING fence"
             )),
             acquire: sql(upsert.clone()),
             // One upsert that either takes the key (expired: as `acquire`) or, finding it

@@ -318,11 +318,12 @@ async fn an_idle_silent_lane_is_replaced_before_its_statement() -> Result {
 }
 
 /// An acquisition statement the server answers only after half the request timeout is sent
-/// again, with the same owner token, on another connection; here the first statement takes the
-/// key before the second runs (a trigger makes its commit slow), so the second finds the key
-/// held by its own owner token. It must take it over, not report it held by someone else, and
-/// the first statement's late grant, given back when its answer comes, must not end the lease
-/// the caller was handed.
+/// again, with the same owner token, on another connection, and the two race; here the first
+/// statement takes the key before the second runs (a trigger makes its commit slow), so the
+/// second finds the key held by its own owner token and must report that same grant, leaving
+/// it as it is. Both answers then name one grant: the one that loses the race must not be
+/// given back, or the caller's lease ends under it (a second statement that raised the fence,
+/// or a give-back that ignored which grant the caller got, both fail here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_acquisition_sent_again_takes_the_key_once() -> Result {
     let timeout = Duration::from_millis(1000);

@@ -9,10 +9,23 @@ use leasehold_core::time::saturating_add;
 use leasehold_core::{Instant, Result};
 use sqlx::{PgConnection, SqlStr};
 
-use super::sending::{Failed, Sent, Statement};
+use super::sending::{Failed, LateStatement, Sent, Statement};
 use super::{release_once, ttl_ms, Inner};
 use crate::errors;
 use crate::token::StrictBigint;
+
+/// An acquisition statement on its way, for [`Inner::race`].
+type Pending = std::pin::Pin<
+    Box<dyn std::future::Future<Output = std::result::Result<Answer, Failed<Answer>>> + Send>,
+>;
+
+/// Whose acquisition a statement is: what a give-back needs.
+#[derive(Clone)]
+pub(super) struct Claim {
+    key: String,
+    owner: String,
+    ttl: Duration,
+}
 
 /// What one acquisition statement returned.
 pub(super) type Acquired = std::result::Result<Answer, sqlx::Error>;
@@ -23,16 +36,19 @@ pub(super) type Answer = (Option<i64>, Option<i64>);
 
 impl Inner {
     /// One acquisition statement, for `owner`. Runs in its own task (see
-    /// [`PostgresAuthority::attempt`](super::PostgresAuthority::attempt)), so it is never cut off halfway by a caller.
+    /// [`PostgresAuthority::attempt`](super::PostgresAuthority::attempt)), so it is never cut
+    /// off halfway by a caller.
     ///
-    /// The plain upsert (`try_acquire`, and `acquire`'s first look) still unanswered after half
-    /// the caller's time is sent again, on a fresh connection, with the same owner token (see
-    /// `acquire_again`): one silent connection costs that acquisition half its time, not its
-    /// lease. The first statement is kept waiting for its answer on its own connection, and a
-    /// lease it took is given back by its fence, which its retry has raised if it ran after it:
-    /// the give-back then finds nothing. (The waiting form is not sent twice: its answer counts
-    /// a key held under its own owner token as won, so a late first statement and its retry
-    /// would both report one grant.)
+    /// A statement still unanswered after half the caller's time (nothing tells a silent
+    /// connection from a slow server) is sent again, on a fresh connection, with the same owner
+    /// token, and the two race: the first answer that says something (won, or held) is the
+    /// acquisition's. Both forms leave a key held under their own owner token as it is and
+    /// answer its fence (`acquire_again`; the waiting form does so already): whichever lands
+    /// second finds the first one's lease and reports that same grant. The loser keeps waiting
+    /// for its answer on its own connection, and a lease it took that is not the one the
+    /// acquisition answered (the key was released or ran out between the two) is given back.
+    /// The plain upsert itself is not changed to that form: it is the fast path. Landing after
+    /// its retry took the key, it answers "held", which only matters if that answer comes first.
     pub(super) async fn acquire_statement(
         self: &Arc<Self>,
         key: String,
@@ -46,11 +62,6 @@ impl Inner {
         // long: nothing is left to give back worth keeping a connection open for.
         let outlive = saturating_add(give_up, ttl.max(self.timeout()));
         let named = self.named();
-        if waiting {
-            let once = self.waiting_form(key.clone(), owner.clone(), ttl);
-            let sent = self.send(give_up, false, once).await;
-            return self.settle(sent, outlive, &key, &owner, ttl).await;
-        }
         let plain = |statement: SqlStr| -> Statement<Answer> {
             let (key, owner) = (key.clone(), owner.clone());
             Arc::new(move |c| {
@@ -69,66 +80,103 @@ impl Inner {
                 })
             })
         };
-        match self
-            .send(give_up, true, plain(self.statements.acquire.clone()))
-            .await
-        {
-            // Nothing changed: sent again below, with a fresh snapshot.
-            Sent::Answered(Err(Failed::Statement(e))) if errors::is_conflict(&e) => {}
-            Sent::Late(late) => {
-                let (inner, key, owner) = (self.clone(), key.clone(), owner.clone());
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    runtime.spawn(async move {
-                        let late = inner.outlive(late, outlive).await;
-                        let answer = inner.confirmed(late, &key, &owner, ttl);
-                        if let Some(raw) = won(&answer) {
-                            inner.give_back(key, owner, raw, ttl, false).await;
-                        }
-                    });
-                }
+        let (first, again) = if waiting {
+            let form = self.waiting_form(key.clone(), owner.clone(), ttl);
+            (form.clone(), form)
+        } else {
+            (
+                plain(self.statements.acquire.clone()),
+                plain(self.statements.acquire_again.clone()),
+            )
+        };
+        let to = Claim { key, owner, ttl };
+        match self.send(give_up, true, first).await {
+            // Nothing changed: sent again, alone, with a fresh snapshot.
+            Sent::Answered(Err(Failed::Statement(e))) if errors::is_conflict(&e) => {
+                let answer = self.sent_to_end(give_up, again, outlive).await;
+                self.confirmed(answer, &to, None)
             }
-            sent => return self.settle(sent, outlive, &key, &owner, ttl).await,
+            Sent::Answered(answer) => self.confirmed(answer, &to, None),
+            Sent::Late(first) => self.race(first, again, give_up, outlive, to).await,
         }
-        let again = self
-            .send(give_up, false, plain(self.statements.acquire_again.clone()))
-            .await;
-        self.settle(again, outlive, &key, &owner, ttl).await
     }
 
-    /// What a sent acquisition statement comes to for the acquisition: its answer; a late one's
-    /// answer when it comes (the caller, gone by then, gives back a lease it took: see
-    /// [`claim_or_give_back`](leasehold_core::backend::claim_or_give_back)); or, where its transaction's COMMIT failed without an answer
-    /// (through a transaction pooler), an error, and a lease it may have taken given back.
-    pub(super) async fn settle(
+    /// `again` sent until `give_up`, and waited on past it until `outlive` if unanswered (the
+    /// caller, gone by then, gives back a lease it took: see
+    /// [`claim_or_give_back`](leasehold_core::backend::claim_or_give_back)).
+    async fn sent_to_end(
         self: &Arc<Self>,
-        sent: Sent<Answer>,
+        give_up: Instant,
+        again: Statement<Answer>,
         outlive: Instant,
-        key: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> Acquired {
-        let answer = match sent {
+    ) -> std::result::Result<Answer, Failed<Answer>> {
+        match self.send(give_up, false, again).await {
             Sent::Answered(answer) => answer,
             Sent::Late(late) => self.outlive(late, outlive).await,
+        }
+    }
+
+    /// The first statement, unanswered at half the caller's time, against `again` sent now:
+    /// see [`Inner::acquire_statement`].
+    async fn race(
+        self: &Arc<Self>,
+        first: LateStatement<Answer>,
+        again: Statement<Answer>,
+        give_up: Instant,
+        outlive: Instant,
+        to: Claim,
+    ) -> Acquired {
+        let inner = self.clone();
+        let mut first: Pending = Box::pin(async move { inner.outlive(first, outlive).await });
+        let inner = self.clone();
+        let mut again: Pending =
+            Box::pin(async move { inner.sent_to_end(give_up, again, outlive).await });
+        // An answer that says nothing (no answer in time, a broken connection) waits for the
+        // other one.
+        let says = |answer: &std::result::Result<Answer, Failed<Answer>>| {
+            !matches!(answer, Err(Failed::Statement(_)))
         };
-        self.confirmed(answer, key, owner, ttl)
+        let (answer, loser) = tokio::select! {
+            answer = &mut first => {
+                if says(&answer) { (answer, Some(again)) } else { (again.await, None) }
+            }
+            answer = &mut again => {
+                if says(&answer) { (answer, Some(first)) } else { (first.await, None) }
+            }
+        };
+        let kept = match &answer {
+            Ok((fence, _)) => *fence,
+            Err(_) => None,
+        };
+        if let (Some(loser), Ok(runtime)) = (loser, tokio::runtime::Handle::try_current()) {
+            let (inner, to) = (self.clone(), to.clone());
+            runtime.spawn(async move {
+                let answer = loser.await;
+                if let Some(raw) = won(&inner.confirmed(answer, &to, kept)) {
+                    if Some(raw) != kept {
+                        inner.give_back(to.key, to.owner, raw, to.ttl, false).await;
+                    }
+                }
+            });
+        }
+        self.confirmed(answer, &to, None)
     }
 
     /// An acquisition statement's answer, where a COMMIT that failed without an answer is an
-    /// error, and a lease its statement took is given back.
+    /// error, and a lease its statement may have taken is given back, unless it is `kept`: the
+    /// grant the acquisition answered, which the same owner token's other statement reported.
     pub(super) fn confirmed(
         self: &Arc<Self>,
         answer: std::result::Result<Answer, Failed<Answer>>,
-        key: &str,
-        owner: &str,
-        ttl: Duration,
+        to: &Claim,
+        kept: Option<i64>,
     ) -> Acquired {
         match answer {
             Ok(answer) => Ok(answer),
             Err(Failed::Statement(e)) => Err(e),
             Err(Failed::Commit { answer, error }) => {
-                if let Some(raw) = answer.0 {
-                    spawn_give_back(self, key, owner, raw, ttl, true);
+                if let Some(raw) = answer.0.filter(|raw| Some(*raw) != kept) {
+                    spawn_give_back(self, &to.key, &to.owner, raw, to.ttl, true);
                 }
                 Err(error)
             }
