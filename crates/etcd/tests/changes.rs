@@ -5,12 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{Authority, Instant, Lease, LeaseOptions, LockKey, Released};
-use leasehold_etcd::EtcdAuthority;
+use leasehold_core::{Authority, Instant, Lease, LeaseOptions, Released};
 
 mod common;
 
-use common::{cuts, eventually, metric, start, url, REQUEST_TIMEOUT};
+use common::{connect, cuts, eventually, key, metric, start, url, OrFail, Result, REQUEST_TIMEOUT};
 
 /// `wait_for_change` is a watch on the lock's prefix: it sleeps while a renewed holder holds
 /// the key, wakes soon after another client releases it (a fraction of the TTL, far below its
@@ -18,34 +17,41 @@ use common::{cuts, eventually, metric, start, url, REQUEST_TIMEOUT};
 /// (replayed from the read's revision). With nothing happening it returns at `max_wait`, and
 /// `Duration::MAX` waits for a change without panicking.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wait_for_change_wakes_on_a_release_from_another_client() {
-    let server = start().await;
-    let holder = Arc::new(EtcdAuthority::connect(&url(&server)).await.unwrap());
-    let watcher = Arc::new(EtcdAuthority::connect(&url(&server)).await.unwrap());
+async fn wait_for_change_wakes_on_a_release_from_another_client() -> Result {
+    let server = start().await?;
+    let holder = Arc::new(connect(&url(&server)).await?);
+    let watcher = Arc::new(connect(&url(&server)).await?);
     let ttl = Duration::from_secs(2);
     let soon = ttl / 4;
-    let key = LockKey::new("wait/for-change").unwrap();
+    let key = key("wait/for-change")?;
     let lease = Lease::try_acquire(holder.clone(), &key, ttl, LeaseOptions::default())
         .await
-        .unwrap()
-        .expect("a free key");
-    assert!(watcher.inspect(&key).await.unwrap().held);
+        .or_fail("the holder's lease")?
+        .or_fail("a free key")?;
+    assert!(
+        watcher
+            .inspect(&key)
+            .await
+            .or_fail("the watcher reads")?
+            .held
+    );
     let waiting = {
         let (watcher, key) = (watcher.clone(), key.clone());
         tokio::spawn(async move {
-            watcher.wait_for_change(&key, ttl * 10).await.unwrap();
-            Instant::now()
+            watcher.wait_for_change(&key, ttl * 10).await?;
+            Ok::<_, leasehold_core::Error>(Instant::now())
         })
     };
     // Renewals (reads and keep-alives) change no key: the waiter sleeps through them.
     tokio::time::sleep(ttl).await;
     assert!(!waiting.is_finished(), "woke while nothing changed");
     let released = Instant::now();
-    let _ = lease.release().await.unwrap();
+    let _ = lease.release().await.or_fail("the holder releases")?;
     let woke = tokio::time::timeout(ttl * 10, waiting)
         .await
-        .expect("the wait ends")
-        .unwrap();
+        .or_fail("the wait ends")?
+        .or_fail("the waiting task")?
+        .or_fail("wait_for_change")?;
     let took = woke.saturating_duration_since(released);
     assert!(
         took <= soon,
@@ -53,19 +59,47 @@ async fn wait_for_change_wakes_on_a_release_from_another_client() {
     );
 
     // A change between a read and the wait is not missed.
-    assert!(!watcher.inspect(&key).await.unwrap().held);
-    let grant = holder.try_acquire(&key, ttl).await.unwrap().expect("free");
+    assert!(
+        !watcher
+            .inspect(&key)
+            .await
+            .or_fail("the watcher reads")?
+            .held
+    );
+    let grant = holder
+        .try_acquire(&key, ttl)
+        .await
+        .or_fail("the holder's grant")?
+        .or_fail("free")?;
     let started = Instant::now();
-    watcher.wait_for_change(&key, ttl * 10).await.unwrap();
+    watcher
+        .wait_for_change(&key, ttl * 10)
+        .await
+        .or_fail("wait_for_change after a change")?;
     let took = started.elapsed();
     assert!(took <= soon, "missed the grant before the call: {took:?}");
-    assert_eq!(holder.release(&grant).await.unwrap(), Released::Released);
+    assert_eq!(
+        holder
+            .release(&grant)
+            .await
+            .or_fail("the holder releases")?,
+        Released::Released
+    );
 
     // Nothing happens: back at max_wait, not before, and not much later.
-    assert!(!watcher.inspect(&key).await.unwrap().held);
+    assert!(
+        !watcher
+            .inspect(&key)
+            .await
+            .or_fail("the watcher reads")?
+            .held
+    );
     let max_wait = ttl / 4;
     let started = Instant::now();
-    watcher.wait_for_change(&key, max_wait).await.unwrap();
+    watcher
+        .wait_for_change(&key, max_wait)
+        .await
+        .or_fail("wait_for_change with nothing happening")?;
     let took = started.elapsed();
     assert!(
         took >= max_wait && took <= max_wait + REQUEST_TIMEOUT,
@@ -79,27 +113,38 @@ async fn wait_for_change_wakes_on_a_release_from_another_client() {
     };
     tokio::time::sleep(ttl / 10).await;
     assert!(!waiting.is_finished(), "Duration::MAX returned at once");
-    let grant = holder.try_acquire(&key, ttl).await.unwrap().expect("free");
+    let grant = holder
+        .try_acquire(&key, ttl)
+        .await
+        .or_fail("the holder's grant")?
+        .or_fail("free")?;
     tokio::time::timeout(soon, waiting)
         .await
-        .expect("woken by the grant")
-        .unwrap()
-        .unwrap();
-    assert_eq!(holder.release(&grant).await.unwrap(), Released::Released);
+        .or_fail("woken by the grant")?
+        .or_fail("the waiting task")?
+        .or_fail("wait_for_change")?;
+    assert_eq!(
+        holder
+            .release(&grant)
+            .await
+            .or_fail("the holder releases")?,
+        Released::Released
+    );
+    Ok(())
 }
 
 /// `wait_for_change` futures dropped at random points around one round trip, and others that
 /// ran out their `max_wait`, leave no watch at the server: its count of watchers returns to
 /// what it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_waits_leave_no_watch_behind() {
-    let server = start().await;
-    let watcher = EtcdAuthority::connect(&url(&server)).await.unwrap();
-    let key = LockKey::new("wait/dropped").unwrap();
+async fn dropped_waits_leave_no_watch_behind() -> Result {
+    let server = start().await?;
+    let watcher = connect(&url(&server)).await?;
+    let key = key("wait/dropped")?;
     let watchers = || metric(&server, "etcd_debugging_mvcc_watcher_total", "");
-    let before = watchers().await;
+    let before = watchers().await?;
     let started = Instant::now();
-    watcher.inspect(&key).await.unwrap();
+    watcher.inspect(&key).await.or_fail("the watcher reads")?;
     let round_trip = started.elapsed().max(Duration::from_micros(100));
     for cut in cuts(round_trip, 50) {
         let _ = tokio::time::timeout(cut, watcher.wait_for_change(&key, Duration::MAX)).await;
@@ -108,20 +153,24 @@ async fn dropped_waits_leave_no_watch_behind() {
         watcher
             .wait_for_change(&key, Duration::from_millis(50))
             .await
-            .unwrap();
+            .or_fail("a wait that runs out")?;
     }
     // Opened in the meantime: while a wait runs, the server counts its watch.
     let waiting = {
         let (watcher, key) = (watcher.clone(), key.clone());
         tokio::spawn(async move { watcher.wait_for_change(&key, Duration::MAX).await })
     };
-    let counted = eventually(REQUEST_TIMEOUT, || async { watchers().await > before }).await;
+    let counted = eventually(REQUEST_TIMEOUT, || async { Ok(watchers().await? > before) }).await?;
     assert!(counted, "the server never counted the wait's watch");
     waiting.abort();
-    let settled = eventually(REQUEST_TIMEOUT * 2, || async { watchers().await == before }).await;
+    let settled = eventually(REQUEST_TIMEOUT * 2, || async {
+        Ok(watchers().await? == before)
+    })
+    .await?;
     assert!(
         settled,
         "{} watchers at the server after the waits ended, {before} before",
-        watchers().await
+        watchers().await?
     );
+    Ok(())
 }

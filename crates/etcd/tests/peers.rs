@@ -6,64 +6,66 @@ use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{Authority, Election, LockKey, Released};
+use leasehold_core::{Authority, Election, Released};
 use leasehold_etcd::guarded::contender_key;
-use leasehold_etcd::EtcdAuthority;
 use leasehold_servers::{self as servers, EtcdServer};
 
 mod common;
 
-use common::{start, url};
+use common::{connect, key, start, url, OrFail, Result};
 
-fn spawn_etcdctl_lock(server: &EtcdServer, name: &str, script: &str) -> Child {
-    let mut command = server.etcdctl().expect("etcdctl");
+fn spawn_etcdctl_lock(server: &EtcdServer, name: &str, script: &str) -> Result<Child> {
+    let mut command = server.etcdctl().or_fail("etcdctl")?;
     command
         .args(["lock", "--ttl=2", name, "--", "sh", "-c", script])
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
-    command.spawn().expect("spawn etcdctl lock")
+    command.spawn().or_fail("spawn etcdctl lock")
 }
 
 /// `etcdctl lock <namespace>/<key>` and leasehold share one queue: each waits for the other,
 /// and leasehold's fence comes after the revision etcdctl was granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcdctl_lock_and_leasehold_exclude_each_other() {
-    let server = start().await;
-    let a = EtcdAuthority::connect(&url(&server)).await.unwrap();
-    let key = LockKey::new("jobs/nightly").unwrap();
+async fn etcdctl_lock_and_leasehold_exclude_each_other() -> Result {
+    let server = start().await?;
+    let a = connect(&url(&server)).await?;
+    let key = key("jobs/nightly")?;
     let name = a.etcdctl_lock_name(&key);
     assert_eq!(name, "leasehold/jobs%2Fnightly");
     let ttl = Duration::from_secs(2);
 
     // etcdctl holds the lock while its child waits for a file to appear (etcdctl does not hand
     // its stdin to the child).
-    let dir = servers::process::server_dir("etcdctl-lock").unwrap();
+    let dir = servers::process::server_dir("etcdctl-lock").or_fail("a scratch directory")?;
     let done = dir.path().join("done");
     let script = format!(
         "echo \"$ETCD_LOCK_KEY $ETCD_LOCK_REV\"; while [ ! -e {} ]; do sleep 0.05; done",
         done.display()
     );
-    let mut held = spawn_etcdctl_lock(&server, &name, &script);
-    let mut out = BufReader::new(held.stdout.take().unwrap());
+    let mut held = spawn_etcdctl_lock(&server, &name, &script)?;
+    let mut out = BufReader::new(held.stdout.take().or_fail("etcdctl's stdout")?);
     let line = tokio::task::spawn_blocking(move || {
         let mut line = String::new();
         out.read_line(&mut line).map(|_| line)
     })
     .await
-    .unwrap()
-    .unwrap();
+    .or_fail("the reading task")?
+    .or_fail("read etcdctl's line")?;
     let (lock_key, lock_rev) = line
         .trim()
         .split_once(' ')
-        .expect("etcdctl prints key and revision");
+        .or_fail("etcdctl prints key and revision")?;
     assert!(lock_key.starts_with(&a.prefix(&key)), "{lock_key}");
-    let lock_rev: u64 = lock_rev.parse().unwrap();
+    let lock_rev: u64 = lock_rev.parse().or_fail("etcdctl's revision")?;
     assert!(
-        a.try_acquire(&key, ttl).await.unwrap().is_none(),
+        a.try_acquire(&key, ttl)
+            .await
+            .or_fail("try the key etcdctl holds")?
+            .is_none(),
         "leasehold ignored etcdctl's lock"
     );
     // inspect sees the peer as the holder, with the revision of its key as its fence.
-    let seen = a.inspect(&key).await.unwrap();
+    let seen = a.inspect(&key).await.or_fail("inspect")?;
     assert!(seen.held, "{seen:?}");
     assert_eq!(
         seen.owner.as_ref().map(|o| o.as_str()),
@@ -80,38 +82,42 @@ async fn etcdctl_lock_and_leasehold_exclude_each_other() {
         !waiter.is_finished(),
         "leasehold acquired while etcdctl held the lock"
     );
-    std::fs::write(&done, b"done").unwrap();
+    std::fs::write(&done, b"done").or_fail("let etcdctl's child finish")?;
     let ours = waiter
         .await
-        .unwrap()
-        .expect("leasehold gets the lock after etcdctl");
+        .or_fail("the waiter's task")?
+        .or_fail("leasehold gets the lock after etcdctl")?;
     assert!(ours.fence().raw() > lock_rev);
     let _ = tokio::task::spawn_blocking(move || held.wait())
         .await
-        .unwrap();
+        .or_fail("the task waiting for etcdctl")?;
 
     // Now leasehold holds it: etcdctl waits until leasehold releases.
-    let mut blocked = spawn_etcdctl_lock(&server, &name, "echo \"$ETCD_LOCK_REV\"");
+    let mut blocked = spawn_etcdctl_lock(&server, &name, "echo \"$ETCD_LOCK_REV\"")?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
-        blocked.try_wait().unwrap().is_none(),
+        blocked.try_wait().or_fail("look at etcdctl")?.is_none(),
         "etcdctl got the lock while leasehold held it"
     );
     let fence = ours.fence().raw();
-    assert_eq!(a.release(&ours).await.unwrap(), Released::Released);
+    assert_eq!(
+        a.release(&ours).await.or_fail("release")?,
+        Released::Released
+    );
     let output = tokio::task::spawn_blocking(move || blocked.wait_with_output())
         .await
-        .unwrap()
-        .unwrap();
+        .or_fail("the task waiting for etcdctl")?
+        .or_fail("wait for etcdctl")?;
     assert!(output.status.success());
     let rev: u64 = String::from_utf8_lossy(&output.stdout)
         .trim()
         .parse()
-        .unwrap();
+        .or_fail("etcdctl's revision")?;
     assert!(
         rev > fence,
         "etcdctl's revision {rev} is not after leasehold's fence {fence}"
     );
+    Ok(())
 }
 
 /// Reads `n` lines from a child's stdout, or fails the test after `within`.
@@ -119,32 +125,33 @@ async fn read_lines(
     out: &mut Option<BufReader<std::process::ChildStdout>>,
     n: usize,
     within: Duration,
-) -> Vec<String> {
-    let mut reader = out.take().expect("the child's stdout");
+) -> Result<Vec<String>> {
+    let mut reader = out.take().or_fail("the child's stdout")?;
     let read = tokio::task::spawn_blocking(move || {
         let mut lines = Vec::new();
         for _ in 0..n {
             let mut line = String::new();
-            reader.read_line(&mut line).expect("read a line");
+            reader.read_line(&mut line).or_fail("read a line")?;
             lines.push(line.trim_end_matches('\n').to_string());
         }
-        (lines, reader)
+        Ok::<_, common::Failure>((lines, reader))
     });
     let (lines, reader) = tokio::time::timeout(within, read)
         .await
-        .expect("the child printed in time")
-        .unwrap();
+        .or_fail("the child printed in time")?
+        .or_fail("the reading task")??;
     *out = Some(reader);
-    lines
+    Ok(lines)
 }
 
 /// Sends SIGINT, on which `etcdctl elect` resigns and exits.
-fn interrupt(child: &Child) {
+fn interrupt(child: &Child) -> Result {
     let status = std::process::Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()
-        .expect("run kill");
+        .or_fail("run kill")?;
     assert!(status.success());
+    Ok(())
 }
 
 /// `etcdctl elect` (etcd's `concurrency.Election`) shares the layout, so each side sees the
@@ -153,72 +160,86 @@ fn interrupt(child: &Child) {
 /// proclaim); an `etcdctl elect` campaigner's proposal is what leasehold's `inspect` and
 /// `Election::leader` report as its value, and it excludes our candidates until it resigns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcdctl_elect_and_leasehold_see_each_others_values() {
-    let server = start().await;
-    let a = EtcdAuthority::connect(&url(&server)).await.unwrap();
+async fn etcdctl_elect_and_leasehold_see_each_others_values() -> Result {
+    let server = start().await?;
+    let a = connect(&url(&server)).await?;
     let authority: Arc<dyn Authority> = Arc::new(a.clone());
-    let key = LockKey::new("elect/leader").unwrap();
+    let key = key("elect/leader")?;
     let name = a.etcdctl_lock_name(&key);
     let ttl = Duration::from_secs(2);
     let election = Election::new(authority, &key)
         .with_value("10.0.0.1:7000")
-        .unwrap();
+        .or_fail("the election's value")?;
 
-    let mut leading = election.campaign(ttl, ttl).await.unwrap();
-    let ours = contender_key(leading.lease().grant()).unwrap().to_string();
+    let mut leading = election.campaign(ttl, ttl).await.or_fail("campaign")?;
+    let ours = contender_key(leading.lease().grant())
+        .or_fail("our contender key")?
+        .to_string();
     let token = leading.lease().grant().owner().to_hex();
     let mut listener = server
         .etcdctl()
-        .unwrap()
+        .or_fail("etcdctl")?
         .args(["elect", "--listen", &name])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .expect("spawn etcdctl elect --listen");
+        .or_fail("spawn etcdctl elect --listen")?;
     let mut out = listener.stdout.take().map(BufReader::new);
-    let seen = read_lines(&mut out, 3, ttl * 5).await;
+    let seen = read_lines(&mut out, 3, ttl * 5).await?;
     assert_eq!(seen, [ours.as_str(), &token, "10.0.0.1:7000"]);
-    leading.proclaim("10.0.0.1:7001").await.unwrap();
-    let seen = read_lines(&mut out, 3, ttl * 5).await;
+    leading
+        .proclaim("10.0.0.1:7001")
+        .await
+        .or_fail("the leader proclaims")?;
+    let seen = read_lines(&mut out, 3, ttl * 5).await?;
     assert_eq!(seen, [ours.as_str(), &token, "10.0.0.1:7001"]);
     let _ = listener.kill();
     let _ = listener.wait();
-    let _ = leading.resign().await.unwrap();
+    let _ = leading.resign().await.or_fail("resign")?;
 
     let mut campaigner = server
         .etcdctl()
-        .unwrap()
+        .or_fail("etcdctl")?
         .args(["elect", &name, "proposal-x"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .expect("spawn etcdctl elect");
+        .or_fail("spawn etcdctl elect")?;
     let mut out = campaigner.stdout.take().map(BufReader::new);
     // Elected, it prints its key and value.
-    let elected = read_lines(&mut out, 2, ttl * 5).await;
+    let elected = read_lines(&mut out, 2, ttl * 5).await?;
     assert!(elected[0].starts_with(&a.prefix(&key)), "{elected:?}");
     assert_eq!(elected[1], "proposal-x");
-    let seen = a.inspect(&key).await.unwrap();
+    let seen = a.inspect(&key).await.or_fail("inspect")?;
     assert!(seen.held);
     assert_eq!(seen.value, Some(b"proposal-x".to_vec()));
     assert_eq!(
         seen.owner.as_ref().map(|o| o.as_str()),
         Some("peer:etcd-election")
     );
-    let leader = election.leader().await.unwrap().expect("etcdctl leads");
+    let leader = election
+        .leader()
+        .await
+        .or_fail("the election's leader")?
+        .or_fail("etcdctl leads")?;
     assert_eq!(leader.value_str(), Some("proposal-x"));
     assert!(
-        election.try_campaign(ttl).await.unwrap().is_none(),
+        election
+            .try_campaign(ttl)
+            .await
+            .or_fail("try to campaign")?
+            .is_none(),
         "leasehold was elected while etcdctl led"
     );
-    interrupt(&campaigner);
+    interrupt(&campaigner)?;
     let next = election
         .campaign(ttl, ttl * 5)
         .await
-        .expect("leasehold leads once etcdctl resigned");
+        .or_fail("leasehold leads once etcdctl resigned")?;
     assert!(next.epoch() > leader.epoch);
     let _ = tokio::task::spawn_blocking(move || campaigner.wait())
         .await
-        .unwrap();
-    let _ = next.resign().await.unwrap();
+        .or_fail("the task waiting for etcdctl")?;
+    let _ = next.resign().await.or_fail("resign")?;
+    Ok(())
 }

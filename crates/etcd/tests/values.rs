@@ -4,13 +4,12 @@
 use std::time::Duration;
 
 use etcd_client::Client;
-use leasehold_core::{Authority, Error, LockKey, OwnerId, Released, MAX_VALUE_LEN};
+use leasehold_core::{Authority, Error, OwnerId, Released, MAX_VALUE_LEN};
 use leasehold_etcd::guarded::contender_key;
-use leasehold_etcd::EtcdAuthority;
 
 mod common;
 
-use common::{keys_under, raw_client, start, url};
+use common::{connect, key, keys_under, raw_client, start, url, OrFail, Result};
 
 /// Whether `result` is the refusal a grant that is no longer ours gets.
 fn refused(result: &leasehold_core::Result<()>) -> bool {
@@ -22,68 +21,96 @@ fn refused(result: &leasehold_core::Result<()>) -> bool {
 /// back and another client holding the lock) is refused with `LeaseLost` and the current
 /// holder's value is left as it was. A new grant starts with no value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stale_proclaim_is_refused_and_spares_the_holders_value() {
-    let server = start().await;
-    let raw = raw_client(&server).await;
-    let a = EtcdAuthority::connect(&url(&server)).await.unwrap();
-    let b = EtcdAuthority::connect(&url(&server)).await.unwrap();
+async fn a_stale_proclaim_is_refused_and_spares_the_holders_value() -> Result {
+    let server = start().await?;
+    let raw = raw_client(&server).await?;
+    let a = connect(&url(&server)).await?;
+    let b = connect(&url(&server)).await?;
     // Long enough that no grant here is withdrawn unrenewed while the test runs.
     let ttl = Duration::from_secs(10);
-    let key = LockKey::new("proclaim/stale").unwrap();
+    let key = key("proclaim/stale")?;
     let value = |seen: &leasehold_core::Inspection| seen.value.clone();
 
-    let first = a.try_acquire(&key, ttl).await.unwrap().expect("a free key");
-    a.proclaim(&first, b"a-1").await.unwrap();
-    let seen = b.inspect(&key).await.unwrap();
+    let first = a
+        .try_acquire(&key, ttl)
+        .await
+        .or_fail("A's first grant")?
+        .or_fail("a free key")?;
+    a.proclaim(&first, b"a-1")
+        .await
+        .or_fail("A's first proclaim")?;
+    let seen = b.inspect(&key).await.or_fail("B inspects")?;
     assert_eq!(value(&seen), Some(b"a-1".to_vec()));
     assert_eq!(seen.fence, Some(first.fence()));
     assert_eq!(seen.owner, Some(OwnerId::of(&first.owner())));
 
     // Released, then the same session takes the key again under the same name.
-    assert_eq!(a.release(&first).await.unwrap(), Released::Released);
-    let second = a.try_acquire(&key, ttl).await.unwrap().expect("free again");
     assert_eq!(
-        contender_key(&first).unwrap(),
-        contender_key(&second).unwrap()
+        a.release(&first).await.or_fail("A's first release")?,
+        Released::Released
+    );
+    let second = a
+        .try_acquire(&key, ttl)
+        .await
+        .or_fail("A's second grant")?
+        .or_fail("free again")?;
+    assert_eq!(
+        contender_key(&first).or_fail("the first contender key")?,
+        contender_key(&second).or_fail("the second contender key")?
     );
     assert_eq!(
-        value(&b.inspect(&key).await.unwrap()),
+        value(&b.inspect(&key).await.or_fail("B inspects")?),
         None,
         "a new grant starts with no value"
     );
     let stale = a.proclaim(&first, b"stale").await;
     assert!(refused(&stale), "{stale:?}");
-    assert_eq!(value(&b.inspect(&key).await.unwrap()), None);
-    a.proclaim(&second, b"a-2").await.unwrap();
+    assert_eq!(value(&b.inspect(&key).await.or_fail("B inspects")?), None);
+    a.proclaim(&second, b"a-2")
+        .await
+        .or_fail("A's second proclaim")?;
     let stale = a.proclaim(&first, b"stale").await;
     assert!(refused(&stale), "{stale:?}");
     assert_eq!(
-        value(&b.inspect(&key).await.unwrap()),
+        value(&b.inspect(&key).await.or_fail("B inspects")?),
         Some(b"a-2".to_vec())
     );
 
     // An operator deletes A's key; at once (before A's watch on its key can tell it), A's
     // proclaim reaches etcd and is refused there: the key with its create revision is gone.
-    let name = contender_key(&second).unwrap().to_string();
-    raw.kv_client().delete(name.as_str(), None).await.unwrap();
+    let name = contender_key(&second)
+        .or_fail("the second contender key")?
+        .to_string();
+    raw.kv_client()
+        .delete(name.as_str(), None)
+        .await
+        .or_fail("delete A's key")?;
     let stale = a.proclaim(&second, b"after the delete").await;
     assert!(refused(&stale), "{stale:?}");
     assert!(
-        keys_under(&raw, &a.prefix(&key)).await.is_empty(),
+        keys_under(&raw, &a.prefix(&key)).await?.is_empty(),
         "the refused proclaim recreated the key"
     );
 
     // B holds the lock now; A's stale grant cannot touch B's value.
-    let third = b.try_acquire(&key, ttl).await.unwrap().expect("B takes it");
-    b.proclaim(&third, b"b").await.unwrap();
+    let third = b
+        .try_acquire(&key, ttl)
+        .await
+        .or_fail("B's grant")?
+        .or_fail("B takes it")?;
+    b.proclaim(&third, b"b").await.or_fail("B proclaims")?;
     for grant in [&first, &second] {
         let stale = a.proclaim(grant, b"stale").await;
         assert!(refused(&stale), "{stale:?}");
     }
-    let seen = a.inspect(&key).await.unwrap();
+    let seen = a.inspect(&key).await.or_fail("A inspects")?;
     assert_eq!(value(&seen), Some(b"b".to_vec()));
     assert_eq!(seen.fence, Some(third.fence()));
-    assert_eq!(b.release(&third).await.unwrap(), Released::Released);
+    assert_eq!(
+        b.release(&third).await.or_fail("B releases")?,
+        Released::Released
+    );
+    Ok(())
 }
 
 /// A proclaimed value is bytes (every byte value, newlines and invalid UTF-8 included), stored
@@ -92,35 +119,47 @@ async fn a_stale_proclaim_is_refused_and_spares_the_holders_value() {
 /// value is a value, and one longer than `MAX_VALUE_LEN` is refused before any request, leaving
 /// the value as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn proclaimed_values_round_trip_as_bytes() {
-    let server = start().await;
-    let raw = raw_client(&server).await;
-    let a = EtcdAuthority::connect(&url(&server)).await.unwrap();
-    let b = EtcdAuthority::connect(&url(&server)).await.unwrap();
+async fn proclaimed_values_round_trip_as_bytes() -> Result {
+    let server = start().await?;
+    let raw = raw_client(&server).await?;
+    let a = connect(&url(&server)).await?;
+    let b = connect(&url(&server)).await?;
     let ttl = Duration::from_secs(10);
-    let key = LockKey::new("proclaim/bytes").unwrap();
-    let grant = a.try_acquire(&key, ttl).await.unwrap().expect("a free key");
-    let name = contender_key(&grant).unwrap().to_string();
+    let key = key("proclaim/bytes")?;
+    let grant = a
+        .try_acquire(&key, ttl)
+        .await
+        .or_fail("A's grant")?
+        .or_fail("a free key")?;
+    let name = contender_key(&grant)
+        .or_fail("the contender key")?
+        .to_string();
     let stored = |raw: Client| {
         let name = name.clone();
         async move {
-            let found = raw.kv_client().get(name, None).await.unwrap();
-            let kv = found.kvs().first().expect("the holder's key").clone();
-            (kv.value().to_vec(), kv.create_revision())
+            let found = raw
+                .kv_client()
+                .get(name, None)
+                .await
+                .or_fail("read the holder's key")?;
+            let kv = found.kvs().first().or_fail("the holder's key")?.clone();
+            Ok::<_, common::Failure>((kv.value().to_vec(), kv.create_revision()))
         }
     };
-    let (before, created) = stored(raw.clone()).await;
+    let (before, created) = stored(raw.clone()).await?;
     assert_eq!(before, grant.owner().to_hex().into_bytes());
 
     let binary: Vec<u8> = (0..=255u8).rev().chain([b'\n', 0, 0xff, b'\n']).collect();
     for value in [binary.clone(), Vec::new(), vec![b'x'; MAX_VALUE_LEN]] {
-        a.proclaim(&grant, &value).await.unwrap();
-        let seen = b.inspect(&key).await.unwrap();
+        a.proclaim(&grant, &value)
+            .await
+            .or_fail(format!("proclaim {} bytes", value.len()))?;
+        let seen = b.inspect(&key).await.or_fail("B inspects")?;
         assert!(seen.held);
         assert_eq!(seen.value.as_ref(), Some(&value), "{} bytes", value.len());
         assert_eq!(seen.owner, Some(OwnerId::of(&grant.owner())));
         assert_eq!(seen.fence, Some(grant.fence()), "the fence moved");
-        let (raw_value, create_revision) = stored(raw.clone()).await;
+        let (raw_value, create_revision) = stored(raw.clone()).await?;
         assert_eq!(create_revision, created);
         let mut expected = grant.owner().to_hex().into_bytes();
         expected.push(b'\n');
@@ -132,10 +171,14 @@ async fn proclaimed_values_round_trip_as_bytes() {
         matches!(too_long, Err(Error::InvalidConfig { .. })),
         "{too_long:?}"
     );
-    let seen = b.inspect(&key).await.unwrap();
+    let seen = b.inspect(&key).await.or_fail("B inspects")?;
     assert_eq!(seen.value, Some(vec![b'x'; MAX_VALUE_LEN]));
     // Still ours to renew and to release by its create revision.
-    a.renew(&grant, ttl).await.unwrap();
-    assert_eq!(a.release(&grant).await.unwrap(), Released::Released);
-    assert!(keys_under(&raw, &a.prefix(&key)).await.is_empty());
+    a.renew(&grant, ttl).await.or_fail("renew")?;
+    assert_eq!(
+        a.release(&grant).await.or_fail("release")?,
+        Released::Released
+    );
+    assert!(keys_under(&raw, &a.prefix(&key)).await?.is_empty());
+    Ok(())
 }

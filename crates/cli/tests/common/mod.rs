@@ -1,17 +1,24 @@
-//! What the `leasehold` command's test binaries share: running it, reading what it said, and
-//! a holder's script that reports its fence.
+//! What the `leasehold` command's test binaries share: running it, reading what it said, a
+//! holder's script that reports its fence, and `or_fail`, the way a test says what failed.
+#![allow(dead_code)]
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use leasehold_servers::RedisServer;
 
-pub fn leasehold(args: &[&str]) -> Output {
+/// Runs `leasehold` with `args`, with no `LEASEHOLD_URL` from the environment.
+pub fn leasehold(args: &[&str]) -> Result<Output> {
     Command::new(env!("CARGO_BIN_EXE_leasehold"))
         .args(args)
         .env_remove("LEASEHOLD_URL")
         .output()
-        .unwrap()
+        .or_fail(format!("run leasehold {args:?}"))
+}
+
+/// A fresh Redis; a server that cannot start is the test's failure.
+pub fn redis() -> Result<RedisServer> {
+    RedisServer::start().or_fail("Redis must start for these tests")
 }
 
 pub fn url(server: &RedisServer) -> String {
@@ -30,12 +37,16 @@ pub fn text(out: &Output) -> String {
     )
 }
 
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// Waits until `flag` exists (the holder's command runs), failing if `holder` exits first.
-pub fn wait_for_file(flag: &std::path::Path, holder: &mut std::process::Child) {
+pub fn wait_for_file(flag: &std::path::Path, holder: &mut std::process::Child) -> Result {
     let started = Instant::now();
     while !flag.exists() {
-        if let Some(status) = holder.try_wait().unwrap() {
-            panic!("the holder exited ({status}) before its command ran");
+        if let Some(status) = holder.try_wait().or_fail("look at the holder")? {
+            return Err(format!("the holder exited ({status}) before its command ran").into());
         }
         assert!(
             started.elapsed() < Duration::from_secs(30),
@@ -43,6 +54,7 @@ pub fn wait_for_file(flag: &std::path::Path, holder: &mut std::process::Child) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    Ok(())
 }
 
 /// A script that writes the fence to `fence`, then waits until `done` exists.
@@ -55,10 +67,62 @@ pub fn hold_script(fence: &std::path::Path, done: &std::path::Path) -> String {
     )
 }
 
-pub fn read_fence(file: &std::path::Path) -> u64 {
+/// The fence a [`hold_script`] wrote to `file`.
+pub fn read_fence(file: &std::path::Path) -> Result<u64> {
     std::fs::read_to_string(file)
-        .unwrap()
+        .or_fail(format!("read {}", file.display()))?
         .trim()
         .parse()
-        .unwrap()
+        .or_fail(format!("the fence in {}", file.display()))
+}
+
+// ---- Saying what failed ---------------------------------------------------------------------
+
+/// What a test was doing when it failed, and why; printed as is when a test returns it.
+pub struct Failure(String);
+
+impl std::fmt::Debug for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Failure(message)
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(message: &str) -> Self {
+        Failure(message.to_string())
+    }
+}
+
+/// A test's outcome, and what its helpers return: the value, or the [`Failure`] that ends it.
+pub type Result<T = (), E = Failure> = std::result::Result<T, E>;
+
+/// `.or_fail("what was being done")?` instead of `unwrap()`: an error, or an `Option` that holds
+/// nothing, becomes a [`Failure`] that names the step.
+pub trait OrFail<T> {
+    /// The value, or a failure naming `what` and the error (or `None`).
+    fn or_fail(self, what: impl std::fmt::Display) -> Result<T>;
+}
+
+impl<T, E: std::fmt::Debug> OrFail<T> for std::result::Result<T, E> {
+    fn or_fail(self, what: impl std::fmt::Display) -> Result<T> {
+        self.map_err(|e| Failure(format!("{what}: {e:?}")))
+    }
+}
+
+impl<T> OrFail<T> for Option<T> {
+    fn or_fail(self, what: impl std::fmt::Display) -> Result<T> {
+        self.ok_or_else(|| Failure(format!("{what}: None")))
+    }
 }

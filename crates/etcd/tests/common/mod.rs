@@ -1,12 +1,16 @@
-//! What the etcd test binaries share: a managed single-node server, a URL to it, and ways to
-//! look at the server directly. Each binary uses its part.
+//! What the etcd test binaries share: a managed single-node server (and, in [`cluster`], a
+//! 3-member cluster), a URL to it, ways to look at the server directly, and `or_fail`, the way a
+//! test says what failed. Each binary uses its part.
 #![allow(dead_code)]
+
+pub mod cluster;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
-use leasehold_core::Instant;
+use leasehold_core::{Instant, LockKey};
+use leasehold_etcd::EtcdAuthority;
 use leasehold_servers::EtcdServer;
 
 /// The request timeout of every client in these tests (`timeout_ms` in [`url`]): requests give
@@ -21,22 +25,35 @@ pub fn url(server: &EtcdServer) -> String {
     )
 }
 
-pub async fn start() -> Arc<EtcdServer> {
+/// A fresh managed server; a server that cannot start is the test's failure.
+pub async fn start() -> Result<Arc<EtcdServer>> {
     let server = tokio::task::spawn_blocking(EtcdServer::start)
         .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("etcd must start for these tests: {e}"));
-    Arc::new(server)
+        .or_fail("the harness task")?
+        .or_fail("etcd must start for these tests")?;
+    Ok(Arc::new(server))
 }
 
-pub async fn raw_client(server: &EtcdServer) -> Client {
+/// A client of `url`.
+pub async fn connect(url: &str) -> Result<EtcdAuthority> {
+    EtcdAuthority::connect(url).await.or_fail(format!(
+        "connect {}",
+        leasehold_core::backend::redact_url(url)
+    ))
+}
+
+pub fn key(name: &str) -> Result<LockKey> {
+    LockKey::new(name).or_fail(format!("the key {name:?}"))
+}
+
+pub async fn raw_client(server: &EtcdServer) -> Result<Client> {
     Client::connect([server.endpoint()], None)
         .await
-        .expect("a raw etcd client")
+        .or_fail("a raw etcd client")
 }
 
 /// Every key under `prefix`, oldest first, with its lease.
-pub async fn keys_under(client: &Client, prefix: &str) -> Vec<(String, i64)> {
+pub async fn keys_under(client: &Client, prefix: &str) -> Result<Vec<(String, i64)>> {
     let options = GetOptions::new().with_prefix().with_sort(
         etcd_client::SortTarget::Create,
         etcd_client::SortOrder::Ascend,
@@ -45,38 +62,44 @@ pub async fn keys_under(client: &Client, prefix: &str) -> Vec<(String, i64)> {
         .kv_client()
         .get(prefix, Some(options))
         .await
-        .expect("list the prefix");
+        .or_fail(format!("list the prefix {prefix}"))?;
     found
         .kvs()
         .iter()
-        .map(|kv| (kv.key_str().unwrap().to_string(), kv.lease()))
+        .map(|kv| {
+            Ok((
+                kv.key_str().or_fail("a key's name")?.to_string(),
+                kv.lease(),
+            ))
+        })
         .collect()
 }
 
 /// Whether the server still has `lease` (TTL -1 means gone; 0 is a lease in its last second).
-pub async fn lease_alive(client: &Client, lease: i64) -> bool {
-    client
+pub async fn lease_alive(client: &Client, lease: i64) -> Result<bool> {
+    let ttl = client
         .lease_client()
         .time_to_live(lease, None)
         .await
-        .expect("lease time to live")
-        .ttl()
-        >= 0
+        .or_fail(format!("the time to live of lease {lease:x}"))?
+        .ttl();
+    Ok(ttl >= 0)
 }
 
-/// Polls `probe` every 20 ms until it is true or `within` passes; returns whether it became true.
-pub async fn eventually<F, Fut>(within: Duration, mut probe: F) -> bool
+/// Polls `probe` every 20 ms until it is true or `within` passes; returns whether it became
+/// true, or the first failure of the probe itself.
+pub async fn eventually<F, Fut>(within: Duration, mut probe: F) -> Result<bool>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
+    Fut: std::future::Future<Output = Result<bool>>,
 {
     let start = Instant::now();
     loop {
-        if probe().await {
-            return true;
+        if probe().await? {
+            return Ok(true);
         }
         if start.elapsed() > within {
-            return false;
+            return Ok(false);
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -95,22 +118,77 @@ pub fn cuts(round_trip: Duration, n: u32) -> impl Iterator<Item = Duration> {
 
 /// The sum of the server's Prometheus counter or gauge `name` over the series whose labels
 /// contain `label` (an empty `label` matches every series).
-pub async fn metric(server: &EtcdServer, name: &str, label: &str) -> u64 {
+pub async fn metric(server: &EtcdServer, name: &str, label: &str) -> Result<u64> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(format!("127.0.0.1:{}", server.client_port()))
         .await
-        .unwrap();
+        .or_fail("connect to the metrics")?;
     stream
         .write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
         .await
-        .unwrap();
+        .or_fail("ask for the metrics")?;
     let mut body = String::new();
-    stream.read_to_string(&mut body).await.unwrap();
-    body.lines()
+    stream
+        .read_to_string(&mut body)
+        .await
+        .or_fail("read the metrics")?;
+    Ok(body
+        .lines()
         .filter(|l| {
             l.strip_prefix(name)
                 .is_some_and(|rest| rest.starts_with(['{', ' ']) && rest.contains(label))
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+        .sum::<f64>() as u64)
+}
+
+// ---- Saying what failed ---------------------------------------------------------------------
+
+/// What a test was doing when it failed, and why; printed as is when a test returns it.
+pub struct Failure(String);
+
+impl std::fmt::Debug for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Failure(message)
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(message: &str) -> Self {
+        Failure(message.to_string())
+    }
+}
+
+/// A test's outcome, and what its helpers return: the value, or the [`Failure`] that ends it.
+pub type Result<T = (), E = Failure> = std::result::Result<T, E>;
+
+/// `.or_fail("what was being done")?` instead of `unwrap()`: an error, or an `Option` that holds
+/// nothing, becomes a [`Failure`] that names the step.
+pub trait OrFail<T> {
+    /// The value, or a failure naming `what` and the error (or `None`).
+    fn or_fail(self, what: impl std::fmt::Display) -> Result<T>;
+}
+
+impl<T, E: std::fmt::Debug> OrFail<T> for std::result::Result<T, E> {
+    fn or_fail(self, what: impl std::fmt::Display) -> Result<T> {
+        self.map_err(|e| Failure(format!("{what}: {e:?}")))
+    }
+}
+
+impl<T> OrFail<T> for Option<T> {
+    fn or_fail(self, what: impl std::fmt::Display) -> Result<T> {
+        self.ok_or_else(|| Failure(format!("{what}: None")))
+    }
 }
