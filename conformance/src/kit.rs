@@ -49,7 +49,7 @@ pub type TestResult<T = ()> = std::result::Result<T, Failure>;
 
 impl<T> OrFail<T> for Option<T> {
     /// `None` is a failure of `what`.
-    fn or_fail(self, what: &str) -> std::result::Result<T, Failure> {
+    fn or_fail(self, what: impl fmt::Display) -> std::result::Result<T, Failure> {
         self.ok_or_else(|| Failure::new(format!("{what}: got None")))
     }
 }
@@ -57,11 +57,11 @@ impl<T> OrFail<T> for Option<T> {
 /// The other way round from [`OrFail`]: for a step that must fail.
 pub trait ErrOrFail<E> {
     /// The error, or a [`Failure`] of `what` that shows what came instead.
-    fn err_or_fail(self, what: &str) -> std::result::Result<E, Failure>;
+    fn err_or_fail(self, what: impl fmt::Display) -> std::result::Result<E, Failure>;
 }
 
 impl<T: fmt::Debug, E> ErrOrFail<E> for std::result::Result<T, E> {
-    fn err_or_fail(self, what: &str) -> std::result::Result<E, Failure> {
+    fn err_or_fail(self, what: impl fmt::Display) -> std::result::Result<E, Failure> {
         match self {
             Ok(value) => Err(Failure::new(format!(
                 "{what}: succeeded with {value:?}, an error was expected"

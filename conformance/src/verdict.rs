@@ -5,9 +5,28 @@ use std::time::Duration;
 
 use leasehold_core::Capabilities;
 
-/// A scenario's finding that the authority broke its contract.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A scenario's finding that the authority broke its contract; also what a test that returns
+/// `Result` fails with (see [`crate::kit`]), printed as its message alone.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Failure(pub String);
+
+impl fmt::Debug for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Failure(message)
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(message: &str) -> Self {
+        Failure(message.to_string())
+    }
+}
 
 impl Failure {
     /// A failure with a message.
@@ -51,11 +70,11 @@ macro_rules! ensure {
 /// Turns any displayable error into a [`Failure`] that says what was being done.
 pub trait OrFail<T> {
     /// Adds what was being done.
-    fn or_fail(self, what: &str) -> Result<T, Failure>;
+    fn or_fail(self, what: impl fmt::Display) -> Result<T, Failure>;
 }
 
 impl<T, E: fmt::Display> OrFail<T> for Result<T, E> {
-    fn or_fail(self, what: &str) -> Result<T, Failure> {
+    fn or_fail(self, what: impl fmt::Display) -> Result<T, Failure> {
         self.map_err(|e| Failure::new(format!("{what}: {e}")))
     }
 }
