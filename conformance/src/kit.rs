@@ -80,7 +80,7 @@ pub async fn start<S: Send + Sync + 'static>(
     harness_call(start)
         .await
         .map(Arc::new)
-        .or_fail(&format!("{what} must start for these tests"))
+        .or_fail(format!("{what} must start for these tests"))
 }
 
 type Connect = dyn Fn(String) -> Pin<Box<dyn Future<Output = Result<Arc<dyn Authority>>> + Send>>

@@ -76,7 +76,7 @@ pub async fn contention(ctx: &Context) -> Outcome {
             for round in 0..ROUNDS {
                 let lease = Lease::acquire(client.clone(), &key, ttl, max_wait, LeaseOptions::default())
                     .await
-                    .or_fail(&format!("contender {n} round {round} acquires"))?;
+                    .or_fail(format!("contender {n} round {round} acquires"))?;
                 lease.ensure_valid().or_fail("fresh lease valid")?;
                 let start = Instant::now();
                 let fence = lease.fence();

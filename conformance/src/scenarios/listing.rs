@@ -30,7 +30,7 @@ pub async fn list_keys_finds_held_keys_under_a_prefix(ctx: &Context) -> Outcome 
     let (a, b) = (ctx.connect().await?, ctx.connect().await?);
     let base = ctx.key("list-keys");
     let key = |suffix: &str| {
-        LockKey::new(format!("{base}{suffix}")).or_fail(&format!("the key {base}{suffix}"))
+        LockKey::new(format!("{base}{suffix}")).or_fail(format!("the key {base}{suffix}"))
     };
     let under = [key("/%2F")?, key("/a")?, key("/b")?, key("/b/c")?];
     let beside = key("x")?;
@@ -93,7 +93,7 @@ pub async fn list_keys_finds_held_keys_under_a_prefix(ctx: &Context) -> Outcome 
         if i != 1 {
             a.renew(g, ttl)
                 .await
-                .or_fail(&format!("A renews {} after the listings", g.key()))?;
+                .or_fail(format!("A renews {} after the listings", g.key()))?;
             let _ = a.release(g).await.or_fail("A releases")?;
         }
     }

@@ -37,14 +37,14 @@ pub async fn claim_period_claims_every_period(ctx: &Context) -> Outcome {
         ticks.tick().await;
         match claim_period(a.clone(), &key, period)
             .await
-            .or_fail(&format!("A claims at tick {tick}"))?
+            .or_fail(format!("A claims at tick {tick}"))?
         {
             Some(run) => fences.push(run.fence().value()),
             None => skipped.push(tick),
         }
         let second = claim_period(b.clone(), &key, period)
             .await
-            .or_fail(&format!("B claims at tick {tick}"))?;
+            .or_fail(format!("B claims at tick {tick}"))?;
         ensure!(
             second.is_none(),
             "tick {tick}: B claimed a period of {period:?} that A claimed just before"

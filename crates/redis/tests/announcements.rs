@@ -276,7 +276,7 @@ async fn a_plain_holder_that_deletes_without_announcing_hands_off_well_before_it
     let got = tokio::time::timeout(ttl / 2, task).await;
     let took = deleted_at.elapsed();
     let got = got
-        .or_fail(&format!(
+        .or_fail(format!(
             "the waiter did not get the free key within TTL/2 ({took:?} after the delete)"
         ))?
         .or_fail("the waiting task")?
@@ -334,7 +334,7 @@ async fn a_release_whose_announcement_is_lost_is_found_well_before_the_ttl() -> 
     );
     let got = tokio::time::timeout(ttl / 2, task)
         .await
-        .or_fail(&format!(
+        .or_fail(format!(
             "the waiter did not get the free key within TTL/2 ({:?} after the release)",
             released_at.elapsed()
         ))?

@@ -449,7 +449,7 @@ async fn huge_durations_in_the_url_do_not_panic() -> TestResult {
             }
         })
         .await
-        .or_fail(&format!("{params} panicked"))?;
+        .or_fail(format!("{params} panicked"))?;
         match outcome {
             Ok(()) => {}
             Err(e) => assert!(

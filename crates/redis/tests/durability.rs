@@ -107,7 +107,7 @@ async fn connect_under_policy(
         let _guard = tracing::subscriber::set_default(warnings.clone());
         RedisAuthority::connect(url)
             .await
-            .or_fail(&format!("connect under {policy}"))?
+            .or_fail(format!("connect under {policy}"))?
     };
     Ok((a, warnings.taken()))
 }

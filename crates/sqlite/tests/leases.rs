@@ -338,7 +338,7 @@ async fn renew_many_renews_a_batch_and_refuses_only_what_is_not_ours() -> TestRe
                 "grant {i}: {result:?}"
             );
         } else {
-            let deadline = *result.as_ref().or_fail(&format!("renew grant {i}"))?;
+            let deadline = *result.as_ref().or_fail(format!("renew grant {i}"))?;
             assert!(deadline > Instant::now() + long / 2, "grant {i}");
             let seen = b
                 .inspect(grants[i].key())

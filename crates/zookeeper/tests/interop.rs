@@ -361,7 +361,7 @@ async fn persistent_parents_keep_a_kazoo_lock_working_after_the_key_sat_idle() -
             );
             continue;
         }
-        let (_, seq) = second.or_fail(&format!("{mode}: kazoo's second lock"))?;
+        let (_, seq) = second.or_fail(format!("{mode}: kazoo's second lock"))?;
         // kazoo holds: leasehold waits its turn, and gets the key once kazoo lets go.
         assert!(a
             .try_acquire(&k, ttl)

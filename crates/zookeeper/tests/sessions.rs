@@ -91,7 +91,7 @@ async fn bad_input_gets_typed_errors() -> TestResult {
         let err = a
             .try_acquire(&k, ttl)
             .await
-            .err_or_fail(&format!("acquire for {ttl:?}"))?;
+            .err_or_fail(format!("acquire for {ttl:?}"))?;
         assert!(matches!(err, Error::InvalidTtl { .. }), "{ttl:?}: {err:?}");
     }
     // ...and, with a range declared wider than the server's, when the session is negotiated:

@@ -134,9 +134,9 @@ async fn refused(url: &str, why: &str) -> TestResult<Error> {
     let started = Instant::now();
     let outcome = tokio::time::timeout(Duration::from_secs(30), ZkAuthority::connect(url))
         .await
-        .or_fail(&format!("{why}: connecting hung for 30 s"))?;
+        .or_fail(format!("{why}: connecting hung for 30 s"))?;
     let elapsed = started.elapsed();
-    let err = outcome.err_or_fail(&format!("{why}: connected"))?;
+    let err = outcome.err_or_fail(format!("{why}: connected"))?;
     assert!(
         matches!(err, Error::Unavailable { .. }) && err.is_retryable(),
         "{why}: {err:?}"
@@ -478,7 +478,7 @@ async fn creator_only_over_tls(
         .or_fail("the key is free")?;
     let parent = alice.lock_path(&k);
 
-    let read = |path: &Path| std::fs::read_to_string(path).or_fail(&path.display().to_string());
+    let read = |path: &Path| std::fs::read_to_string(path).or_fail(path.display());
     let ca_only = zookeeper_client::TlsOptions::new()
         .with_pem_ca(&read(&certs.ca())?)
         .or_fail("the CA")?;

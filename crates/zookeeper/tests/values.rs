@@ -241,7 +241,7 @@ async fn woken(
 ) -> TestResult<Duration> {
     tokio::time::timeout(Duration::from_secs(30), task)
         .await
-        .or_fail(&format!("the wait did not end after {what}"))?
+        .or_fail(format!("the wait did not end after {what}"))?
         .or_fail("the waiting task")?
         .or_fail("the wait")?;
     let took = since.elapsed();

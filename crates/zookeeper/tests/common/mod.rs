@@ -26,7 +26,7 @@ pub fn url(hosts: &str, chroot: &str) -> String {
 }
 
 pub fn key(name: &str) -> TestResult<LockKey> {
-    LockKey::new(name).or_fail(&format!("key {name}"))
+    LockKey::new(name).or_fail(format!("key {name}"))
 }
 
 /// A standalone server of the test's own, for a test that faults it.
