@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{GetOptions, Txn, TxnOp};
+use leasehold_conformance::harness_error;
+use leasehold_conformance::kit::ServerFaults;
 use leasehold_conformance::scenarios::run_all;
-use leasehold_conformance::{harness_call, harness_error};
-use leasehold_conformance::{Connector, Context, Faults, Residue, Verdict};
+use leasehold_conformance::{Context, Residue, Verdict};
 use leasehold_core::{Authority, Guarded, Instant, LockKey, Released};
 use leasehold_etcd::guarded::{contender_key, guarded_txn, still_holds};
 use leasehold_etcd::EtcdAuthority;
@@ -19,66 +20,34 @@ use leasehold_servers::{self as servers, EtcdServer};
 
 mod common;
 
-use common::{connect, key, keys_under, raw_client, start, url, OrFail, Result};
+use common::{clients, connect, key, keys_under, raw_client, start, url, OrFail, Result};
 
-struct Clients(String);
-
-#[async_trait]
-impl Connector for Clients {
-    async fn connect(&self) -> leasehold_core::Result<Arc<dyn Authority>> {
-        Ok(Arc::new(EtcdAuthority::connect(&self.0).await?))
-    }
+/// Crash and freeze faults on the harness's etcd, and an operator deleting the holder's
+/// contender key.
+fn faults(server: Arc<EtcdServer>, url: String) -> ServerFaults<EtcdServer> {
+    ServerFaults::new(server).with_revoke(move |key| {
+        let url = url.clone();
+        async move { revoke(&url, &key).await }
+    })
 }
 
-/// Crash, freeze and operator faults on the harness's etcd.
-struct EtcdFaults {
-    server: Arc<EtcdServer>,
-    url: String,
-}
-
-impl EtcdFaults {
-    async fn blocking(
-        &self,
-        f: impl FnOnce(&EtcdServer) -> servers::Result<()> + Send + 'static,
-    ) -> leasehold_core::Result<()> {
-        let server = self.server.clone();
-        harness_call(move || f(&server)).await
-    }
-}
-
-#[async_trait]
-impl Faults for EtcdFaults {
-    /// SIGKILL and a restart on the same data dir.
-    async fn restart(&self) -> leasehold_core::Result<()> {
-        self.blocking(|s| s.restart()).await
-    }
-
-    async fn pause(&self) -> leasehold_core::Result<()> {
-        self.blocking(|s| s.pause()).await
-    }
-
-    async fn resume(&self) -> leasehold_core::Result<()> {
-        self.blocking(|s| s.resume()).await
-    }
-
-    /// An operator deletes the holder's contender key (`etcdctl del`), leaving its session alive.
-    async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<()> {
-        let admin = EtcdAuthority::connect(&self.url).await?;
-        let prefix = admin.prefix(key);
-        let holder = keys_under(admin.client(), &prefix)
-            .await
-            .map_err(harness_error)?;
-        let (name, _) = holder
-            .first()
-            .ok_or_else(|| harness_error("no holder to revoke"))?;
-        admin
-            .client()
-            .kv_client()
-            .delete(name.as_str(), None)
-            .await
-            .map_err(harness_error)?;
-        Ok(())
-    }
+/// An operator deletes the holder's contender key (`etcdctl del`), leaving its session alive.
+async fn revoke(url: &str, key: &LockKey) -> leasehold_core::Result<()> {
+    let admin = EtcdAuthority::connect(url).await?;
+    let prefix = admin.prefix(key);
+    let holder = keys_under(admin.client(), &prefix)
+        .await
+        .map_err(harness_error)?;
+    let (name, _) = holder
+        .first()
+        .ok_or_else(|| harness_error("no holder to revoke"))?;
+    admin
+        .client()
+        .kv_client()
+        .delete(name.as_str(), None)
+        .await
+        .map_err(harness_error)?;
+    Ok(())
 }
 
 /// Contender keys of ours left under a key's prefix, with the lease each is attached to.
@@ -117,7 +86,7 @@ impl Residue for EtcdResidue {
 async fn passes_the_conformance_suite_with_faults() -> Result {
     if let Some(endpoints) = servers::external::etcd_endpoints() {
         let url = format!("etcd://{endpoints}?timeout_ms=1000");
-        let ctx = Context::new(Arc::new(Clients(url)))
+        let ctx = Context::new(Arc::new(clients(&url)))
             .await
             .or_fail("the suite's context")?;
         let report = run_all("etcd (external)", &ctx).await;
@@ -127,11 +96,11 @@ async fn passes_the_conformance_suite_with_faults() -> Result {
     }
     let server = start().await?;
     let url = url(&server);
-    let ctx = Context::new(Arc::new(Clients(url.clone())))
+    let ctx = Context::new(Arc::new(clients(&url)))
         .await
         .or_fail("the suite's context")?
         .with_residue(Arc::new(EtcdResidue(url.clone())))
-        .with_faults(Arc::new(EtcdFaults { server, url }));
+        .with_faults(Arc::new(faults(server, url)));
     assert_eq!(
         ctx.ttl(),
         Duration::from_secs(1),

@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_conformance::harness_error;
 use leasehold_conformance::resource::{check_history, Recorder};
 use leasehold_conformance::scenarios::{self, run_selected};
-use leasehold_conformance::{Connector, Context, Faults, Verdict};
+use leasehold_conformance::{harness_call, harness_error};
+use leasehold_conformance::{Context, Faults, Verdict};
 use leasehold_core::{
     Authority, Fence, FencedRegister, FencedResource, Grant, Guarded, Instant, Lease, LeaseOptions,
     LockKey,
@@ -20,7 +20,7 @@ use leasehold_servers::EtcdCluster;
 mod common;
 
 use common::cluster::{blocking, handover, rejoin, start_cluster, take_within, url, url_of};
-use common::{connect, OrFail, Result, REQUEST_TIMEOUT};
+use common::{clients, connect, OrFail, Result, REQUEST_TIMEOUT};
 
 /// A holds `key` with a renewed lease of `ttl` (returned beside it) and has claimed a fenced
 /// resource with it; B is another client, to try the key while a fault plays out.
@@ -256,24 +256,31 @@ struct ClusterFaults {
     killed: Mutex<Option<usize>>,
 }
 
+impl ClusterFaults {
+    /// The member killed by the failover under way, taken so that it rejoins once.
+    fn killed(&self) -> std::sync::MutexGuard<'_, Option<usize>> {
+        self.killed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 #[async_trait]
 impl Faults for ClusterFaults {
     async fn begin_failover(&self) -> leasehold_core::Result<()> {
-        let leader = blocking(&self.cluster, |c| c.leader())
-            .await
-            .map_err(harness_error)?;
-        blocking(&self.cluster, move |c| c.member(leader).kill())
-            .await
-            .map_err(harness_error)?;
-        *self.killed.lock().unwrap() = Some(leader);
+        let cluster = self.cluster.clone();
+        let leader = harness_call(move || {
+            let leader = cluster.leader()?;
+            cluster.member(leader).kill()?;
+            Ok(leader)
+        })
+        .await?;
+        *self.killed() = Some(leader);
         // Wait for the new leader, so that "complete" means clients reach it.
-        blocking(&self.cluster, |c| c.leader().map(|_| ()))
-            .await
-            .map_err(harness_error)
+        let cluster = self.cluster.clone();
+        harness_call(move || cluster.leader().map(drop)).await
     }
 
     async fn complete_failover(&self) -> leasehold_core::Result<()> {
-        let killed = self.killed.lock().unwrap().take();
+        let killed = self.killed().take();
         if let Some(i) = killed {
             rejoin(&self.cluster, i).await.map_err(harness_error)?;
         }
@@ -281,19 +288,10 @@ impl Faults for ClusterFaults {
     }
 }
 
-struct Clients(String);
-
-#[async_trait]
-impl Connector for Clients {
-    async fn connect(&self) -> leasehold_core::Result<Arc<dyn Authority>> {
-        Ok(Arc::new(EtcdAuthority::connect(&self.0).await?))
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_suite_passes_on_the_cluster_with_a_failover() -> Result {
     let cluster = start_cluster().await?;
-    let ctx = Context::new(Arc::new(Clients(url(&cluster))))
+    let ctx = Context::new(Arc::new(clients(&url(&cluster))))
         .await
         .or_fail("the suite's context")?
         .with_faults(Arc::new(ClusterFaults {

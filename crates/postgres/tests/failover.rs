@@ -4,32 +4,28 @@
 //! setup); a synchronous standby keeps fences growing.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leasehold_conformance::kit::{SharedUrl, UrlConnector};
 use leasehold_conformance::scenarios::{self, run_all, run_selected};
-use leasehold_conformance::{harness_error, Connector, Context, Faults, Verdict};
-use leasehold_core::{Authority, FenceSafety, Instant, LockKey};
+use leasehold_conformance::{harness_call, harness_error, Context, Faults, Verdict};
+use leasehold_core::{FenceSafety, Instant, LockKey};
 use leasehold_postgres::PostgresAuthority;
 use leasehold_servers::PostgresServer;
 
 mod common;
+mod suite;
 
-use common::{start, url};
-
-async fn connect(url: &str) -> PostgresAuthority {
-    PostgresAuthority::connect(url)
-        .await
-        .unwrap_or_else(|e| panic!("connect {url}: {e:?}"))
-}
+use common::{connect, start_server, url, Failure, OrFail, Result};
 
 /// A primary (the harness's server) and a streaming standby of it.
 struct Pair {
     primary: Arc<PostgresServer>,
     standby: PostgresServer,
     /// Where clients connect: the primary until the failover completes.
-    url: Mutex<String>,
+    url: SharedUrl,
     /// Whether the standby was promoted: then it is the server the other faults act on.
     failed_over: AtomicBool,
     replication: Replication,
@@ -40,7 +36,7 @@ impl Pair {
     /// Waits (at most 20 s) until the primary has a synchronous standby streaming from it.
     async fn wait_for_sync_standby(&self) -> leasehold_core::Result<()> {
         let primary = self.primary_url();
-        let p = sqlx::PgPool::connect(primary.split('?').next().unwrap())
+        let p = sqlx::PgPool::connect(without_params(&primary))
             .await
             .map_err(harness_error)?;
         let started = Instant::now();
@@ -94,18 +90,30 @@ enum Replication {
     Synchronous,
 }
 
-async fn pair_with(options: &str, replication: Replication) -> Arc<Pair> {
-    let primary = start().await;
-    connect(&url(&primary)).await.migrate().await.unwrap();
+/// The URL without its parameters, for sqlx, which knows none of the authority's.
+fn without_params(url: &str) -> &str {
+    url.split('?').next().unwrap_or(url)
+}
+
+/// The pair, and its clients: they connect at the pair's URL, which the failover moves from the
+/// primary to the promoted standby.
+async fn pair_with(options: &str, replication: Replication) -> Result<(Arc<Pair>, UrlConnector)> {
+    let primary = start_server().await?;
+    connect(&url(&primary))
+        .await?
+        .migrate()
+        .await
+        .or_fail("migrate the primary")?;
     let standby = {
         let primary = primary.clone();
         tokio::task::spawn_blocking(move || PostgresServer::start_standby_of(&primary))
             .await
-            .unwrap()
-            .unwrap_or_else(|e| panic!("the standby must start for this test: {e}"))
+            .or_fail("the task starting the standby")?
+            .or_fail("the standby must start for this test")?
     };
+    let clients = suite::clients("");
     let pair = Arc::new(Pair {
-        url: Mutex::new(String::new()),
+        url: clients.url(),
         failed_over: AtomicBool::new(false),
         replication,
         primary,
@@ -118,22 +126,28 @@ async fn pair_with(options: &str, replication: Replication) -> Arc<Pair> {
             &primary_url,
             "ALTER SYSTEM SET synchronous_standby_names = '*'",
         )
-        .await;
-        sql_on(&primary_url, "ALTER SYSTEM SET synchronous_commit = 'on'").await;
-        sql_on(&primary_url, "SELECT pg_reload_conf()").await;
+        .await
+        .or_fail("on the primary")?;
+        sql_on(&primary_url, "ALTER SYSTEM SET synchronous_commit = 'on'")
+            .await
+            .or_fail("on the primary")?;
+        sql_on(&primary_url, "SELECT pg_reload_conf()")
+            .await
+            .or_fail("on the primary")?;
     }
-    *pair.url.lock().unwrap() = pair.primary_url();
+    pair.url.set(pair.primary_url());
     // The standby serves reads once it is consistent.
     let started = Instant::now();
     while PostgresAuthority::connect(&pair.standby_url())
         .await
         .is_err()
     {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the standby did not start: {}",
-            pair.standby.process().logs()
-        );
+        if started.elapsed() >= Duration::from_secs(20) {
+            return Err(Failure::from(format!(
+                "the standby did not start: {}",
+                pair.standby.process().logs()
+            )));
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // After a restart of the primary, the standby reconnects within 100 ms instead of the
@@ -142,30 +156,26 @@ async fn pair_with(options: &str, replication: Replication) -> Arc<Pair> {
         &pair.standby_url(),
         "ALTER SYSTEM SET wal_retrieve_retry_interval = '100ms'",
     )
-    .await;
-    sql_on(&pair.standby_url(), "SELECT pg_reload_conf()").await;
-    pair
+    .await
+    .or_fail("on the standby")?;
+    sql_on(&pair.standby_url(), "SELECT pg_reload_conf()")
+        .await
+        .or_fail("on the standby")?;
+    Ok((pair, clients))
 }
 
-async fn sql_on(url: &str, statement: &str) {
-    let pool = sqlx::PgPool::connect(url.split('?').next().unwrap())
+/// Runs `statement` on the server at `url`; an error names the statement.
+async fn sql_on(url: &str, statement: &str) -> leasehold_core::Result<()> {
+    let failed = |e: sqlx::Error| harness_error(format!("{statement}: {e}"));
+    let pool = sqlx::PgPool::connect(without_params(url))
         .await
-        .unwrap();
+        .map_err(failed)?;
     sqlx::query(sqlx::AssertSqlSafe(statement.to_string()))
         .execute(&pool)
         .await
-        .unwrap_or_else(|e| panic!("{statement}: {e}"));
+        .map_err(failed)?;
     pool.close().await;
-}
-
-struct Clients(Arc<Pair>);
-
-#[async_trait]
-impl Connector for Clients {
-    async fn connect(&self) -> leasehold_core::Result<Arc<dyn Authority>> {
-        let url = self.0.url.lock().unwrap().clone();
-        Ok(Arc::new(PostgresAuthority::connect(&url).await?))
-    }
+    Ok(())
 }
 
 struct Failover(Arc<Pair>);
@@ -176,10 +186,7 @@ impl Failover {
         f: impl FnOnce(&PostgresServer) -> leasehold_servers::Result<()> + Send + 'static,
     ) -> leasehold_core::Result<()> {
         let pair = self.0.clone();
-        tokio::task::spawn_blocking(move || f(pair.current()))
-            .await
-            .unwrap()
-            .map_err(harness_error)
+        harness_call(move || f(pair.current())).await
     }
 }
 
@@ -211,27 +218,17 @@ impl Faults for Failover {
 
     /// An operator ends the lease by hand (keeping the row and its fence counter).
     async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<()> {
-        let url = self.0.url.lock().unwrap().clone();
-        let admin = PostgresAuthority::connect(&url).await?;
-        sqlx::query(
-            "UPDATE leasehold_leases SET expires_at = statement_timestamp() \
-             WHERE lock_key = $1",
-        )
-        .bind(key.as_str())
-        .execute(admin.pool())
-        .await
-        .map_err(harness_error)?;
-        Ok(())
+        suite::revoke(&self.0.url.get(), key).await
     }
 
     /// Lets the standby catch up, then cuts its replication: the primary (asynchronous)
     /// still commits, and the standby never sees it.
     async fn begin_failover(&self) -> leasehold_core::Result<()> {
         let (primary, standby) = (self.0.primary_url(), self.0.standby_url());
-        let p = sqlx::PgPool::connect(primary.split('?').next().unwrap())
+        let p = sqlx::PgPool::connect(without_params(&primary))
             .await
             .map_err(harness_error)?;
-        let s = sqlx::PgPool::connect(standby.split('?').next().unwrap())
+        let s = sqlx::PgPool::connect(without_params(&standby))
             .await
             .map_err(harness_error)?;
         let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
@@ -250,7 +247,9 @@ impl Faults for Failover {
             if caught_up {
                 break;
             }
-            assert!(started.elapsed() < Duration::from_secs(10), "no catch-up");
+            if started.elapsed() >= Duration::from_secs(10) {
+                return Err(harness_error("the standby did not catch up within 10 s"));
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         sqlx::query("ALTER SYSTEM SET primary_conninfo = ''")
@@ -270,10 +269,9 @@ impl Faults for Failover {
             if receiving == 0 {
                 break;
             }
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "still replicating"
-            );
+            if started.elapsed() >= Duration::from_secs(10) {
+                return Err(harness_error("the standby still replicates after 10 s"));
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         p.close().await;
@@ -284,12 +282,9 @@ impl Faults for Failover {
     /// The old primary dies; the standby is promoted and clients connect to it.
     async fn complete_failover(&self) -> leasehold_core::Result<()> {
         let primary = self.0.primary.clone();
-        tokio::task::spawn_blocking(move || primary.kill())
-            .await
-            .unwrap()
-            .map_err(harness_error)?;
-        sql_on(&self.0.standby_url(), "SELECT pg_promote()").await;
-        *self.0.url.lock().unwrap() = self.0.standby_url();
+        harness_call(move || primary.kill()).await?;
+        sql_on(&self.0.standby_url(), "SELECT pg_promote()").await?;
+        self.0.url.set(self.0.standby_url());
         self.0.failed_over.store(true, Ordering::Release);
         Ok(())
     }
@@ -300,11 +295,11 @@ impl Faults for Failover {
 /// failover scenario's outcome.
 async fn whole_suite_with(
     replication: Replication,
-) -> (FenceSafety, Vec<String>, Result<Verdict, String>) {
-    let pair = pair_with("", replication).await;
-    let ctx = Context::new(Arc::new(Clients(pair.clone())))
+) -> Result<(FenceSafety, Vec<String>, Result<Verdict, String>)> {
+    let (pair, clients) = pair_with("", replication).await?;
+    let ctx = Context::new(Arc::new(clients))
         .await
-        .unwrap()
+        .or_fail("the suite's context")?
         .with_faults(Arc::new(Failover(pair.clone())));
     let report = run_all(&format!("postgres, {replication:?} standby"), &ctx).await;
     println!("{report}");
@@ -322,35 +317,43 @@ async fn whole_suite_with(
         .lines
         .iter()
         .find(|l| l.scenario == "fences_survive_failover")
-        .expect("the suite has the failover scenario")
+        .or_fail("the suite's failover scenario")?
         .outcome
         .clone()
         .map_err(|f| f.to_string());
-    (ctx.capabilities().fence_safety, failures, failover)
+    Ok((ctx.capabilities().fence_safety, failures, failover))
 }
 
-async fn failover_verdict(options: &str) -> (FenceSafety, Result<Verdict, String>) {
+async fn failover_verdict(options: &str) -> Result<(FenceSafety, Result<Verdict, String>)> {
     failover_verdict_with(options, Replication::Asynchronous).await
 }
 
 async fn failover_verdict_with(
     options: &str,
     replication: Replication,
-) -> (FenceSafety, Result<Verdict, String>) {
-    let pair = pair_with(options, replication).await;
-    let ctx = Context::new(Arc::new(Clients(pair.clone())))
+) -> Result<(FenceSafety, Result<Verdict, String>)> {
+    let (pair, clients) = pair_with(options, replication).await?;
+    let ctx = Context::new(Arc::new(clients))
         .await
-        .unwrap()
+        .or_fail("the suite's context")?
         .with_faults(Arc::new(Failover(pair.clone())));
     let selected: Vec<_> = scenarios::all()
         .into_iter()
         .filter(|s| s.name == "fences_survive_failover")
         .collect();
-    assert_eq!(selected.len(), 1);
+    if selected.len() != 1 {
+        return Err(format!("{} failover scenarios, one expected", selected.len()).into());
+    }
     let report = run_selected("postgres failover", &ctx, &selected).await;
     println!("{report}");
-    let outcome = report.lines[0].outcome.clone().map_err(|f| f.to_string());
-    (ctx.capabilities().fence_safety, outcome)
+    let outcome = report
+        .lines
+        .first()
+        .or_fail("the failover scenario's line")?
+        .outcome
+        .clone()
+        .map_err(|f| f.to_string());
+    Ok((ctx.capabilities().fence_safety, outcome))
 }
 
 /// With a synchronous standby, every acquisition the primary confirmed is on the
@@ -361,29 +364,47 @@ async fn failover_verdict_with(
 ///
 /// The whole suite runs on the pair, every other fault acting on the server clients reach.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failover_to_a_synchronous_standby_keeps_fences_growing() {
-    let (safety, failures, outcome) = whole_suite_with(Replication::Synchronous).await;
-    assert_eq!(safety, FenceSafety::Linearizable);
-    assert!(failures.is_empty(), "conformance failed: {failures:#?}");
-    assert!(
-        matches!(outcome, Ok(Verdict::Passed)),
-        "fences must survive a failover to a synchronous standby: {outcome:?}"
-    );
+async fn a_failover_to_a_synchronous_standby_keeps_fences_growing() -> Result {
+    let (safety, failures, outcome) = whole_suite_with(Replication::Synchronous).await?;
+    if safety != FenceSafety::Linearizable {
+        return Err(format!("declared {safety:?} with a synchronous standby").into());
+    }
+    if !failures.is_empty() {
+        return Err(format!("conformance failed: {failures:#?}").into());
+    }
+    if !matches!(outcome, Ok(Verdict::Passed)) {
+        return Err(format!(
+            "fences must survive a failover to a synchronous standby: {outcome:?}"
+        )
+        .into());
+    }
+    Ok(())
 }
 
 /// The whole suite on a primary with an asynchronous standby: everything passes, and the
 /// failover, which reissues a fence, shows as the declared weakness it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failover_to_an_async_standby_reissues_a_fence_as_declared() {
-    let (safety, failures, outcome) = whole_suite_with(Replication::Asynchronous).await;
-    assert_eq!(safety, FenceSafety::FailoverUnsafe);
-    assert!(failures.is_empty(), "conformance failed: {failures:#?}");
-    assert!(
-        matches!(outcome, Ok(Verdict::Declared(_))),
-        "the failover must reissue a fence, and it must be declared: {outcome:?}"
-    );
+async fn a_failover_to_an_async_standby_reissues_a_fence_as_declared() -> Result {
+    let (safety, failures, outcome) = whole_suite_with(Replication::Asynchronous).await?;
+    if safety != FenceSafety::FailoverUnsafe {
+        return Err(format!("declared {safety:?} with an asynchronous standby").into());
+    }
+    if !failures.is_empty() {
+        return Err(format!("conformance failed: {failures:#?}").into());
+    }
+    if !matches!(outcome, Ok(Verdict::Declared(_))) {
+        return Err(format!(
+            "the failover must reissue a fence, and it must be declared: {outcome:?}"
+        )
+        .into());
+    }
     // The same setup, declared linearizable (an overclaim): caught.
-    let (safety, outcome) = failover_verdict("&fence_safety=linearizable").await;
-    assert_eq!(safety, FenceSafety::Linearizable);
-    assert!(outcome.is_err(), "an overclaim must fail: {outcome:?}");
+    let (safety, outcome) = failover_verdict("&fence_safety=linearizable").await?;
+    if safety != FenceSafety::Linearizable {
+        return Err(format!("declared {safety:?} with fence_safety=linearizable").into());
+    }
+    if outcome.is_ok() {
+        return Err(format!("an overclaim must fail: {outcome:?}").into());
+    }
+    Ok(())
 }

@@ -12,13 +12,7 @@ use leasehold_servers::PostgresServer;
 
 mod common;
 
-use common::{start, url};
-
-type Result<T = (), E = String> = std::result::Result<T, E>;
-
-fn key(name: &str) -> Result<LockKey> {
-    LockKey::new(name).map_err(|e| format!("key {name}: {e}"))
-}
+use common::{connect, key, start_server, url, Failure, OrFail, Result};
 
 /// Leases of `key` that are live by the database's clock.
 async fn live_rows(admin: &PostgresAuthority, key: &LockKey) -> Result<i64> {
@@ -28,7 +22,7 @@ async fn live_rows(admin: &PostgresAuthority, key: &LockKey) -> Result<i64> {
     .bind(key.as_str())
     .fetch_one(admin.pool())
     .await
-    .map_err(|e| format!("counting live leases of {key}: {e}"))
+    .or_fail(format!("counting live leases of {key}"))
 }
 
 /// Continues (SIGCONT) a stopped backend when dropped, so a failing test leaves a usable server.
@@ -52,18 +46,18 @@ fn signal(pid: i32, sig: &str) -> Result {
         .arg(format!("-{sig}"))
         .arg(pid.to_string())
         .status()
-        .map_err(|e| format!("kill -{sig} {pid}: {e}"))?;
+        .or_fail(format!("kill -{sig} {pid}"))?;
     if status.success() {
         Ok(())
     } else {
-        Err(format!("kill -{sig} {pid}: {status}"))
+        Err(Failure::from(format!("kill -{sig} {pid}: {status}")))
     }
 }
 
 /// The backend serving the one lane of the authority connected as `application_name`: the
 /// client backend whose last statement was a lease statement (its pool's connection last ran
 /// the settings query at connect).
-async fn lane_backend(admin: &PostgresAuthority, application_name: &str) -> Result<i32, String> {
+async fn lane_backend(admin: &PostgresAuthority, application_name: &str) -> Result<i32> {
     sqlx::query_scalar(
         "SELECT pid FROM pg_stat_activity WHERE application_name = $1 \
            AND query LIKE '%leasehold_leases%' ORDER BY backend_start DESC LIMIT 1",
@@ -71,8 +65,10 @@ async fn lane_backend(admin: &PostgresAuthority, application_name: &str) -> Resu
     .bind(application_name)
     .fetch_optional(admin.pool())
     .await
-    .map_err(|e| format!("reading pg_stat_activity: {e}"))?
-    .ok_or_else(|| format!("no backend of {application_name} ran a lease statement"))
+    .or_fail("reading pg_stat_activity")?
+    .or_fail(format!(
+        "a backend of {application_name} that ran a lease statement"
+    ))
 }
 
 /// Whether the server still has the backend `pid`.
@@ -81,7 +77,7 @@ async fn lane_backend_alive(admin: &PostgresAuthority, pid: i32) -> Result<bool>
         .bind(pid)
         .fetch_one(admin.pool())
         .await
-        .map_err(|e| format!("reading pg_stat_activity: {e}"))
+        .or_fail("reading pg_stat_activity")
 }
 
 /// An authority with one lane (`pool_size=1`) and the request timeout `timeout`, holding one
@@ -103,23 +99,20 @@ impl FrozenLane {
         ttl: Duration,
         held: &str,
     ) -> Result<Self> {
-        let server = start().await;
-        let admin = PostgresAuthority::connect(&url(&server))
-            .await
-            .map_err(|e| format!("connect the admin: {e}"))?;
-        admin.migrate().await.map_err(|e| format!("migrate: {e}"))?;
-        let authority = PostgresAuthority::connect(&format!(
+        let server = start_server().await?;
+        let admin = connect(&url(&server)).await?;
+        admin.migrate().await.or_fail("migrate")?;
+        let authority = connect(&format!(
             "{}?pool_size=1&timeout_ms={}&application_name={app}",
             server.url(),
             timeout.as_millis()
         ))
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
+        .await?;
         let held = authority
             .try_acquire(&key(held)?, ttl)
             .await
-            .map_err(|e| format!("the first acquisition: {e}"))?
-            .ok_or("the first key was held")?;
+            .or_fail("the first acquisition")?
+            .or_fail("the first key free")?;
         let pid = lane_backend(&admin, app).await?;
         let frozen = std::sync::Mutex::new(Some(Stopped::new(pid)?));
         Ok(FrozenLane {
@@ -146,9 +139,11 @@ impl FrozenLane {
             .authority
             .release(&self.held)
             .await
-            .map_err(|e| format!("releasing the first lease: {e}"))?;
+            .or_fail("releasing the first lease")?;
         if released != want {
-            return Err(format!("the first lease: {released:?}, not {want:?}"));
+            return Err(Failure::from(format!(
+                "the first lease: {released:?}, not {want:?}"
+            )));
         }
         Ok(())
     }
@@ -178,14 +173,22 @@ async fn a_silent_lane_is_given_up_and_later_statements_connect_afresh() -> Resu
         // Every answer comes within the request timeout (the bound every call keeps), plus
         // scheduling slack on a loaded machine.
         if took > timeout + timeout / 2 {
-            return Err(format!(
+            return Err(Failure::from(format!(
                 "try {i} took {took:?}, past the timeout {timeout:?}"
-            ));
+            )));
         }
         match outcome {
             Ok(Some(grant)) => grants.push(grant),
-            Ok(None) => return Err(format!("try {i}: {k} was held by nobody yet")),
-            Err(e) => return Err(format!("try {i} failed behind the silent lane: {e}")),
+            Ok(None) => {
+                return Err(Failure::from(format!(
+                    "try {i}: {k} was held by nobody yet"
+                )))
+            }
+            Err(e) => {
+                return Err(Failure::from(format!(
+                    "try {i} failed behind the silent lane: {e}"
+                )))
+            }
         }
     }
     if lane_backend(admin, lane.app).await? == lane.pid {
@@ -203,17 +206,22 @@ async fn a_silent_lane_is_given_up_and_later_statements_connect_afresh() -> Resu
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     if live_rows(admin, &k).await? != 1 {
-        return Err(format!(
+        return Err(Failure::from(format!(
             "{k} is not held after the abandoned statement landed"
-        ));
+        )));
     }
     for grant in &grants {
         a.renew(grant, ttl)
             .await
-            .map_err(|e| format!("renewing {} after the wake: {e}", grant.key()))?;
+            .or_fail(format!("renewing {} after the wake", grant.key()))?;
         match a.release(grant).await {
             Ok(Released::Released) => {}
-            other => return Err(format!("releasing {}: {other:?}", grant.key())),
+            other => {
+                return Err(Failure::from(format!(
+                    "releasing {}: {other:?}",
+                    grant.key()
+                )))
+            }
         }
     }
     lane.release_held(Released::Released).await
@@ -235,7 +243,11 @@ async fn an_abandoned_acquisition_closes_its_connection_after_the_ttl() -> Resul
     let sent = Instant::now();
     let retried = match a.try_acquire(&k, ttl).await {
         Ok(Some(grant)) => grant,
-        other => return Err(format!("an acquisition behind a frozen backend: {other:?}")),
+        other => {
+            return Err(Failure::from(format!(
+                "an acquisition behind a frozen backend: {other:?}"
+            )))
+        }
     };
     // Past the bound (the caller's deadline plus the TTL) with the backend still frozen.
     let bound = timeout + ttl.max(timeout);
@@ -248,15 +260,15 @@ async fn an_abandoned_acquisition_closes_its_connection_after_the_ttl() -> Resul
                 .bind(pid)
                 .fetch_one(admin.pool())
                 .await
-                .map_err(|e| format!("reading pg_stat_activity: {e}"))?;
+                .or_fail("reading pg_stat_activity")?;
         if !alive {
             break;
         }
         if woke.elapsed() > ttl {
-            return Err(format!(
+            return Err(Failure::from(format!(
                 "the frozen backend still has its client {:?} after it woke",
                 woke.elapsed()
-            ));
+            )));
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -281,7 +293,11 @@ async fn an_abandoned_acquisition_closes_its_connection_after_the_ttl() -> Resul
     // releases find them gone.
     match a.release(&retried).await {
         Ok(Released::AlreadyGone) => {}
-        other => return Err(format!("releasing the retry's lease: {other:?}")),
+        other => {
+            return Err(Failure::from(format!(
+                "releasing the retry's lease: {other:?}"
+            )))
+        }
     }
     lane.release_held(Released::AlreadyGone).await
 }
@@ -307,7 +323,7 @@ async fn an_idle_silent_lane_is_replaced_before_its_statement() -> Result {
         let took = started.elapsed();
         match outcome {
             Ok(Some(_)) if took <= timeout => {}
-            other => return Err(format!("try {i} after {took:?}: {other:?}")),
+            other => return Err(Failure::from(format!("try {i} after {took:?}: {other:?}"))),
         }
     }
     if lane_backend(&lane.admin, lane.app).await? == lane.pid {
@@ -328,11 +344,11 @@ async fn an_idle_silent_lane_is_replaced_before_its_statement() -> Result {
 async fn a_slow_acquisition_sent_again_takes_the_key_once() -> Result {
     let timeout = Duration::from_millis(1000);
     let ttl = Duration::from_secs(10);
-    let server = start().await;
+    let server = start_server().await?;
     let admin = PostgresAuthority::connect(&url(&server))
         .await
-        .map_err(|e| format!("connect the admin: {e}"))?;
-    admin.migrate().await.map_err(|e| format!("migrate: {e}"))?;
+        .or_fail("connect the admin")?;
+    admin.migrate().await.or_fail("migrate")?;
     // Only the key's first grant (fence 1) is slow: 0.7 of the timeout, past the half at
     // which the acquisition is sent again, and before the timeout.
     let slow = "slow-commit/first";
@@ -348,7 +364,7 @@ async fn a_slow_acquisition_sent_again_takes_the_key_once() -> Result {
         sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
             .execute(admin.pool())
             .await
-            .map_err(|e| format!("making the first grant slow: {e}"))?;
+            .or_fail("making the first grant slow")?;
     }
     let authority = PostgresAuthority::connect(&format!(
         "{}?timeout_ms={}&application_name=slow-commit",
@@ -356,16 +372,16 @@ async fn a_slow_acquisition_sent_again_takes_the_key_once() -> Result {
         timeout.as_millis()
     ))
     .await
-    .map_err(|e| format!("connect: {e}"))?;
+    .or_fail("connect")?;
     let k = key(slow)?;
     let started = Instant::now();
     let grant = match authority.try_acquire(&k, ttl).await {
         Ok(Some(grant)) => grant,
         other => {
-            return Err(format!(
+            return Err(Failure::from(format!(
                 "the slow acquisition after {:?}: {other:?}",
                 started.elapsed()
-            ))
+            )))
         }
     };
     // The first statement's answer has come by now (its connection was never silent) and its
@@ -377,9 +393,11 @@ async fn a_slow_acquisition_sent_again_takes_the_key_once() -> Result {
     authority
         .renew(&grant, ttl)
         .await
-        .map_err(|e| format!("renewing the slow acquisition's lease: {e}"))?;
+        .or_fail("renewing the slow acquisition's lease")?;
     match authority.release(&grant).await {
         Ok(Released::Released) => Ok(()),
-        other => Err(format!("releasing the slow acquisition's lease: {other:?}")),
+        other => Err(Failure::from(format!(
+            "releasing the slow acquisition's lease: {other:?}"
+        ))),
     }
 }

@@ -4,92 +4,54 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use leasehold_conformance::scenarios::run_all;
-use leasehold_conformance::{harness_call, Connector, Context, Faults};
+use leasehold_conformance::Context;
 use leasehold_core::{Authority, LockKey};
 use leasehold_postgres::PostgresAuthority;
-use leasehold_servers::{PgBouncer, PostgresServer};
+use leasehold_servers::PgBouncer;
 
 mod common;
 mod suite;
 
-/// Clients of one URL.
-struct Clients(String);
+use common::{connect, key, start_server, url, Failure, OrFail, Result};
 
-#[async_trait]
-impl Connector for Clients {
-    async fn connect(&self) -> leasehold_core::Result<Arc<dyn Authority>> {
-        Ok(Arc::new(PostgresAuthority::connect(&self.0).await?))
-    }
-}
-
-/// Crash and freeze faults on the PostgreSQL server behind the pooler (the clients' server as
-/// they see it), and an operator ending a lease through a direct connection.
-struct ServerFaults {
-    server: Arc<PostgresServer>,
-    direct: String,
-}
-
-#[async_trait]
-impl Faults for ServerFaults {
-    async fn restart(&self) -> leasehold_core::Result<()> {
-        let server = self.server.clone();
-        harness_call(move || server.restart()).await
-    }
-
-    async fn pause(&self) -> leasehold_core::Result<()> {
-        let server = self.server.clone();
-        harness_call(move || server.pause()).await
-    }
-
-    async fn resume(&self) -> leasehold_core::Result<()> {
-        let server = self.server.clone();
-        harness_call(move || server.resume()).await
-    }
-
-    /// The lease's row expires now; the row, and with it the fence counter, stays.
-    async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<()> {
-        suite::revoke(&self.direct, key).await
-    }
+/// A PgBouncer in transaction pooling mode in front of `server`, with `pool_size` server
+/// connections; one that cannot start fails the test.
+async fn start_pgbouncer(
+    server: &Arc<leasehold_servers::PostgresServer>,
+    pool_size: u32,
+) -> Result<PgBouncer> {
+    let server = server.clone();
+    tokio::task::spawn_blocking(move || PgBouncer::start_transaction_pooling(&server, pool_size))
+        .await
+        .or_fail("starting PgBouncer")?
+        .or_fail("PgBouncer must start for this test")
 }
 
 /// The conformance suite with every client connected through PgBouncer in transaction mode
 /// (two server connections, so consecutive transactions of one client often run on different
 /// ones), declared with `pooler=transaction`, and `more` in the URL. Returns the report.
-async fn suite_through_pgbouncer(more: &str) -> Result<String, String> {
-    let server = common::start().await;
-    let bouncer = {
-        let server = server.clone();
-        tokio::task::spawn_blocking(move || PgBouncer::start_transaction_pooling(&server, 2))
-            .await
-            .map_err(|e| format!("starting PgBouncer: {e}"))?
-            .map_err(|e| format!("PgBouncer must start for this test: {e}"))?
-    };
-    let direct = common::url(&server);
-    PostgresAuthority::connect(&direct)
-        .await
-        .map_err(|e| format!("connect: {e}"))?
-        .migrate()
-        .await
-        .map_err(|e| format!("migrate: {e}"))?;
+async fn suite_through_pgbouncer(more: &str) -> Result<String> {
+    let server = start_server().await?;
+    let bouncer = start_pgbouncer(&server, 2).await?;
+    let direct = url(&server);
+    connect(&direct).await?.migrate().await.or_fail("migrate")?;
     let pooled = format!(
         "{}?timeout_ms=1000&pooler=transaction{}",
         bouncer.url(),
         more.replace("{port}", &server.port().to_string())
     );
-    let ctx = Context::new(Arc::new(Clients(pooled)))
+    let ctx = Context::new(Arc::new(suite::clients(&pooled)))
         .await
-        .map_err(|e| format!("the suite's context: {e}"))?
+        .or_fail("the suite's context")?
         .with_residue(Arc::new(suite::LiveRows(direct.clone())))
-        .with_faults(Arc::new(ServerFaults {
-            server: server.clone(),
-            direct,
-        }));
+        .with_faults(Arc::new(suite::faults(server.clone(), direct)));
     let report = run_all("postgres through PgBouncer (transaction mode)", &ctx).await;
     println!("{report}");
     if !report.failures().is_empty() {
-        return Err(format!("conformance failed through PgBouncer:\n{report}"));
+        return Err(Failure::from(format!(
+            "conformance failed through PgBouncer:\n{report}"
+        )));
     }
     drop(bouncer);
     Ok(report.to_string())
@@ -97,11 +59,10 @@ async fn suite_through_pgbouncer(more: &str) -> Result<String, String> {
 
 /// Without a direct address to listen at, waiters poll, as declared.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn passes_the_conformance_suite_through_pgbouncer_in_transaction_mode() -> Result<(), String>
-{
+async fn passes_the_conformance_suite_through_pgbouncer_in_transaction_mode() -> Result {
     let report = suite_through_pgbouncer("").await?;
     if !report.contains("waits by Polling") {
-        return Err(format!("not declared as polling:\n{report}"));
+        return Err(format!("not declared as polling:\n{report}").into());
     }
     Ok(())
 }
@@ -109,10 +70,10 @@ async fn passes_the_conformance_suite_through_pgbouncer_in_transaction_mode() ->
 /// With the database's own address for the listening connection, waiters are woken by
 /// `LISTEN`, as declared, while every lease statement still goes through the pooler.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn passes_the_conformance_suite_through_pgbouncer_listening_directly() -> Result<(), String> {
+async fn passes_the_conformance_suite_through_pgbouncer_listening_directly() -> Result {
     let report = suite_through_pgbouncer("&listen_host=127.0.0.1&listen_port={port}").await?;
     if !report.contains("waits by Notification") {
-        return Err(format!("not declared as notifying:\n{report}"));
+        return Err(format!("not declared as notifying:\n{report}").into());
     }
     Ok(())
 }
@@ -121,21 +82,14 @@ async fn passes_the_conformance_suite_through_pgbouncer_listening_directly() -> 
 /// prepares under a name meet another client's statement of the same name on the proxy's one
 /// server connection (SQLSTATE 42P05): the error is permanent and says to declare the pooler.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_undeclared_transaction_pooler_is_named_in_the_error() -> Result<(), String> {
-    let server = common::start().await;
-    let bouncer = {
-        let server = server.clone();
-        tokio::task::spawn_blocking(move || PgBouncer::start_transaction_pooling(&server, 1))
-            .await
-            .map_err(|e| format!("starting PgBouncer: {e}"))?
-            .map_err(|e| format!("PgBouncer must start for this test: {e}"))?
-    };
-    PostgresAuthority::connect(&common::url(&server))
-        .await
-        .map_err(|e| format!("connect: {e}"))?
+async fn an_undeclared_transaction_pooler_is_named_in_the_error() -> Result {
+    let server = start_server().await?;
+    let bouncer = start_pgbouncer(&server, 1).await?;
+    connect(&url(&server))
+        .await?
         .migrate()
         .await
-        .map_err(|e| format!("migrate: {e}"))?;
+        .or_fail("migrate")?;
     let undeclared = format!("{}?timeout_ms=1000", bouncer.url());
     let ttl = std::time::Duration::from_secs(5);
     // Two clients, each preparing its statements under the driver's names (`sqlx_s_1`, ...),
@@ -157,7 +111,8 @@ async fn an_undeclared_transaction_pooler_is_named_in_the_error() -> Result<(), 
         Some(e) if !e.is_retryable() && e.to_string().contains("pooler=transaction") => Ok(()),
         other => Err(format!(
             "two clients' statements under the same names through the pooler: {other:?}"
-        )),
+        )
+        .into()),
     }
 }
 
@@ -167,23 +122,12 @@ async fn an_undeclared_transaction_pooler_is_named_in_the_error() -> Result<(), 
 /// lease it was not told about is given back once the pooler is back, instead of holding the
 /// key for its TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_acquisition_whose_commit_went_unanswered_is_given_back() -> Result<(), String> {
-    let server = common::start().await;
-    let bouncer = {
-        let server = server.clone();
-        tokio::task::spawn_blocking(move || PgBouncer::start_transaction_pooling(&server, 2))
-            .await
-            .map_err(|e| format!("starting PgBouncer: {e}"))?
-            .map_err(|e| format!("PgBouncer must start for this test: {e}"))?
-    };
+async fn an_acquisition_whose_commit_went_unanswered_is_given_back() -> Result {
+    let server = start_server().await?;
+    let bouncer = start_pgbouncer(&server, 2).await?;
     let bouncer = Arc::new(bouncer);
-    let direct = PostgresAuthority::connect(&common::url(&server))
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
-    direct
-        .migrate()
-        .await
-        .map_err(|e| format!("migrate: {e}"))?;
+    let direct = connect(&url(&server)).await?;
+    direct.migrate().await.or_fail("migrate")?;
     let slow = "commit-lost/key";
     for statement in [
         "CREATE OR REPLACE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS \
@@ -198,16 +142,15 @@ async fn an_acquisition_whose_commit_went_unanswered_is_given_back() -> Result<(
         sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
             .execute(direct.pool())
             .await
-            .map_err(|e| format!("making the commit slow: {e}"))?;
+            .or_fail("making the commit slow")?;
     }
-    let pooled = PostgresAuthority::connect(&format!(
+    let pooled = connect(&format!(
         "{}?timeout_ms=3000&pooler=transaction",
         bouncer.url()
     ))
-    .await
-    .map_err(|e| format!("connect through PgBouncer: {e}"))?;
+    .await?;
     let ttl = std::time::Duration::from_secs(30);
-    let key = LockKey::new(slow).map_err(|e| e.to_string())?;
+    let key = key(slow)?;
     let acquiring = {
         let (pooled, key) = (pooled.clone(), key.clone());
         tokio::spawn(async move { pooled.try_acquire(&key, ttl).await })
@@ -219,18 +162,13 @@ async fn an_acquisition_whose_commit_went_unanswered_is_given_back() -> Result<(
         let bouncer = bouncer.clone();
         tokio::task::spawn_blocking(move || bouncer.restart())
             .await
-            .map_err(|e| format!("restarting PgBouncer: {e}"))?
-            .map_err(|e| format!("restarting PgBouncer: {e}"))?;
+            .or_fail("the task restarting PgBouncer")?
+            .or_fail("restarting PgBouncer")?;
     }
-    match acquiring
-        .await
-        .map_err(|e| format!("the acquisition's task: {e}"))?
-    {
+    match acquiring.await.or_fail("the acquisition's task")? {
         Err(e) if e.is_retryable() => {}
         other => {
-            return Err(format!(
-                "an acquisition whose COMMIT went unanswered: {other:?}"
-            ))
+            return Err(format!("an acquisition whose COMMIT went unanswered: {other:?}").into())
         }
     }
     // The server committed the grant after its trigger; the give-back ends it long before
@@ -244,7 +182,7 @@ async fn an_acquisition_whose_commit_went_unanswered_is_given_back() -> Result<(
         .bind(slow)
         .fetch_one(direct.pool())
         .await
-        .map_err(|e| format!("reading the key's row: {e}"))?;
+        .or_fail("reading the key's row")?;
         if rows == 1 && live == 0 {
             return Ok(());
         }
@@ -253,7 +191,8 @@ async fn an_acquisition_whose_commit_went_unanswered_is_given_back() -> Result<(
                 "{rows} rows, {live} live {:?} after the COMMIT went unanswered: the grant was \
                  not given back",
                 started.elapsed()
-            ));
+            )
+            .into());
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }

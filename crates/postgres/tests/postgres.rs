@@ -8,65 +8,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_conformance::harness_call;
 use leasehold_conformance::scenarios::{self, run_all, run_selected};
-use leasehold_conformance::{Connector, Context, Faults, ResourceFactory, Verdict};
+use leasehold_conformance::{Context, ResourceFactory, Verdict};
 use leasehold_core::{
-    Authority, Error, FencedResource, Instant, Lease, LeaseOptions, LockKey, LostReason, OwnerToken,
+    Authority, Error, FencedResource, Instant, Lease, LeaseOptions, LostReason, OwnerToken,
 };
 use leasehold_postgres::guarded::{Claimed, FencedTable, Guarded, PgFencedRegister};
-use leasehold_postgres::PostgresAuthority;
-use leasehold_servers::PostgresServer;
 
 mod common;
 mod suite;
 
 use common::{connect, key, start_server, url, OrFail, Result};
-
-struct Clients(String);
-
-#[async_trait]
-impl Connector for Clients {
-    async fn connect(&self) -> leasehold_core::Result<Arc<dyn Authority>> {
-        Ok(Arc::new(PostgresAuthority::connect(&self.0).await?))
-    }
-}
-
-/// Crash, freeze and operator faults on the harness's server.
-struct PgFaults {
-    server: Arc<PostgresServer>,
-    url: String,
-}
-
-impl PgFaults {
-    async fn blocking(
-        &self,
-        f: impl FnOnce(&PostgresServer) -> leasehold_servers::Result<()> + Send + 'static,
-    ) -> leasehold_core::Result<()> {
-        let server = self.server.clone();
-        harness_call(move || f(&server)).await
-    }
-}
-
-#[async_trait]
-impl Faults for PgFaults {
-    async fn restart(&self) -> leasehold_core::Result<()> {
-        self.blocking(|s| s.restart()).await
-    }
-
-    async fn pause(&self) -> leasehold_core::Result<()> {
-        self.blocking(|s| s.pause()).await
-    }
-
-    async fn resume(&self) -> leasehold_core::Result<()> {
-        self.blocking(|s| s.resume()).await
-    }
-
-    /// An operator ends the lease by hand (keeping the row, so the fence counter survives).
-    async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<()> {
-        suite::revoke(&self.url, key).await
-    }
-}
 
 struct PgRegisters(sqlx::PgPool);
 
@@ -92,7 +44,7 @@ async fn passes_the_conformance_suite_with_faults() -> Result {
             .migrate()
             .await
             .or_fail("migrate the external server")?;
-        let ctx = Context::new(Arc::new(Clients(url)))
+        let ctx = Context::new(Arc::new(suite::clients(&url)))
             .await
             .or_fail("the suite's context")?;
         let report = run_all("postgres (external)", &ctx).await;
@@ -103,11 +55,11 @@ async fn passes_the_conformance_suite_with_faults() -> Result {
     let server = start_server().await?;
     let url = url(&server);
     connect(&url).await?.migrate().await.or_fail("migrate")?;
-    let ctx = Context::new(Arc::new(Clients(url.clone())))
+    let ctx = Context::new(Arc::new(suite::clients(&url)))
         .await
         .or_fail("the suite's context")?
         .with_residue(Arc::new(suite::LiveRows(url.clone())))
-        .with_faults(Arc::new(PgFaults { server, url }));
+        .with_faults(Arc::new(suite::faults(server, url)));
     let report = run_all("postgres", &ctx).await;
     println!("{report}");
     report.assert_passed();
@@ -131,7 +83,7 @@ async fn stale_writes_are_refused_by_a_postgres_resource() -> Result {
     let url = url(&server);
     let admin = connect(&url).await?;
     admin.migrate().await.or_fail("migrate")?;
-    let ctx = Context::new(Arc::new(Clients(url)))
+    let ctx = Context::new(Arc::new(suite::clients(&url)))
         .await
         .or_fail("the suite's context")?
         .with_resources(Arc::new(PgRegisters(admin.pool().clone())));

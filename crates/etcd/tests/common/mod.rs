@@ -1,6 +1,6 @@
 //! What the etcd test binaries share: a managed single-node server (and, in [`cluster`], a
-//! 3-member cluster), a URL to it, ways to look at the server directly, and `or_fail`, the way a
-//! test says what failed. Each binary uses its part.
+//! 3-member cluster), a URL to it and the suite's clients of it, ways to look at the server
+//! directly, and `or_fail`, the way a test says what failed. Each binary uses its part.
 #![allow(dead_code)]
 
 pub mod cluster;
@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
+use leasehold_conformance::kit::UrlConnector;
 use leasehold_core::{Instant, LockKey};
 use leasehold_etcd::EtcdAuthority;
 use leasehold_servers::EtcdServer;
@@ -32,6 +33,11 @@ pub async fn start() -> Result<Arc<EtcdServer>> {
         .or_fail("the harness task")?
         .or_fail("etcd must start for these tests")?;
     Ok(Arc::new(server))
+}
+
+/// Clients of the authority at `url`, for the suite.
+pub fn clients(url: &str) -> UrlConnector {
+    UrlConnector::new(url, |url| async move { EtcdAuthority::connect(&url).await })
 }
 
 /// A client of `url`.

@@ -15,12 +15,6 @@ pub fn url(server: &PostgresServer) -> String {
     format!("{}?timeout_ms=1000", server.url())
 }
 
-/// A fresh managed server; a server that cannot start fails the test. For the binaries whose
-/// tests return nothing; [`start_server`] is the same for tests that return a [`Result`].
-pub async fn start() -> Arc<PostgresServer> {
-    start_server().await.unwrap_or_else(|e| panic!("{e}"))
-}
-
 /// A fresh managed server; a server that cannot start is the test's failure.
 pub async fn start_server() -> Result<Arc<PostgresServer>> {
     let server = tokio::task::spawn_blocking(PostgresServer::start)

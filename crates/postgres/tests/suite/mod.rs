@@ -1,10 +1,33 @@
-//! What the binaries that run the conformance suite against PostgreSQL share: the operator's
-//! revoke, and the residue a scenario must not leave.
+//! What the binaries that run the conformance suite against PostgreSQL share: clients of a URL,
+//! faults on the server with the operator's revoke, and the residue a scenario must not leave.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
+use leasehold_conformance::kit::{ServerFaults, UrlConnector};
 use leasehold_conformance::{harness_error, Residue};
 use leasehold_core::LockKey;
 use leasehold_postgres::PostgresAuthority;
+use leasehold_servers::PostgresServer;
+
+/// Clients of the authority at `url`, for the suite.
+pub fn clients(url: &str) -> UrlConnector {
+    UrlConnector::new(
+        url,
+        |url| async move { PostgresAuthority::connect(&url).await },
+    )
+}
+
+/// Crash and freeze faults on `server`, and an operator ending a lease through a connection at
+/// `admin_url` (the server's own address, also when clients reach it through a pooler).
+pub fn faults(server: Arc<PostgresServer>, admin_url: String) -> ServerFaults<PostgresServer> {
+    ServerFaults::new(server).with_revoke(move |key| {
+        let admin_url = admin_url.clone();
+        async move { revoke(&admin_url, &key).await }
+    })
+}
 
 /// An operator ends the lease on `key` by hand, connected at `url`: its row expires now, and
 /// the row, with its fence counter, stays.
