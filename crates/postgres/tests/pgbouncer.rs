@@ -4,11 +4,12 @@
 
 use std::sync::Arc;
 
+use leasehold_conformance::kit::HarnessServer;
 use leasehold_conformance::scenarios::run_all;
 use leasehold_conformance::Context;
 use leasehold_core::{Authority, LockKey};
 use leasehold_postgres::PostgresAuthority;
-use leasehold_servers::PgBouncer;
+use leasehold_servers::{PgBouncer, PostgresServer};
 
 mod common;
 mod suite;
@@ -17,10 +18,7 @@ use common::{connect, key, start_server, url, Failure, OrFail, Result};
 
 /// A PgBouncer in transaction pooling mode in front of `server`, with `pool_size` server
 /// connections; one that cannot start fails the test.
-async fn start_pgbouncer(
-    server: &Arc<leasehold_servers::PostgresServer>,
-    pool_size: u32,
-) -> Result<PgBouncer> {
+async fn start_pgbouncer(server: &Arc<PostgresServer>, pool_size: u32) -> Result<PgBouncer> {
     let server = server.clone();
     tokio::task::spawn_blocking(move || PgBouncer::start_transaction_pooling(&server, pool_size))
         .await
@@ -28,12 +26,44 @@ async fn start_pgbouncer(
         .or_fail("PgBouncer must start for this test")
 }
 
+/// The PostgreSQL server behind a PgBouncer, faulted as the suite asks. PgBouncer refuses every
+/// client of a pool whose server login failed (the server restarting) until a login succeeds
+/// again, and may not try one by itself: after a restart it is given three seconds to serve
+/// again, and is restarted itself if it does not (a pooler that holds on to a failed login is
+/// PgBouncer's behaviour, not the authority's).
+struct BehindPooler {
+    server: Arc<PostgresServer>,
+    bouncer: Arc<PgBouncer>,
+}
+
+impl HarnessServer for BehindPooler {
+    fn restart(&self) -> leasehold_servers::Result<()> {
+        self.server.restart()?;
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        while std::time::Instant::now() < until {
+            if self.bouncer.accepts_logins().is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        self.bouncer.restart()
+    }
+
+    fn pause(&self) -> leasehold_servers::Result<()> {
+        self.server.pause()
+    }
+
+    fn resume(&self) -> leasehold_servers::Result<()> {
+        self.server.resume()
+    }
+}
+
 /// The conformance suite with every client connected through PgBouncer in transaction mode
 /// (two server connections, so consecutive transactions of one client often run on different
 /// ones), declared with `pooler=transaction`, and `more` in the URL. Returns the report.
 async fn suite_through_pgbouncer(more: &str) -> Result<String> {
     let server = start_server().await?;
-    let bouncer = start_pgbouncer(&server, 2).await?;
+    let bouncer = Arc::new(start_pgbouncer(&server, 2).await?);
     let direct = url(&server);
     connect(&direct).await?.migrate().await.or_fail("migrate")?;
     let pooled = format!(
@@ -45,7 +75,13 @@ async fn suite_through_pgbouncer(more: &str) -> Result<String> {
         .await
         .or_fail("the suite's context")?
         .with_residue(Arc::new(suite::LiveRows(direct.clone())))
-        .with_faults(Arc::new(suite::faults(server.clone(), direct)));
+        .with_faults(Arc::new(suite::faults(
+            Arc::new(BehindPooler {
+                server: server.clone(),
+                bouncer: bouncer.clone(),
+            }),
+            direct,
+        )));
     let report = run_all("postgres through PgBouncer (transaction mode)", &ctx).await;
     println!("{report}");
     if !report.failures().is_empty() {

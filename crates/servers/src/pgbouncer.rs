@@ -128,6 +128,13 @@ impl PgBouncer {
             .wait_ready(READY_TIMEOUT, || startup_probe(self.port))
     }
 
+    /// Whether a client can log in through PgBouncer now: after the server behind it failed
+    /// a login (a restart), PgBouncer refuses clients of a pool whose server login has been
+    /// failing ("server login has been failing, try again later") until one succeeds.
+    pub fn accepts_logins(&self) -> Result<()> {
+        startup_probe(self.port).map_err(|why| HarnessError::server("pgbouncer", why))
+    }
+
     /// `postgres://leasehold@127.0.0.1:PORT/postgres`, through PgBouncer.
     pub fn url(&self) -> String {
         format!("postgres://{PG_USER}@127.0.0.1:{}/{PG_DATABASE}", self.port)

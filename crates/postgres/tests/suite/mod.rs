@@ -6,11 +6,10 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use leasehold_conformance::kit::{ServerFaults, UrlConnector};
+use leasehold_conformance::kit::{HarnessServer, ServerFaults, UrlConnector};
 use leasehold_conformance::{harness_error, Residue};
 use leasehold_core::LockKey;
 use leasehold_postgres::PostgresAuthority;
-use leasehold_servers::PostgresServer;
 
 /// Clients of the authority at `url`, for the suite.
 pub fn clients(url: &str) -> UrlConnector {
@@ -22,7 +21,7 @@ pub fn clients(url: &str) -> UrlConnector {
 
 /// Crash and freeze faults on `server`, and an operator ending a lease through a connection at
 /// `admin_url` (the server's own address, also when clients reach it through a pooler).
-pub fn faults(server: Arc<PostgresServer>, admin_url: String) -> ServerFaults<PostgresServer> {
+pub fn faults<S: HarnessServer>(server: Arc<S>, admin_url: String) -> ServerFaults<S> {
     ServerFaults::new(server).with_revoke(move |key| {
         let admin_url = admin_url.clone();
         async move { revoke(&admin_url, &key).await }
