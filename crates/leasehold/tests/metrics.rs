@@ -8,6 +8,7 @@ use leasehold::telemetry::{self, KeyLabels};
 use leasehold::{
     connect, FencedRegister, FencedResource, Guarded, Lease, LeaseOptions, LockKey, LostReason,
 };
+use leasehold_conformance::kit::{OrFail, TestResult};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::CompositeKey;
 
@@ -71,24 +72,32 @@ fn samples(s: &Seen, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
 /// renewal (a lease on a grant released behind its back), one stale write refused by the
 /// register: exactly these counts, with the backend and (by the policy) the key as labels.
 #[tokio::test]
-async fn one_contended_acquire_one_refused_renewal_one_stale_write() {
+async fn one_contended_acquire_one_refused_renewal_one_stale_write() -> TestResult {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     // Thread-local: a current-thread runtime polls every task (the renewal tasks too) here.
     let _installed = metrics::set_default_local_recorder(&recorder);
     telemetry::set_key_labels(KeyLabels::UpTo(':'));
 
-    let authority = connect("memory://metrics-exact").await.unwrap();
-    let key = LockKey::new("invoice:inv_72").unwrap();
+    let authority = connect("memory://metrics-exact").await.or_fail("connect")?;
+    let key = LockKey::new("invoice:inv_72").or_fail("the invoice key")?;
     let ttl = Duration::from_millis(600);
     let still = LeaseOptions::default().with_auto_renew(false);
     let register = FencedRegister::new();
 
     let a = Lease::acquire(authority.clone(), &key, ttl, Duration::ZERO, still.clone())
         .await
-        .unwrap();
-    assert!(register.claim(a.fence()).await.unwrap().is_accepted());
-    assert!(authority.try_acquire(&key, ttl).await.unwrap().is_none());
+        .or_fail("the first lease")?;
+    assert!(register
+        .claim(a.fence())
+        .await
+        .or_fail("claim the register with the first fence")?
+        .is_accepted());
+    assert!(authority
+        .try_acquire(&key, ttl)
+        .await
+        .or_fail("try the held key")?
+        .is_none());
     let waited = authority
         .acquire(&key, ttl, Duration::from_millis(30))
         .await;
@@ -97,25 +106,41 @@ async fn one_contended_acquire_one_refused_renewal_one_stale_write() {
         "{waited:?}"
     );
     let old = a.fence();
-    let _ = a.release().await.unwrap();
+    let _ = a.release().await.or_fail("release the first lease")?;
     let b = Lease::acquire(authority.clone(), &key, ttl, Duration::ZERO, still)
         .await
-        .unwrap();
-    assert!(register.claim(b.fence()).await.unwrap().is_accepted());
+        .or_fail("the second lease")?;
+    assert!(register
+        .claim(b.fence())
+        .await
+        .or_fail("claim the register with the second fence")?
+        .is_accepted());
     assert_eq!(
-        register.write(old, "late").await.unwrap(),
+        register
+            .write(old, "late")
+            .await
+            .or_fail("write with the old fence")?,
         Guarded::Stale {
             newest: b.fence().value()
         }
     );
-    let _ = b.release().await.unwrap();
+    let _ = b.release().await.or_fail("release the second lease")?;
 
     // A grant released behind its lease's back: the first renewal is refused.
-    let other = LockKey::new("payout:p_9").unwrap();
-    let grant = authority.try_acquire(&other, ttl).await.unwrap().unwrap();
-    let _ = authority.release(&grant).await.unwrap();
+    let other = LockKey::new("payout:p_9").or_fail("the payout key")?;
+    let grant = authority
+        .try_acquire(&other, ttl)
+        .await
+        .or_fail("acquire the payout key")?
+        .or_fail("the payout key is free")?;
+    let _ = authority
+        .release(&grant)
+        .await
+        .or_fail("release the payout grant")?;
     let orphan = Lease::from_grant(authority.clone(), grant, LeaseOptions::default());
-    let reason = tokio::time::timeout(ttl * 2, orphan.lost()).await.unwrap();
+    let reason = tokio::time::timeout(ttl * 2, orphan.lost())
+        .await
+        .or_fail("the orphan lease is lost within two TTLs")?;
     assert!(matches!(reason, LostReason::Refused), "{reason}");
 
     let s = &snapshot(&snapshotter);
@@ -198,17 +223,18 @@ async fn one_contended_acquire_one_refused_renewal_one_stale_write() {
     assert_eq!(ratios.len(), 1);
     // Refused at the first renewal, a third of the TTL in (the lease is then over).
     assert!(ratios[0] > 0.2 && ratios[0] < 1.5, "{ratios:?}");
+    Ok(())
 }
 
 /// While a lease is held the gauge counts it, and dropping the lease takes it off. (The
 /// debugging recorder hands out each gauge's change since the previous snapshot.)
 #[tokio::test]
-async fn the_held_gauge_counts_live_leases() {
+async fn the_held_gauge_counts_live_leases() -> TestResult {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let _installed = metrics::set_default_local_recorder(&recorder);
-    let authority = connect("memory://metrics-gauge").await.unwrap();
-    let key = LockKey::new("job:nightly").unwrap();
+    let authority = connect("memory://metrics-gauge").await.or_fail("connect")?;
+    let key = LockKey::new("job:nightly").or_fail("the nightly key")?;
     let ttl = Duration::from_secs(5);
     let options = LeaseOptions::default();
     let lease = Lease::acquire(
@@ -219,18 +245,19 @@ async fn the_held_gauge_counts_live_leases() {
         options.clone(),
     )
     .await
-    .unwrap();
-    let second = LockKey::new("job:weekly").unwrap();
+    .or_fail("the nightly lease")?;
+    let second = LockKey::new("job:weekly").or_fail("the weekly key")?;
     let other = Lease::acquire(authority, &second, ttl, Duration::ZERO, options)
         .await
-        .unwrap();
+        .or_fail("the weekly lease")?;
     let memory = [("backend", "memory")];
     let held = gauge(&snapshot(&snapshotter), "leasehold_leases_held", &memory);
     assert_eq!(held, 2.0);
     drop(lease);
     let change = gauge(&snapshot(&snapshotter), "leasehold_leases_held", &memory);
     assert_eq!(change, -1.0, "one of two leases ended");
-    let _ = other.release().await.unwrap();
+    let _ = other.release().await.or_fail("release the weekly lease")?;
     let change = gauge(&snapshot(&snapshotter), "leasehold_leases_held", &memory);
     assert_eq!(change, -1.0, "the other ended");
+    Ok(())
 }

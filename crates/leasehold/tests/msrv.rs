@@ -10,28 +10,30 @@
 
 use std::process::Command;
 
+use leasehold_conformance::kit::{OrFail, TestResult};
+
 /// `1.94` or `1.94.0` as (1, 94, 0).
-fn version(text: &str) -> (u64, u64, u64) {
-    let mut parts = text.split('.').map(|p| p.parse::<u64>().expect(text));
-    (
-        parts.next().expect(text),
-        parts.next().unwrap_or(0),
-        parts.next().unwrap_or(0),
-    )
+fn version(text: &str) -> TestResult<(u64, u64, u64)> {
+    let mut parts = text.split('.').map(|p| p.parse::<u64>().or_fail(text));
+    Ok((
+        parts.next().or_fail(text)??,
+        parts.next().transpose()?.unwrap_or(0),
+        parts.next().transpose()?.unwrap_or(0),
+    ))
 }
 
 #[test]
-fn no_dependency_needs_a_newer_rust_than_the_declared_one() {
+fn no_dependency_needs_a_newer_rust_than_the_declared_one() -> TestResult {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let rustc = Command::new("rustc")
         .arg("-vV")
         .output()
-        .expect("rustc -vV runs");
+        .or_fail("rustc -vV runs")?;
     let host = String::from_utf8_lossy(&rustc.stdout)
         .lines()
         .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
-        .expect("rustc -vV names the host");
+        .or_fail("rustc -vV names the host")?;
     let out = Command::new(&cargo)
         .args([
             "metadata",
@@ -42,16 +44,17 @@ fn no_dependency_needs_a_newer_rust_than_the_declared_one() {
         ])
         .args(["--manifest-path", root])
         .output()
-        .expect("cargo metadata runs");
+        .or_fail("cargo metadata runs")?;
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata is JSON");
+    let meta: serde_json::Value =
+        serde_json::from_slice(&out.stdout).or_fail("metadata is JSON")?;
     let members: Vec<&str> = meta["workspace_members"]
         .as_array()
-        .expect("workspace members")
+        .or_fail("workspace members")?
         .iter()
         .filter_map(|m| m.as_str())
         .collect();
@@ -76,7 +79,7 @@ fn no_dependency_needs_a_newer_rust_than_the_declared_one() {
         ])
         .args(["--manifest-path", root])
         .output()
-        .expect("cargo tree runs");
+        .or_fail("cargo tree runs")?;
     assert!(
         tree.status.success(),
         "{}",
@@ -94,20 +97,20 @@ fn no_dependency_needs_a_newer_rust_than_the_declared_one() {
     let mut declared = None;
     let mut too_new = Vec::new();
     let mut checked = 0;
-    for package in meta["packages"].as_array().expect("packages") {
+    for package in meta["packages"].as_array().or_fail("packages")? {
         let id = package["id"].as_str().unwrap_or_default();
         let name = package["name"].as_str().unwrap_or_default();
         let rust = package["rust_version"].as_str();
         if members.contains(&id) {
-            let rust = rust.unwrap_or_else(|| panic!("{name} declares no rust-version"));
+            let rust = rust.or_fail(&format!("{name} declares a rust-version"))?;
             match declared {
                 None => declared = Some(rust),
                 Some(d) => assert_eq!(d, rust, "{name} declares another rust-version"),
             }
         }
     }
-    let declared = version(declared.expect("the workspace has members"));
-    for package in meta["packages"].as_array().expect("packages") {
+    let declared = version(declared.or_fail("the workspace has members")?)?;
+    for package in meta["packages"].as_array().or_fail("packages")? {
         let name = package["name"].as_str().unwrap_or_default().to_string();
         let release = package["version"].as_str().unwrap_or_default().to_string();
         if !built.contains(&(name, release)) {
@@ -115,7 +118,7 @@ fn no_dependency_needs_a_newer_rust_than_the_declared_one() {
         }
         checked += 1;
         if let Some(rust) = package["rust_version"].as_str() {
-            if version(rust) > declared {
+            if version(rust)? > declared {
                 too_new.push(format!(
                     "{} {} needs {rust}",
                     package["name"], package["version"]
@@ -128,4 +131,5 @@ fn no_dependency_needs_a_newer_rust_than_the_declared_one() {
         too_new.is_empty(),
         "rust-version {declared:?} is declared, but: {too_new:?}"
     );
+    Ok(())
 }

@@ -19,7 +19,7 @@ use leasehold::sqlite::SqliteConfig;
 use leasehold::zookeeper::{names, ZkConfig};
 use leasehold::{Error, KeyPrefix, LockKey, MAX_KEY_LEN};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngSeed};
+use proptest::test_runner::{Config, RngSeed, TestCaseError};
 
 fn config() -> Config {
     let mut config = Config {
@@ -55,6 +55,12 @@ fn anything() -> impl Strategy<Value = String> {
     ]
 }
 
+/// A step of a property that must succeed: its error fails the case and says what was being
+/// done, as `or_fail` does for a test that returns a `Result`.
+fn must<T, E: std::fmt::Display>(result: Result<T, E>, what: &str) -> Result<T, TestCaseError> {
+    result.map_err(|e| TestCaseError::fail(format!("{what}: {e}")))
+}
+
 fn is_valid(s: &str) -> bool {
     !s.is_empty() && s.len() <= MAX_KEY_LEN && s.bytes().all(|b| (33..=126).contains(&b))
 }
@@ -76,10 +82,10 @@ proptest! {
 
     #[test]
     fn valid_keys_round_trip(s in valid_key()) {
-        let key = LockKey::new(s.clone()).unwrap();
+        let key = must(LockKey::new(s.clone()), "a valid key")?;
         prop_assert_eq!(key.as_str(), s.as_str());
         prop_assert_eq!(key.to_string(), s.clone());
-        let prefix = KeyPrefix::new(&s[..s.len() / 2]).unwrap();
+        let prefix = must(KeyPrefix::new(&s[..s.len() / 2]), "half a valid key as a prefix")?;
         prop_assert!(prefix.matches(&key));
     }
 
@@ -92,7 +98,7 @@ proptest! {
     /// distinct names.
     #[test]
     fn zookeeper_node_names_round_trip(a in valid_key(), b in valid_key()) {
-        let (ka, kb) = (LockKey::new(a).unwrap(), LockKey::new(b).unwrap());
+        let (ka, kb) = (must(LockKey::new(a), "key a")?, must(LockKey::new(b), "key b")?);
         let (na, nb) = (names::node_name_for_key(&ka), names::node_name_for_key(&kb));
         prop_assert!(!na.contains('/'), "{na}");
         prop_assert_eq!(names::key_from_node_name(&na), Some(ka.clone()));
@@ -144,7 +150,7 @@ proptest! {
     #[test]
     fn redis_lock_keys_are_distinct(a in valid_key(), b in valid_key()) {
         let layout = KeyLayout::default();
-        let (ka, kb) = (LockKey::new(a.clone()).unwrap(), LockKey::new(b).unwrap());
+        let (ka, kb) = (must(LockKey::new(a.clone()), "key a")?, must(LockKey::new(b), "key b")?);
         let (la, lb) = (layout.lock_key(&ka), layout.lock_key(&kb));
         prop_assert_eq!(ka == kb, la == lb);
         prop_assert!(la.contains(a.as_str()), "{la}");
@@ -166,7 +172,7 @@ proptest! {
             .collect();
         let db_path = db.map(|d| format!("/{d}")).unwrap_or_default();
         let url = format!("redis+sentinel://{}/{encoded}{db_path}", hosts.join(","));
-        let config = RedisConfig::from_url(&url).unwrap();
+        let config = must(RedisConfig::from_url(&url), "the sentinel URL parses")?;
         let mut expected: Vec<String> = Vec::new();
         for h in hosts {
             if !expected.contains(&h) {

@@ -4,50 +4,60 @@
 use std::time::Duration;
 
 use leasehold::{claim_period, connect, Authority, LockKey};
+use leasehold_conformance::kit::{OrFail, TestResult};
 
 /// Two instances in one period: the first runs, the second skips, and still skips after the
 /// first finished and dropped its claim (the claim lasts the period); after the period the next
 /// claim runs with a greater fence.
-async fn one_run_per_period(a: std::sync::Arc<dyn Authority>, b: std::sync::Arc<dyn Authority>) {
-    let key = LockKey::new("report:nightly").unwrap();
+async fn one_run_per_period(
+    a: std::sync::Arc<dyn Authority>,
+    b: std::sync::Arc<dyn Authority>,
+) -> TestResult {
+    let key = LockKey::new("report:nightly").or_fail("the key")?;
     let period = Duration::from_millis(600);
-    let first = claim_period(a.clone(), &key, period).await.unwrap();
-    let first = first.expect("the first instance claims the period");
+    let first = claim_period(a.clone(), &key, period)
+        .await
+        .or_fail("the first claim")?;
+    let first = first.or_fail("the first instance claims the period")?;
     let fence = first.fence();
     assert!(claim_period(b.clone(), &key, period)
         .await
-        .unwrap()
+        .or_fail("the second instance's claim")?
         .is_none());
     drop(first); // a short job ends early in its period
     tokio::time::sleep(period / 4).await;
     assert!(
         claim_period(b.clone(), &key, period)
             .await
-            .unwrap()
+            .or_fail("the second instance's claim after the first ended")?
             .is_none(),
         "a second run in the same period"
     );
     tokio::time::sleep(period).await;
     let next = claim_period(b, &key, period)
         .await
-        .unwrap()
-        .expect("the next period is claimed");
+        .or_fail("the claim in the next period")?
+        .or_fail("the next period is claimed")?;
     assert!(next.fence() > fence, "{} after {fence}", next.fence());
+    Ok(())
 }
 
 #[tokio::test]
-async fn memory() {
-    let a = connect("memory://schedule").await.unwrap();
-    one_run_per_period(a.clone(), a).await;
+async fn memory() -> TestResult {
+    let a = connect("memory://schedule").await.or_fail("connect")?;
+    one_run_per_period(a.clone(), a).await
 }
 
 #[cfg(feature = "sqlite")]
 #[tokio::test]
-async fn sqlite_across_clients() {
-    let dir = tempfile::tempdir().unwrap();
+async fn sqlite_across_clients() -> TestResult {
+    let dir = tempfile::tempdir().or_fail("a temporary directory")?;
     let url = format!("sqlite://{}", dir.path().join("locks.db").display());
-    let (a, b) = (connect(&url).await.unwrap(), connect(&url).await.unwrap());
-    one_run_per_period(a, b).await;
+    let (a, b) = (
+        connect(&url).await.or_fail("connect a")?,
+        connect(&url).await.or_fail("connect b")?,
+    );
+    one_run_per_period(a, b).await
 }
 
 /// One instance on `interval(period)`: each tick claims the period that tick starts, so 10

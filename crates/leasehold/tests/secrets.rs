@@ -21,13 +21,18 @@ use leasehold::postgres::PostgresConfig;
 use leasehold::redis::RedisConfig;
 use leasehold::sqlite::SqliteConfig;
 use leasehold::zookeeper::ZkConfig;
+use leasehold_conformance::kit::{OrFail, TestResult};
+use leasehold_conformance::Failure;
 
 const SECRET: &str = "S3cr3t-xyzzy";
 
 /// A port nothing listens on (bound, then closed).
-fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
+fn closed_port() -> TestResult<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").or_fail("bind a free port")?;
+    Ok(listener
+        .local_addr()
+        .or_fail("the free port's address")?
+        .port())
 }
 
 fn urls(port: u16) -> Vec<String> {
@@ -85,7 +90,10 @@ struct Captured(Arc<Mutex<Vec<u8>>>);
 
 impl Write for Captured {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(buf);
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -94,8 +102,8 @@ impl Write for Captured {
 }
 
 #[test]
-fn configurations_hide_their_secrets() {
-    let port = closed_port();
+fn configurations_hide_their_secrets() -> TestResult {
+    let port = closed_port()?;
     for url in urls(port) {
         let shown = match () {
             _ if url.starts_with("postgres") => PostgresConfig::from_url(&url)
@@ -120,10 +128,11 @@ fn configurations_hide_their_secrets() {
             "{url}: the secret is shown:\n{shown}"
         );
     }
+    Ok(())
 }
 
 #[tokio::test]
-async fn failed_connections_and_their_logs_hide_the_secrets() {
+async fn failed_connections_and_their_logs_hide_the_secrets() -> TestResult {
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -132,11 +141,11 @@ async fn failed_connections_and_their_logs_hide_the_secrets() {
         .with_writer(move || writer.clone())
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
-    let port = closed_port();
+    let port = closed_port()?;
     for url in urls(port) {
         let attempt = tokio::time::timeout(Duration::from_secs(10), leasehold::connect(&url)).await;
         let shown = match attempt {
-            Err(_) => panic!("connecting to {url} hung past 10 s"),
+            Err(_) => return Err(Failure::new(format!("connecting to {url} hung past 10 s"))),
             Ok(Ok(authority)) => {
                 let shown = format!("{authority:?}\n{authority:#?}");
                 let _ = authority.close().await;
@@ -152,10 +161,12 @@ async fn failed_connections_and_their_logs_hide_the_secrets() {
             "{url}: the secret is shown:\n{shown}"
         );
     }
-    let logs = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
+    let logs =
+        String::from_utf8_lossy(&captured.0.lock().or_fail("the captured log")?).into_owned();
     assert!(!logs.is_empty(), "nothing was logged at TRACE");
     assert!(
         !logs.contains(SECRET),
         "a log line shows the secret:\n{logs}"
     );
+    Ok(())
 }

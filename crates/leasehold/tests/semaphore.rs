@@ -2,19 +2,24 @@
 //! suite's `semaphore_*` scenarios, on every backend against its real server).
 
 use leasehold::{connect, Error, LockKey, Semaphore, MAX_PERMITS};
+use leasehold_conformance::kit::{ErrOrFail, OrFail, TestResult};
 
 #[tokio::test]
-async fn bad_permit_counts_and_names_are_refused_and_slots_carry_the_count() {
-    let authority = connect("memory://semaphore-input").await.unwrap();
-    let name = LockKey::new("jobs").unwrap();
+async fn bad_permit_counts_and_names_are_refused_and_slots_carry_the_count() -> TestResult {
+    let authority = connect("memory://semaphore-input")
+        .await
+        .or_fail("connect")?;
+    let name = LockKey::new("jobs").or_fail("the name")?;
     for bad in [0, MAX_PERMITS + 1] {
-        let e = Semaphore::new(authority.clone(), &name, bad).unwrap_err();
+        let e = Semaphore::new(authority.clone(), &name, bad)
+            .err_or_fail(&format!("a semaphore of {bad} permits"))?;
         assert!(matches!(e, Error::InvalidConfig { .. }), "{bad}: {e}");
     }
-    let long = LockKey::new("n".repeat(195)).unwrap();
-    let e = Semaphore::new(authority.clone(), &long, 3).unwrap_err();
+    let long = LockKey::new("n".repeat(195)).or_fail("a long name")?;
+    let e = Semaphore::new(authority.clone(), &long, 3)
+        .err_or_fail("a semaphore whose slots' keys are too long")?;
     assert!(matches!(e, Error::InvalidKey { .. }), "{e}");
-    let semaphore = Semaphore::new(authority, &name, 3).unwrap();
+    let semaphore = Semaphore::new(authority, &name, 3).or_fail("a semaphore of 3 permits")?;
     let slots: Vec<&str> = semaphore.slots().iter().map(|k| k.as_str()).collect();
     assert_eq!(
         slots,
@@ -23,14 +28,15 @@ async fn bad_permit_counts_and_names_are_refused_and_slots_carry_the_count() {
     let a = semaphore
         .try_acquire(std::time::Duration::from_secs(5))
         .await
-        .unwrap()
-        .unwrap();
+        .or_fail("the first permit")?
+        .or_fail("a permit is free for the first")?;
     let b = semaphore
         .try_acquire(std::time::Duration::from_secs(5))
         .await
-        .unwrap()
-        .unwrap();
+        .or_fail("the second permit")?
+        .or_fail("a permit is free for the second")?;
     assert_ne!(a.slot(), b.slot());
+    Ok(())
 }
 
 /// Fences count per lock key, and a slot's key carries the permit count: after the count

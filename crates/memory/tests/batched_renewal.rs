@@ -13,6 +13,10 @@ use leasehold_core::{
 };
 use leasehold_memory::MemoryAuthority;
 
+mod common;
+
+use common::{OrFail, Result as TestResult};
+
 /// Counts `renew_many` requests and the grants in each; panics in `renew_many` once told to.
 #[derive(Debug)]
 struct Counted {
@@ -41,7 +45,7 @@ impl Authority for Counted {
     async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
         self.batches
             .lock()
-            .unwrap()
+            .unwrap_or_else(|e| e.into_inner())
             .push(grants.iter().map(|g| g.key().clone()).collect());
         assert!(!self.panic.load(Ordering::SeqCst), "told to panic");
         self.inner.renew_many(grants).await
@@ -77,33 +81,39 @@ fn counted() -> Arc<Counted> {
 
 const TTL: Duration = Duration::from_secs(3);
 
-async fn hold(authority: &Arc<Counted>, n: usize, gap: Duration) -> Vec<Lease> {
+async fn hold(authority: &Arc<Counted>, n: usize, gap: Duration) -> TestResult<Vec<Lease>> {
     let client: Arc<dyn Authority> = authority.clone();
     let mut leases = Vec::new();
     for i in 0..n {
-        let key = LockKey::new(format!("batched/{i}")).unwrap();
+        let key = LockKey::new(format!("batched/{i}")).or_fail(format_args!("key {i}"))?;
         leases.push(
             Lease::try_acquire(client.clone(), &key, TTL, LeaseOptions::default())
                 .await
-                .unwrap()
-                .unwrap(),
+                .or_fail(format_args!("lease {i}"))?
+                .or_fail(format_args!("lease {i}: a fresh key was held"))?,
         );
         tokio::time::sleep(gap).await;
     }
-    leases
+    Ok(leases)
 }
 
 /// 100 leases taken 5 ms apart (half a second between the first and the last) renew every
 /// second (a third of the TTL). After the first tick they renew as one batch: in the following
 /// three ticks, at most four requests carry every renewal, and no lease was renewed alone.
 #[tokio::test(start_paused = true)]
-async fn leases_on_one_client_renew_in_one_batch_per_tick() {
+async fn leases_on_one_client_renew_in_one_batch_per_tick() -> TestResult {
     let authority = counted();
-    let leases = hold(&authority, 100, Duration::from_millis(5)).await;
+    let leases = hold(&authority, 100, Duration::from_millis(5)).await?;
     tokio::time::sleep(TTL / 3 + TTL / 6).await;
-    let before = authority.batches.lock().unwrap().len();
+    let before = authority.batches.lock().or_fail("the batches")?.len();
     tokio::time::sleep(TTL).await;
-    let batches = authority.batches.lock().unwrap()[before..].to_vec();
+    let batches = authority
+        .batches
+        .lock()
+        .or_fail("the batches")?
+        .get(before..)
+        .or_fail("the batches after the first tick")?
+        .to_vec();
     let renewed: usize = batches.iter().map(Vec::len).sum();
     assert!(
         batches.len() <= 4,
@@ -114,24 +124,31 @@ async fn leases_on_one_client_renew_in_one_batch_per_tick() {
     assert!(renewed >= 300, "only {renewed} renewals in three ticks");
     assert_eq!(authority.single.load(Ordering::SeqCst), 0);
     assert!(leases.iter().all(|l| l.state().is_held()));
+    Ok(())
 }
 
 /// One lease of ten is released behind its back (an operator, or its own stale handle): at the
 /// next batch, its renewal is refused and it is lost, while the nine renewed in the same batch
 /// stay held and keep renewing.
 #[tokio::test(start_paused = true)]
-async fn a_refusal_in_a_batch_loses_only_that_lease() {
+async fn a_refusal_in_a_batch_loses_only_that_lease() -> TestResult {
     let authority = counted();
-    let leases = hold(&authority, 10, Duration::ZERO).await;
-    let victim = &leases[3];
-    let _ = authority.inner.release(victim.grant()).await.unwrap();
-    let reason = tokio::time::timeout(TTL, victim.lost()).await.unwrap();
+    let leases = hold(&authority, 10, Duration::ZERO).await?;
+    let victim = leases.get(3).or_fail("the fourth lease")?;
+    let _ = authority
+        .inner
+        .release(victim.grant())
+        .await
+        .or_fail("release the victim behind its back")?;
+    let reason = tokio::time::timeout(TTL, victim.lost())
+        .await
+        .or_fail("the victim is lost within the TTL")?;
     assert!(matches!(reason, LostReason::Refused), "{reason:?}");
-    let batches = authority.batches.lock().unwrap().clone();
+    let batches = authority.batches.lock().or_fail("the batches")?.clone();
     let with_victim = batches
         .iter()
         .find(|b| b.contains(victim.key()))
-        .expect("the victim's renewal went in a batch");
+        .or_fail("the victim's renewal went in a batch")?;
     assert!(with_victim.len() > 1, "the victim was renewed alone");
     tokio::time::sleep(TTL * 2).await;
     for (i, lease) in leases.iter().enumerate() {
@@ -139,6 +156,7 @@ async fn a_refusal_in_a_batch_loses_only_that_lease() {
             assert!(lease.state().is_held(), "lease {i}: {:?}", lease.state());
         }
     }
+    Ok(())
 }
 
 /// A backend that panics while renewing a batch renews none of it: every lease of the batch is
@@ -146,7 +164,9 @@ async fn a_refusal_in_a_batch_loses_only_that_lease() {
 #[tokio::test(start_paused = true)]
 async fn a_panic_in_a_batch_loses_every_lease_of_it() -> std::result::Result<(), String> {
     let authority = counted();
-    let leases = hold(&authority, 5, Duration::ZERO).await;
+    let leases = hold(&authority, 5, Duration::ZERO)
+        .await
+        .map_err(|e| e.to_string())?;
     authority.panic.store(true, Ordering::SeqCst);
     for lease in &leases {
         let reason = tokio::time::timeout(TTL, lease.lost())

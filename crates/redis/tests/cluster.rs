@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leasehold_conformance::kit::{self, OrFail, TestResult};
 use leasehold_conformance::scenarios::run_all;
-use leasehold_conformance::{harness_error, Context, Faults, Residue, Verdict};
+use leasehold_conformance::{harness_error, Context, Failure, Faults, Residue, Verdict};
 use leasehold_core::{Authority, FenceSafety, Instant, LockKey, Released};
 use leasehold_redis::{KeyLayout, RedisAuthority};
 use leasehold_servers::{ClusterNode, RedisCluster};
@@ -36,11 +37,8 @@ fn with_timeout(url: &str) -> String {
     format!("{url}?timeout_ms={}", TIMEOUT.as_millis())
 }
 
-async fn start() -> Arc<RedisCluster> {
-    let cluster = blocking(|| RedisCluster::start(3, 1))
-        .await
-        .unwrap_or_else(|e| panic!("the Redis Cluster must start for these tests: {e}"));
-    Arc::new(cluster)
+async fn start() -> TestResult<Arc<RedisCluster>> {
+    kit::start("the Redis Cluster", || RedisCluster::start(3, 1)).await
 }
 
 fn s(e: leasehold_servers::HarnessError) -> String {
@@ -195,10 +193,12 @@ impl Residue for ClusterResidue {
 /// out its fence again) or PASSED, never fail; restarts without persistence reset the counters,
 /// as declared; everything else passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn passes_the_conformance_suite_on_a_cluster_with_a_failover() {
-    let cluster = start().await;
+async fn passes_the_conformance_suite_on_a_cluster_with_a_failover() -> TestResult {
+    let cluster = start().await?;
     let url = with_timeout(&cluster.url());
-    let ctx = Context::new(Arc::new(clients(&url))).await.unwrap();
+    let ctx = Context::new(Arc::new(clients(&url)))
+        .await
+        .or_fail("connect the first client")?;
     let failover_key = KeyLayout::default().lock_key(&ctx.key("fences-failover"));
     let ctx = ctx
         .with_residue(Arc::new(ClusterResidue(cluster.clone())))
@@ -212,7 +212,7 @@ async fn passes_the_conformance_suite_on_a_cluster_with_a_failover() {
         let (c, k) = (cluster.clone(), failover_key.clone());
         blocking(move || c.primary_for(&k).map(|n| n.port()))
             .await
-            .unwrap()
+            .or_fail("the primary that owns the failover key")?
     };
     let started = std::time::Instant::now();
     let report = run_all("redis cluster", &ctx).await;
@@ -243,8 +243,9 @@ async fn passes_the_conformance_suite_on_a_cluster_with_a_failover() {
     let (c, k) = (cluster.clone(), failover_key);
     let new_owner = blocking(move || c.primary_for(&k).map(|n| n.port()))
         .await
-        .unwrap();
+        .or_fail("the primary that owns the failover key after the suite")?;
     assert_ne!(new_owner, old_owner);
+    Ok(())
 }
 
 /// How many clients are subscribed to the shard channel `channel` on `node`.
@@ -287,15 +288,15 @@ async fn wait_for_shard_subscriber(cluster: &Arc<RedisCluster>, key: &LockKey, w
 }
 
 /// One key per primary: names tried in turn until each primary owns one.
-async fn keys_on_every_primary(cluster: &Arc<RedisCluster>) -> Vec<(LockKey, u16)> {
+async fn keys_on_every_primary(cluster: &Arc<RedisCluster>) -> TestResult<Vec<(LockKey, u16)>> {
     let c = cluster.clone();
     blocking(move || {
         let mut found: Vec<(LockKey, u16)> = Vec::new();
         for i in 0..1000 {
-            let key = LockKey::new(format!("spread-{i}")).unwrap();
+            let key = LockKey::new(format!("spread-{i}")).or_fail("a spread key")?;
             let port = c
                 .primary_for(&KeyLayout::default().lock_key(&key))
-                .unwrap()
+                .or_fail(&format!("the primary that owns {key}"))?
                 .port();
             if !found.iter().any(|(_, p)| *p == port) {
                 found.push((key, port));
@@ -304,7 +305,7 @@ async fn keys_on_every_primary(cluster: &Arc<RedisCluster>) -> Vec<(LockKey, u16
                 break;
             }
         }
-        found
+        Ok(found)
     })
     .await
 }
@@ -315,56 +316,82 @@ async fn keys_on_every_primary(cluster: &Arc<RedisCluster>) -> Vec<(LockKey, u16
 /// slots to the replica and the same authority object acquires there again, within a bound set
 /// by the node timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn spreads_keys_wakes_waiters_by_shard_and_follows_a_failover() {
-    let cluster = start().await;
+async fn spreads_keys_wakes_waiters_by_shard_and_follows_a_failover() -> TestResult {
+    let cluster = start().await?;
     let url = with_timeout(&cluster.url());
-    let a = Arc::new(RedisAuthority::connect(&url).await.unwrap());
-    let b = Arc::new(RedisAuthority::connect(&url).await.unwrap());
+    let a = Arc::new(RedisAuthority::connect(&url).await.or_fail("connect a")?);
+    let b = Arc::new(RedisAuthority::connect(&url).await.or_fail("connect b")?);
     let ttl = Duration::from_secs(30);
 
     // Every primary serves one of the keys; each lock key and its counter are on that primary.
-    let keys = keys_on_every_primary(&cluster).await;
+    let keys = keys_on_every_primary(&cluster).await?;
     assert_eq!(keys.len(), 3, "{keys:?}");
     let mut held = Vec::new();
     for (key, port) in &keys {
-        let grant = a.try_acquire(key, ttl).await.unwrap().expect("a free key");
+        let grant = a
+            .try_acquire(key, ttl)
+            .await
+            .or_fail(&format!("acquire {key}"))?
+            .or_fail(&format!("{key} is free"))?;
         let (c, lock_key, port) = (cluster.clone(), KeyLayout::default().lock_key(key), *port);
         let owner = grant.owner().to_hex();
-        let stored = blocking(move || {
-            let node = c.nodes().iter().find(|n| n.port() == port).unwrap();
-            (
-                node.command(&["GET", &lock_key]).unwrap(),
+        let stored = blocking(move || -> TestResult<(String, String)> {
+            let node = c
+                .nodes()
+                .iter()
+                .find(|n| n.port() == port)
+                .or_fail(&format!("the node on port {port}"))?;
+            Ok((
+                node.command(&["GET", &lock_key])
+                    .or_fail(&format!("GET {lock_key}"))?,
                 node.command(&["GET", &format!("{lock_key}:fence")])
-                    .unwrap(),
-            )
+                    .or_fail(&format!("GET {lock_key}:fence"))?,
+            ))
         })
-        .await;
+        .await?;
         assert_eq!(stored.0, owner, "{key}");
         assert_eq!(stored.1, grant.fence().raw().to_string(), "{key}");
-        assert_eq!(a.release(&grant).await.unwrap(), Released::Released);
-        let again = a.try_acquire(key, ttl).await.unwrap().expect("released");
+        assert_eq!(
+            a.release(&grant).await.or_fail(&format!("release {key}"))?,
+            Released::Released
+        );
+        let again = a
+            .try_acquire(key, ttl)
+            .await
+            .or_fail(&format!("acquire {key} again"))?
+            .or_fail(&format!("{key} was released"))?;
         assert!(again.fence() > grant.fence());
         held.push(again);
     }
     let listed = a
-        .list_keys(&leasehold_core::KeyPrefix::new("spread-").unwrap(), 10)
+        .list_keys(
+            &leasehold_core::KeyPrefix::new("spread-").or_fail("the prefix")?,
+            10,
+        )
         .await
-        .unwrap();
+        .or_fail("list the spread keys")?;
     let mut expected: Vec<LockKey> = keys.iter().map(|(k, _)| k.clone()).collect();
     expected.sort();
     assert_eq!(listed, expected, "every primary was scanned");
     for grant in held.drain(..) {
-        assert_eq!(a.release(&grant).await.unwrap(), Released::Released);
+        assert_eq!(
+            a.release(&grant).await.or_fail("release a spread key")?,
+            Released::Released
+        );
     }
 
     // A waiter on `b`, woken by `a`'s release through its shard channel. A waiter that has
     // waited this long retries only every 150-300 ms between announcements, so a wake-up far
     // below that, round after round, is the announcement, not the timer; the subscription is
     // also seen at the primary that owns the key.
-    let key = LockKey::new("shard-wake").unwrap();
+    let key = LockKey::new("shard-wake").or_fail("the key")?;
     let mut latencies = Vec::new();
     for _ in 0..9 {
-        let held = a.try_acquire(&key, ttl).await.unwrap().expect("free");
+        let held = a
+            .try_acquire(&key, ttl)
+            .await
+            .or_fail("a acquires")?
+            .or_fail("the key is free")?;
         let waiter = {
             let (b, key) = (b.clone(), key.clone());
             tokio::spawn(async move {
@@ -375,16 +402,22 @@ async fn spreads_keys_wakes_waiters_by_shard_and_follows_a_failover() {
         wait_for_shard_subscriber(&cluster, &key, TIMEOUT * 3).await;
         // Long enough for the waiter's backoff to reach its cap.
         tokio::time::sleep(Duration::from_millis(700)).await;
-        assert_eq!(a.release(&held).await.unwrap(), Released::Released);
+        assert_eq!(
+            a.release(&held).await.or_fail("a releases")?,
+            Released::Released
+        );
         let released_at = Instant::now();
         let (grant, woke_at) = tokio::time::timeout(Duration::from_secs(5), waiter)
             .await
-            .expect("the waiter must get the key")
-            .unwrap();
-        let grant = grant.unwrap();
+            .or_fail("the waiter must get the key")?
+            .or_fail("the waiter's task")?;
+        let grant = grant.or_fail("the waiter acquires")?;
         latencies.push(woke_at.saturating_duration_since(released_at));
         assert!(grant.fence() > held.fence());
-        assert_eq!(b.release(&grant).await.unwrap(), Released::Released);
+        assert_eq!(
+            b.release(&grant).await.or_fail("the waiter releases")?,
+            Released::Released
+        );
     }
     latencies.sort();
     let median = latencies[latencies.len() / 2];
@@ -402,7 +435,9 @@ async fn spreads_keys_wakes_waiters_by_shard_and_follows_a_failover() {
                 KeyLayout::default().lock_key(&key),
                 shard_channel_of(&key),
             );
-            let n = blocking(move || shard_subscribers(c.primary_for(&lk).unwrap(), &ch)).await;
+            let n = blocking(move || c.primary_for(&lk).map(|p| shard_subscribers(p, &ch)))
+                .await
+                .or_fail("the primary that owns the shard-wake key")?;
             if n == 0 {
                 break;
             }
@@ -419,15 +454,19 @@ async fn spreads_keys_wakes_waiters_by_shard_and_follows_a_failover() {
     let (victim_key, victim_port) = keys[0].clone();
     let replica_port = {
         let c = cluster.clone();
-        blocking(move || {
-            let primary = c.nodes().iter().find(|n| n.port() == victim_port).unwrap();
-            let replica = c.replica_of(primary).unwrap();
-            wait_in_sync(primary, replica).unwrap();
+        blocking(move || -> TestResult<u16> {
+            let primary = c
+                .nodes()
+                .iter()
+                .find(|n| n.port() == victim_port)
+                .or_fail(&format!("the primary on port {victim_port}"))?;
+            let replica = c.replica_of(primary).or_fail("the victim's replica")?;
+            wait_in_sync(primary, replica).or_fail("the replica catches up")?;
             let port = replica.port();
-            primary.kill().unwrap();
-            port
+            primary.kill().or_fail("kill the victim")?;
+            Ok(port)
         })
-        .await
+        .await?
     };
     let killed_at = Instant::now();
     // Detection (the node timeout), the failure report reaching a majority of primaries, the
@@ -441,21 +480,25 @@ async fn spreads_keys_wakes_waiters_by_shard_and_follows_a_failover() {
                 regained = Some(grant);
                 break;
             }
-            Ok(None) => panic!("{victim_key} was released before the kill"),
+            Ok(None) => {
+                return Err(Failure::new(format!(
+                    "{victim_key} was released before the kill"
+                )))
+            }
             Err(e) => assert!(e.is_retryable(), "{e}"),
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let took = killed_at.elapsed();
-    let grant = regained.unwrap_or_else(|| {
-        panic!("no grant on the promoted replica within {failover_bound:?} of the kill")
-    });
+    let grant = regained.or_fail(&format!(
+        "a grant on the promoted replica within {failover_bound:?} of the kill"
+    ))?;
     println!("acquired on the promoted replica {took:?} after the primary was killed");
     let c = cluster.clone();
     let lk = KeyLayout::default().lock_key(&victim_key);
     let owner = blocking(move || c.primary_for(&lk).map(|n| n.port()))
         .await
-        .unwrap();
+        .or_fail("the primary that owns the victim's key")?;
     assert_eq!(owner, replica_port, "the replica serves the slot now");
 
     // The subscription follows the slot: a waiter on `b` is subscribed at the new primary and
@@ -465,11 +508,17 @@ async fn spreads_keys_wakes_waiters_by_shard_and_follows_a_failover() {
         tokio::spawn(async move { b.acquire(&key, ttl, Duration::from_secs(20)).await })
     };
     wait_for_shard_subscriber(&cluster, &victim_key, TIMEOUT * 5).await;
-    assert_eq!(a.release(&grant).await.unwrap(), Released::Released);
+    assert_eq!(
+        a.release(&grant)
+            .await
+            .or_fail("release on the promoted replica")?,
+        Released::Released
+    );
     let next = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await
-        .expect("the waiter must get the key on the promoted replica")
-        .unwrap()
-        .unwrap();
+        .or_fail("the waiter must get the key on the promoted replica")?
+        .or_fail("the waiter's task")?
+        .or_fail("the waiter acquires on the promoted replica")?;
     assert!(next.fence() > grant.fence());
+    Ok(())
 }

@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leasehold_conformance::kit::{self, ErrOrFail, OrFail, TestResult};
 use leasehold_conformance::scenarios::run_all;
-use leasehold_conformance::{harness_error, Context, Faults, Residue, Verdict};
+use leasehold_conformance::{harness_error, Context, Failure, Faults, Residue, Verdict};
 use leasehold_core::{Authority, Error, FenceSafety, Instant, LockKey, Released};
 use leasehold_redis::{KeyLayout, RedisAuthority, RedisConfig};
 use leasehold_servers::{RedisServer, SentinelDeployment, SentinelOptions};
@@ -32,11 +33,11 @@ fn with_timeout(url: &str) -> String {
     format!("{url}{sep}timeout_ms={}", TIMEOUT.as_millis())
 }
 
-async fn start_with(options: SentinelOptions) -> Arc<SentinelDeployment> {
-    let deployment = blocking(move || SentinelDeployment::start_with(options))
-        .await
-        .unwrap_or_else(|e| panic!("Redis Sentinel must start for these tests: {e}"));
-    Arc::new(deployment)
+async fn start_with(options: SentinelOptions) -> TestResult<Arc<SentinelDeployment>> {
+    kit::start("Redis Sentinel", move || {
+        SentinelDeployment::start_with(options)
+    })
+    .await
 }
 
 /// Faults on whichever server the sentinels name as the primary. A restart and a pause are
@@ -157,12 +158,12 @@ impl Residue for SentinelResidue {
 /// hands out its fence again) or PASSED, never fail; restarts without persistence reset the
 /// counter, as declared; everything else passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn passes_the_conformance_suite_with_a_sentinel_failover() {
-    let deployment = start_with(SentinelOptions::default()).await;
+async fn passes_the_conformance_suite_with_a_sentinel_failover() -> TestResult {
+    let deployment = start_with(SentinelOptions::default()).await?;
     let url = with_timeout(&deployment.url());
     let ctx = Context::new(Arc::new(clients(&url)))
         .await
-        .unwrap()
+        .or_fail("connect the first client")?
         .with_residue(Arc::new(SentinelResidue(deployment.clone())))
         .with_faults(Arc::new(SentinelFaults(deployment.clone())));
     assert_eq!(ctx.capabilities().fence_safety, FenceSafety::FailoverUnsafe);
@@ -193,29 +194,30 @@ async fn passes_the_conformance_suite_with_a_sentinel_failover() {
     let d = deployment.clone();
     blocking(move || d.wait_for_primary(d.servers()[1], d.failover_bound()))
         .await
-        .unwrap();
+        .or_fail("the server started as the replica is the primary")?;
+    Ok(())
 }
 
 /// How many clients are subscribed to the release channel on `server`.
-fn subscribers(server: &RedisServer) -> u64 {
+fn subscribers(server: &RedisServer) -> TestResult<u64> {
     let reply = server
         .command(&["PUBSUB", "NUMSUB", "leasehold:released"])
-        .unwrap();
-    reply
+        .or_fail("PUBSUB NUMSUB")?;
+    Ok(reply
         .lines()
         .nth(1)
         .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+        .unwrap_or(0))
 }
 
 /// Waits until the authority's subscription is on `servers()[index]` (within a few request
 /// timeouts: it re-subscribes after a failure with a short backoff).
-async fn wait_for_subscriber(deployment: &Arc<SentinelDeployment>, index: usize) {
+async fn wait_for_subscriber(deployment: &Arc<SentinelDeployment>, index: usize) -> TestResult {
     let started = Instant::now();
     loop {
         let d = deployment.clone();
-        if blocking(move || subscribers(d.servers()[index])).await == 1 {
-            return;
+        if blocking(move || subscribers(d.servers()[index])).await? == 1 {
+            return Ok(());
         }
         assert!(
             started.elapsed() < TIMEOUT * 5,
@@ -233,35 +235,43 @@ async fn wait_for_subscriber(deployment: &Arc<SentinelDeployment>, index: usize)
 /// waiter blocked in `acquire` is woken by another client's release. A paused sentinel, first
 /// in the URL, costs a connect no more than its share of the request timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_same_authority_follows_a_sentinel_failover() {
-    let deployment = start_with(SentinelOptions::default()).await;
+async fn the_same_authority_follows_a_sentinel_failover() -> TestResult {
+    let deployment = start_with(SentinelOptions::default()).await?;
     let url = with_timeout(&deployment.url());
 
     // A frozen sentinel first in the list: the others are asked within the same timeout.
     {
         let d = deployment.clone();
-        blocking(move || d.sentinels()[0].pause()).await.unwrap();
+        blocking(move || d.sentinels()[0].pause())
+            .await
+            .or_fail("pause the first sentinel")?;
         let started = Instant::now();
         let probe = RedisAuthority::connect(&url).await;
         let took = started.elapsed();
         let d = deployment.clone();
-        blocking(move || d.sentinels()[0].resume()).await.unwrap();
-        probe.unwrap_or_else(|e| panic!("one frozen sentinel of three: {e}"));
+        blocking(move || d.sentinels()[0].resume())
+            .await
+            .or_fail("resume the first sentinel")?;
+        probe.or_fail("one frozen sentinel of three")?;
         assert!(took < TIMEOUT * 2, "connecting took {took:?}");
     }
 
-    let a = Arc::new(RedisAuthority::connect(&url).await.unwrap());
+    let a = Arc::new(RedisAuthority::connect(&url).await.or_fail("connect")?);
     let ttl = Duration::from_secs(30);
-    let held_key = LockKey::new("sentinel-held").unwrap();
-    let held = a.try_acquire(&held_key, ttl).await.unwrap().unwrap();
+    let held_key = LockKey::new("sentinel-held").or_fail("the held key")?;
+    let held = a
+        .try_acquire(&held_key, ttl)
+        .await
+        .or_fail("acquire the held key")?
+        .or_fail("the held key is free")?;
     // The waiter's subscription starts on the first primary.
     a.wait_for_change(
-        &LockKey::new("sentinel-warmup").unwrap(),
+        &LockKey::new("sentinel-warmup").or_fail("the warm-up key")?,
         Duration::from_millis(1),
     )
     .await
-    .unwrap();
-    wait_for_subscriber(&deployment, 0).await;
+    .or_fail("wait for a change of the warm-up key")?;
+    wait_for_subscriber(&deployment, 0).await?;
     {
         let d = deployment.clone();
         blocking(move || {
@@ -269,17 +279,19 @@ async fn the_same_authority_follows_a_sentinel_failover() {
             wait_in_sync(p1, p2)
         })
         .await
-        .unwrap();
+        .or_fail("the replica catches up")?;
     }
 
     // The primary dies.
     let killed = Instant::now();
     {
         let d = deployment.clone();
-        blocking(move || d.servers()[0].kill()).await.unwrap();
+        blocking(move || d.servers()[0].kill())
+            .await
+            .or_fail("kill the primary")?;
     }
     let bound = deployment.failover_bound().saturating_add(TIMEOUT * 2);
-    let key = LockKey::new("sentinel-after").unwrap();
+    let key = LockKey::new("sentinel-after").or_fail("the key")?;
     let mut unavailable = 0;
     let grant = loop {
         let sent = Instant::now();
@@ -291,7 +303,7 @@ async fn the_same_authority_follows_a_sentinel_failover() {
         );
         match answer {
             Ok(Some(grant)) => break grant,
-            Ok(None) => panic!("the key is free, yet held?"),
+            Ok(None) => return Err(Failure::new("the key is free, yet held?")),
             Err(e) => {
                 assert!(
                     matches!(e, Error::Unavailable { .. }) && e.is_retryable(),
@@ -325,8 +337,8 @@ async fn the_same_authority_follows_a_sentinel_failover() {
                 .and_then(|()| p2.command(&["PTTL", &lock_key]))
         })
         .await
-        .unwrap();
-        let pttl: i64 = pttl.parse().unwrap();
+        .or_fail("PTTL of the lock key on the promoted replica")?;
+        let pttl: i64 = pttl.parse().or_fail(&format!("PTTL {pttl:?}"))?;
         assert!(pttl > 0, "the new primary holds the lock key: PTTL {pttl}");
     }
     assert!(grant.fence().raw() > 0);
@@ -337,21 +349,29 @@ async fn the_same_authority_follows_a_sentinel_failover() {
         let (a, key) = (a.clone(), held_key.clone());
         tokio::spawn(async move { a.acquire(&key, ttl, Duration::from_secs(20)).await })
     };
-    wait_for_subscriber(&deployment, 1).await;
+    wait_for_subscriber(&deployment, 1).await?;
     // Long enough for the waiter's retries to back off to their cap.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
         !waiter.is_finished(),
         "the key is held: the waiter must wait"
     );
-    let other = RedisAuthority::connect(&url).await.unwrap();
+    let other = RedisAuthority::connect(&url)
+        .await
+        .or_fail("connect another client")?;
     let released_at = Instant::now();
-    assert_eq!(other.release(&held).await.unwrap(), Released::Released);
+    assert_eq!(
+        other
+            .release(&held)
+            .await
+            .or_fail("the other client releases")?,
+        Released::Released
+    );
     let next = tokio::time::timeout(TIMEOUT * 3, waiter)
         .await
-        .expect("the waiter missed the release on the new primary")
-        .unwrap()
-        .unwrap();
+        .or_fail("the waiter missed the release on the new primary")?
+        .or_fail("the waiter's task")?
+        .or_fail("the waiter acquires")?;
     println!(
         "hand-off on the new primary: {:?} after the release",
         released_at.elapsed()
@@ -359,9 +379,19 @@ async fn the_same_authority_follows_a_sentinel_failover() {
     assert_eq!(next.key(), &held_key);
     // A failover-unsafe fence: whatever it is, it is a fence of this key, and the next grant
     // on the same server is greater.
-    assert_eq!(a.release(&next).await.unwrap(), Released::Released);
-    let after = a.try_acquire(&held_key, ttl).await.unwrap().unwrap();
+    assert_eq!(
+        a.release(&next)
+            .await
+            .or_fail("release the waiter's grant")?,
+        Released::Released
+    );
+    let after = a
+        .try_acquire(&held_key, ttl)
+        .await
+        .or_fail("acquire again")?
+        .or_fail("the key was released")?;
     assert!(after.fence() > next.fence());
+    Ok(())
 }
 
 /// A forced failover (`SENTINEL FAILOVER`) leaves the old primary up and still a master for
@@ -370,17 +400,21 @@ async fn the_same_authority_follows_a_sentinel_failover() {
 /// the sentinels every second, and moves its requests and its subscription to the new primary
 /// once they name it and `ROLE` confirms it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forced_failover_moves_the_authority_while_the_old_primary_still_serves() {
-    let deployment = start_with(SentinelOptions::default()).await;
+async fn a_forced_failover_moves_the_authority_while_the_old_primary_still_serves() -> TestResult {
+    let deployment = start_with(SentinelOptions::default()).await?;
     let url = with_timeout(&deployment.url());
-    let a = RedisAuthority::connect(&url).await.unwrap();
+    let a = RedisAuthority::connect(&url).await.or_fail("connect")?;
     let ttl = Duration::from_secs(30);
-    let first = LockKey::new("forced-0").unwrap();
-    let _ = a.try_acquire(&first, ttl).await.unwrap().unwrap();
+    let first = LockKey::new("forced-0").or_fail("the first key")?;
+    let _ = a
+        .try_acquire(&first, ttl)
+        .await
+        .or_fail("acquire the first key")?
+        .or_fail("the first key is free")?;
     a.wait_for_change(&first, Duration::from_millis(1))
         .await
-        .unwrap();
-    wait_for_subscriber(&deployment, 0).await;
+        .or_fail("wait for a change of the first key")?;
+    wait_for_subscriber(&deployment, 0).await?;
     {
         let d = deployment.clone();
         blocking(move || {
@@ -391,7 +425,7 @@ async fn a_forced_failover_moves_the_authority_while_the_old_primary_still_serve
                 .map_err(|e| e.to_string())
         })
         .await
-        .unwrap();
+        .or_fail("the forced failover")?;
     }
     let switched = Instant::now();
     // The watcher's period, then one request timeout for its question and the ROLE check, one
@@ -400,22 +434,25 @@ async fn a_forced_failover_moves_the_authority_while_the_old_primary_still_serve
     let mut n = 0;
     let (took, old_role) = loop {
         n += 1;
-        let key = LockKey::new(format!("forced-{n}")).unwrap();
+        let key = LockKey::new(format!("forced-{n}")).or_fail("a fresh key")?;
         match a.try_acquire(&key, ttl).await {
             Ok(Some(_)) => {
                 let d = deployment.clone();
                 let lock_key = a.config().layout().lock_key(&key);
-                let (on_new, old_role) = blocking(move || {
+                let (on_new, old_role) = blocking(move || -> TestResult<(bool, String)> {
                     let [p1, p2] = d.servers();
-                    let pttl: i64 = p2.command(&["PTTL", &lock_key]).unwrap().parse().unwrap();
-                    (pttl > 0, p1.role().unwrap_or_else(|e| e.to_string()))
+                    let pttl = p2
+                        .command(&["PTTL", &lock_key])
+                        .or_fail("PTTL on the new primary")?;
+                    let pttl: i64 = pttl.parse().or_fail(&format!("PTTL {pttl:?}"))?;
+                    Ok((pttl > 0, p1.role().unwrap_or_else(|e| e.to_string())))
                 })
-                .await;
+                .await?;
                 if on_new {
                     break (switched.elapsed(), old_role);
                 }
             }
-            Ok(None) => panic!("a fresh key is held?"),
+            Ok(None) => return Err(Failure::new(format!("a fresh key {key} is held?"))),
             Err(e) => assert!(
                 matches!(e, Error::Unavailable { .. }) && e.is_retryable(),
                 "during the switch: {e:?}"
@@ -431,7 +468,7 @@ async fn a_forced_failover_moves_the_authority_while_the_old_primary_still_serve
         "requests on the new primary {took:?} after the sentinels switched (attempt {n}); the \
          old primary then said it was a {old_role}"
     );
-    wait_for_subscriber(&deployment, 1).await;
+    wait_for_subscriber(&deployment, 1).await
 }
 
 /// A deployment whose primary and sentinels both want passwords: the right ones connect and
@@ -439,24 +476,27 @@ async fn a_forced_failover_moves_the_authority_while_the_old_primary_still_serve
 /// master name no sentinel knows is `Unavailable`; no password shows in any error, `Debug`,
 /// or config.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn passwords_for_the_primary_and_the_sentinels() {
+async fn passwords_for_the_primary_and_the_sentinels() -> TestResult {
     let options = SentinelOptions {
         password: Some("primary-Pw-1".into()),
         sentinel_password: Some("sentinel-Pw-2".into()),
         ..SentinelOptions::default()
     };
-    let deployment = start_with(options).await;
+    let deployment = start_with(options).await?;
     let url = with_timeout(&deployment.url());
     assert!(url.contains("sentinel_password="), "{url}");
-    let a = RedisAuthority::connect(&url).await.unwrap();
-    let key = LockKey::new("sentinel-auth").unwrap();
+    let a = RedisAuthority::connect(&url)
+        .await
+        .or_fail("connect with both passwords")?;
+    let key = LockKey::new("sentinel-auth").or_fail("the key")?;
     let g = a
         .try_acquire(&key, Duration::from_secs(5))
         .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(a.release(&g).await.unwrap(), Released::Released);
-    let shown = format!("{a:?} {:?}", RedisConfig::from_url(&url).unwrap());
+        .or_fail("acquire")?
+        .or_fail("the key is free")?;
+    assert_eq!(a.release(&g).await.or_fail("release")?, Released::Released);
+    let config = RedisConfig::from_url(&url).or_fail("the URL parses")?;
+    let shown = format!("{a:?} {config:?}");
     assert!(
         !shown.contains("primary-Pw-1") && !shown.contains("sentinel-Pw-2"),
         "{shown}"
@@ -472,7 +512,9 @@ async fn passwords_for_the_primary_and_the_sentinels() {
         (&wrong_primary, "the primary"),
     ] {
         let started = Instant::now();
-        let err = RedisAuthority::connect(bad).await.unwrap_err();
+        let err = RedisAuthority::connect(bad)
+            .await
+            .err_or_fail(&format!("connect with a bad {who}"))?;
         println!("{err}");
         assert!(
             matches!(err, Error::Unauthorized { .. }) && !err.is_retryable(),
@@ -494,12 +536,15 @@ async fn passwords_for_the_primary_and_the_sentinels() {
         &format!("/{}", deployment.master_name()),
         "/no-such-primary",
     );
-    let err = RedisAuthority::connect(&unknown).await.unwrap_err();
+    let err = RedisAuthority::connect(&unknown)
+        .await
+        .err_or_fail("connect to a master no sentinel knows")?;
     println!("{err}");
     assert!(
         matches!(err, Error::Unavailable { .. }) && err.to_string().contains("no-such-primary"),
         "{err:?}"
     );
+    Ok(())
 }
 
 /// The configuration epoch a sentinel reports for `name` (`config-epoch` in `SENTINEL MASTER`).
@@ -523,12 +568,10 @@ fn config_epoch(sentinel: &leasehold_servers::RedisSentinel, name: &str) -> Resu
 /// every answer as one from a sentinel that missed the failover. Bound: the broken request's
 /// timeout plus one more for the sentinels, the `ROLE` check and the acquisition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn re_provisioned_sentinels_are_followed_after_a_broken_connection() -> Result<(), String> {
-    let deployment = start_with(SentinelOptions::default()).await;
+async fn re_provisioned_sentinels_are_followed_after_a_broken_connection() -> TestResult {
+    let deployment = start_with(SentinelOptions::default()).await?;
     let url = with_timeout(&deployment.url());
-    let a = RedisAuthority::connect(&url)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
+    let a = RedisAuthority::connect(&url).await.or_fail("connect")?;
     let ttl = Duration::from_secs(30);
     let name = deployment.master_name().to_string();
 
@@ -540,23 +583,24 @@ async fn re_provisioned_sentinels_are_followed_after_a_broken_connection() -> Re
         p1.kill().map_err(s)?;
         d.wait_for_primary(p2, d.failover_bound()).map_err(s)
     })
-    .await?;
+    .await
+    .or_fail("the first failover")?;
     let killed = Instant::now();
     let bound = deployment.failover_bound().saturating_add(TIMEOUT * 2);
     let mut n = 0;
     loop {
         n += 1;
-        let key = LockKey::new(format!("reprovision-before-{n}")).map_err(|e| e.to_string())?;
+        let key = LockKey::new(format!("reprovision-before-{n}")).or_fail("a fresh key")?;
         match a.try_acquire(&key, ttl).await {
             Ok(Some(_)) => break,
-            Ok(None) => return Err(format!("the fresh key {key} is held")),
+            Ok(None) => return Err(Failure::new(format!("the fresh key {key} is held"))),
             Err(Error::Unavailable { .. }) => {}
-            Err(e) => return Err(format!("following the failover: {e:?}")),
+            Err(e) => return Err(Failure::new(format!("following the failover: {e:?}"))),
         }
         if killed.elapsed() >= bound {
-            return Err(format!(
+            return Err(Failure::new(format!(
                 "the authority did not follow the failover within {bound:?}"
-            ));
+            )));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -599,13 +643,14 @@ async fn re_provisioned_sentinels_are_followed_after_a_broken_connection() -> Re
             .collect::<Result<Vec<u64>, String>>()?;
         Ok::<_, String>((before, after))
     })
-    .await?;
+    .await
+    .or_fail("re-provision the sentinels")?;
     let (before, after) = epochs;
     if before.contains(&0) || after.iter().any(|e| *e != 0) {
-        return Err(format!(
+        return Err(Failure::new(format!(
             "expected configuration epochs above 0 before and 0 after re-provisioning: \
              {before:?} -> {after:?}"
-        ));
+        )));
     }
 
     // The authority's connection to the primary breaks.
@@ -615,11 +660,12 @@ async fn re_provisioned_sentinels_are_followed_after_a_broken_connection() -> Re
             .command(&["CLIENT", "KILL", "TYPE", "normal"])
             .map_err(s)
     })
-    .await?;
+    .await
+    .or_fail("break the authority's connection")?;
     if killed_clients.parse::<u64>().unwrap_or(0) == 0 {
-        return Err(format!(
+        return Err(Failure::new(format!(
             "CLIENT KILL found no connection: {killed_clients:?}"
-        ));
+        )));
     }
     let broken = Instant::now();
     let bound = TIMEOUT * 2;
@@ -627,7 +673,7 @@ async fn re_provisioned_sentinels_are_followed_after_a_broken_connection() -> Re
     let mut n = 0;
     while broken.elapsed() < bound {
         n += 1;
-        let key = LockKey::new(format!("reprovision-after-{n}")).map_err(|e| e.to_string())?;
+        let key = LockKey::new(format!("reprovision-after-{n}")).or_fail("a fresh key")?;
         match a.try_acquire(&key, ttl).await {
             Ok(Some(_)) => {
                 println!(
@@ -637,14 +683,14 @@ async fn re_provisioned_sentinels_are_followed_after_a_broken_connection() -> Re
                 );
                 return Ok(());
             }
-            Ok(None) => return Err(format!("the fresh key {key} is held")),
+            Ok(None) => return Err(Failure::new(format!("the fresh key {key} is held"))),
             Err(e) => last = Some(e.to_string()),
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    Err(format!(
+    Err(Failure::new(format!(
         "no acquisition within {bound:?} of the broken connection ({n} attempts), the last \
          answer: {}",
         last.unwrap_or_default()
-    ))
+    )))
 }

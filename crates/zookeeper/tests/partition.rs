@@ -14,6 +14,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leasehold_conformance::kit::{OrFail, TestResult};
 use leasehold_core::{Authority, Error, Instant, LockKey};
 use leasehold_servers::{Partition, ZkConfig, ZkEnsemble};
 use leasehold_zookeeper::ZkAuthority;
@@ -22,12 +23,11 @@ use leasehold_zookeeper::ZkAuthority;
 async fn off<T: Send + 'static>(
     what: &str,
     f: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> T {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(Ok(value)) => value,
-        Ok(Err(e)) => panic!("{what}: {e}"),
-        Err(e) => panic!("{what}: {e}"),
-    }
+) -> TestResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .or_fail(what)?
+        .or_fail(what)
 }
 
 /// Short ticks, and a follower that waits 50 of them (5 s) before it gives up on its leader:
@@ -45,8 +45,8 @@ fn start_ensemble() -> Result<ZkEnsemble, String> {
     ZkEnsemble::start_with(3, config).map_err(|e| e.to_string())
 }
 
-fn key(name: &str) -> LockKey {
-    LockKey::new(name).unwrap()
+fn key(name: &str) -> TestResult<LockKey> {
+    LockKey::new(name).or_fail(&format!("key {name}"))
 }
 
 /// A holds a lease through follower F; F is cut off from the leader and the other follower
@@ -54,14 +54,15 @@ fn key(name: &str) -> LockKey {
 /// Meanwhile A keeps renewing through F, which still has A's node in its frozen state: no such
 /// renewal may succeed with a deadline past the moment B holds the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_follower_cut_off_from_its_quorum_cannot_renew_a_lease_the_leader_expired() {
-    let ensemble = Arc::new(off("start the partition ensemble", start_ensemble).await);
+async fn a_follower_cut_off_from_its_quorum_cannot_renew_a_lease_the_leader_expired() -> TestResult
+{
+    let ensemble = Arc::new(off("start the partition ensemble", start_ensemble).await?);
     let e = ensemble.clone();
     let leader = off("find the leader", move || {
         e.leader().map_err(|e| e.to_string())
     })
-    .await;
-    let f = (0..3).find(|&i| i != leader).unwrap();
+    .await?;
+    let f = (0..3).find(|&i| i != leader).or_fail("a follower")?;
     let rest: Vec<String> = (0..3)
         .filter(|&i| i != f)
         .map(|i| ensemble.member(i).connect_string())
@@ -73,16 +74,16 @@ async fn a_follower_cut_off_from_its_quorum_cannot_renew_a_lease_the_leader_expi
         ensemble.member(f).connect_string()
     ))
     .await
-    .unwrap();
+    .or_fail("A connects through F")?;
     let b = ZkAuthority::connect(&format!("zk://{}/partition?{params}", rest.join(",")))
         .await
-        .unwrap();
-    let k = key("stale-follower");
+        .or_fail("B connects through the others")?;
+    let k = key("stale-follower")?;
     let grant = a
         .try_acquire(&k, ttl)
         .await
-        .unwrap()
-        .expect("A holds the key");
+        .or_fail("A acquires")?
+        .or_fail("A holds the key")?;
 
     // A renews every quarter of the TTL, and notes every renewal that succeeded.
     let renewed: Arc<Mutex<Vec<(Instant, Instant)>>> = Arc::default();
@@ -96,7 +97,10 @@ async fn a_follower_cut_off_from_its_quorum_cannot_renew_a_lease_the_leader_expi
                 let sent = Instant::now();
                 match a.renew(&grant, ttl).await {
                     Ok(deadline) => {
-                        renewed.lock().unwrap().push((sent, deadline));
+                        renewed
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push((sent, deadline));
                         succeeded.send_modify(|n| *n += 1);
                     }
                     Err(e) => failures.push(e),
@@ -112,18 +116,21 @@ async fn a_follower_cut_off_from_its_quorum_cannot_renew_a_lease_the_leader_expi
     // wait for the first success rather than a fixed time).
     tokio::time::timeout(ttl * 5, successes.wait_for(|n| *n > 0))
         .await
-        .expect("A renews while F is part of the quorum")
-        .unwrap();
+        .or_fail("A renews while F is part of the quorum")?
+        .or_fail("the renewer's count")?;
 
     // Cut right after a renewal succeeded: the worst case, its deadline is the furthest out.
     successes.borrow_and_update();
-    successes.changed().await.unwrap();
+    successes
+        .changed()
+        .await
+        .or_fail("a renewal right before the cut")?;
     let partition = {
         let e = ensemble.clone();
         off("cut F off", move || {
             Partition::isolate(e.member(f)).map_err(|e| e.to_string())
         })
-        .await
+        .await?
     };
     let cut = Instant::now();
     let b_result = b.acquire(&k, ttl, ttl * 4).await;
@@ -132,23 +139,27 @@ async fn a_follower_cut_off_from_its_quorum_cannot_renew_a_lease_the_leader_expi
     // well inside that window.
     tokio::time::sleep(ttl).await;
     stop.notify_one();
-    let failures = renewer.await.unwrap();
+    let failures = renewer.await.or_fail("the renewer")?;
     drop(partition);
 
-    let fresh = b_result.expect("B gets the key once the leader expired A's session");
+    let fresh = b_result.or_fail("B gets the key once the leader expired A's session")?;
     assert!(fresh.fence() > grant.fence());
     assert!(
         b_holds - cut >= ttl / 2,
         "B got the key {:?} after the cut: A's session cannot have expired yet",
         b_holds - cut
     );
-    let renewed = renewed.lock().unwrap().clone();
+    let renewed = renewed.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let late: Vec<_> = renewed
         .iter()
         .filter(|(_, deadline)| *deadline > b_holds)
         .map(|(sent, deadline)| (*sent - cut, *deadline - cut))
         .collect();
-    let furthest = renewed.iter().map(|(_, d)| *d).max().unwrap();
+    let furthest = renewed
+        .iter()
+        .map(|(_, d)| *d)
+        .max()
+        .or_fail("A renewed at least once")?;
     eprintln!(
         "A's furthest deadline {:?} before B held",
         b_holds.saturating_duration_since(furthest)
@@ -173,4 +184,5 @@ async fn a_follower_cut_off_from_its_quorum_cannot_renew_a_lease_the_leader_expi
         "renewals through the cut-off follower fail as unreachable or lost: {failures:?}"
     );
     let _ = b.release(&fresh).await;
+    Ok(())
 }
