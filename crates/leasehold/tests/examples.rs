@@ -15,7 +15,7 @@ fn example(name: &str) -> TestResult<PathBuf> {
     let profile_dir = exe
         .parent()
         .and_then(|deps| deps.parent())
-        .or_fail(&format!("the profile directory above {}", exe.display()))?;
+        .or_fail(format!("the profile directory above {}", exe.display()))?;
     let path = profile_dir.join("examples").join(name);
     assert!(
         path.is_file(),
@@ -34,7 +34,7 @@ fn run_with(name: &str, args: &[&str], env: &[(&str, &str)]) -> TestResult<Strin
         .args(args)
         .envs(env.iter().copied())
         .output()
-        .or_fail(&format!("run the {name} example"))?;
+        .or_fail(format!("run the {name} example"))?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -122,7 +122,7 @@ fn payout_is_made_exactly_once_across_seeded_interleavings() -> TestResult {
     let summary = out
         .lines()
         .find(|l| l.starts_with("12 round(s), seed 7:"))
-        .or_fail(&format!("the summary line in:\n{out}"))?;
+        .or_fail(format!("the summary line in:\n{out}"))?;
     assert!(
         summary.ends_with("12 right (paid exactly once, or FAILED with nothing paid)"),
         "{summary}"

@@ -102,7 +102,7 @@ fn no_dependency_needs_a_newer_rust_than_the_declared_one() -> TestResult {
         let name = package["name"].as_str().unwrap_or_default();
         let rust = package["rust_version"].as_str();
         if members.contains(&id) {
-            let rust = rust.or_fail(&format!("{name} declares a rust-version"))?;
+            let rust = rust.or_fail(format!("{name} declares a rust-version"))?;
             match declared {
                 None => declared = Some(rust),
                 Some(d) => assert_eq!(d, rust, "{name} declares another rust-version"),

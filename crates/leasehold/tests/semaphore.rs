@@ -12,7 +12,7 @@ async fn bad_permit_counts_and_names_are_refused_and_slots_carry_the_count() -> 
     let name = LockKey::new("jobs").or_fail("the name")?;
     for bad in [0, MAX_PERMITS + 1] {
         let e = Semaphore::new(authority.clone(), &name, bad)
-            .err_or_fail(&format!("a semaphore of {bad} permits"))?;
+            .err_or_fail(format!("a semaphore of {bad} permits"))?;
         assert!(matches!(e, Error::InvalidConfig { .. }), "{bad}: {e}");
     }
     let long = LockKey::new("n".repeat(195)).or_fail("a long name")?;

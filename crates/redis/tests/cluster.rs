@@ -296,7 +296,7 @@ async fn keys_on_every_primary(cluster: &Arc<RedisCluster>) -> TestResult<Vec<(L
             let key = LockKey::new(format!("spread-{i}")).or_fail("a spread key")?;
             let port = c
                 .primary_for(&KeyLayout::default().lock_key(&key))
-                .or_fail(&format!("the primary that owns {key}"))?
+                .or_fail(format!("the primary that owns {key}"))?
                 .port();
             if !found.iter().any(|(_, p)| *p == port) {
                 found.push((key, port));
@@ -331,8 +331,8 @@ async fn spreads_keys_wakes_waiters_by_shard_and_follows_a_failover() -> TestRes
         let grant = a
             .try_acquire(key, ttl)
             .await
-            .or_fail(&format!("acquire {key}"))?
-            .or_fail(&format!("{key} is free"))?;
+            .or_fail(format!("acquire {key}"))?
+            .or_fail(format!("{key} is free"))?;
         let (c, lock_key, port) = (cluster.clone(), KeyLayout::default().lock_key(key), *port);
         let owner = grant.owner().to_hex();
         let stored = blocking(move || -> TestResult<(String, String)> {
@@ -340,26 +340,26 @@ async fn spreads_keys_wakes_waiters_by_shard_and_follows_a_failover() -> TestRes
                 .nodes()
                 .iter()
                 .find(|n| n.port() == port)
-                .or_fail(&format!("the node on port {port}"))?;
+                .or_fail(format!("the node on port {port}"))?;
             Ok((
                 node.command(&["GET", &lock_key])
-                    .or_fail(&format!("GET {lock_key}"))?,
+                    .or_fail(format!("GET {lock_key}"))?,
                 node.command(&["GET", &format!("{lock_key}:fence")])
-                    .or_fail(&format!("GET {lock_key}:fence"))?,
+                    .or_fail(format!("GET {lock_key}:fence"))?,
             ))
         })
         .await?;
         assert_eq!(stored.0, owner, "{key}");
         assert_eq!(stored.1, grant.fence().raw().to_string(), "{key}");
         assert_eq!(
-            a.release(&grant).await.or_fail(&format!("release {key}"))?,
+            a.release(&grant).await.or_fail(format!("release {key}"))?,
             Released::Released
         );
         let again = a
             .try_acquire(key, ttl)
             .await
-            .or_fail(&format!("acquire {key} again"))?
-            .or_fail(&format!("{key} was released"))?;
+            .or_fail(format!("acquire {key} again"))?
+            .or_fail(format!("{key} was released"))?;
         assert!(again.fence() > grant.fence());
         held.push(again);
     }
@@ -459,7 +459,7 @@ async fn spreads_keys_wakes_waiters_by_shard_and_follows_a_failover() -> TestRes
                 .nodes()
                 .iter()
                 .find(|n| n.port() == victim_port)
-                .or_fail(&format!("the primary on port {victim_port}"))?;
+                .or_fail(format!("the primary on port {victim_port}"))?;
             let replica = c.replica_of(primary).or_fail("the victim's replica")?;
             wait_in_sync(primary, replica).or_fail("the replica catches up")?;
             let port = replica.port();
@@ -490,7 +490,7 @@ async fn spreads_keys_wakes_waiters_by_shard_and_follows_a_failover() -> TestRes
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let took = killed_at.elapsed();
-    let grant = regained.or_fail(&format!(
+    let grant = regained.or_fail(format!(
         "a grant on the promoted replica within {failover_bound:?} of the kill"
     ))?;
     println!("acquired on the promoted replica {took:?} after the primary was killed");

@@ -338,7 +338,7 @@ async fn the_same_authority_follows_a_sentinel_failover() -> TestResult {
         })
         .await
         .or_fail("PTTL of the lock key on the promoted replica")?;
-        let pttl: i64 = pttl.parse().or_fail(&format!("PTTL {pttl:?}"))?;
+        let pttl: i64 = pttl.parse().or_fail(format!("PTTL {pttl:?}"))?;
         assert!(pttl > 0, "the new primary holds the lock key: PTTL {pttl}");
     }
     assert!(grant.fence().raw() > 0);
@@ -444,7 +444,7 @@ async fn a_forced_failover_moves_the_authority_while_the_old_primary_still_serve
                     let pttl = p2
                         .command(&["PTTL", &lock_key])
                         .or_fail("PTTL on the new primary")?;
-                    let pttl: i64 = pttl.parse().or_fail(&format!("PTTL {pttl:?}"))?;
+                    let pttl: i64 = pttl.parse().or_fail(format!("PTTL {pttl:?}"))?;
                     Ok((pttl > 0, p1.role().unwrap_or_else(|e| e.to_string())))
                 })
                 .await?;
@@ -514,7 +514,7 @@ async fn passwords_for_the_primary_and_the_sentinels() -> TestResult {
         let started = Instant::now();
         let err = RedisAuthority::connect(bad)
             .await
-            .err_or_fail(&format!("connect with a bad {who}"))?;
+            .err_or_fail(format!("connect with a bad {who}"))?;
         println!("{err}");
         assert!(
             matches!(err, Error::Unauthorized { .. }) && !err.is_retryable(),

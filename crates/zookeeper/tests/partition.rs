@@ -46,7 +46,7 @@ fn start_ensemble() -> Result<ZkEnsemble, String> {
 }
 
 fn key(name: &str) -> TestResult<LockKey> {
-    LockKey::new(name).or_fail(&format!("key {name}"))
+    LockKey::new(name).or_fail(format!("key {name}"))
 }
 
 /// A holds a lease through follower F; F is cut off from the leader and the other follower
