@@ -314,7 +314,7 @@ async fn an_idle_silent_lane_is_replaced_before_its_statement() -> Result {
     let ttl = Duration::from_secs(10);
     let lane = FrozenLane::start("idle-silent-lane", timeout, ttl, "idle-silent/held").await?;
     let a = &lane.authority;
-    // The lane is pinged before use once idle for a second (docs/postgres.md, "Lanes").
+    // The lane is pinged before use once idle for a second (docs/design/postgres.md, "Lanes").
     tokio::time::sleep(Duration::from_secs(1)).await;
     for i in 0..5 {
         let k = key(&format!("idle-silent/other{i}"))?;
