@@ -1,5 +1,6 @@
-//! What leasehold records through the [`metrics`] facade: the seed's monitoring list, recorded
-//! here, in core, for every backend. The application installs the exporter it wants
+//! What leasehold records through the [`metrics`] facade: what an operator of a lock service
+//! needs to see (hand-offs, losses, renewal outcomes, waits, hold times), recorded here, in
+//! core, for every backend. The application installs the exporter it wants
 //! (Prometheus, StatsD, OpenTelemetry); with none installed each record is a check of a global
 //! and nothing more. `docs/observability.md` says how to read each one and what to alert on.
 //!

@@ -11,53 +11,75 @@ use leasehold_servers::EtcdServer;
 /// 2's key (a delete compared by lease alone would: etcd #22082's pattern) nor erase its
 /// booking (the key would then pass for an orphan).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_late_delete_of_an_unanswered_write_spares_the_next_contender() {
+async fn a_late_delete_of_an_unanswered_write_spares_the_next_contender(
+) -> std::result::Result<(), String> {
     let server = tokio::task::spawn_blocking(EtcdServer::start)
         .await
-        .unwrap()
-        .expect("etcd must start for this test");
+        .map_err(|e| format!("the harness task: {e}"))?
+        .map_err(|e| format!("etcd must start for this test: {e}"))?;
     let a = EtcdAuthority::connect(&format!("etcd://{}?timeout_ms=1000", server.endpoint()))
         .await
-        .unwrap();
+        .map_err(|e| format!("connect: {e}"))?;
     let (client, timeout) = (a.client().clone(), a.timeout());
-    let key = LockKey::new("late-delete").unwrap();
+    let key = LockKey::new("late-delete").map_err(|e| e.to_string())?;
     let ttl = Duration::from_secs(2);
-    let session = a.session(ttl).await.unwrap();
-    let first = OwnerToken::generate().unwrap();
+    let session = a
+        .session(ttl)
+        .await
+        .map_err(|e| format!("the session: {e}"))?;
+    let first = OwnerToken::generate().map_err(|e| e.to_string())?;
     let name = session
         .contenders
         .reserve(&a.prefix(&key), session.lease(), first)
-        .unwrap();
+        .ok_or("the session ended")?;
     // Acquisition 1's put landed, but its answer was lost.
     client
         .kv_client()
         .put(name.as_str(), first.to_hex(), Some(on_lease(&session)))
         .await
-        .unwrap();
+        .map_err(|e| format!("acquisition 1's put: {e}"))?;
     let late = session
         .contenders
         .withdraw(&name, first, None, deadline_in(timeout))
-        .unwrap();
-    session.delete(&client, &late, timeout).await.unwrap();
+        .ok_or("nothing booked to withdraw")?;
+    session
+        .delete(&client, &late, timeout)
+        .await
+        .map_err(|e| format!("the answered delete: {e}"))?;
 
-    let second = a.try_acquire(&key, ttl).await.unwrap().expect("a free key");
-    let c = contender(&second).unwrap();
-    assert_eq!(c.name, name, "the freed name is reused");
+    let second = a
+        .try_acquire(&key, ttl)
+        .await
+        .map_err(|e| format!("acquisition 2: {e}"))?
+        .ok_or("acquisition 2: the key was held")?;
+    let c = contender(&second).map_err(|e| format!("acquisition 2's contender key: {e}"))?;
+    if c.name != name {
+        return Err(format!("the freed name {name} was not reused: {}", c.name));
+    }
 
     // The late duplicate of acquisition 1's delete.
-    session.delete(&client, &late, timeout).await.unwrap();
-    let found = client.kv_client().get(name.as_str(), None).await.unwrap();
-    assert_eq!(
-        found.kvs().first().map(|kv| kv.create_revision()),
-        Some(c.revision),
-        "the late delete removed the next contender's key"
-    );
-    assert!(
-        session.contenders.is_held(&name, c.revision),
-        "the late delete erased the next contender's booking"
-    );
-    a.renew(&second, ttl).await.expect("still held");
-    assert_eq!(a.release(&second).await.unwrap(), Released::Released);
+    session
+        .delete(&client, &late, timeout)
+        .await
+        .map_err(|e| format!("the late delete: {e}"))?;
+    let found = client
+        .kv_client()
+        .get(name.as_str(), None)
+        .await
+        .map_err(|e| format!("reading the key: {e}"))?;
+    if found.kvs().first().map(|kv| kv.create_revision()) != Some(c.revision) {
+        return Err("the late delete removed the next contender's key".into());
+    }
+    if !session.contenders.is_held(&name, c.revision) {
+        return Err("the late delete erased the next contender's booking".into());
+    }
+    a.renew(&second, ttl)
+        .await
+        .map_err(|e| format!("acquisition 2 is no longer held: {e}"))?;
+    match a.release(&second).await {
+        Ok(Released::Released) => Ok(()),
+        other => Err(format!("releasing acquisition 2: {other:?}")),
+    }
 }
 
 /// A write whose answer was lost may still land after its withdrawal was answered: held in
