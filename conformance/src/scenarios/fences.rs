@@ -2,7 +2,7 @@
 
 use leasehold_core::{Error, FenceSafety, Instant};
 
-use super::helpers::{acquire_within, outlive, take};
+use super::helpers::{acquire_after_fault, acquire_within, outlive, take};
 use crate::context::Context;
 use crate::ensure;
 use crate::verdict::{Failure, OrFail, Outcome, Verdict};
@@ -99,7 +99,7 @@ pub async fn fences_survive_restart(ctx: &Context) -> Outcome {
     // A fresh client: the old one may take a while to notice the new server.
     let b = ctx.connect().await?;
     let within = ttl * 4 + ctx.tolerance() * 4;
-    let (after, _) = acquire_within(ctx, &*b, &key, ttl, Instant::now(), within)
+    let (after, _) = acquire_after_fault(ctx, &*b, &key, ttl, Instant::now(), within)
         .await?
         .ok_or_else(|| Failure::new("could not acquire after the restart"))?;
     let _ = b

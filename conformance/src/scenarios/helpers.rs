@@ -25,6 +25,28 @@ pub async fn acquire_within(
     .await
 }
 
+/// [`acquire_within`] for a client that meets the authority right after a fault (a failover):
+/// until the authority has settled, a retryable error (a client still routed to the old primary,
+/// say) is looked at again like a held key, within the same window; anything else still fails.
+pub async fn acquire_after_fault(
+    ctx: &Context,
+    client: &dyn Authority,
+    key: &LockKey,
+    ttl: Duration,
+    start: Instant,
+    within: Duration,
+) -> Result<Option<(Grant, Instant)>, Failure> {
+    let every = (ctx.ttl() / 20).max(Duration::from_millis(5));
+    poll_until(start, within, every, || async {
+        match client.try_acquire(key, ttl).await {
+            Ok(got) => Ok(got.map(|g| (g, Instant::now()))),
+            Err(e) if e.is_retryable() => Ok(None),
+            Err(e) => Err(Failure::new(format!("try_acquire: {e}"))),
+        }
+    })
+    .await
+}
+
 /// Takes `key`, which must be free, or fails with `what`.
 pub async fn take(
     client: &dyn Authority,
