@@ -270,7 +270,9 @@ impl ManagedProcess {
             let _ = send_signal(&children, "STOP");
         }
         state.paused = true;
-        Ok(())
+        // The signal is delivered when the kernel next schedules the process: until then it may
+        // still answer, so the fault has landed only once /proc shows it stopped.
+        wait_until_stopped(pid, STOP_LANDS_WITHIN)
     }
 
     /// Undoes [`ManagedProcess::pause`] with SIGCONT.
@@ -537,6 +539,31 @@ pub(crate) fn is_alive(pid: u32) -> bool {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => stat_fields(&stat).is_some_and(|(state, _)| state != "Z" && state != "X"),
         Err(_) => false,
+    }
+}
+
+/// How long a SIGSTOP may take to show in `/proc` before [`ManagedProcess::pause`] reports that
+/// it did not land: generous, because a process in uninterruptible sleep (an fsync) stops only
+/// when that ends.
+const STOP_LANDS_WITHIN: Duration = Duration::from_secs(5);
+
+/// Waits until `pid` is stopped (`T`, or `t` under a tracer), or has exited.
+fn wait_until_stopped(pid: u32, within: Duration) -> Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        let state = fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| stat_fields(&stat).map(|(state, _)| state.to_string()));
+        match state.as_deref() {
+            None | Some("T" | "t" | "Z" | "X") => return Ok(()),
+            Some(other) if Instant::now() >= deadline => {
+                return Err(HarnessError::io(
+                    format!("pausing process {pid}"),
+                    io::Error::other(format!("still in state {other} {within:?} after SIGSTOP")),
+                ));
+            }
+            Some(_) => thread::sleep(Duration::from_millis(2)),
+        }
     }
 }
 
