@@ -38,8 +38,12 @@ pub struct CheckOptions {
     /// and their absence fails the control.
     pub fenced: bool,
     /// What the backend declares about its fences: with
-    /// [`FenceSafety::FailoverUnsafe`], reissued fences (and acknowledgements lost through
-    /// them) are labelled declared instead of failing the run.
+    /// [`FenceSafety::FailoverUnsafe`], reissued fences, keys granted while another lease was
+    /// valid, and acknowledgements lost through them are labelled declared instead of failing
+    /// the run, if a fault that can make the authority forget grants
+    /// ([`FaultKind::can_lose_grants`]) began between the two grants. Without such a fault
+    /// they fail the run as on any backend: the declaration covers failovers, not every
+    /// defect.
     pub fence_safety: FenceSafety,
     /// Whether the authority declares that it can end a live lease before its TTL
     /// ([`leasehold_core::ExclusionSafety::EarlyRevocation`]): a key granted while another
@@ -143,13 +147,21 @@ impl Tally {
 
 #[derive(Default)]
 struct KeyTrack {
+    /// Elements some read returned: when that read ended, and where.
+    read: HashMap<u64, (Nanos, usize)>,
+    /// Elements already reported lost from a read.
+    read_lost: BTreeSet<u64>,
+    /// The workers in a round on the key (granted, not yet releasing or killed), with the time
+    /// each was granted.
+    holders: HashMap<WorkerId, Nanos>,
     /// The greatest fence the resource is known to have accepted (completed accepts only).
     accepted: Tally,
     /// The greatest fence granted (completed grants only).
     granted: Tally,
     /// Every fence granted, and where first.
     grants: HashMap<u64, usize>,
-    /// Fences found reissued.
+    /// Fences found reissued where the backend's declaration covers it (a grant-losing fault
+    /// began between the two grants).
     reissued: BTreeSet<u64>,
     /// A release started and not yet followed by a grant.
     release_started: Option<Nanos>,
@@ -169,6 +181,12 @@ struct Pass<'h> {
     writes: HashMap<u64, (WriteTrack, Highest)>,
     /// Faults started and not healed.
     faults_open: BTreeMap<u64, (super::event::FaultKind, usize)>,
+    /// When each fault that can make an authority forget grants began, in time order.
+    grant_losing_faults: Vec<Nanos>,
+    /// Workers paused by the nemesis right now.
+    paused: BTreeSet<WorkerId>,
+    /// Reads started: when.
+    reading: HashMap<(WorkerId, String), Nanos>,
 }
 
 /// Judges a run: `history` as recorded, `finals` as read from the resource after it.
@@ -183,11 +201,15 @@ pub fn check(history: &History, finals: &FinalState, options: &CheckOptions) -> 
         claiming: HashMap::new(),
         writes: HashMap::new(),
         faults_open: BTreeMap::new(),
+        grant_losing_faults: Vec::new(),
+        paused: BTreeSet::new(),
+        reading: HashMap::new(),
     };
     pass.walk();
     pass.judge_writes(finals);
     pass.judge_resource(finals);
     pass.measure_windows();
+    pass.judge_plan();
     pass.finish()
 }
 
@@ -200,25 +222,39 @@ pub fn check_recorded(history: &History) -> Option<RunVerdict> {
 impl Pass<'_> {
     fn find(&mut self, at: usize, key: Option<&str>, kind: FindingKind) {
         let fenced = self.options.fenced;
-        let declared = self.options.fence_safety == FenceSafety::FailoverUnsafe;
+        let through_reissue = |fence: &u64| {
+            key.and_then(|k| self.keys.get(k))
+                .is_some_and(|t| t.reissued.contains(fence))
+        };
         let severity = match &kind {
-            FindingKind::LostAck { fence, .. } => {
-                let through_reissue = key
-                    .and_then(|k| self.keys.get(k))
-                    .is_some_and(|t| t.reissued.contains(fence));
-                if !fenced {
-                    Severity::Control
-                } else if declared && through_reissue {
-                    Severity::Declared
-                } else {
-                    Severity::Failure
-                }
+            FindingKind::LostAck { .. } | FindingKind::ReadLost { .. } if !fenced => {
+                Severity::Control
+            }
+            FindingKind::LostAck { fence, .. } if through_reissue(fence) => Severity::Declared,
+            FindingKind::ReadLost { element, .. }
+                if self
+                    .writes
+                    .get(element)
+                    .is_some_and(|(w, _)| through_reissue(&w.fence)) =>
+            {
+                Severity::Declared
             }
             FindingKind::StaleAccepted { .. } if !fenced => Severity::Control,
-            FindingKind::ReissuedFence { .. } if declared => Severity::Declared,
+            FindingKind::EndedEarly { .. } => Severity::Noted,
             _ => Severity::Failure,
         };
         self.push(at, key, severity, kind);
+    }
+
+    /// Whether the backend declares failover-unsafe fences and a fault that can make it forget
+    /// grants began between `from` and `to`: what a reissued fence or a double grant on such a
+    /// backend needs to be declared rather than failed.
+    fn declared_between(&self, from: Nanos, to: Nanos) -> bool {
+        self.options.fence_safety == FenceSafety::FailoverUnsafe
+            && self
+                .grant_losing_faults
+                .iter()
+                .any(|&t| (from..=to).contains(&t))
     }
 
     fn push(&mut self, at: usize, key: Option<&str>, severity: Severity, kind: FindingKind) {
@@ -307,26 +343,29 @@ impl Pass<'_> {
                 self.figures.acquire_cancelled += 1;
                 self.acquiring.remove(&(*worker, key.clone()));
             }
+            // A loss does not end the holder's round: it may sit between its validity check and
+            // its write until it releases, so it stays a holder for the hand-off count.
             What::Lost { .. } => self.figures.losses += 1,
-            What::ReadInvoke {
-                worker,
-                key,
-                fence: Some(_),
-            } => {
-                let accepted = self.key(key).accepted.before(t);
-                self.claiming.insert((*worker, key.clone()), accepted);
+            What::ReadInvoke { worker, key, fence } => {
+                self.reading.insert((*worker, key.clone()), t);
+                if fence.is_some() {
+                    let accepted = self.key(key).accepted.before(t);
+                    self.claiming.insert((*worker, key.clone()), accepted);
+                }
             }
-            What::ReadInvoke { .. } => {}
             What::ReadOk {
                 worker,
                 key,
-                fence: Some(fence),
-                ..
+                fence,
+                elements,
             } => {
-                let before = self.claiming.remove(&(*worker, key.clone())).flatten();
-                self.accepted(i, key, *fence, None, before, None);
+                let invoked = self.reading.remove(&(*worker, key.clone()));
+                self.read_returned(i, t, key, invoked, elements);
+                if let Some(fence) = fence {
+                    let before = self.claiming.remove(&(*worker, key.clone())).flatten();
+                    self.accepted(i, key, *fence, None, before, None);
+                }
             }
-            What::ReadOk { .. } => {}
             What::ReadStale { worker, key, .. } => {
                 self.figures.claims_refused_stale += 1;
                 self.claiming.remove(&(*worker, key.clone()));
@@ -395,14 +434,45 @@ impl Pass<'_> {
             } => {
                 self.complete(i, key, *fence, *element, WriteOutcome::Unknown(i));
             }
-            What::ReleaseInvoke { key, .. } => self.key(key).release_started = Some(t),
+            What::ReleaseInvoke { worker, key, .. } => {
+                let track = self.key(key);
+                track.release_started = Some(t);
+                track.holders.remove(worker);
+            }
             What::ReleaseOk { .. } | What::ReleaseFail { .. } => {}
-            What::FaultStart { fault, kind, .. } => {
+            What::FaultStart {
+                fault,
+                kind,
+                worker,
+                ..
+            } => {
                 *self.figures.faults.entry(*kind).or_default() += 1;
                 self.faults_open.insert(*fault, (*kind, i));
+                if kind.can_lose_grants() {
+                    self.grant_losing_faults.push(t);
+                }
+                match (kind, worker) {
+                    (FaultKind::PauseWorker, Some(w)) => {
+                        self.paused.insert(*w);
+                    }
+                    (FaultKind::KillWorker, Some(w)) => {
+                        for track in self.keys.values_mut() {
+                            track.holders.remove(w);
+                        }
+                    }
+                    _ => {}
+                }
             }
-            What::FaultEnd { fault, .. } => {
+            What::FaultEnd {
+                fault,
+                kind,
+                worker,
+                ..
+            } => {
                 self.faults_open.remove(fault);
+                if let (FaultKind::PauseWorker, Some(w)) = (kind, worker) {
+                    self.paused.remove(w);
+                }
             }
         }
     }
@@ -416,7 +486,8 @@ impl Pass<'_> {
         if started.is_some() {
             self.figures.acquire_latency.push(t.saturating_sub(invoked));
         }
-        let track = self.key(key);
+        let paused = &self.paused;
+        let track = self.keys.entry(key.to_string()).or_default();
         let reissue = match track.grants.get(&fence) {
             Some(&first) => Some((fence, first)),
             None => started
@@ -425,21 +496,73 @@ impl Pass<'_> {
         };
         track.grants.entry(fence).or_insert(i);
         track.granted.record(fence, i, t);
+        // A key handed on while its holder sat paused: the case the fence exists for.
+        if track
+            .holders
+            .keys()
+            .any(|h| *h != worker && paused.contains(h))
+        {
+            self.figures.handoffs_during_pause += 1;
+        }
+        track.holders.insert(worker, t);
         if let Some(released) = track.release_started.take() {
             if invoked < released {
                 self.figures.handoff.push(t.saturating_sub(released));
             }
         }
         if let Some((earlier, earlier_at)) = reissue {
-            self.key(key).reissued.insert(fence);
             self.figures.fences_reissued += 1;
+            let earlier_t = self.history.events().get(earlier_at).map_or(0, |e| e.t);
+            let kind = FindingKind::ReissuedFence {
+                fence,
+                earlier,
+                earlier_at,
+            };
+            if self.declared_between(earlier_t, t) {
+                self.key(key).reissued.insert(fence);
+                self.push(i, Some(key), Severity::Declared, kind);
+            } else {
+                self.find(i, Some(key), kind);
+            }
+        }
+    }
+
+    /// A read returned `elements`: every element an earlier read returned (one that ended
+    /// before this one began) must still be there.
+    fn read_returned(
+        &mut self,
+        i: usize,
+        t: Nanos,
+        key: &str,
+        invoked: Option<Nanos>,
+        elements: &[u64],
+    ) {
+        let track = self.keys.entry(key.to_string()).or_default();
+        let present: BTreeSet<u64> = elements.iter().copied().collect();
+        let mut lost: Vec<(u64, usize)> = Vec::new();
+        if let Some(invoked) = invoked {
+            for (&element, &(ended, first_at)) in &track.read {
+                if ended < invoked
+                    && !present.contains(&element)
+                    && !track.read_lost.contains(&element)
+                {
+                    lost.push((element, first_at));
+                }
+            }
+        }
+        for &element in elements {
+            track.read.entry(element).or_insert((t, i));
+        }
+        lost.sort_unstable();
+        for (element, first_read_at) in lost {
+            self.key(key).read_lost.insert(element);
+            self.figures.reads_lost += 1;
             self.find(
                 i,
                 Some(key),
-                FindingKind::ReissuedFence {
-                    fence,
-                    earlier,
-                    earlier_at,
+                FindingKind::ReadLost {
+                    element,
+                    first_read_at,
                 },
             );
         }
@@ -564,6 +687,39 @@ impl Pass<'_> {
                 _ => {}
             }
         }
+        // Elements a read returned and the final set lacks (acknowledged ones are lost
+        // acknowledgements already).
+        let mut read_missing: Vec<(usize, String, u64, usize)> = Vec::new();
+        for (key, track) in &self.keys {
+            let Some(state) = finals.get(key) else {
+                continue;
+            };
+            for (&element, &(_, first_at)) in &track.read {
+                let acknowledged = self
+                    .writes
+                    .get(&element)
+                    .is_some_and(|(w, _)| matches!(w.outcome, WriteOutcome::Acknowledged(_)));
+                if !state.elements.contains(&element)
+                    && !acknowledged
+                    && !track.read_lost.contains(&element)
+                {
+                    let at = final_at.get(key.as_str()).copied().unwrap_or(last);
+                    read_missing.push((at, key.clone(), element, first_at));
+                }
+            }
+        }
+        read_missing.sort_unstable();
+        for (at, key, element, first_read_at) in read_missing {
+            self.figures.reads_lost += 1;
+            self.find(
+                at,
+                Some(&key),
+                FindingKind::ReadLost {
+                    element,
+                    first_read_at,
+                },
+            );
+        }
         for (key, state) in &finals.keys {
             for &element in &state.elements {
                 let carried = self
@@ -621,9 +777,14 @@ impl Pass<'_> {
                 newer: o.newer,
                 overlap_ns: o.ns,
             };
-            // Declared where the backend declares failover-unsafe fences, or declares early
-            // revocation and a paused leader's resume can explain this overlap.
-            let declared = self.options.fence_safety == FenceSafety::FailoverUnsafe
+            // Declared where the backend declares failover-unsafe fences and a grant-losing
+            // fault began while the older holder held the key, or declares early revocation
+            // and a paused leader's resume can explain this overlap.
+            let older_start = ws
+                .iter()
+                .find(|w| w.key == o.key && (w.worker, w.fence) == o.older)
+                .map_or(o.from, |w| w.start);
+            let declared = self.declared_between(older_start, o.from)
                 || (self.options.early_revocation && self.after_a_stalled_leader(&ws, &o));
             let severity = if declared {
                 Severity::Declared
@@ -631,6 +792,14 @@ impl Pass<'_> {
                 Severity::Failure
             };
             self.push(o.at, Some(&o.key), severity, kind);
+        }
+        for w in ws.iter().filter(|w| w.ended_early_ns > 0) {
+            self.figures.leases_ended_early += 1;
+            let kind = FindingKind::EndedEarly {
+                holder: (w.worker, w.fence),
+                early_ns: w.ended_early_ns,
+            };
+            self.push(w.granted, Some(&w.key), Severity::Noted, kind);
         }
         self.figures.availability = windows::availability(self.history, &ws);
         for stuck in super::stuck::stuck_keys(self.history, &ws) {
@@ -641,6 +810,44 @@ impl Pass<'_> {
                     waited_ns: stuck.waited_ns,
                 },
             );
+        }
+    }
+
+    /// What the run's plan promised: every planned fault kind landed, and a fenced run under
+    /// worker pauses needed its fence at least once each way.
+    fn judge_plan(&mut self) {
+        let planned: Vec<FaultKind> = self
+            .history
+            .events()
+            .iter()
+            .find_map(|e| match &e.what {
+                What::Run { planned_faults, .. } => Some(planned_faults.clone()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        let at = self.history.len().saturating_sub(1);
+        for kind in &planned {
+            if !self.figures.faults.contains_key(kind) {
+                self.find(at, None, FindingKind::FaultNeverLanded { kind: *kind });
+            }
+        }
+        if self.options.fenced && planned.contains(&FaultKind::PauseWorker) {
+            let mut missing = Vec::new();
+            if self.figures.writes_refused_stale == 0 {
+                missing.push("no stale write refused");
+            }
+            if self.figures.handoffs_during_pause == 0 {
+                missing.push("no key handed on while its holder was paused");
+            }
+            if !missing.is_empty() {
+                self.find(
+                    at,
+                    None,
+                    FindingKind::GuardNotExercised {
+                        missing: missing.join(", "),
+                    },
+                );
+            }
         }
     }
 
@@ -716,6 +923,7 @@ fn reasons(findings: &[Finding]) -> Vec<String> {
                 Severity::Failure => "FAIL",
                 Severity::Declared => "declared",
                 Severity::Control => "control, as expected",
+                Severity::Noted => "noted",
             };
             format!("{weight}: {n} x {label}; first at {first}")
         })

@@ -99,6 +99,12 @@ pub enum What {
         /// ([`leasehold_core::ExclusionSafety::EarlyRevocation`]). Absent in older histories.
         #[serde(default)]
         early_revocation: bool,
+        /// Every fault kind the nemesis planned for this run: a kind that never landed fails
+        /// the run, and a plan with worker pauses obliges a fenced run to show its guard at
+        /// work (stale writes refused, keys handed on while a holder was paused). Empty in
+        /// older and hand-made histories, which are judged without those checks.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        planned_faults: Vec<FaultKind>,
     },
     /// A worker starts `Lease::acquire`.
     AcquireInvoke {
@@ -336,6 +342,23 @@ pub enum What {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         last_fence: Option<u64>,
     },
+}
+
+impl FaultKind {
+    /// Whether a fault of this kind can make a failover-unsafe authority forget fences it
+    /// issued or leases it granted: a server that loses its memory (killed without persistence)
+    /// or a replica that missed the latest writes taking over. A reissued fence or a key
+    /// granted twice on such a backend is declared only if one of these began between the two
+    /// grants; without one it is a failure like on any other backend.
+    pub fn can_lose_grants(self) -> bool {
+        matches!(
+            self,
+            FaultKind::KillAuthority
+                | FaultKind::PromoteReplica
+                | FaultKind::KillMember
+                | FaultKind::KillLeader
+        )
+    }
 }
 
 impl What {

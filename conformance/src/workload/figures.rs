@@ -53,6 +53,17 @@ pub struct Figures {
     /// above a fence granted (completed) before it was asked for. 0 unless the backend declares
     /// failover-unsafe fences.
     pub fences_reissued: u64,
+    /// Grants of a key while another worker that held it sat paused by the nemesis: the
+    /// moments the fence exists for. A fenced run under pauses with none proves nothing.
+    #[serde(default)]
+    pub handoffs_during_pause: u64,
+    /// Elements a read returned that a later read (or the final set) lacked, acknowledged or
+    /// not: lost updates seen from the reads (Jepsen's set-full). Must be 0 with fences.
+    #[serde(default)]
+    pub reads_lost: u64,
+    /// Leases the holder saw lost before its own deadline: the authority ended them early.
+    #[serde(default)]
+    pub leases_ended_early: u64,
     /// Pairs of holders of one key whose observed windows overlapped (expected under pauses).
     pub overlapping_holders: u64,
     /// The longest such overlap: how long an old holder could still act after the next one got
@@ -114,20 +125,48 @@ impl fmt::Display for Figures {
             self.unknown_recovered,
             self.claims_refused_stale
         )?;
-        writeln!(f, "  acknowledged elements lost   {}", self.lost_acks)?;
-        writeln!(f, "  stale writes accepted        {}", self.stale_accepted)?;
+        // The lock's own evidence first: what an authority that hands a key to two holders at
+        // once cannot hide. The resource's figures follow; with fences they stay at zero even
+        // for such an authority, as long as its fences keep rising.
+        writeln!(f, "  the lock:")?;
         writeln!(
             f,
-            "  stale writes refused         {}",
+            "    fences reissued              {}",
+            self.fences_reissued
+        )?;
+        writeln!(
+            f,
+            "    valid windows overlapping    {}",
+            self.valid_overlaps
+        )?;
+        writeln!(
+            f,
+            "    leases ended early           {}",
+            self.leases_ended_early
+        )?;
+        writeln!(
+            f,
+            "    hand-offs during a pause     {}",
+            self.handoffs_during_pause
+        )?;
+        writeln!(f, "  the resource:")?;
+        writeln!(f, "    acknowledged elements lost   {}", self.lost_acks)?;
+        writeln!(f, "    elements read, then missing  {}", self.reads_lost)?;
+        writeln!(
+            f,
+            "    stale writes accepted        {}",
+            self.stale_accepted
+        )?;
+        writeln!(
+            f,
+            "    stale writes refused         {}",
             self.writes_refused_stale
         )?;
-        writeln!(f, "  fences reissued              {}", self.fences_reissued)?;
         writeln!(
             f,
-            "  overlapping holders          {} (longest stale window {:.1?}; valid windows overlapping {})",
+            "  overlapping holders          {} (longest stale window {:.1?})",
             self.overlapping_holders,
             Duration::from_nanos(self.longest_stale_window_ns),
-            self.valid_overlaps
         )?;
         writeln!(
             f,

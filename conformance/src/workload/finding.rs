@@ -18,6 +18,9 @@ pub enum Severity {
     /// Expected in the unfenced control: the nemesis doing its work. The control *fails* if it
     /// shows no lost acknowledgement.
     Control,
+    /// Worth knowing, never a verdict by itself: a lease the authority ended before its
+    /// holder's deadline, with nobody granted the key in the rest of that time.
+    Noted,
 }
 
 /// One thing the checker found.
@@ -130,6 +133,37 @@ pub enum FindingKind {
     /// The unfenced control lost no acknowledged write: the nemesis is too weak to show what
     /// the fence prevents.
     ControlLostNothing,
+    /// The authority ended a lease before its holder's own deadline (a renewal refused, a
+    /// session ended): the holder saw the loss that much early. Harmless if nobody was granted
+    /// the key before the deadline; if someone was, that is [`FindingKind::ExclusionBroken`]
+    /// too.
+    EndedEarly {
+        /// The holder and its fence.
+        holder: (WorkerId, u64),
+        /// How long before its deadline the loss was seen.
+        early_ns: Nanos,
+    },
+    /// An element a read returned was missing from a read that began after that one ended
+    /// (or from the final set): a lost update, whether or not its write was acknowledged and
+    /// even if the element came back later (Jepsen's set-full).
+    ReadLost {
+        /// The element.
+        element: u64,
+        /// Index of the first read that returned it.
+        first_read_at: usize,
+    },
+    /// The nemesis planned faults of this kind and none landed: the run proves nothing about
+    /// them.
+    FaultNeverLanded {
+        /// The kind.
+        kind: FaultKind,
+    },
+    /// A fenced run under worker pauses that never needed its fence: no stale write refused,
+    /// or no key handed on while its holder was paused. Its zero losses prove nothing.
+    GuardNotExercised {
+        /// What never happened.
+        missing: String,
+    },
 }
 
 impl FindingKind {
@@ -149,6 +183,10 @@ impl FindingKind {
             FindingKind::ExclusionBroken { .. } => "key granted while another lease was valid",
             FindingKind::KeyStuck { .. } => "key blocked with no holder",
             FindingKind::ControlLostNothing => "unfenced control lost nothing",
+            FindingKind::EndedEarly { .. } => "lease ended before its holder's deadline",
+            FindingKind::ReadLost { .. } => "element read, then missing",
+            FindingKind::FaultNeverLanded { .. } => "planned fault never landed",
+            FindingKind::GuardNotExercised { .. } => "fence never needed",
         }
     }
 }
@@ -248,6 +286,30 @@ impl fmt::Display for FindingKind {
             FindingKind::ControlLostNothing => write!(
                 f,
                 "the unfenced control lost no acknowledged element: the nemesis is too weak"
+            ),
+            FindingKind::EndedEarly { holder, early_ns } => write!(
+                f,
+                "worker {}'s lease (fence {}) was seen lost {:?} before its deadline",
+                holder.0,
+                holder.1,
+                std::time::Duration::from_nanos(*early_ns)
+            ),
+            FindingKind::ReadLost {
+                element,
+                first_read_at,
+            } => write!(
+                f,
+                "element {element}, read at line {}, is missing from a later read or the final set",
+                first_read_at + 1
+            ),
+            FindingKind::FaultNeverLanded { kind } => write!(
+                f,
+                "the nemesis planned {kind:?} faults and none landed: the run proves nothing \
+                 about them"
+            ),
+            FindingKind::GuardNotExercised { missing } => write!(
+                f,
+                "the fenced run never needed its fence ({missing}): its zero losses prove nothing"
             ),
         }
     }

@@ -2,9 +2,11 @@
 //!
 //! Waiting is the normal state of a contended key, and faults make it longer, so only a wait
 //! that nothing explains counts: acquires pending on a key while no lease on it was seen, no
-//! fault was in progress (or had ended less than a TTL before: a killed or paused holder's
-//! lease outlives the fault by up to its TTL), for longer than twice the longest TTL plus a
-//! second. A correct authority hands a key on within a TTL (plus its expiry slack) of the last
+//! fault touching the key was in progress (or had ended less than a TTL before: a killed or
+//! paused holder's lease outlives the fault by up to its TTL), for longer than twice the
+//! longest TTL plus a second. A server fault touches every key; a worker fault only the keys
+//! that worker held or was acquiring when it began, so the worker faults that come every
+//! second or two do not excuse the keys they never reached. A correct authority hands a key on within a TTL (plus its expiry slack) of the last
 //! holder vanishing; something that keeps a key booked with no holder, such as a cancelled
 //! attempt's grant kept alive by its client, does not.
 
@@ -44,20 +46,31 @@ pub fn stuck_keys(history: &History, windows: &[Window]) -> Vec<Stuck> {
         .unwrap_or(0);
     let bound = max_ttl.saturating_mul(2).saturating_add(SLACK_NS);
 
-    // Faults, each stretched by a TTL after its end; they excuse every key.
-    let mut fault_starts: HashMap<u64, Nanos> = HashMap::new();
-    let mut excused: Vec<(Nanos, Nanos)> = Vec::new();
+    // Faults, each stretched by a TTL after its end, with the keys they excuse (`None`: all).
+    let mut fault_starts: HashMap<u64, (Nanos, Option<Vec<&str>>)> = HashMap::new();
+    let mut excused: Vec<(Nanos, Nanos, Option<Vec<&str>>)> = Vec::new();
     // Acquires pending, per key: (invoke time, completion time, invoke index).
     let mut pending: BTreeMap<&str, Vec<(Nanos, Nanos, usize)>> = BTreeMap::new();
     let mut open: HashMap<(WorkerId, &str), (Nanos, usize)> = HashMap::new();
     for (i, e) in history.events().iter().enumerate() {
         match &e.what {
-            What::FaultStart { fault, .. } => {
-                fault_starts.insert(*fault, e.t);
+            What::FaultStart { fault, worker, .. } => {
+                let keys = worker.map(|victim| {
+                    let mut keys: Vec<&str> = windows
+                        .iter()
+                        .filter(|w| w.worker == victim && w.start <= e.t && e.t < w.end)
+                        .map(|w| w.key.as_str())
+                        .chain(open.keys().filter(|(w, _)| *w == victim).map(|(_, k)| *k))
+                        .collect();
+                    keys.sort_unstable();
+                    keys.dedup();
+                    keys
+                });
+                fault_starts.insert(*fault, (e.t, keys));
             }
             What::FaultEnd { fault, .. } => {
-                if let Some(start) = fault_starts.remove(fault) {
-                    excused.push((start, e.t.saturating_add(max_ttl)));
+                if let Some((start, keys)) = fault_starts.remove(fault) {
+                    excused.push((start, e.t.saturating_add(max_ttl), keys));
                 }
             }
             What::AcquireInvoke { worker, key, .. } => {
@@ -74,19 +87,28 @@ pub fn stuck_keys(history: &History, windows: &[Window]) -> Vec<Stuck> {
             _ => {}
         }
     }
-    excused.extend(fault_starts.into_values().map(|start| (start, span_end)));
+    excused.extend(
+        fault_starts
+            .into_values()
+            .map(|(start, keys)| (start, span_end, keys)),
+    );
     for ((_, key), (t, at)) in open {
         pending.entry(key).or_default().push((t, span_end, at));
     }
 
     let mut found = Vec::new();
     for (key, waits) in pending {
-        // What explains a wait on this key: its holders' windows and every fault.
+        // What explains a wait on this key: its holders' windows and the faults that touched it.
         let mut covered: Vec<(Nanos, Nanos)> = windows
             .iter()
             .filter(|w| w.key == key)
             .map(|w| (w.start, w.end))
-            .chain(excused.iter().copied())
+            .chain(
+                excused
+                    .iter()
+                    .filter(|(_, _, keys)| keys.as_ref().is_none_or(|ks| ks.contains(&key)))
+                    .map(|&(start, end, _)| (start, end)),
+            )
             .collect();
         covered.sort_unstable();
         let mut worst: Option<Stuck> = None;

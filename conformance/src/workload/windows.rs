@@ -5,6 +5,13 @@
 //! same worker on the same key. A window the history never closes ends at the lease's last
 //! known deadline (or at the end of the history, if no deadline was recorded).
 //!
+//! A loss does not close a window before its deadline. The worker learns of a loss through its
+//! lease's watcher, while its round may sit anywhere between `ensure_valid()` and the write it
+//! is about to send: until its own deadline it is entitled to act, so an authority that ends a
+//! lease early (a refused renewal, a session ended) and grants the key on before that deadline
+//! has broken exclusion, whatever the history logged in between. Such a window is marked
+//! [`Window::ended_early_ns`], its own finding.
+//!
 //! Two measures come from the same windows:
 //! * **observed** windows, as above: a holder paused past its TTL keeps its window open until it
 //!   wakes and sees the loss, so under pauses windows of successive holders overlap. That
@@ -58,6 +65,10 @@ pub struct Window {
     pub end_cause: WindowEnd,
     /// The end of the valid window: `end`, or the lease's last known deadline if earlier.
     pub valid_end: Nanos,
+    /// How long before the lease's own deadline the worker saw it lost (0 if it did not): the
+    /// authority ended the lease early.
+    #[serde(default)]
+    pub ended_early_ns: Nanos,
 }
 
 /// Two holders of one key whose windows overlapped.
@@ -99,6 +110,10 @@ pub fn windows(history: &History) -> Vec<Window> {
     let span_end = span(history).map_or(0, |(_, hi)| hi);
     let mut out: Vec<Window> = Vec::new();
     let mut open: HashMap<(WorkerId, String), Open> = HashMap::new();
+    // Windows closed by a loss seen before their deadline: still open until the deadline, unless
+    // the worker visibly stops acting first (its release starts, it is killed, or it is granted
+    // the key again, which it asks for only after its round ended).
+    let mut lost_early: HashMap<(WorkerId, String), usize> = HashMap::new();
 
     for (i, event) in history.events().iter().enumerate() {
         let t = event.t;
@@ -112,6 +127,9 @@ pub fn windows(history: &History) -> Vec<Window> {
                 if let Some(old) = open.remove(&(*worker, key.clone())) {
                     close(&mut out, old, t, WindowEnd::Replaced);
                 }
+                if let Some(w) = lost_early.remove(&(*worker, key.clone())) {
+                    cut(&mut out[w], t);
+                }
                 out.push(Window {
                     key: key.clone(),
                     worker: *worker,
@@ -121,6 +139,7 @@ pub fn windows(history: &History) -> Vec<Window> {
                     end: t,
                     end_cause: WindowEnd::HistoryEnd,
                     valid_end: t,
+                    ended_early_ns: 0,
                 });
                 open.insert(
                     (*worker, key.clone()),
@@ -149,14 +168,23 @@ pub fn windows(history: &History) -> Vec<Window> {
                 worker, key, fence, ..
             } => {
                 let k = (*worker, key.clone());
+                let lost = matches!(event.what, What::Lost { .. });
                 if open.get(&k).is_some_and(|o| out[o.window].fence == *fence) {
-                    let cause = if matches!(event.what, What::Lost { .. }) {
+                    let cause = if lost {
                         WindowEnd::Lost
                     } else {
                         WindowEnd::Released
                     };
                     if let Some(o) = open.remove(&k) {
+                        let window = o.window;
                         close(&mut out, o, t, cause);
+                        if out[window].ended_early_ns > 0 {
+                            lost_early.insert(k, window);
+                        }
+                    }
+                } else if !lost && lost_early.get(&k).is_some_and(|&w| out[w].fence == *fence) {
+                    if let Some(w) = lost_early.remove(&k) {
+                        cut(&mut out[w], t);
                     }
                 }
             }
@@ -169,6 +197,16 @@ pub fn windows(history: &History) -> Vec<Window> {
                 for k in hit {
                     if let Some(o) = open.remove(&k) {
                         close(&mut out, o, t, WindowEnd::Killed);
+                    }
+                }
+                let hit: Vec<_> = lost_early
+                    .keys()
+                    .filter(|(w, _)| w == victim)
+                    .cloned()
+                    .collect();
+                for k in hit {
+                    if let Some(w) = lost_early.remove(&k) {
+                        cut(&mut out[w], t);
                     }
                 }
             }
@@ -189,9 +227,28 @@ pub fn windows(history: &History) -> Vec<Window> {
 
 fn close(out: &mut [Window], o: Open, t: Nanos, cause: WindowEnd) {
     let w = &mut out[o.window];
-    w.end = t.max(w.start);
+    let t = t.max(w.start);
     w.end_cause = cause;
-    w.valid_end = o.deadline.map_or(w.end, |d| d.clamp(w.start, w.end));
+    match (cause, o.deadline) {
+        // The holder may still act until its deadline: the window stays open that long.
+        (WindowEnd::Lost, Some(d)) => {
+            let d = d.max(w.start);
+            w.ended_early_ns = d.saturating_sub(t);
+            w.end = t.max(d);
+            w.valid_end = d;
+        }
+        _ => {
+            w.end = t;
+            w.valid_end = o.deadline.map_or(w.end, |d| d.clamp(w.start, w.end));
+        }
+    }
+}
+
+/// Ends a window lost early at `t`, when its worker visibly stopped acting before its deadline.
+fn cut(w: &mut Window, t: Nanos) {
+    let t = t.max(w.start);
+    w.end = w.end.min(t);
+    w.valid_end = w.valid_end.min(t);
 }
 
 /// Every pair of windows on the same key that overlapped, by observed windows (`valid` false)

@@ -5,6 +5,7 @@
 //! workload and renders the report. It is a crate of its own because it needs every backend,
 //! and every backend's tests depend on `leasehold-conformance`.
 
+pub mod broken;
 pub mod deployment;
 pub mod forwarder;
 pub mod in_process;

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_conformance::workload::{check_recorded, History};
+use leasehold_workload::broken::IgnoresHolder;
 use leasehold_workload::deployment::Backend;
 use leasehold_workload::report::{render, ReportRun};
 use leasehold_workload::resource::PgSets;
@@ -26,7 +27,7 @@ const USAGE: &str = "usage:
   leasehold-workload run --backend etcd|zookeeper|postgres|redis [--nodes N] [--duration 60s]
       [--seed N] [--workers N] [--keys N] [--arms fenced,control] [--url AUTHORITY_URL]
       [--resource-url POSTGRES_URL] [--out DIR] [--pause-probability P] [--cancel-probability P]
-      [--fault-gap 1s..3s]
+      [--fault-gap 1s..3s] [--broken ignores-holder]
   leasehold-workload check HISTORY...
   leasehold-workload report --out DIR [--how TEXT] HISTORY...
 The runner starts the servers itself (Debian packages) unless --url / --resource-url name them.";
@@ -147,6 +148,9 @@ async fn run_command(args: &[String]) -> ExitCode {
             "--cancel-probability" => parse_probability(value)
                 .map(|p| options.cancel_probability = p)
                 .is_some(),
+            "--broken" => (value == "ignores-holder")
+                .then(|| options.ignores_holder = true)
+                .is_some(),
             "--fault-gap" => value
                 .split_once("..")
                 .and_then(|(lo, hi)| Some((parse_duration(lo)?, parse_duration(hi)?)))
@@ -212,6 +216,11 @@ async fn worker(config: WorkerConfig) -> Result<(), Box<dyn std::error::Error + 
             Err(e) if tokio::time::Instant::now() >= give_up => return Err(Box::new(e)),
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
+    };
+    let authority: Arc<dyn leasehold_core::Authority> = if config.ignores_holder {
+        Arc::new(IgnoresHolder::new(authority, std::process::id()))
+    } else {
+        authority
     };
     let resource = Arc::new(PgSets::connect(&config.resource_url, &config.run).await?);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -79,6 +79,8 @@ pub struct RunOptions {
     pub cancel_probability: f64,
     /// The gap between two nemesis faults, drawn uniformly from this range.
     pub fault_gap: (Duration, Duration),
+    /// Workers use [`crate::broken::IgnoresHolder`]: the run must fail on exclusion.
+    pub ignores_holder: bool,
 }
 
 impl RunOptions {
@@ -98,6 +100,7 @@ impl RunOptions {
             pause_probability: 0.2,
             cancel_probability: 0.1,
             fault_gap: (Duration::from_millis(1000), Duration::from_millis(3000)),
+            ignores_holder: false,
         }
     }
 }
@@ -421,6 +424,7 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                 cancel_within_ms: 30,
                 work_fraction: 0.2,
                 history: history.clone(),
+                ignores_holder: options.ignores_holder,
             };
             let spec = CommandSpec::new(
                 exe.clone(),
@@ -589,10 +593,15 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
             started,
             What::Run {
                 seed: options.seed,
-                backend: options.backend.name().to_string(),
+                backend: if options.ignores_holder {
+                    format!("{} wrapped to ignore the holder", options.backend.name())
+                } else {
+                    options.backend.name().to_string()
+                },
                 fenced: arm == Arm::Fenced,
                 failover_unsafe,
                 early_revocation,
+                planned_faults: kinds.clone(),
             },
         )]);
         for event in merged.events() {

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_conformance::workload::clock::{instant_ns, now_ns};
-use leasehold_conformance::workload::{Event, HistoryWriter, What, WorkerId};
+use leasehold_conformance::workload::{Event, FaultKind, HistoryWriter, What, WorkerId};
 use leasehold_core::{Authority, Error, Lease, LeaseOptions, LockKey, LostReason};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -62,6 +62,10 @@ pub struct WorkerConfig {
     pub work_fraction: f64,
     /// Where the worker appends its history.
     pub history: PathBuf,
+    /// Run against [`crate::broken::IgnoresHolder`] wrapped around the authority: the
+    /// workload's own check that a lock granting a key to everyone fails the run.
+    #[serde(default)]
+    pub ignores_holder: bool,
 }
 
 fn default_work() -> f64 {
@@ -487,13 +491,33 @@ impl Worker {
                 }
             }
             PauseBy::Freeze(freeze, d) => {
+                // Recorded as the nemesis records a process's pause, with ids of this worker's
+                // own that no nemesis fault uses.
+                let worker = self.config.worker;
+                let fault = FREEZE_FAULTS | (u64::from(worker) << 32) | self.elements.next;
+                let kind = FaultKind::PauseWorker;
+                self.log.record(What::FaultStart {
+                    fault,
+                    kind,
+                    worker: Some(worker),
+                    node: None,
+                });
                 freeze.send_replace(true);
                 tokio::time::sleep(*d).await;
                 freeze.send_replace(false);
+                self.log.record(What::FaultEnd {
+                    fault,
+                    kind,
+                    worker: Some(worker),
+                    node: None,
+                });
             }
         }
     }
 }
+
+/// The high bit of the fault ids a freezing worker gives its own pauses.
+const FREEZE_FAULTS: u64 = 1 << 63;
 
 /// An error and its sources on one line, for the history.
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use leasehold_conformance::memory::{MemoryConnector, MemoryFaults, Replication};
 use leasehold_conformance::mutants::{self, Mutant};
-use leasehold_conformance::workload::{check_recorded, RunVerdict, Status};
+use leasehold_conformance::workload::{check_recorded, RunVerdict, Severity, Status};
 use leasehold_conformance::Context;
 use leasehold_core::ClientOptions;
 use leasehold_memory::MemoryServer;
@@ -57,6 +57,39 @@ async fn the_reference_authority_passes_the_workload() {
     );
 }
 
+/// The finding each mutant's defect must produce: failing on something else (a stuck key for a
+/// broken exclusion, say) would not show that the check aimed at the defect works.
+fn expected_finding(mutant: Mutant) -> &'static str {
+    match mutant {
+        Mutant::FenceRestartsAfterRelease
+        | Mutant::FenceRestartsAfterIdle
+        | Mutant::LiesAboutFailoverSafety => "fence reissued",
+        Mutant::CancelledAttemptKeepsKey => "key blocked with no holder",
+        _ => "key granted while another lease was valid",
+    }
+}
+
+fn caught_as_expected(mutant: Mutant, verdict: &RunVerdict) -> bool {
+    verdict.status == Status::Failed
+        && verdict
+            .findings_of(Severity::Failure)
+            .any(|f| f.kind.label() == expected_finding(mutant))
+}
+
+/// An authority that grants a key to everyone at once while its fences keep rising: the
+/// resource refuses every older fence, so nothing acknowledged is lost and no stale write is
+/// accepted, and only the lock's own evidence can fail the run. It must.
+#[tokio::test(start_paused = true)]
+async fn a_lock_that_ignores_the_holder_fails_on_exclusion_though_nothing_is_lost() {
+    let mutant = Mutant::AcquireIgnoresHolder;
+    let context = mutants::context(mutant).await.unwrap();
+    let verdict = judge(&context, "ignores-holder-headline").await;
+    assert!(caught_as_expected(mutant, &verdict), "{verdict}");
+    assert!(verdict.figures.valid_overlaps > 0, "{verdict}");
+    assert_eq!(verdict.figures.lost_acks, 0, "{verdict}");
+    assert_eq!(verdict.figures.stale_accepted, 0, "{verdict}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn every_mutant_a_history_can_show_fails_the_workload() {
     let mut survivors = Vec::new();
@@ -72,11 +105,14 @@ async fn every_mutant_a_history_can_show_fails_the_workload() {
                     "not caught in this run"
                 }
             ),
-            None if verdict.status == Status::Failed => println!(
+            None if caught_as_expected(mutant, &verdict) => println!(
                 "mutant {mutant:<28} caught: {}",
                 verdict.reasons.first().map(String::as_str).unwrap_or("")
             ),
-            None => survivors.push(format!("{mutant}:\n{verdict}")),
+            None => survivors.push(format!(
+                "{mutant} (expected a failure for {:?}):\n{verdict}",
+                expected_finding(mutant)
+            )),
         }
     }
     assert!(

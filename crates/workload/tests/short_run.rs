@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 
-use leasehold_conformance::workload::{check_recorded, FaultKind, History, Status};
+use leasehold_conformance::workload::{check_recorded, FaultKind, History, Severity, Status};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -93,6 +93,7 @@ fn etcd_three_members() {
             FaultKind::KillMember,
             FaultKind::KillLeader,
             FaultKind::PauseLeader,
+            FaultKind::IsolateMember,
         ],
     );
 }
@@ -105,8 +106,45 @@ fn zookeeper_three_members() {
             FaultKind::KillMember,
             FaultKind::KillLeader,
             FaultKind::PauseLeader,
+            FaultKind::IsolateMember,
         ],
     );
+}
+
+/// Worker processes whose authority grants a key to every worker at once, fences rising: the
+/// resource loses nothing (it refuses every older fence), so the run must fail on the lock's
+/// own evidence, keys granted while another lease was valid.
+#[test]
+fn a_lock_that_ignores_the_holder_fails_the_run_though_nothing_is_lost() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("workload-ignores-holder");
+    let _ = std::fs::remove_dir_all(&out);
+    let output = Command::new(env!("CARGO_BIN_EXE_leasehold-workload"))
+        .args(["run", "--backend", "postgres", "--duration", "10s"])
+        .args(["--arms", "fenced", "--broken", "ignores-holder"])
+        .args(["--seed", &SEED.to_string(), "--fault-gap", "500ms..1500ms"])
+        .args(["--out", out.to_str().unwrap()])
+        .output()
+        .expect("the workload binary runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        !output.status.success(),
+        "a run on a lock that ignores its holder passed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let history = History::read_file(out.join("postgres-fenced.history.jsonl"))
+        .expect("the merged history reads back");
+    let verdict = check_recorded(&history).expect("the history has its run line");
+    assert_eq!(verdict.status, Status::Failed, "{verdict}");
+    assert!(
+        verdict
+            .findings_of(Severity::Failure)
+            .any(|f| f.kind.label() == "key granted while another lease was valid"),
+        "{verdict}"
+    );
+    assert!(verdict.figures.writes_acknowledged > 0, "{verdict}");
+    assert_eq!(verdict.figures.lost_acks, 0, "{verdict}");
+    assert_eq!(verdict.figures.stale_accepted, 0, "{verdict}");
 }
 
 #[test]
@@ -137,7 +175,7 @@ fn servers_given_by_url() {
             "--backend",
             "postgres",
             "--duration",
-            "8s",
+            "12s",
             "--arms",
             "fenced",
         ])

@@ -152,15 +152,24 @@ fn what() -> impl Strategy<Value = What> {
     let of = any::<Option<u64>>;
     let elements = || proptest::collection::vec(any::<u64>(), 0..5);
     prop_oneof![
-        (f(), text(), any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
-            |(seed, backend, fenced, u, early)| What::Run {
-                seed,
-                backend,
-                fenced,
-                failover_unsafe: u,
-                early_revocation: early,
-            }
-        ),
+        (
+            f(),
+            text(),
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+            proptest::collection::vec(fault_kind(), 0..3)
+        )
+            .prop_map(
+                |(seed, backend, fenced, u, early, planned_faults)| What::Run {
+                    seed,
+                    backend,
+                    fenced,
+                    failover_unsafe: u,
+                    early_revocation: early,
+                    planned_faults,
+                }
+            ),
         (w(), text(), f(), of()).prop_map(|(worker, key, ttl_ns, max_wait_ns)| {
             What::AcquireInvoke {
                 worker,

@@ -7,6 +7,7 @@ use crate::resource::check_history;
 use crate::Verdict;
 
 mod format;
+mod plan;
 
 /// Builds a history by hand: events at explicit times, with shorthands for the workload's
 /// steps.
@@ -30,6 +31,7 @@ impl Script {
                 fenced,
                 failover_unsafe,
                 early_revocation: false,
+                planned_faults: Vec::new(),
             },
         )
     }
@@ -202,6 +204,32 @@ impl Script {
                 node: None,
             },
         )
+    }
+
+    /// A server fault (no worker) from `t` to `end`.
+    fn server_fault(&mut self, t: Nanos, end: Nanos, fault: u64, kind: FaultKind) -> &mut Self {
+        for what in [
+            What::FaultStart {
+                fault,
+                kind,
+                worker: None,
+                node: Some("server".into()),
+            },
+            What::FaultEnd {
+                fault,
+                kind,
+                worker: None,
+                node: Some("server".into()),
+            },
+        ] {
+            let at = if matches!(what, What::FaultStart { .. }) {
+                t
+            } else {
+                end
+            };
+            self.at(at, what);
+        }
+        self
     }
 
     fn history(&self) -> History {
@@ -419,6 +447,7 @@ fn reissued_fence_is_found() {
     s.run(true, false)
         .acquire(100, 1, "k0", 5)
         .release(200, 1, "k0", 5)
+        .server_fault(250, 260, 1, FaultKind::PromoteReplica)
         .acquire(300, 2, "k0", 5)
         .release(400, 2, "k0", 5)
         .acquire(500, 3, "k0", 4)
@@ -444,7 +473,8 @@ fn reissued_fence_is_found() {
         ]
     );
 
-    // A backend that declares failover-unsafe fences shows the same as declared.
+    // A backend that declares failover-unsafe fences shows the same as declared: a promotion
+    // began between the grants.
     let declared = check(
         &h,
         &finals,
@@ -466,6 +496,7 @@ fn reissued_fence_is_found() {
         fenced: true,
         failover_unsafe: true,
         early_revocation: false,
+        planned_faults: Vec::new(),
     };
     let from_run = CheckOptions::from_history(&s2.history()).expect("a run line");
     assert_eq!(from_run, CheckOptions::fenced(FenceSafety::FailoverUnsafe));
@@ -492,6 +523,7 @@ fn lost_ack_through_a_declared_reissue_is_declared() {
     s.run(true, true)
         .acquire(100, 1, "k0", 3)
         .read(200, 1, "k0", 3, &[])
+        .server_fault(250, 260, 1, FaultKind::KillAuthority)
         .acquire(300, 2, "k0", 3)
         .read(400, 2, "k0", 3, &[])
         .write(500, 1, "k0", 3, 10)
@@ -585,6 +617,7 @@ fn a_key_granted_while_another_lease_is_valid_breaks_exclusion() {
         let mut s = Script::default();
         s.run(fenced, failover_unsafe)
             .acquire(100, 1, "k0", 1)
+            .server_fault(300, 310, 1, FaultKind::KillAuthority)
             .acquire(500, 2, "k0", 2)
             .read(600, 2, "k0", 2, &[])
             .write(700, 2, "k0", 2, 20)
@@ -684,6 +717,7 @@ fn a_declared_early_revocation_labels_broken_exclusion_but_not_stale_writes() {
                 fenced: true,
                 failover_unsafe: false,
                 early_revocation,
+                planned_faults: Vec::new(),
             };
             s.history()
         };
@@ -754,7 +788,7 @@ fn a_key_blocked_without_a_holder_is_stuck() {
 
     // The same waits while the authority was down are the fault's, not a stuck key.
     let mut excused = s.clone();
-    excused.fault(550, t, 9, FaultKind::KillAuthority, 0);
+    excused.server_fault(550, t, 9, FaultKind::KillAuthority);
     let v = check(&excused.history(), &FinalState::new(), &fenced());
     assert!(
         !v.findings
@@ -879,6 +913,7 @@ fn unfenced_control_without_losses_fails() {
         fenced: false,
         failover_unsafe: false,
         early_revocation: false,
+        planned_faults: Vec::new(),
     };
     let h = s.history();
     let options = CheckOptions::from_history(&h).expect("a run line");
