@@ -176,6 +176,8 @@ fn servers_given_by_url() {
             "postgres",
             "--duration",
             "12s",
+            "--pause-probability",
+            "0.4",
             "--arms",
             "fenced",
         ])

@@ -151,9 +151,12 @@ pub(crate) fn page(runs: &[Judged<'_>], tables: &Tables, plots: &[Plots], how: &
     }
     out.push_str(
         "<p>Every figure is the checker's (<code>leasehold_conformance::workload</code>), \
-         computed from each run's merged history. The promise under test: <strong>0 \
-         acknowledged writes lost and 0 stale writes accepted with fencing</strong>, while \
-         the unfenced control loses some.</p>\n",
+         computed from each run's merged history. The promises under test, the lock's first: \
+         <strong>no fence granted twice and no key granted while another holder's lease was \
+         valid</strong>; then, with fencing, <strong>0 acknowledged writes lost and 0 stale \
+         writes accepted</strong>, while the unfenced control loses some. The resource's zeros \
+         alone cannot catch a broken lock: it refuses every older fence, whoever granted \
+         it.</p>\n",
     );
     out.push_str("<h2>Figures per run</h2>\n");
     table(&mut out, &tables.headline);

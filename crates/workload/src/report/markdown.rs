@@ -70,9 +70,11 @@ pub(crate) fn page(runs: &[Judged<'_>], tables: &Tables, how: &str) -> String {
     }
     out.push_str(
         "Every figure below is the checker's (`leasehold_conformance::workload`), computed \
-         from each run's merged history. The promise under test: **0 acknowledged writes lost \
-         and 0 stale writes accepted with fencing**, while the unfenced control loses some. \
-         The timelines, fence plots and latency histograms are in `report.html` beside this \
+         from each run's merged history. The promises under test, the lock's first: **no fence \
+         granted twice and no key granted while another holder's lease was valid**; then, \
+         with fencing, **0 acknowledged writes lost and 0 stale writes accepted**, while the \
+         unfenced control loses some. The resource's zeros alone cannot catch a broken lock: \
+         it refuses every older fence, whoever granted it. The timelines, fence plots and latency histograms are in `report.html` beside this \
          file.\n\n",
     );
     out.push_str("## Figures per run\n\n");

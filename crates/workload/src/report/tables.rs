@@ -102,12 +102,16 @@ fn headline(runs: &[Judged<'_>], order: &[usize]) -> Table {
         "backend",
         "mode",
         "verdict",
+        "fences reissued",
+        "keys granted while a lease was valid",
+        "leases ended early",
+        "hand-offs during a pause",
         "writes acknowledged",
         "acknowledged lost",
+        "elements read, then missing",
         "stale writes accepted",
         "stale writes refused",
         "stale claims refused",
-        "fences reissued",
         "overlapping holders",
         "longest stale window",
         "availability",
@@ -134,13 +138,18 @@ fn headline(runs: &[Judged<'_>], order: &[usize]) -> Table {
             let figures = match &r.verdict {
                 Some(v) => {
                     let f = &v.figures;
+                    // The lock's evidence first; the resource's figures after it.
                     vec![
+                        f.fences_reissued.to_string(),
+                        f.valid_overlaps.to_string(),
+                        f.leases_ended_early.to_string(),
+                        f.handoffs_during_pause.to_string(),
                         f.writes_acknowledged.to_string(),
                         lost_of(f.lost_acks, f.writes_acknowledged),
+                        f.reads_lost.to_string(),
                         f.stale_accepted.to_string(),
                         f.writes_refused_stale.to_string(),
                         f.claims_refused_stale.to_string(),
-                        f.fences_reissued.to_string(),
                         f.overlapping_holders.to_string(),
                         duration(f.longest_stale_window_ns),
                         format!("{:.1}%", f.mean_availability() * 100.0),
@@ -148,7 +157,7 @@ fn headline(runs: &[Judged<'_>], order: &[usize]) -> Table {
                         p50_p99(&f.acquire_latency),
                     ]
                 }
-                None => vec![NONE.to_string(); 11],
+                None => vec![NONE.to_string(); 15],
             };
             first.into_iter().chain(figures).chain([seed]).collect()
         })
@@ -159,6 +168,8 @@ fn headline(runs: &[Judged<'_>], order: &[usize]) -> Table {
 #[derive(Clone, Copy, Debug, Default)]
 struct Sum {
     runs: u64,
+    reissued: u64,
+    overlaps: u64,
     acked: u64,
     lost: u64,
     stale: u64,
@@ -170,6 +181,8 @@ fn control(runs: &[Judged<'_>]) -> Table {
     let header = strings([
         "backend",
         "fenced runs",
+        "fenced: fences reissued",
+        "fenced: keys granted while a lease was valid",
         "fenced: acknowledged lost",
         "fenced: stale accepted",
         "control runs",
@@ -184,6 +197,8 @@ fn control(runs: &[Judged<'_>]) -> Table {
         let entry = by_backend.entry(backend).or_default();
         let sum = if v.fenced { &mut entry.0 } else { &mut entry.1 };
         sum.runs += 1;
+        sum.reissued += v.figures.fences_reissued;
+        sum.overlaps += v.figures.valid_overlaps;
         sum.acked += v.figures.writes_acknowledged;
         sum.lost += v.figures.lost_acks;
         sum.stale += v.figures.stale_accepted;
@@ -192,6 +207,11 @@ fn control(runs: &[Judged<'_>]) -> Table {
     let rows = by_backend
         .into_iter()
         .map(|(backend, (fenced, control))| {
+            let lock = if fenced.runs == 0 {
+                [NONE.to_string(), NONE.to_string()]
+            } else {
+                [fenced.reissued.to_string(), fenced.overlaps.to_string()]
+            };
             let cells = |s: Sum| {
                 if s.runs == 0 {
                     [0.to_string(), NONE.to_string(), NONE.to_string()]
@@ -212,6 +232,13 @@ fn control(runs: &[Judged<'_>]) -> Table {
                     lost_of(fenced.lost, fenced.acked),
                     lost_of(control.lost, control.acked)
                 ),
+                (true, true)
+                    if !fenced.declared && (fenced.reissued > 0 || fenced.overlaps > 0) =>
+                {
+                    "the lock failed: fences reissued or keys granted while a lease was valid; \
+                     see the verdicts"
+                        .to_string()
+                }
                 (true, true) if fenced.lost > 0 || fenced.stale > 0 => {
                     "the fenced runs lost or accepted stale writes: see the verdicts".to_string()
                 }
@@ -224,8 +251,11 @@ fn control(runs: &[Judged<'_>]) -> Table {
                     lost_of(control.lost, control.acked)
                 ),
             };
+            let [runs, lost, stale] = cells(fenced);
             std::iter::once(backend)
-                .chain(cells(fenced))
+                .chain([runs])
+                .chain(lock)
+                .chain([lost, stale])
                 .chain(cells(control))
                 .chain([shows])
                 .collect()

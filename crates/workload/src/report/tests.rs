@@ -208,14 +208,29 @@ fn readme_has_the_figures_row_and_the_control_comparison() {
     ];
     render(&runs, "Two hand-made histories.", dir.path()).expect("render");
     let md = read(dir.path(), "README.md");
+    // The lock's evidence comes before the resource's figures.
     assert!(
-        md.contains("| memory fenced | memory | fenced | pass | 2 | 0 of 2 | 0 | 1 | 0 | 0 | 1 |"),
+        md.contains(
+            "| run | backend | mode | verdict | fences reissued | keys granted while a lease was \
+             valid | leases ended early | hand-offs during a pause | writes acknowledged | \
+             acknowledged lost |"
+        ),
         "{md}"
     );
     assert!(
         md.contains(
-            "| memory control | memory | unfenced control | pass | 2 | 1 of 2 (50.0%) | 1 |"
+            "| memory fenced | memory | fenced | pass | 0 | 0 | 0 | 1 | 2 | 0 of 2 | 0 | 0 | 1 | 0 | 1 |"
         ),
+        "{md}"
+    );
+    assert!(
+        md.contains(
+            "| memory control | memory | unfenced control | pass | 0 | 0 | 0 | 1 | 2 | 1 of 2 (50.0%) | 0 | 1 |"
+        ),
+        "{md}"
+    );
+    assert!(
+        md.contains("| memory | 1 | 0 | 0 | 0 of 2 | 0 | 1 | 1 of 2 (50.0%) | 1 |"),
         "{md}"
     );
     assert!(
@@ -422,6 +437,8 @@ fn a_reissued_fence_is_declared_and_circled() {
         r#"{"t":1010000000,"event":"acquire_ok","worker":1,"key":"k0","fence":5}"#,
         r#"{"t":1020000000,"event":"release_invoke","worker":1,"key":"k0","fence":5}"#,
         r#"{"t":1030000000,"event":"release_ok","worker":1,"key":"k0","fence":5}"#,
+        r#"{"t":1031000000,"event":"fault_start","fault":1,"kind":"promote_replica","node":"redis-2"}"#,
+        r#"{"t":1032000000,"event":"fault_end","fault":1,"kind":"promote_replica","node":"redis-2"}"#,
         r#"{"t":1040000000,"event":"acquire_invoke","worker":2,"key":"k0","ttl_ns":500000000}"#,
         r#"{"t":1050000000,"event":"acquire_ok","worker":2,"key":"k0","fence":5}"#,
         r#"{"t":1060000000,"event":"release_invoke","worker":2,"key":"k0","fence":5}"#,
