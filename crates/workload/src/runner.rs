@@ -395,7 +395,7 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
     };
     let deployment = match &options.authority_url {
         Some(_) => None,
-        None => Some(Deployment::start_in(options.backend, options.nodes, &options.out).await?),
+        None => Some(Deployment::start(options.backend, options.nodes, &options.out).await?),
     };
     let url = match (&options.authority_url, &deployment) {
         (Some(url), _) => url.clone(),
@@ -558,8 +558,9 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                             .kill_worker_in_transaction(&mut workers, among, lock_file)
                             .await;
                         if !caught && arm.is_some() {
-                            // The first pass guarantees every kind: try again at the next gap.
-                            schedule.push((kind, arm));
+                            // The first pass guarantees every kind: try again after the rest
+                            // of it.
+                            schedule.insert(0, (kind, arm));
                         }
                     }
                     kind => {

@@ -190,14 +190,9 @@ fn wait_until(
 }
 
 impl Deployment {
-    /// Starts `backend` with `nodes` servers (clusters for etcd and ZooKeeper).
-    pub async fn start(backend: Backend, nodes: usize) -> Result<Arc<Deployment>, DeploymentError> {
-        Deployment::start_in(backend, nodes, &std::env::temp_dir()).await
-    }
-
-    /// Starts `backend` with `nodes` servers; a form that keeps its state in a file (SQLite)
-    /// keeps it in `dir`.
-    pub async fn start_in(
+    /// Starts `backend` with `nodes` servers (clusters for etcd and ZooKeeper); a form that
+    /// keeps its state in a file (SQLite) keeps it in `dir`, the run's directory.
+    pub async fn start(
         backend: Backend,
         nodes: usize,
         dir: &Path,
