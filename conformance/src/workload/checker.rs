@@ -455,7 +455,7 @@ impl Pass<'_> {
                     (FaultKind::PauseWorker, Some(w)) => {
                         self.paused.insert(*w);
                     }
-                    (FaultKind::KillWorker, Some(w)) => {
+                    (FaultKind::KillWorker | FaultKind::KillWorkerInTransaction, Some(w)) => {
                         for track in self.keys.values_mut() {
                             track.holders.remove(w);
                         }

@@ -73,6 +73,29 @@ pub enum FaultKind {
     /// safety margin (in-process runs): a client that counts its deadline from the reply
     /// instead of from its request then believes in a lease the authority already ended.
     SlowReplies,
+    /// The connection pooler in front of the authority (PgBouncer) killed and started again:
+    /// every client and server connection through it ends at once. Healed when the pooler
+    /// accepts logins again.
+    RestartPooler,
+    /// Redis Sentinel's own failover: the primary the sentinels name killed, the replica
+    /// promoted by the sentinels' vote; healed when the old primary is back as the new one's
+    /// replica and every sentinel names the new primary. Replication is asynchronous: fence
+    /// counters the replica had not received are lost.
+    SentinelFailover,
+    /// Every sentinel re-provisioned (`SENTINEL REMOVE` and `MONITOR` of the current primary,
+    /// what a redeploy without `sentinel.conf` amounts to): configuration epochs start from 0
+    /// again. Healed when the sentinels agree on the primary, know the replica and each other.
+    ReprovisionSentinels,
+    /// A Redis Cluster primary killed; its replica takes its slots over (asynchronous
+    /// replication: fence counters it had not received are lost). Healed when the killed node
+    /// is back, as a replica of its replacement.
+    KillPrimary,
+    /// The hash slot of one of the run's Redis Cluster keys moved to another primary (`CLUSTER
+    /// SETSLOT IMPORTING`/`MIGRATING`, `MIGRATE`, `SETSLOT NODE`) while clients use it.
+    MigrateSlot,
+    /// `SIGKILL` of a worker caught holding the SQLite write lock (inside a `BEGIN IMMEDIATE`
+    /// transaction); healed when its replacement process starts.
+    KillWorkerInTransaction,
 }
 
 /// What happened. Each worker operation is an `*_invoke` followed by exactly one completion,
@@ -357,6 +380,8 @@ impl FaultKind {
                 | FaultKind::PromoteReplica
                 | FaultKind::KillMember
                 | FaultKind::KillLeader
+                | FaultKind::SentinelFailover
+                | FaultKind::KillPrimary
         )
     }
 }

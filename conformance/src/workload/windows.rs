@@ -189,7 +189,7 @@ pub fn windows(history: &History) -> Vec<Window> {
                 }
             }
             What::FaultStart {
-                kind: FaultKind::KillWorker,
+                kind: FaultKind::KillWorker | FaultKind::KillWorkerInTransaction,
                 worker: Some(victim),
                 ..
             } => {

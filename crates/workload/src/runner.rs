@@ -124,6 +124,8 @@ struct WorkerProc {
     paused: Option<(u64, Instant)>,
     /// Killed: the fault's id and when to start its replacement.
     killed: Option<(u64, Instant)>,
+    /// The kind of the last kill, which its end repeats.
+    killed_by: FaultKind,
 }
 
 struct Nemesis {
@@ -199,7 +201,7 @@ impl Nemesis {
                     let process = w.process.clone();
                     match tokio::task::spawn_blocking(move || process.respawn()).await {
                         Ok(Ok(())) => {
-                            self.end(fault, FaultKind::KillWorker, Some(w.id), None);
+                            self.end(fault, w.killed_by, Some(w.id), None);
                             w.killed = None;
                         }
                         Ok(Err(e)) => eprintln!("nemesis: cannot restart worker {}: {e}", w.id),
@@ -236,10 +238,56 @@ impl Nemesis {
         let Some(&i) = idle.choose(&mut self.rng) else {
             return;
         };
+        self.kill_chosen(&mut workers[i], FaultKind::KillWorker, None);
+    }
+
+    /// A kill that lands inside a write transaction: a worker caught holding the write lock
+    /// of `lock_file` (see [`crate::deployment::sqlite::catch_writer`]), killed while stopped
+    /// there. Returns whether one was: none may be inside a transaction for the 2 s it tries.
+    async fn kill_worker_in_transaction(
+        &mut self,
+        workers: &mut [WorkerProc],
+        among: Option<&[WorkerId]>,
+        lock_file: Option<PathBuf>,
+    ) -> bool {
+        let Some(lock_file) = lock_file else {
+            return false;
+        };
+        let idle: Vec<usize> = (0..workers.len())
+            .filter(|&i| among.is_none_or(|ids| ids.contains(&workers[i].id)))
+            .filter(|&i| workers[i].paused.is_none() && workers[i].killed.is_none())
+            .collect();
+        let candidates: Vec<Arc<ManagedProcess>> =
+            idle.iter().map(|&i| workers[i].process.clone()).collect();
+        let caught = tokio::task::spawn_blocking(move || {
+            crate::deployment::sqlite::catch_writer(&lock_file, &candidates, Duration::from_secs(2))
+        })
+        .await;
+        match caught {
+            Ok(Some((c, seen))) => {
+                self.kill_chosen(
+                    &mut workers[idle[c]],
+                    FaultKind::KillWorkerInTransaction,
+                    Some(seen),
+                );
+                true
+            }
+            Ok(None) => {
+                eprintln!("nemesis: no worker was caught inside a transaction in 2 s");
+                false
+            }
+            Err(e) => {
+                eprintln!("nemesis: catching a worker inside a transaction: {e}");
+                false
+            }
+        }
+    }
+
+    fn kill_chosen(&mut self, w: &mut WorkerProc, kind: FaultKind, node: Option<String>) {
         let restart_in = Duration::from_millis(self.rng.random_range(200..=1000));
-        let w = &mut workers[i];
         let fault = self.fault_id();
-        self.start(fault, FaultKind::KillWorker, Some(w.id), None);
+        self.start(fault, kind, Some(w.id), node);
+        w.killed_by = kind;
         if let Err(e) = w.process.kill() {
             eprintln!("nemesis: cannot kill worker {}: {e}", w.id);
         }
@@ -350,7 +398,7 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
     };
     let deployment = match &options.authority_url {
         Some(_) => None,
-        None => Some(Deployment::start(options.backend, options.nodes).await?),
+        None => Some(Deployment::start(options.backend, options.nodes, &options.out).await?),
     };
     let url = match (&options.authority_url, &deployment) {
         (Some(url), _) => url.clone(),
@@ -440,6 +488,7 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                 process: Arc::new(process),
                 paused: None,
                 killed: None,
+                killed_by: FaultKind::KillWorker,
             });
             ids.push(id);
             files.push(history);
@@ -458,7 +507,7 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
     let mut schedule: Vec<(FaultKind, Option<usize>)> = Vec::new();
     for &kind in &kinds {
         match kind {
-            FaultKind::PauseWorker | FaultKind::KillWorker => {
+            FaultKind::PauseWorker | FaultKind::KillWorker | FaultKind::KillWorkerInTransaction => {
                 schedule.extend((0..arm_workers.len()).map(|arm| (kind, Some(arm))))
             }
             kind => schedule.push((kind, None)),
@@ -497,13 +546,27 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                 }
             });
             let among = arm.map(|a| arm_workers[a].2.as_slice());
-            let worker_fault = matches!(kind, FaultKind::PauseWorker | FaultKind::KillWorker);
+            let worker_fault = matches!(
+                kind,
+                FaultKind::PauseWorker | FaultKind::KillWorker | FaultKind::KillWorkerInTransaction
+            );
             // A server fault waits for the one in progress to heal; worker faults go on.
             if worker_fault || !server_busy {
                 schedule.pop();
                 match kind {
                     FaultKind::PauseWorker => nemesis.pause_worker(&mut workers, among),
                     FaultKind::KillWorker => nemesis.kill_worker(&mut workers, among),
+                    FaultKind::KillWorkerInTransaction => {
+                        let lock_file = deployment.as_ref().and_then(|d| d.write_lock_file());
+                        let caught = nemesis
+                            .kill_worker_in_transaction(&mut workers, among, lock_file)
+                            .await;
+                        if !caught && arm.is_some() {
+                            // The first pass guarantees every kind: try again after the rest
+                            // of it.
+                            schedule.insert(0, (kind, arm));
+                        }
+                    }
                     kind => {
                         if let Some(d) = &deployment {
                             let hold = gap(&mut nemesis.rng);

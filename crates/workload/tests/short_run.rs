@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 
-use leasehold_conformance::workload::{check_recorded, FaultKind, History, Severity, Status};
+use leasehold_conformance::workload::{check_recorded, FaultKind, History, Severity, Status, What};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -19,6 +19,11 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 const SEED: u64 = 11;
 
 fn short_run(backend: &str, server_faults: &[FaultKind]) {
+    short_run_for(backend, "30s", server_faults);
+}
+
+/// A short run of `duration` on `backend`; returns the directory of its histories.
+fn short_run_for(backend: &str, duration: &str, server_faults: &[FaultKind]) -> PathBuf {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("workload-{backend}"));
     let _ = std::fs::remove_dir_all(&out);
@@ -27,7 +32,7 @@ fn short_run(backend: &str, server_faults: &[FaultKind]) {
         "--backend",
         backend,
         "--duration",
-        "30s",
+        duration,
         "--seed",
         &SEED.to_string(),
         "--fault-gap",
@@ -83,6 +88,7 @@ fn short_run(backend: &str, server_faults: &[FaultKind]) {
             );
         }
     }
+    out
 }
 
 #[test]
@@ -201,4 +207,65 @@ fn servers_given_by_url() {
         "servers someone else runs are not faulted: {kinds:?}"
     );
     assert!(!out.join("control-worker-4.jsonl").exists());
+}
+
+/// PostgreSQL through PgBouncer in transaction mode (`pooler=transaction`): the pooler
+/// restarted, and PostgreSQL killed underneath it.
+#[test]
+fn postgres_behind_pgbouncer() {
+    short_run_for(
+        "postgres-pgbouncer",
+        "20s",
+        &[FaultKind::KillAuthority, FaultKind::RestartPooler],
+    );
+}
+
+/// Redis under Sentinel: the sentinels' own failover, and the sentinels re-provisioned.
+#[test]
+fn redis_sentinel() {
+    short_run_for(
+        "redis-sentinel",
+        "20s",
+        &[FaultKind::SentinelFailover, FaultKind::ReprovisionSentinels],
+    );
+}
+
+/// Redis Cluster: a primary killed (its replica takes over), a slot of the run moved.
+#[test]
+fn redis_cluster() {
+    short_run_for(
+        "redis-cluster",
+        "20s",
+        &[FaultKind::KillPrimary, FaultKind::MigrateSlot],
+    );
+}
+
+/// SQLite, worker processes on one file: holders paused past their TTL, workers killed, and
+/// workers killed while stopped holding the write lock, which the history says.
+#[test]
+fn sqlite_one_file() {
+    let out = short_run_for("sqlite", "20s", &[FaultKind::KillWorkerInTransaction]);
+    for arm in ["fenced", "control"] {
+        let history = History::read_file(out.join(format!("sqlite-{arm}.history.jsonl")))
+            .expect("the merged history reads back");
+        let inside: Vec<&String> = history
+            .events()
+            .iter()
+            .filter_map(|e| match &e.what {
+                What::FaultStart {
+                    kind: FaultKind::KillWorkerInTransaction,
+                    node,
+                    ..
+                } => node.as_ref(),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            !inside.is_empty()
+                && inside
+                    .iter()
+                    .all(|n| n.contains("stopped holding the SQLite write lock")),
+            "{arm}: every kill in a transaction says it caught the write lock: {inside:?}"
+        );
+    }
 }

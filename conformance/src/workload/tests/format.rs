@@ -143,6 +143,12 @@ fn fault_kind() -> impl Strategy<Value = FaultKind> {
         Just(FaultKind::PauseLeader),
         Just(FaultKind::PromoteReplica),
         Just(FaultKind::SlowReplies),
+        Just(FaultKind::RestartPooler),
+        Just(FaultKind::SentinelFailover),
+        Just(FaultKind::ReprovisionSentinels),
+        Just(FaultKind::KillPrimary),
+        Just(FaultKind::MigrateSlot),
+        Just(FaultKind::KillWorkerInTransaction),
     ]
 }
 
@@ -334,5 +340,26 @@ proptest! {
             let verdict = check(&history, &finals, &options);
             let _ = verdict.to_string();
         }
+    }
+}
+
+/// The deployment forms' fault kinds as the history spells them.
+#[test]
+fn form_fault_kinds_are_snake_case() {
+    for (kind, name) in [
+        (FaultKind::RestartPooler, "restart_pooler"),
+        (FaultKind::SentinelFailover, "sentinel_failover"),
+        (FaultKind::ReprovisionSentinels, "reprovision_sentinels"),
+        (FaultKind::KillPrimary, "kill_primary"),
+        (FaultKind::MigrateSlot, "migrate_slot"),
+        (
+            FaultKind::KillWorkerInTransaction,
+            "kill_worker_in_transaction",
+        ),
+    ] {
+        assert_eq!(
+            serde_json::to_string(&kind).expect("a kind serializes"),
+            format!("\"{name}\"")
+        );
     }
 }

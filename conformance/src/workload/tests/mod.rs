@@ -812,6 +812,17 @@ fn killed_holder_window_ends_at_the_kill() {
 }
 
 #[test]
+fn holder_killed_inside_a_transaction_window_ends_at_the_kill() {
+    let mut s = Script::default();
+    s.run(true, false)
+        .acquire(100, 1, "k0", 1)
+        .fault(500, 600, 1, FaultKind::KillWorkerInTransaction, 1)
+        .acquire(1_200, 2, "k0", 2);
+    let ws = windows::windows(&s.history());
+    assert_eq!((ws[0].end, ws[0].end_cause), (500, WindowEnd::Killed));
+}
+
+#[test]
 fn integrity_findings_fail_the_run() {
     let mut s = Script::default();
     s.run(true, false)

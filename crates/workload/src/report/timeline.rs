@@ -184,7 +184,7 @@ pub(crate) fn layers(history: &History, span: &Span, px: f64) -> Layers {
             (FaultKind::PauseWorker, Some(&y)) => {
                 paused.entry(row_key(y)).or_default().push((start, end))
             }
-            (FaultKind::KillWorker, Some(&y)) => {
+            (FaultKind::KillWorker | FaultKind::KillWorkerInTransaction, Some(&y)) => {
                 killed.entry(row_key(y)).or_default().push((start, end))
             }
             (kind, _) => out.server.push((kind, start, end.max(start + px))),

@@ -1,0 +1,186 @@
+//! Redis under Sentinel: a primary, a replica and three sentinels (quorum 2) that promote the
+//! replica when the primary stops answering; clients find the primary through the sentinels
+//! (`redis+sentinel://`). Two faults: the sentinels' own failover (the primary they name is
+//! killed), and the sentinels re-provisioned, which numbers the primary's configuration from
+//! epoch 0 again.
+
+use std::time::Duration;
+
+use leasehold_conformance::workload::FaultKind;
+use leasehold_servers::{RedisSentinel, RedisServer, SentinelDeployment};
+
+use super::{blocking, boxed, not_a_fault_of, wait_until, DeploymentError, Form, Heal, Injected};
+
+/// How long the sentinels may take to find each other and the replica again.
+const AGREE_WITHIN: Duration = Duration::from_secs(30);
+
+/// A Sentinel deployment.
+pub(super) struct Sentinel {
+    deployment: SentinelDeployment,
+}
+
+impl Sentinel {
+    pub(super) async fn start() -> Result<Sentinel, DeploymentError> {
+        let deployment = blocking(|| SentinelDeployment::start().map_err(boxed)).await?;
+        Ok(Sentinel { deployment })
+    }
+
+    fn server(&self, i: usize) -> &RedisServer {
+        self.deployment.servers()[i]
+    }
+
+    /// The index of the data server the sentinels name as the primary.
+    fn primary(&self) -> Result<usize, DeploymentError> {
+        let port = self.deployment.named_primary_port().map_err(boxed)?;
+        (0..2)
+            .find(|&i| self.server(i).port() == port)
+            .ok_or_else(|| format!("the sentinels name an unknown port {port}").into())
+    }
+
+    /// Whether `sentinel` lists the server on `port` as a replica that is up and linked.
+    fn knows_replica(sentinel: &RedisSentinel, master: &str, port: u16) -> bool {
+        let Ok(answer) = sentinel.command(&["SENTINEL", "replicas", master]) else {
+            return false;
+        };
+        let name = format!("127.0.0.1:{port}");
+        let lines: Vec<&str> = answer.lines().collect();
+        let mut current = false;
+        let (mut flags_ok, mut link_ok) = (false, false);
+        for pair in lines.chunks(2) {
+            let [field, value] = pair else { break };
+            match *field {
+                "name" => current = *value == name,
+                "flags" if current => flags_ok = *value == "slave",
+                "master-link-status" if current => link_ok = *value == "ok",
+                _ => {}
+            }
+        }
+        flags_ok && link_ok
+    }
+
+    /// Every sentinel names `primary`, knows the other sentinels and `replica` (up and linked),
+    /// and could authorize a failover.
+    fn agreed(&self, primary: usize) -> Result<bool, DeploymentError> {
+        let master = self.deployment.master_name();
+        let sentinels = self.deployment.sentinels();
+        let replica = self.server(1 - primary).port();
+        for sentinel in sentinels {
+            if sentinel.primary_port(master).map_err(boxed)? != self.server(primary).port() {
+                return Ok(false);
+            }
+            let quorum = sentinel
+                .command(&["SENTINEL", "CKQUORUM", master])
+                .unwrap_or_default();
+            if !quorum.starts_with("OK") {
+                return Ok(false);
+            }
+            let known = sentinel
+                .command(&["SENTINEL", "sentinels", master])
+                .map_err(boxed)?;
+            if known.lines().filter(|l| *l == "runid").count() + 1 < sentinels.len() {
+                return Ok(false);
+            }
+            if !Sentinel::knows_replica(sentinel, master, replica) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn sentinels_name(&self) -> String {
+        let ports: Vec<String> = self
+            .deployment
+            .sentinels()
+            .iter()
+            .map(|s| s.port().to_string())
+            .collect();
+        format!("sentinels 127.0.0.1:{}", ports.join(","))
+    }
+}
+
+impl Form for Sentinel {
+    fn url(&self) -> String {
+        format!("{}?timeout_ms=1000", self.deployment.url())
+    }
+
+    fn faults(&self) -> Vec<FaultKind> {
+        vec![FaultKind::SentinelFailover, FaultKind::ReprovisionSentinels]
+    }
+
+    fn inject(&self, kind: FaultKind, _pick: usize) -> Result<Injected, DeploymentError> {
+        match kind {
+            FaultKind::SentinelFailover => {
+                let i = self.primary()?;
+                self.server(i).kill().map_err(boxed)?;
+                Ok(Injected {
+                    node: Some(format!(
+                        "redis 127.0.0.1:{} (primary)",
+                        self.server(i).port()
+                    )),
+                    heal: Heal::AfterFailover(i),
+                })
+            }
+            FaultKind::ReprovisionSentinels => {
+                let options = self.deployment.options();
+                let master = self.deployment.master_name();
+                let primary = self.server(self.primary()?).port().to_string();
+                let quorum = options.quorum.to_string();
+                let down = options.down_after.as_millis().max(1).to_string();
+                let failover = options.failover_timeout.as_millis().max(1).to_string();
+                for sentinel in self.deployment.sentinels() {
+                    for args in [
+                        vec!["SENTINEL", "REMOVE", master],
+                        vec![
+                            "SENTINEL",
+                            "MONITOR",
+                            master,
+                            "127.0.0.1",
+                            &primary,
+                            &quorum,
+                        ],
+                        vec!["SENTINEL", "SET", master, "down-after-milliseconds", &down],
+                        vec!["SENTINEL", "SET", master, "failover-timeout", &failover],
+                    ] {
+                        sentinel.command(&args).map_err(boxed)?;
+                    }
+                }
+                Ok(Injected {
+                    node: Some(self.sentinels_name()),
+                    heal: Heal::Reprovisioned,
+                })
+            }
+            other => Err(not_a_fault_of(other, "Redis under Sentinel")),
+        }
+    }
+
+    fn heal(&self, heal: Heal) -> Result<(), DeploymentError> {
+        match heal {
+            Heal::AfterFailover(killed) => {
+                let promoted = self.server(1 - killed);
+                self.deployment
+                    .wait_for_primary(promoted, self.deployment.failover_bound())
+                    .map_err(boxed)?;
+                // Back empty, as a crashed Redis without persistence comes back; made the
+                // replica of the new primary at once, which is what the sentinels would tell
+                // it once they see it again.
+                let old = self.server(killed);
+                old.restart().map_err(boxed)?;
+                let port = promoted.port().to_string();
+                old.command(&["REPLICAOF", "127.0.0.1", &port])
+                    .map_err(boxed)?;
+                wait_until(
+                    "the old primary is back as the new primary's replica and every sentinel \
+                     agrees",
+                    AGREE_WITHIN,
+                    || self.agreed(1 - killed),
+                )
+            }
+            Heal::Reprovisioned => wait_until(
+                "the re-provisioned sentinels agree on the primary, the replica and each other",
+                AGREE_WITHIN,
+                || self.agreed(self.primary()?),
+            ),
+            other => Err(format!("{other:?} does not heal Redis under Sentinel").into()),
+        }
+    }
+}
