@@ -245,8 +245,9 @@ impl Pass<'_> {
         self.history.events().iter().any(|e| {
             matches!(
                 e.what,
+                // A hand-off leader change may be a pause too: the same stall.
                 What::FaultEnd {
-                    kind: FaultKind::PauseLeader,
+                    kind: FaultKind::PauseLeader | FaultKind::HandoffLeaderChange,
                     ..
                 }
             ) && (older.start..=o.from).contains(&e.t)

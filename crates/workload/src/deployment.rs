@@ -207,6 +207,7 @@ impl Deployment {
                 FaultKind::KillLeader,
                 FaultKind::PauseLeader,
                 FaultKind::IsolateMember,
+                FaultKind::HandoffLeaderChange,
             ],
             Servers::Redis(_) => vec![FaultKind::KillAuthority, FaultKind::PromoteReplica],
         }
@@ -349,6 +350,37 @@ impl Deployment {
             }
             other => Err(format!("{other:?} is not a fault of {}", self.backend.name()).into()),
         }
+    }
+
+    /// The cluster's leader (0 for a single server), asked off the runtime.
+    pub async fn leader_member(self: &Arc<Self>) -> Result<usize, DeploymentError> {
+        let me = self.clone();
+        blocking(move || me.leader()).await
+    }
+
+    /// Kills or pauses member `i` at once, without asking who leads: for a fault that must land
+    /// within milliseconds of a moment, where that question takes a round trip per member.
+    pub async fn strike(
+        self: &Arc<Self>,
+        i: usize,
+        pause: bool,
+    ) -> Result<Injected, DeploymentError> {
+        let me = self.clone();
+        blocking(move || {
+            let heal = if pause {
+                me.pause(i, true)?;
+                Heal::Resume(i)
+            } else {
+                me.kill(i)?;
+                Heal::Restart(i)
+            };
+            let how = if pause { "paused" } else { "killed" };
+            Ok(Injected {
+                node: Some(format!("{} ({how})", me.node_name(i))),
+                heal,
+            })
+        })
+        .await
     }
 
     /// Heals a fault and waits until the servers it hit serve again.

@@ -214,6 +214,7 @@ pub async fn run_in_process(
             // Long enough that leases are renewed (through slow replies too) before a pause.
             work_fraction: 0.8,
             history: path.clone(),
+            handoff_armed: None,
         };
         let freeze = Arc::new(freeze);
         let pause = PauseBy::Freeze(freeze.clone(), Duration::from_millis(ttl_max * 2));
@@ -287,6 +288,9 @@ pub async fn run_in_process(
             fenced: true,
             failover_unsafe: capabilities.fence_safety == FenceSafety::FailoverUnsafe,
             early_revocation: capabilities.exclusion.can_end_early(),
+            commit: None,
+            versions: Default::default(),
+            command: None,
         },
     )]);
     for event in merged.events() {

@@ -27,6 +27,7 @@ use tokio::time::Instant;
 use crate::deployment::{Backend, Deployment};
 use crate::resource::{PgSets, SetResource};
 use crate::worker::{Log, WorkerConfig};
+use crate::{handoff, provenance};
 
 /// Errors of a run (not findings: those are in the verdict).
 pub type RunError = Box<dyn std::error::Error + Send + Sync>;
@@ -372,6 +373,19 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
     drop(probe);
 
     PgSets::create(&resource_url, "setup").await?;
+    let (commit, versions, command) = {
+        let options = options.clone();
+        tokio::task::spawn_blocking(move || {
+            let versions = provenance::versions(&options);
+            (
+                provenance::commit(),
+                versions,
+                provenance::command(&options),
+            )
+        })
+        .await?
+    };
+    let trigger = handoff::Trigger::in_dir(&options.out);
     let started = now_ns();
     let exe = std::env::current_exe()?;
     let nemesis_path = options.out.join("nemesis.jsonl");
@@ -421,6 +435,7 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                 cancel_within_ms: 30,
                 work_fraction: 0.2,
                 history: history.clone(),
+                handoff_armed: Some(trigger.armed_path().to_path_buf()),
             };
             let spec = CommandSpec::new(
                 exe.clone(),
@@ -504,14 +519,27 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                         if let Some(d) = &deployment {
                             let hold = gap(&mut nemesis.rng);
                             let seed = nemesis.rng.random();
-                            server_fault = Some(tokio::spawn(server_fault_task(
-                                d.clone(),
-                                kind,
-                                hold,
-                                seed,
-                                nemesis.log.clone(),
-                                nemesis.fault_id(),
-                            )));
+                            let (log, id) = (nemesis.log.clone(), nemesis.fault_id());
+                            server_fault = Some(if kind == FaultKind::HandoffLeaderChange {
+                                let trigger = trigger.clone();
+                                tokio::spawn(handoff::fault(
+                                    d.clone(),
+                                    trigger,
+                                    hold,
+                                    seed,
+                                    log,
+                                    id,
+                                ))
+                            } else {
+                                tokio::spawn(server_fault_task(
+                                    d.clone(),
+                                    kind,
+                                    hold,
+                                    seed,
+                                    log,
+                                    id,
+                                ))
+                            });
                         }
                     }
                 }
@@ -593,6 +621,9 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                 fenced: arm == Arm::Fenced,
                 failover_unsafe,
                 early_revocation,
+                commit: Some(commit.clone()),
+                versions: versions.clone(),
+                command: Some(command.clone()),
             },
         )]);
         for event in merged.events() {
@@ -636,9 +667,9 @@ fn arm_files_to_remove(out: &Path) -> Vec<PathBuf> {
         .map(|dir| {
             dir.filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.contains("-worker-") || n == "nemesis.jsonl")
+                    p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                        n.contains("-worker-") || n == "nemesis.jsonl" || n.starts_with("handoff-")
+                    })
                 })
                 .collect()
         })

@@ -143,6 +143,7 @@ fn fault_kind() -> impl Strategy<Value = FaultKind> {
         Just(FaultKind::PauseLeader),
         Just(FaultKind::PromoteReplica),
         Just(FaultKind::SlowReplies),
+        Just(FaultKind::HandoffLeaderChange),
     ]
 }
 
@@ -152,15 +153,26 @@ fn what() -> impl Strategy<Value = What> {
     let of = any::<Option<u64>>;
     let elements = || proptest::collection::vec(any::<u64>(), 0..5);
     prop_oneof![
-        (f(), text(), any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
-            |(seed, backend, fenced, u, early)| What::Run {
-                seed,
-                backend,
-                fenced,
-                failover_unsafe: u,
-                early_revocation: early,
-            }
-        ),
+        (
+            (f(), text(), any::<bool>(), any::<bool>(), any::<bool>()),
+            (
+                proptest::option::of(text()),
+                proptest::collection::btree_map(text(), text(), 0..3),
+                proptest::option::of(text()),
+            )
+        )
+            .prop_map(
+                |((seed, backend, fenced, u, early), (commit, versions, command))| What::Run {
+                    seed,
+                    backend,
+                    fenced,
+                    failover_unsafe: u,
+                    early_revocation: early,
+                    commit,
+                    versions,
+                    command,
+                }
+            ),
         (w(), text(), f(), of()).prop_map(|(worker, key, ttl_ns, max_wait_ns)| {
             What::AcquireInvoke {
                 worker,

@@ -30,6 +30,9 @@ impl Script {
                 fenced,
                 failover_unsafe,
                 early_revocation: false,
+                commit: None,
+                versions: Default::default(),
+                command: None,
             },
         )
     }
@@ -466,6 +469,9 @@ fn reissued_fence_is_found() {
         fenced: true,
         failover_unsafe: true,
         early_revocation: false,
+        commit: None,
+        versions: Default::default(),
+        command: None,
     };
     let from_run = CheckOptions::from_history(&s2.history()).expect("a run line");
     assert_eq!(from_run, CheckOptions::fenced(FenceSafety::FailoverUnsafe));
@@ -684,6 +690,9 @@ fn a_declared_early_revocation_labels_broken_exclusion_but_not_stale_writes() {
                 fenced: true,
                 failover_unsafe: false,
                 early_revocation,
+                commit: None,
+                versions: Default::default(),
+                command: None,
             };
             s.history()
         };
@@ -879,6 +888,9 @@ fn unfenced_control_without_losses_fails() {
         fenced: false,
         failover_unsafe: false,
         early_revocation: false,
+        commit: None,
+        versions: Default::default(),
+        command: None,
     };
     let h = s.history();
     let options = CheckOptions::from_history(&h).expect("a run line");
