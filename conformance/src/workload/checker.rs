@@ -279,13 +279,22 @@ impl Pass<'_> {
             return false;
         };
         self.history.events().iter().any(|e| {
-            matches!(
-                e.what,
+            let stalled = match &e.what {
                 What::FaultEnd {
                     kind: FaultKind::PauseLeader,
                     ..
-                }
-            ) && (older.start..=o.from).contains(&e.t)
+                } => true,
+                // A hand-off leader change that paused its leader is the same stall; one that
+                // killed it is not (a restarted member comes back a follower).
+                What::FaultEnd {
+                    kind: FaultKind::HandoffLeaderChange,
+                    node,
+                    ..
+                } => node.as_deref().is_some_and(|n| n.ends_with("(paused)")),
+                _ => false,
+            };
+            stalled
+                && (older.start..=o.from).contains(&e.t)
                 && o.from - e.t <= STALL_REVOCATION_WITHIN
         })
     }

@@ -9,6 +9,8 @@
 //! {"t":1400,"event":"write_ok","worker":2,"key":"k0","fence":7,"element":33}
 //! ```
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// A worker's number, stable for the whole run: a worker process restarted after a kill keeps
@@ -96,6 +98,10 @@ pub enum FaultKind {
     /// `SIGKILL` of a worker caught holding the SQLite write lock (inside a `BEGIN IMMEDIATE`
     /// transaction); healed when its replacement process starts.
     KillWorkerInTransaction,
+    /// A cluster's leader killed or paused the moment a holder starts releasing its lease, so
+    /// the workers waiting for that key meet a leader change mid-wait; healed by a restart or
+    /// `SIGCONT`.
+    HandoffLeaderChange,
 }
 
 /// What happened. Each worker operation is an `*_invoke` followed by exactly one completion,
@@ -128,6 +134,19 @@ pub enum What {
         /// older and hand-made histories, which are judged without those checks.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         planned_faults: Vec<FaultKind>,
+        /// The source revision the run was built from (`git rev-parse HEAD` where the runner
+        /// ran, or `unknown`). Absent in older histories.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        commit: Option<String>,
+        /// The version of each server program the runner started, by program (`etcd`,
+        /// `postgres`, ...), as the program itself reports it. Empty in older histories and
+        /// for servers someone else started.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        versions: BTreeMap<String, String>,
+        /// The command that runs the same schedule again from the seed, every option spelled
+        /// out. Absent in older histories and for in-process runs.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        command: Option<String>,
     },
     /// A worker starts `Lease::acquire`.
     AcquireInvoke {

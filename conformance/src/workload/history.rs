@@ -10,6 +10,10 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::Path;
 
+use flate2::read::MultiGzDecoder;
+use flate2::write::GzEncoder;
+use flate2::Compression;
+
 use super::event::{Event, What};
 use super::final_state::{FinalState, KeyState};
 use crate::resource::{Access, Op};
@@ -131,10 +135,32 @@ impl History {
         History::read(text.as_bytes())
     }
 
-    /// Reads a history file.
+    /// Reads a history file; one whose name ends in `.gz` is gunzipped on the way (a long
+    /// run's histories are kept compressed beside its report).
     pub fn read_file(path: impl AsRef<Path>) -> Result<History, HistoryError> {
+        let path = path.as_ref();
         let file = File::open(path).map_err(|source| HistoryError::Io { line: 0, source })?;
-        History::read(BufReader::new(file))
+        if is_gzip(path) {
+            History::read(BufReader::new(MultiGzDecoder::new(BufReader::new(file))))
+        } else {
+            History::read(BufReader::new(file))
+        }
+    }
+
+    /// Writes the history to a file as JSON lines, gzip-compressed when the name ends in
+    /// `.gz`.
+    pub fn write_file(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        let path = path.as_ref();
+        let file = io::BufWriter::new(File::create(path)?);
+        if is_gzip(path) {
+            let mut gz = GzEncoder::new(file, Compression::default());
+            self.write_to(&mut gz)?;
+            gz.finish()?.flush()
+        } else {
+            let mut file = file;
+            self.write_to(&mut file)?;
+            file.flush()
+        }
     }
 
     /// The history as JSON lines, each ending in a newline.
@@ -307,6 +333,11 @@ impl<W: Write> HistoryWriter<W> {
     pub fn into_inner(self) -> W {
         self.out
     }
+}
+
+/// Whether `path` names a gzip file (`.gz`).
+fn is_gzip(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "gz")
 }
 
 /// One event as its JSON line, without the newline. Serializing an [`Event`] cannot fail (no

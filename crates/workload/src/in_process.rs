@@ -215,6 +215,7 @@ pub async fn run_in_process(
             work_fraction: 0.8,
             history: path.clone(),
             ignores_holder: false,
+            handoff_armed: None,
         };
         let freeze = Arc::new(freeze);
         let pause = PauseBy::Freeze(freeze.clone(), Duration::from_millis(ttl_max * 2));
@@ -291,6 +292,9 @@ pub async fn run_in_process(
             // Workers freeze themselves at their pause points; the server faults are drawn at
             // random and not promised.
             planned_faults: vec![FaultKind::PauseWorker],
+            commit: None,
+            versions: Default::default(),
+            command: None,
         },
     )]);
     for event in merged.events() {

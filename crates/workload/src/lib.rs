@@ -8,7 +8,9 @@
 pub mod broken;
 pub mod deployment;
 pub mod forwarder;
+pub mod handoff;
 pub mod in_process;
+pub mod provenance;
 pub mod report;
 pub mod resource;
 pub mod runner;

@@ -317,7 +317,11 @@ fn report_command(args: &[String]) -> ExitCode {
             label: std::path::Path::new(&path)
                 .file_name()
                 .and_then(|n| n.to_str())
-                .map(|n| n.trim_end_matches(".history.jsonl").to_string())
+                .map(|n| {
+                    n.trim_end_matches(".gz")
+                        .trim_end_matches(".history.jsonl")
+                        .to_string()
+                })
                 .unwrap_or(path),
             history,
         })

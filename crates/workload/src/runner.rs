@@ -27,6 +27,7 @@ use tokio::time::Instant;
 use crate::deployment::{Backend, Deployment};
 use crate::resource::{PgSets, SetResource};
 use crate::worker::{Log, WorkerConfig};
+use crate::{handoff, provenance};
 
 /// How long the nemesis watches for a worker inside an SQLite write transaction before it
 /// gives up on one attempt: transactions last milliseconds, and on a loaded machine the
@@ -430,6 +431,19 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
     drop(probe);
 
     PgSets::create(&resource_url, "setup").await?;
+    let (commit, versions, command) = {
+        let options = options.clone();
+        tokio::task::spawn_blocking(move || {
+            let versions = provenance::versions(&options);
+            (
+                provenance::commit(),
+                versions,
+                provenance::command(&options),
+            )
+        })
+        .await?
+    };
+    let trigger = handoff::Trigger::in_dir(&options.out);
     let started = now_ns();
     let exe = std::env::current_exe()?;
     let nemesis_path = options.out.join("nemesis.jsonl");
@@ -480,6 +494,7 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                 work_fraction: 0.2,
                 history: history.clone(),
                 ignores_holder: options.ignores_holder,
+                handoff_armed: Some(trigger.armed_path().to_path_buf()),
             };
             let spec = CommandSpec::new(
                 exe.clone(),
@@ -578,14 +593,27 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                         if let Some(d) = &deployment {
                             let hold = gap(&mut nemesis.rng);
                             let seed = nemesis.rng.random();
-                            server_fault = Some(tokio::spawn(server_fault_task(
-                                d.clone(),
-                                kind,
-                                hold,
-                                seed,
-                                nemesis.log.clone(),
-                                nemesis.fault_id(),
-                            )));
+                            let (log, id) = (nemesis.log.clone(), nemesis.fault_id());
+                            server_fault = Some(if kind == FaultKind::HandoffLeaderChange {
+                                let trigger = trigger.clone();
+                                tokio::spawn(handoff::fault(
+                                    d.clone(),
+                                    trigger,
+                                    hold,
+                                    seed,
+                                    log,
+                                    id,
+                                ))
+                            } else {
+                                tokio::spawn(server_fault_task(
+                                    d.clone(),
+                                    kind,
+                                    hold,
+                                    seed,
+                                    log,
+                                    id,
+                                ))
+                            });
                         }
                     }
                 }
@@ -672,6 +700,9 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                 failover_unsafe,
                 early_revocation,
                 planned_faults: kinds.clone(),
+                commit: Some(commit.clone()),
+                versions: versions.clone(),
+                command: Some(command.clone()),
             },
         )]);
         for event in merged.events() {
@@ -715,9 +746,9 @@ fn arm_files_to_remove(out: &Path) -> Vec<PathBuf> {
         .map(|dir| {
             dir.filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.contains("-worker-") || n == "nemesis.jsonl")
+                    p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                        n.contains("-worker-") || n == "nemesis.jsonl" || n.starts_with("handoff-")
+                    })
                 })
                 .collect()
         })

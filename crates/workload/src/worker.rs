@@ -66,6 +66,10 @@ pub struct WorkerConfig {
     /// workload's own check that a lock granting a key to everyone fails the run.
     #[serde(default)]
     pub ignores_holder: bool,
+    /// The hand-off trigger the nemesis arms ([`crate::handoff`]): claimed just before each
+    /// release. Absent where no leader change at hand-off is injected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff_armed: Option<PathBuf>,
 }
 
 fn default_work() -> f64 {
@@ -344,6 +348,10 @@ impl Worker {
         });
         self.hold(&lease, &key, fence, ttl, &mut deadline).await;
         self.note_renewal(&lease, &key, fence, &mut deadline);
+        if let Some(armed) = &self.config.handoff_armed {
+            // Whoever waits for this key now waits through the leader change this may start.
+            crate::handoff::claim(armed);
+        }
         self.log.record(What::ReleaseInvoke {
             worker,
             key: key.clone(),

@@ -11,6 +11,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 
+use std::time::Duration;
+
 use leasehold_conformance::workload::{check_recorded, FaultKind, History, Severity, Status, What};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -54,9 +56,23 @@ fn short_run_for(backend: &str, duration: &str, server_faults: &[FaultKind]) -> 
         args.join(" ")
     );
 
+    let mut handoff_gaps = Vec::new();
     for arm in ["fenced", "control"] {
         let path = out.join(format!("{backend}-{arm}.history.jsonl"));
         let history = History::read_file(&path).expect("the merged history reads back");
+        handoff_gaps.extend(release_to_handoff_fault(&history));
+        let recorded = history.events().iter().find_map(|e| match &e.what {
+            What::Run {
+                commit, versions, ..
+            } => Some((commit.clone(), versions.clone())),
+            _ => None,
+        });
+        let (commit, versions) = recorded.expect("the history has its run line");
+        assert!(commit.is_some(), "{arm}: the run line lacks the commit");
+        assert!(
+            versions.contains_key("postgres"),
+            "{arm}: the run line lacks the resource's PostgreSQL version: {versions:?}"
+        );
         let verdict = check_recorded(&history).expect("the history has its run line");
         assert_ne!(verdict.status, Status::Failed, "{verdict}");
         let figures = &verdict.figures;
@@ -88,7 +104,36 @@ fn short_run_for(backend: &str, duration: &str, server_faults: &[FaultKind]) -> 
             );
         }
     }
+    if server_faults.contains(&FaultKind::HandoffLeaderChange) {
+        // The fault is only worth its name if it lands while a release is in flight.
+        let closest = handoff_gaps.iter().min().copied();
+        println!("release to hand-off leader change: {handoff_gaps:?} (closest {closest:?})");
+        assert!(
+            closest.is_some_and(|gap| gap < HANDOFF_WITHIN),
+            "no hand-off leader change began within {HANDOFF_WITHIN:?} of a release: {handoff_gaps:?}"
+        );
+    }
     out
+}
+
+/// How soon after a release a hand-off leader change must begin, at least once per run.
+const HANDOFF_WITHIN: Duration = Duration::from_millis(50);
+
+/// For each hand-off leader change, the time since the latest release that started before it.
+fn release_to_handoff_fault(history: &History) -> Vec<Duration> {
+    let mut last_release = None;
+    let mut gaps = Vec::new();
+    for event in history.events() {
+        match &event.what {
+            What::ReleaseInvoke { .. } => last_release = Some(event.t),
+            What::FaultStart {
+                kind: FaultKind::HandoffLeaderChange,
+                ..
+            } => gaps.extend(last_release.map(|r| Duration::from_nanos(event.t.saturating_sub(r)))),
+            _ => {}
+        }
+    }
+    gaps
 }
 
 #[test]
@@ -100,6 +145,7 @@ fn etcd_three_members() {
             FaultKind::KillLeader,
             FaultKind::PauseLeader,
             FaultKind::IsolateMember,
+            FaultKind::HandoffLeaderChange,
         ],
     );
 }
@@ -113,6 +159,7 @@ fn zookeeper_three_members() {
             FaultKind::KillLeader,
             FaultKind::PauseLeader,
             FaultKind::IsolateMember,
+            FaultKind::HandoffLeaderChange,
         ],
     );
 }

@@ -149,6 +149,7 @@ fn fault_kind() -> impl Strategy<Value = FaultKind> {
         Just(FaultKind::KillPrimary),
         Just(FaultKind::MigrateSlot),
         Just(FaultKind::KillWorkerInTransaction),
+        Just(FaultKind::HandoffLeaderChange),
     ]
 }
 
@@ -159,21 +160,28 @@ fn what() -> impl Strategy<Value = What> {
     let elements = || proptest::collection::vec(any::<u64>(), 0..5);
     prop_oneof![
         (
-            f(),
-            text(),
-            any::<bool>(),
-            any::<bool>(),
-            any::<bool>(),
-            proptest::collection::vec(fault_kind(), 0..3)
+            (f(), text(), any::<bool>(), any::<bool>(), any::<bool>()),
+            (
+                proptest::option::of(text()),
+                proptest::collection::btree_map(text(), text(), 0..3),
+                proptest::option::of(text()),
+                proptest::collection::vec(fault_kind(), 0..3),
+            )
         )
             .prop_map(
-                |(seed, backend, fenced, u, early, planned_faults)| What::Run {
+                |(
+                    (seed, backend, fenced, u, early),
+                    (commit, versions, command, planned_faults),
+                )| What::Run {
                     seed,
                     backend,
                     fenced,
                     failover_unsafe: u,
                     early_revocation: early,
                     planned_faults,
+                    commit,
+                    versions,
+                    command,
                 }
             ),
         (w(), text(), f(), of()).prop_map(|(worker, key, ttl_ns, max_wait_ns)| {

@@ -32,6 +32,9 @@ impl Script {
                 failover_unsafe,
                 early_revocation: false,
                 planned_faults: Vec::new(),
+                commit: None,
+                versions: Default::default(),
+                command: None,
             },
         )
     }
@@ -497,6 +500,9 @@ fn reissued_fence_is_found() {
         failover_unsafe: true,
         early_revocation: false,
         planned_faults: Vec::new(),
+        commit: None,
+        versions: Default::default(),
+        command: None,
     };
     let from_run = CheckOptions::from_history(&s2.history()).expect("a run line");
     assert_eq!(from_run, CheckOptions::fenced(FenceSafety::FailoverUnsafe));
@@ -718,6 +724,9 @@ fn a_declared_early_revocation_labels_broken_exclusion_but_not_stale_writes() {
                 failover_unsafe: false,
                 early_revocation,
                 planned_faults: Vec::new(),
+                commit: None,
+                versions: Default::default(),
+                command: None,
             };
             s.history()
         };
@@ -925,6 +934,9 @@ fn unfenced_control_without_losses_fails() {
         failover_unsafe: false,
         early_revocation: false,
         planned_faults: Vec::new(),
+        commit: None,
+        versions: Default::default(),
+        command: None,
     };
     let h = s.history();
     let options = CheckOptions::from_history(&h).expect("a run line");

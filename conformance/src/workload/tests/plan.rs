@@ -22,6 +22,9 @@ fn planned(s: &mut Script, fenced: bool, kinds: &[FaultKind]) {
         failover_unsafe: false,
         early_revocation: false,
         planned_faults: kinds.to_vec(),
+        commit: None,
+        versions: Default::default(),
+        command: None,
     };
 }
 

@@ -137,6 +137,7 @@ impl Form for Consensus {
                 FaultKind::KillLeader,
                 FaultKind::PauseLeader,
                 FaultKind::IsolateMember,
+                FaultKind::HandoffLeaderChange,
             ],
         }
     }
@@ -177,6 +178,25 @@ impl Form for Consensus {
             }
             other => Err(not_a_fault_of(other, "etcd or ZooKeeper")),
         }
+    }
+
+    fn leader(&self) -> Result<usize, DeploymentError> {
+        Consensus::leader(self)
+    }
+
+    fn strike(&self, i: usize, pause: bool) -> Result<Injected, DeploymentError> {
+        let heal = if pause {
+            self.pause(i, true)?;
+            Heal::Resume(i)
+        } else {
+            self.kill(i)?;
+            Heal::Restart(i)
+        };
+        let how = if pause { "paused" } else { "killed" };
+        Ok(Injected {
+            node: Some(format!("{} ({how})", self.node_name(i))),
+            heal,
+        })
     }
 
     fn heal(&self, heal: Heal) -> Result<(), DeploymentError> {

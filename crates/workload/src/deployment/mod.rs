@@ -109,6 +109,15 @@ trait Form: Send + Sync {
     fn write_lock_file(&self) -> Option<PathBuf> {
         None
     }
+    /// The member that leads the cluster (0 where there is one server). Blocking.
+    fn leader(&self) -> Result<usize, DeploymentError> {
+        Ok(0)
+    }
+    /// Kills or pauses member `i` at once, without asking who leads. Blocking.
+    fn strike(&self, i: usize, pause: bool) -> Result<Injected, DeploymentError> {
+        let _ = (i, pause);
+        Err("only cluster members are struck at a hand-off".into())
+    }
 }
 
 /// A started authority.
@@ -240,6 +249,23 @@ impl Deployment {
         let me = self.clone();
         let pick = rng.random_range(0..self.form.members().max(1));
         blocking(move || me.form.inject(kind, pick)).await
+    }
+
+    /// The cluster's leader (0 for a single server), asked off the runtime.
+    pub async fn leader_member(self: &Arc<Self>) -> Result<usize, DeploymentError> {
+        let me = self.clone();
+        blocking(move || me.form.leader()).await
+    }
+
+    /// Kills or pauses member `i` at once, without asking who leads: for a fault that must land
+    /// within milliseconds of a moment, where that question takes a round trip per member.
+    pub async fn strike(
+        self: &Arc<Self>,
+        i: usize,
+        pause: bool,
+    ) -> Result<Injected, DeploymentError> {
+        let me = self.clone();
+        blocking(move || me.form.strike(i, pause)).await
     }
 
     /// Heals a fault and waits until the servers it hit serve again.

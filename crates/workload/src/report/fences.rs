@@ -8,6 +8,7 @@ use leasehold_conformance::workload::finding::FindingKind;
 use leasehold_conformance::workload::{History, RunVerdict, What};
 use plotters::prelude::*;
 
+use super::compact::Paint;
 use super::plot::{self, Drawn, Failure, Key, Span, Swatch, FONT, REFUSED};
 
 const WIDTH: u32 = 1000;
@@ -114,7 +115,7 @@ pub(crate) fn draw(history: &History, verdict: Option<&RunVerdict>) -> Result<Dr
         }
     };
 
-    plot::svg((WIDTH, HEIGHT + legend_h), |root| {
+    plot::svg_with_shapes((WIDTH, HEIGHT + legend_h), |root, shapes| {
         let (top, bottom) = root.split_vertically(HEIGHT);
         let mut chart = ChartBuilder::on(&top)
             .caption(TITLE, (FONT, 18).into_font())
@@ -135,21 +136,20 @@ pub(crate) fn draw(history: &History, verdict: Option<&RunVerdict>) -> Result<Dr
             .label_style((FONT, 14))
             .axis_desc_style((FONT, 14))
             .draw()?;
+        let at = |p: &(f64, f64)| chart.backend_coord(p);
         for (i, points) in series.values().enumerate() {
-            let color = Palette99::pick(i.min(LEGEND_KEYS));
-            chart.draw_series(LineSeries::new(
-                points.iter().copied(),
-                color.stroke_width(1),
-            ))?;
+            let color = Palette99::pick(i.min(LEGEND_KEYS)).to_rgba();
+            shapes.line(Paint::Stroke(color, 1), points.iter().map(at));
             if points.len() <= DOTS {
-                chart.draw_series(points.iter().map(|&p| Circle::new(p, 2, color.filled())))?;
+                for p in points {
+                    shapes.dot(Paint::Stroke(color, 4), at(p));
+                }
             }
         }
-        chart.draw_series(
-            reissued
-                .iter()
-                .map(|&p| Circle::new(p, 6, REFUSED.stroke_width(2))),
-        )?;
+        for p in &reissued {
+            let (x, y) = at(p);
+            shapes.ring(Paint::Stroke(REFUSED.to_rgba(), 2), (x, y), 6);
+        }
         plot::legend(&bottom, &keys)
     })
 }

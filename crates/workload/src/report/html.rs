@@ -95,6 +95,17 @@ fn run_section(out: &mut String, i: usize, run: &Judged<'_>, plots: &Plots) {
                 v.seed.map_or_else(|| "?".to_string(), |s| s.to_string()),
                 run.history.len()
             );
+            out.push_str("<ul class=\"made\">\n");
+            if let Some(header) = &run.header {
+                for (name, value) in header.provenance() {
+                    let _ = writeln!(out, "<li>{name}: <code>{}</code></li>", esc(&value));
+                }
+            }
+            let _ = writeln!(
+                out,
+                "<li>history: <code>{}</code></li>\n</ul>",
+                esc(&super::history_file_name(run.label))
+            );
             if v.reasons.is_empty() {
                 out.push_str("<p>No findings.</p>\n");
             } else {

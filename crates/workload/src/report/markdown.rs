@@ -46,6 +46,16 @@ fn verdict(out: &mut String, run: &Judged<'_>) {
         v.seed.map_or_else(|| "?".to_string(), |s| s.to_string()),
         run.history.len()
     );
+    if let Some(header) = &run.header {
+        for (name, value) in header.provenance() {
+            let _ = writeln!(out, "- {name}: `{}`", value.replace('`', "'"));
+        }
+    }
+    let _ = writeln!(
+        out,
+        "- history: `{}`\n",
+        super::history_file_name(run.label)
+    );
     if v.reasons.is_empty() {
         out.push_str("No findings.\n\n");
     } else {

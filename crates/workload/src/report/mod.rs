@@ -2,13 +2,15 @@
 //!
 //! [`render`] judges each run with [`check_recorded`] (so the report shows what the checker
 //! says, never a second opinion), and writes `README.md` (tables only, readable on any forge)
-//! and `report.html` (the same tables plus inline SVG plots drawn by plotters). The HTML page
-//! loads nothing from anywhere, so it can be archived or mailed as one file.
+//! and `report.html` (the same tables plus inline SVG plots: axes and legends by plotters, the
+//! data as one path per colour, so a ten-minute run's page stays tens of kilobytes). The HTML
+//! page loads nothing from anywhere, so it can be archived or mailed as one file.
 //!
 //! Text in the plots: plotters is built without `ttf`/`ab_glyph`, so it only *estimates* text
 //! sizes, and the SVG backend writes `<text>` elements with a generic `font-family` that the
 //! browser renders. No font file is needed at build or run time.
 
+mod compact;
 mod faults;
 mod fences;
 mod histogram;
@@ -21,6 +23,7 @@ mod timeline;
 #[cfg(test)]
 mod tests;
 
+use std::collections::BTreeMap;
 use std::error::Error as StdError;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -71,6 +74,38 @@ struct Header {
     backend: String,
     fenced: bool,
     failover_unsafe: bool,
+    commit: Option<String>,
+    versions: BTreeMap<String, String>,
+    command: Option<String>,
+}
+
+impl Header {
+    /// What made the run, as one line each: the commit, the server versions and the command
+    /// that reruns the schedule. Older histories did not record them, and say so.
+    fn provenance(&self) -> [(&'static str, String); 3] {
+        let versions = if self.versions.is_empty() {
+            "not recorded".to_string()
+        } else {
+            self.versions
+                .iter()
+                .map(|(program, version)| format!("{program} {version}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        [
+            (
+                "commit",
+                self.commit.clone().unwrap_or_else(|| "not recorded".into()),
+            ),
+            ("server versions", versions),
+            (
+                "reproduce with",
+                self.command
+                    .clone()
+                    .unwrap_or_else(|| format!("not recorded (seed {})", self.seed)),
+            ),
+        ]
+    }
 }
 
 /// A run with its verdict, computed once and shared by every table and plot.
@@ -89,12 +124,18 @@ impl<'r> Judged<'r> {
                 backend,
                 fenced,
                 failover_unsafe,
+                commit,
+                versions,
+                command,
                 ..
             } => Some(Header {
                 seed: *seed,
                 backend: backend.clone(),
                 fenced: *fenced,
                 failover_unsafe: *failover_unsafe,
+                commit: commit.clone(),
+                versions: versions.clone(),
+                command: command.clone(),
             }),
             _ => None,
         });
@@ -130,9 +171,26 @@ struct Plots {
     acquire: plot::Drawn,
 }
 
-/// Writes `out_dir/README.md` (the tables, the verdicts and `how` the runs were made) and
+/// The file a run's history is kept in beside the report: its label, with anything but
+/// letters, digits, `.`, `_` and `-` replaced, as gzip-compressed JSON lines.
+pub fn history_file_name(label: &str) -> String {
+    let stem: String = label
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    format!("{stem}.history.jsonl.gz")
+}
+
+/// Writes `out_dir/README.md` (the tables, the verdicts and `how` the runs were made),
 /// `out_dir/report.html` (the same plus a timeline, a fence plot and two latency histograms
-/// per run, inline). Creates `out_dir` if needed.
+/// per run, inline) and each run's history beside them ([`history_file_name`]), so the report
+/// can be checked and rendered again from what it shows. Creates `out_dir` if needed.
 pub fn render(runs: &[ReportRun], how: &str, out_dir: &Path) -> Result<(), ReportError> {
     let judged: Vec<Judged<'_>> = runs.iter().map(Judged::new).collect();
     let tables = tables::Tables::of(&judged);
@@ -150,6 +208,12 @@ pub fn render(runs: &[ReportRun], how: &str, out_dir: &Path) -> Result<(), Repor
     })?;
     write(&out_dir.join("README.md"), &markdown)?;
     write(&out_dir.join("report.html"), &html)?;
+    for run in runs {
+        let path = out_dir.join(history_file_name(&run.label));
+        run.history
+            .write_file(&path)
+            .map_err(|source| ReportError::Io { path, source })?;
+    }
     Ok(())
 }
 

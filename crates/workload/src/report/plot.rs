@@ -8,6 +8,8 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
+use super::compact::{tidy, Shapes};
+
 /// Whatever plotters reports, boxed so the public error does not name plotters' types.
 pub(crate) type Failure = Box<dyn Error + Send + Sync>;
 
@@ -32,18 +34,35 @@ pub(crate) const REFUSED: RGBColor = RGBColor(0xd6, 0x27, 0x28);
 pub(crate) const GRID: RGBColor = RGBColor(0xe0, 0xe0, 0xe0);
 pub(crate) const TEXT: RGBColor = RGBColor(0x22, 0x22, 0x22);
 
-/// Draws into a String with plotters' SVG backend: the only way plots are made here, so the
-/// markup is plotters' own.
+/// Draws into a String with plotters' SVG backend: axes, labels, legends and the few shapes
+/// of small plots.
 pub(crate) fn svg<F>(size: (u32, u32), draw: F) -> Result<Drawn, Failure>
 where
     F: FnOnce(&Canvas<'_>) -> Result<(), Failure>,
 {
+    svg_with_shapes(size, |root, _| draw(root))
+}
+
+/// Like [`svg`], and the data drawn into [`Shapes`] goes in after plotters' markup, one
+/// `<path>` per style: plotters writes an element of some ninety bytes per rectangle or
+/// marker, which made a long run's page megabytes, where a path spends a dozen per shape.
+pub(crate) fn svg_with_shapes<F>(size: (u32, u32), draw: F) -> Result<Drawn, Failure>
+where
+    F: FnOnce(&Canvas<'_>, &mut Shapes) -> Result<(), Failure>,
+{
     let mut buf = String::new();
+    let mut shapes = Shapes::default();
     {
         let root = SVGBackend::with_string(&mut buf, size).into_drawing_area();
         root.fill(&WHITE)?;
-        draw(&root)?;
+        draw(&root, &mut shapes)?;
         root.present()?;
+    }
+    let mut buf = tidy(&buf);
+    let markup = shapes.markup();
+    match buf.rfind("</svg>") {
+        Some(end) => buf.insert_str(end, &markup),
+        None => return Err("plotters wrote no closing </svg>".into()),
     }
     Ok(buf)
 }

@@ -7,9 +7,9 @@
 //! drawn in its own colour: that is the stale window fences make harmless.
 //!
 //! A ten-minute run has tens of thousands of events; the SVG stays small because everything
-//! is merged at the pixel: intervals of one row closer than a pixel become one rectangle,
-//! accepted writes are one spike path per row with at most one spike per pixel column, and
-//! markers are capped.
+//! is merged at the pixel and drawn as one path per colour ([`super::compact::Shapes`]): intervals of one
+//! row closer than a pixel become one bar, accepted writes in neighbouring pixel columns one
+//! strip, and markers are capped.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -17,6 +17,7 @@ use leasehold_conformance::workload::windows;
 use leasehold_conformance::workload::{FaultKind, History, What, WorkerId};
 use plotters::prelude::*;
 
+use super::compact::Paint;
 use super::faults::{self, kind_name};
 use super::plot::{
     self, Drawn, Failure, Key, Span, Swatch, ACCEPTED, FONT, HELD, KILLED, PAUSED, REFUSED, STALE,
@@ -254,6 +255,7 @@ fn server_color(kind: FaultKind) -> RGBColor {
         FaultKind::IsolateMember => RGBColor(0x8e, 0x44, 0xad),
         FaultKind::PauseLeader => RGBColor(0xd4, 0xac, 0x0d),
         FaultKind::PromoteReplica => RGBColor(0x79, 0x55, 0x48),
+        FaultKind::HandoffLeaderChange => RGBColor(0x16, 0xa0, 0x85),
         _ => RGBColor(0x95, 0xa5, 0xa6),
     }
 }
@@ -338,7 +340,7 @@ pub(crate) fn draw(history: &History) -> Result<Drawn, Failure> {
     let decimals = plot::decimals_for(x_max);
     let x_label = |v: &f64| format!("{v:.decimals$}");
 
-    plot::svg((WIDTH, chart_h + legend_h), |root| {
+    plot::svg_with_shapes((WIDTH, chart_h + legend_h), |root, shapes| {
         let (top, bottom) = root.split_vertically(chart_h);
         let mut chart = ChartBuilder::on(&top)
             .caption(
@@ -363,44 +365,53 @@ pub(crate) fn draw(history: &History) -> Result<Drawn, Failure> {
             .axis_desc_style((FONT, 14))
             .draw()?;
 
-        chart.draw_series(l.server.iter().map(|&(kind, s, e)| {
-            Rectangle::new(
-                [(s, -0.5), (e, y_top)],
-                server_color(kind).mix(SERVER_ALPHA).filled(),
-            )
-        }))?;
-        let bar = |spans: &[(f64, f64, f64)], half: f64, style: ShapeStyle| {
-            spans
-                .iter()
-                .map(move |&(y, s, e)| Rectangle::new([(s, y - half), (e, y + half)], style))
-                .collect::<Vec<_>>()
-        };
-        chart.draw_series(l.held.iter().map(|&(y, s, e, share)| {
-            Rectangle::new([(s, y - 0.22), (e, y + 0.22)], HELD.mix(share).filled())
-        }))?;
-        chart.draw_series(bar(&l.stale, 0.22, STALE.filled()))?;
-        chart.draw_series(bar(&l.paused, 0.42, PAUSED.mix(0.35).filled()))?;
-        chart.draw_series(bar(&l.killed, 0.42, KILLED.mix(0.45).filled()))?;
-        chart.draw_series(l.ticks.iter().map(|(&y, xs)| {
-            let (base, tip) = (y as f64 + 0.25, y as f64 + 0.4);
-            let points: Vec<(f64, f64)> = xs
-                .iter()
-                .flat_map(|&x| [(x, base), (x, tip), (x, base)])
-                .collect();
-            PathElement::new(points, ACCEPTED.stroke_width(1))
-        }))?;
-        chart.draw_series(
-            l.refused
-                .iter()
-                .filter(|r| !r.2)
-                .map(|&(y, x, _)| Cross::new((x, y), 5, REFUSED.stroke_width(2))),
-        )?;
-        chart.draw_series(
-            l.refused
-                .iter()
-                .filter(|r| r.2)
-                .map(|&(y, x, _)| TriangleMarker::new((x, y), 5, REFUSED.filled())),
-        )?;
+        let at = |x: f64, y: f64| chart.backend_coord(&(x, y));
+        for &(kind, s, e) in &l.server {
+            shapes.band(
+                server_color(kind).mix(SERVER_ALPHA),
+                at(s, -0.5),
+                at(e, y_top),
+            );
+        }
+        for &(y, s, e, share) in &l.held {
+            shapes.band(HELD.mix(share), at(s, y - 0.22), at(e, y + 0.22));
+        }
+        let bars = [
+            (&l.stale, 0.22, STALE.to_rgba()),
+            (&l.paused, 0.42, PAUSED.mix(0.35)),
+            (&l.killed, 0.42, KILLED.mix(0.45)),
+        ];
+        for (spans, half, color) in bars {
+            for &(y, s, e) in spans {
+                shapes.band(color, at(s, y - half), at(e, y + half));
+            }
+        }
+        // Writes in neighbouring pixel columns make one strip: a busy row is a few strips,
+        // not a spike per column.
+        for (&y, xs) in &l.ticks {
+            let (base, tip) = (at(0.0, y as f64 + 0.25).1, at(0.0, y as f64 + 0.4).1);
+            let mut strip: Option<(i32, i32)> = None;
+            for x in xs.iter().map(|&x| at(x, 0.0).0) {
+                strip = match strip {
+                    Some((from, to)) if x <= to + 1 => Some((from, x.max(to))),
+                    Some((from, to)) => {
+                        shapes.band(ACCEPTED.to_rgba(), (from, base), (to + 1, tip));
+                        Some((x, x))
+                    }
+                    None => Some((x, x)),
+                };
+            }
+            if let Some((from, to)) = strip {
+                shapes.band(ACCEPTED.to_rgba(), (from, base), (to + 1, tip));
+            }
+        }
+        for &(y, x, claim) in &l.refused {
+            if claim {
+                shapes.triangle(Paint::Fill(REFUSED.to_rgba()), at(x, y), 5);
+            } else {
+                shapes.cross(Paint::Stroke(REFUSED.to_rgba(), 2), at(x, y), 4);
+            }
+        }
         plot::legend(&bottom, &keys)
     })
 }
