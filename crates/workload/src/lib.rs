@@ -5,10 +5,14 @@
 //! workload and renders the report. It is a crate of its own because it needs every backend,
 //! and every backend's tests depend on `leasehold-conformance`.
 
+pub mod cli_round;
+pub mod cli_worker;
 pub mod deployment;
 pub mod forwarder;
 pub mod in_process;
 pub mod report;
 pub mod resource;
+pub mod resource_faults;
 pub mod runner;
 pub mod worker;
+pub mod worker_cut;

@@ -1,7 +1,10 @@
 //! The short seeded workload run per backend that `./scripts/test` includes: both arms side by
-//! side on real servers for about 30 s, every fault kind of the backend at least once. It fails
-//! on any acknowledged write lost or stale write accepted in the fenced arm, and on a control arm
-//! that lost nothing (the nemesis would be too weak to prove anything).
+//! side on real servers for about 30 s, every fault kind of the backend at least once, and the
+//! faults at the worker's edges (a worker cut off from the authority, the resource's
+//! connections killed mid-write and the resource restarted, a worker taking its leases through
+//! the `leasehold` command). It fails on any acknowledged write lost or stale write accepted in
+//! the fenced arm, and on a control arm that lost nothing (the nemesis would be too weak to
+//! prove anything).
 //!
 //! The runs take turns (one lock): each starts a cluster, a resource server and eight worker
 //! processes, and two at once on two cores would measure the machine, not the backend.
@@ -11,7 +14,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 
-use leasehold_conformance::workload::{check_recorded, FaultKind, History, Status};
+use leasehold_conformance::workload::{check_recorded, FaultKind, History, Status, What};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -49,12 +52,44 @@ fn short_run(backend: &str, server_faults: &[FaultKind]) {
         args.join(" ")
     );
 
-    for arm in ["fenced", "control"] {
+    let mut writes_unknown = 0;
+    for (arm, cli_worker) in [("fenced", 3), ("control", 7)] {
         let path = out.join(format!("{backend}-{arm}.history.jsonl"));
         let history = History::read_file(&path).expect("the merged history reads back");
+        // The arm's last worker runs its rounds under `leasehold run`: it must have held leases
+        // and had its tree killed (the fault's end is recorded only once everything its
+        // command started died with `leasehold`).
+        let cli_events: Vec<&What> = history
+            .events()
+            .iter()
+            .map(|e| &e.what)
+            .filter(|w| w.worker() == Some(cli_worker) || w.fault_worker() == Some(cli_worker))
+            .collect();
+        assert!(
+            cli_events.iter().any(|w| matches!(
+                w,
+                What::AcquireOk {
+                    deadline: Some(_),
+                    ..
+                }
+            )),
+            "{arm}: the CLI worker {cli_worker} never held a lease"
+        );
+        assert!(
+            cli_events.iter().any(|w| matches!(
+                w,
+                What::FaultEnd {
+                    kind: FaultKind::KillWorker,
+                    node: Some(node),
+                    ..
+                } if node.starts_with("leasehold pid")
+            )),
+            "{arm}: the CLI worker {cli_worker}'s tree was never killed"
+        );
         let verdict = check_recorded(&history).expect("the history has its run line");
         assert_ne!(verdict.status, Status::Failed, "{verdict}");
         let figures = &verdict.figures;
+        writes_unknown += figures.writes_unknown;
         assert!(
             figures.writes_acknowledged > 0,
             "{arm}: no write was acknowledged:\n{verdict}"
@@ -73,9 +108,15 @@ fn short_run(backend: &str, server_faults: &[FaultKind]) {
             );
         }
         let seen: BTreeSet<FaultKind> = figures.faults.keys().copied().collect();
-        for kind in [FaultKind::PauseWorker, FaultKind::KillWorker]
-            .iter()
-            .chain(server_faults)
+        for kind in [
+            FaultKind::PauseWorker,
+            FaultKind::KillWorker,
+            FaultKind::CutWorker,
+            FaultKind::KillResourceConnection,
+            FaultKind::RestartResource,
+        ]
+        .iter()
+        .chain(server_faults)
         {
             assert!(
                 seen.contains(kind),
@@ -83,6 +124,12 @@ fn short_run(backend: &str, server_faults: &[FaultKind]) {
             );
         }
     }
+    // The resource's connections are killed while a write is in flight: its worker cannot
+    // know whether it landed.
+    assert!(
+        writes_unknown > 0,
+        "no write_unknown in either arm although the resource's connections were killed"
+    );
 }
 
 #[test]
@@ -157,7 +204,14 @@ fn servers_given_by_url() {
     assert!(verdict.figures.writes_acknowledged > 0, "{verdict}");
     let kinds: BTreeSet<FaultKind> = verdict.figures.faults.keys().copied().collect();
     assert!(
-        kinds.is_subset(&[FaultKind::PauseWorker, FaultKind::KillWorker].into()),
+        kinds.is_subset(
+            &[
+                FaultKind::PauseWorker,
+                FaultKind::KillWorker,
+                FaultKind::CutWorker
+            ]
+            .into()
+        ),
         "servers someone else runs are not faulted: {kinds:?}"
     );
     assert!(!out.join("control-worker-4.jsonl").exists());
