@@ -81,8 +81,8 @@ pub enum FaultKind {
     /// The resource server's connections to workers terminated (`pg_terminate_backend`) while
     /// writes are in flight: a write whose commit the worker never saw is `write_unknown`.
     KillResourceConnection,
-    /// The resource server restarted (fast shutdown, same data); healed when it accepts
-    /// connections again.
+    /// The resource server killed and started again on its data (crash recovery); healed when
+    /// it accepts connections again.
     RestartResource,
 }
 

@@ -317,13 +317,17 @@ pub fn signal_all(pids: &[u32], name: &str) -> Result<(), String> {
     }
 }
 
-/// SIGKILL to `leasehold` alone; returns what its command started (the command and what that
-/// started, not `leasehold`'s watcher), which must all be gone soon: the runner checks.
-pub fn kill_leasehold(leasehold: u32) -> Result<Vec<u32>, String> {
+/// SIGKILL to `leasehold` alone, once its command runs; returns what the command is (the
+/// command and what it started, not `leasehold`'s watcher), which must all be gone soon: the
+/// runner checks. `None`, and nothing killed, while no command runs below it yet.
+pub fn kill_leasehold(leasehold: u32) -> Result<Option<Vec<u32>>, String> {
     let below: Vec<u32> = descendants(leasehold)
         .into_iter()
         .filter(|&p| !cmdline(p).contains("__watch-group"))
         .collect();
+    if below.is_empty() {
+        return Ok(None);
+    }
     signal_all(&[leasehold], "KILL")?;
-    Ok(below)
+    Ok(Some(below))
 }

@@ -327,10 +327,18 @@ impl Nemesis {
         let Some(leasehold) = cli_worker::leasehold_of(driver, cli) else {
             return Ok(false);
         };
+        // The round may have ended since it was seen: then there was nothing to kill. The
+        // fault is recorded once the signal went out (nothing of the round is recorded in the
+        // meantime: its processes are dead).
+        let below = match cli_worker::kill_leasehold(leasehold) {
+            Ok(Some(below)) => below,
+            Ok(None) => return Ok(false),
+            Err(_) if !cli_worker::is_alive(leasehold) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
         let fault = self.fault_id();
         let node = format!("leasehold pid {leasehold}");
         self.start(fault, FaultKind::KillWorker, Some(w.id), Some(node.clone()));
-        let below = cli_worker::kill_leasehold(leasehold)?;
         w.tree_kill = Some((fault, node, below, Instant::now() + TREE_DIES_WITHIN));
         Ok(true)
     }
