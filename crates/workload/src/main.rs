@@ -269,7 +269,14 @@ async fn worker(config: WorkerConfig) -> Result<(), Box<dyn std::error::Error + 
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     };
-    let resource = Arc::new(PgSets::connect(&config.resource_url, &config.run).await?);
+    // So may the resource (its server restarting, its connections being killed).
+    let resource = loop {
+        match PgSets::connect(&config.resource_url, &config.run).await {
+            Ok(r) => break Arc::new(r),
+            Err(e) if tokio::time::Instant::now() >= give_up => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut terminate = signal(SignalKind::terminate())?;
     tokio::spawn(async move {

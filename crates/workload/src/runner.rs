@@ -129,6 +129,8 @@ struct WorkerProc {
     killed: Option<(u64, Instant)>,
     /// The uid it runs under, by which a cut finds its packets.
     uid: u32,
+    /// Its history file.
+    history: PathBuf,
     /// Cut off from the authority: the fault's id, when to heal, and the rule.
     cut: Option<(u64, Instant, Cut)>,
     /// A CLI worker: `leasehold` (with its command) runs below it, and the nemesis stops and
@@ -286,17 +288,25 @@ impl Nemesis {
     /// Drops a worker's packets to the authority (no reset) for less than the shortest TTL or
     /// for more than the longest, by turns. An error when the rule cannot be put in place: a
     /// planned cut that silently did not happen would let the run pass on faults it never had.
+    /// False when no worker of `among` can be cut now (all paused, killed or cut already).
     fn cut_worker(
         &mut self,
         workers: &mut [WorkerProc],
         among: Option<&[WorkerId]>,
-    ) -> Result<(), RunError> {
+    ) -> Result<bool, RunError> {
         let idle: Vec<usize> = (0..workers.len())
             .filter(|&i| among.is_none_or(|ids| ids.contains(&workers[i].id)))
             .filter(|&i| workers[i].cut.is_none() && workers[i].killed.is_none())
+            .filter(|&i| workers[i].paused.is_none())
             .collect();
-        let Some(&i) = idle.choose(&mut self.rng) else {
-            return Ok(());
+        // A holder, if there is one: cutting a worker that holds nothing shows little.
+        let holders: Vec<usize> = idle
+            .iter()
+            .copied()
+            .filter(|&i| holds_a_lease(&workers[i].history))
+            .collect();
+        let Some(&i) = holders.choose(&mut self.rng).or(idle.choose(&mut self.rng)) else {
+            return Ok(false);
         };
         let (shortest, longest) = self.ttl_range;
         let (lo, hi) = if self.cuts.is_multiple_of(2) {
@@ -315,7 +325,7 @@ impl Nemesis {
         let fault = self.fault_id();
         self.start(fault, FaultKind::CutWorker, Some(w.id), None);
         w.cut = Some((fault, Instant::now() + hold, cut));
-        Ok(())
+        Ok(true)
     }
 
     /// SIGKILL to a CLI worker's `leasehold` alone, while a round runs: what it started must
@@ -401,6 +411,51 @@ async fn signal(pid: u32, name: &str) {
     if let Err(e) = sent {
         eprintln!("cannot send SIG{name} to {pid}: {e}");
     }
+}
+
+/// Puts the next scheduled fault, which cannot happen yet (a server fault in progress, no CLI
+/// round running), behind the others, so that one waiting fault does not hold up the rest of
+/// the first pass; it comes round again.
+fn rotate<T>(schedule: &mut Vec<T>) {
+    if let Some(next) = schedule.pop() {
+        schedule.insert(0, next);
+    }
+}
+
+/// Whether a worker's last recorded event leaves it holding a lease (granted, and neither
+/// released nor lost since), from the last line of its history file.
+fn holds_a_lease(history: &Path) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut file) = std::fs::File::open(history) else {
+        return false;
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if file
+        .seek(SeekFrom::Start(len.saturating_sub(4096)))
+        .is_err()
+    {
+        return false;
+    }
+    let mut tail = String::new();
+    if file.read_to_string(&mut tail).is_err() {
+        return false;
+    }
+    let Some(last) = tail.lines().rev().find(|l| !l.trim().is_empty()) else {
+        return false;
+    };
+    serde_json::from_str::<Event>(last).is_ok_and(|e| {
+        matches!(
+            e.what,
+            What::AcquireOk { .. }
+                | What::Renewed { .. }
+                | What::ReadInvoke { .. }
+                | What::ReadOk { .. }
+                | What::WriteInvoke { .. }
+                | What::WriteOk { .. }
+                | What::WriteStale { .. }
+                | What::WriteUnknown { .. }
+        )
+    })
 }
 
 /// Whether a process is stopped (`T` in `/proc/PID/stat`).
@@ -601,11 +656,13 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
             if cli.is_some() {
                 cli_ids.push(id);
             }
-            let mut spec = CommandSpec::new(exe.clone(), args);
-            spec.user = Some((uid, uid));
             let name = format!("worker-{id}");
             let dir = leasehold_servers::process::server_dir(&name)?;
             give_to(dir.path(), uid)?;
+            let mut spec = CommandSpec::new(exe.clone(), args);
+            spec.user = Some((uid, uid));
+            // A home the worker's uid may read (libraries look there, e.g. for `.pgpass`).
+            spec.envs.push(("HOME".into(), dir.path().into()));
             let process =
                 tokio::task::spawn_blocking(move || ManagedProcess::spawn(name, dir, spec))
                     .await??;
@@ -615,6 +672,7 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                 paused: None,
                 killed: None,
                 uid,
+                history: history.clone(),
                 cut: None,
                 cli,
                 tree_kill: None,
@@ -723,14 +781,16 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                 worker_fault || !server_busy
             };
             if go {
-                // A tree kill lands only while a round runs; until then it is tried again.
+                // A tree kill lands only while a round runs, a cut only on a worker that runs;
+                // until then it is tried again.
                 let mut landed = true;
                 match kind {
                     FaultKind::PauseWorker => nemesis.pause_worker(&mut workers, among),
                     FaultKind::KillWorker => {
                         landed = nemesis.kill_worker(&mut workers, among, trees)? || !trees
                     }
-                    FaultKind::CutWorker => nemesis.cut_worker(&mut workers, among)?,
+                    // Every worker of the arm may be paused, killed or cut right now.
+                    FaultKind::CutWorker => landed = nemesis.cut_worker(&mut workers, among)?,
                     FaultKind::KillResourceConnection | FaultKind::RestartResource => {
                         if let Some(server) = &resource_server {
                             resource_fault = Some(tokio::spawn(resource_fault_task(
@@ -759,7 +819,11 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                 if landed {
                     schedule.pop();
                     next_at = Instant::now() + gap(&mut nemesis.rng);
+                } else {
+                    rotate(&mut schedule);
                 }
+            } else {
+                rotate(&mut schedule);
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
