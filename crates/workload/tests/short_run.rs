@@ -9,7 +9,7 @@
 //! The runs take turns (one lock): each starts a cluster, a resource server and eight worker
 //! processes, and two at once on two cores would measure the machine, not the backend.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
@@ -53,9 +53,30 @@ fn short_run(backend: &str, server_faults: &[FaultKind]) {
     );
 
     let mut writes_unknown = 0;
+    // Cut lengths, and the TTLs asked for, over both arms.
+    let (mut cuts, mut ttls) = (Vec::new(), Vec::new());
     for (arm, cli_worker) in [("fenced", 3), ("control", 7)] {
         let path = out.join(format!("{backend}-{arm}.history.jsonl"));
         let history = History::read_file(&path).expect("the merged history reads back");
+        let mut cut_started = BTreeMap::new();
+        for event in history.events() {
+            match &event.what {
+                What::AcquireInvoke { ttl_ns, .. } => ttls.push(*ttl_ns),
+                What::FaultStart {
+                    fault,
+                    kind: FaultKind::CutWorker,
+                    ..
+                } => {
+                    cut_started.insert(*fault, event.t);
+                }
+                What::FaultEnd {
+                    fault,
+                    kind: FaultKind::CutWorker,
+                    ..
+                } => cuts.extend(cut_started.get(fault).map(|&t| event.t - t)),
+                _ => {}
+            }
+        }
         // The arm's last worker runs its rounds under `leasehold run`: it must have held leases
         // and had its tree killed (the fault's end is recorded only once everything its
         // command started died with `leasehold`).
@@ -126,6 +147,16 @@ fn short_run(backend: &str, server_faults: &[FaultKind]) {
     }
     // The resource's connections are killed while a write is in flight: its worker cannot
     // know whether it landed.
+    // A worker cut off for less than any lease's TTL, and one for more than every lease's.
+    let (shortest, longest) = (ttls.iter().min(), ttls.iter().max());
+    assert!(
+        cuts.iter().any(|c| Some(c) < shortest),
+        "no cut shorter than the shortest TTL ({shortest:?} ns): {cuts:?}"
+    );
+    assert!(
+        cuts.iter().any(|c| Some(c) > longest),
+        "no cut longer than the longest TTL ({longest:?} ns): {cuts:?}"
+    );
     assert!(
         writes_unknown > 0,
         "no write_unknown in either arm although the resource's connections were killed"
