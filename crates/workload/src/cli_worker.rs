@@ -331,3 +331,56 @@ pub fn kill_leasehold(leasehold: u32) -> Result<Option<Vec<u32>>, String> {
     signal_all(&[leasehold], "KILL")?;
     Ok(Some(below))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_gets_a_one_second_request_timeout_unless_the_url_has_one() {
+        assert_eq!(
+            cli_url("postgres://u@127.0.0.1:5432/db"),
+            "postgres://u@127.0.0.1:5432/db?timeout_ms=1000"
+        );
+        assert_eq!(cli_url("zk://h:1/w?x=1"), "zk://h:1/w?x=1&timeout_ms=1000");
+        assert_eq!(
+            cli_url("etcd://h:1?timeout_ms=1000"),
+            "etcd://h:1?timeout_ms=1000"
+        );
+    }
+
+    fn config(min: u64, max: u64, step: u64) -> WorkerConfig {
+        WorkerConfig {
+            worker: 0,
+            authority_url: String::new(),
+            resource_url: String::new(),
+            run: String::new(),
+            keys: vec!["k".into()],
+            fenced: true,
+            seed: 1,
+            ttl_min_ms: min,
+            ttl_max_ms: max,
+            ttl_step_ms: step,
+            pause_probability: 0.0,
+            cancel_probability: 0.0,
+            cancel_within_ms: 0,
+            work_fraction: 0.2,
+            history: PathBuf::new(),
+        }
+    }
+
+    /// The command refuses a TTL below its floor (1.016 s with a 1 s request timeout): every
+    /// TTL drawn is above it, on the backend's granularity.
+    #[test]
+    fn ttls_stay_above_the_commands_floor() {
+        let mut rng = StdRng::seed_from_u64(3);
+        for (min, max, step) in [(1000, 3000, 1), (1000, 3000, 1000), (1000, 1000, 1)] {
+            let c = config(min, max, step);
+            for _ in 0..200 {
+                let ttl = cli_ttl(&c, &mut rng).as_millis() as u64;
+                assert!(ttl >= 1100, "{ttl} ms from {min}..{max} step {step}");
+                assert_eq!(ttl % step, 0, "{ttl} ms is off the {step} ms step");
+            }
+        }
+    }
+}

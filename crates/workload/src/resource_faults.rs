@@ -72,3 +72,44 @@ pub async fn restart(server: Arc<PostgresServer>) -> Result<(), ResourceError> {
     tokio::task::spawn_blocking(move || server.restart()).await??;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use sqlx::postgres::PgConnection;
+
+    use super::*;
+    use crate::resource::{Outcome, PgSets, SetResource};
+
+    /// A worker connection inside the guarded write's transaction (between the row lock and the
+    /// commit) is found and terminated, and only it: the pool's idle connection is left alone.
+    /// After a restart the resource serves the same rows again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_mid_write_is_terminated_and_a_restart_keeps_the_rows(
+    ) -> Result<(), ResourceError> {
+        let server = Arc::new(tokio::task::spawn_blocking(PostgresServer::start).await??);
+        let url = server.url();
+        let sets = PgSets::create(&url, "t").await?;
+        assert_eq!(sets.write("k", &[7], 1, true).await?, Outcome::Done(None));
+        let options: PgConnectOptions = url
+            .parse::<PgConnectOptions>()?
+            .application_name(WORKER_APPLICATION);
+        let mut conn: PgConnection = options.connect().await?;
+        let mut tx = conn.begin().await?;
+        sqlx::query(
+            "SELECT last_fence FROM leasehold_workload_sets WHERE run = 't' AND key = 'k' \
+             FOR UPDATE",
+        )
+        .execute(&mut *tx)
+        .await?;
+        let hit = kill_worker_connections(&url).await?;
+        assert_eq!(hit, "1 worker connection(s) mid-write");
+        assert!(
+            tx.commit().await.is_err(),
+            "the connection survived pg_terminate_backend"
+        );
+        restart(server.clone()).await?;
+        let sets = PgSets::connect(&url, "t").await?;
+        assert_eq!(sets.read("k", Some(2)).await?, Outcome::Done(vec![7]));
+        Ok(())
+    }
+}
