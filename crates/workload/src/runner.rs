@@ -531,14 +531,6 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
         out,
         ..options.clone()
     };
-    // The resource server is faulted only when the runner started it.
-    let (resource_url, resource_server) = match &options.resource_url {
-        Some(url) => (url.clone(), None),
-        None => {
-            let server = Arc::new(tokio::task::spawn_blocking(PostgresServer::start).await??);
-            (server.url(), Some(server))
-        }
-    };
     let cli = if options.cli_workers > 0 {
         Some(Arc::new(cli_worker::find_cli()?))
     } else {
@@ -551,6 +543,14 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                 .into(),
         );
     }
+    // The resource server is faulted only when the runner started it.
+    let (resource_url, resource_server) = match &options.resource_url {
+        Some(url) => (url.clone(), None),
+        None => {
+            let server = Arc::new(tokio::task::spawn_blocking(PostgresServer::start).await??);
+            (server.url(), Some(server))
+        }
+    };
     let deployment = match &options.authority_url {
         Some(_) => None,
         None => Some(Deployment::start(options.backend, options.nodes).await?),
