@@ -102,6 +102,17 @@ pub enum FaultKind {
     /// the workers waiting for that key meet a leader change mid-wait; healed by a restart or
     /// `SIGCONT`.
     HandoffLeaderChange,
+    /// One worker's packets to the authority dropped without a reset (nftables by the worker's
+    /// uid), for less or for more than a TTL; healed by removing the rule. Its renewals vanish
+    /// silently, so its lease must end as held-after-a-stall or lost, never as a write made in
+    /// the belief that it still holds.
+    CutWorker,
+    /// The resource server's connections to workers terminated (`pg_terminate_backend`) while
+    /// writes are in flight: a write whose commit the worker never saw is `write_unknown`.
+    KillResourceConnection,
+    /// The resource server killed and started again on its data (crash recovery); healed when
+    /// it accepts connections again.
+    RestartResource,
 }
 
 /// What happened. Each worker operation is an `*_invoke` followed by exactly one completion,

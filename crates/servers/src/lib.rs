@@ -18,7 +18,8 @@
 //!   member on a loopback address and uid of its own; [`Partition::isolate`] then cuts one member
 //!   off from the others with nftables while its clients still reach it (a follower that serves
 //!   stale state or none), and heals on [`Partition::heal`] or drop. Needs root and `nft`; see
-//!   [`partition`].
+//!   [`partition`]. [`Cut`] silently drops what one uid's processes send to some ports (a
+//!   client whose packets vanish, no reset).
 //! * Clean up: dropping a server kills it and deletes its temp dir (printing its log tail if the
 //!   thread is panicking). Children get `PR_SET_PDEATHSIG`, so none outlives the test process,
 //!   also not a server held in a `static` for all tests of a binary:
@@ -41,6 +42,7 @@
 //! it; an application can use it the same way to test its own locking against real servers.
 #![deny(missing_docs)]
 
+pub mod cut;
 pub mod error;
 pub mod etcd;
 pub mod external;
@@ -54,6 +56,7 @@ pub mod redis_cluster;
 pub mod tls;
 pub mod zookeeper;
 
+pub use cut::Cut;
 pub use error::{HarnessError, Result};
 pub use etcd::{etcdctl_command, etcdctl_path, EtcdCluster, EtcdServer};
 pub use partition::{Isolatable, MemberIdentity, Partition};

@@ -89,14 +89,7 @@ impl Partition {
     pub fn isolate(member: &impl Isolatable) -> Result<Self> {
         let member = member.identity()?;
         let nft = nft_program(&member.name)?;
-        static CLEANED: Once = Once::new();
-        CLEANED.call_once(|| delete_stale_tables(&nft));
-        static SEQ: AtomicU32 = AtomicU32::new(0);
-        let table = format!(
-            "{TABLE_PREFIX}{}_{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        );
+        let table = new_table(&nft);
         run_nft(&nft, &isolation_script(&table, &member))?;
         Ok(Partition {
             table,
@@ -159,13 +152,26 @@ fn isolation_script(table: &str, member: &MemberIdentity) -> String {
     )
 }
 
-fn nft_program(member: &str) -> Result<PathBuf> {
+/// A fresh table name, `leasehold_partition_<pid>_<n>`, after deleting the tables that killed
+/// processes left behind (once per process).
+pub(crate) fn new_table(nft: &Path) -> String {
+    static CLEANED: Once = Once::new();
+    CLEANED.call_once(|| delete_stale_tables(nft));
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{TABLE_PREFIX}{}_{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+pub(crate) fn nft_program(member: &str) -> Result<PathBuf> {
     find_program("nft")
         .ok_or_else(|| HarnessError::missing(format!("a partition of {member}"), "nft (nftables)"))
 }
 
 /// Runs an nftables script (`nft -f -`), which nft applies as one transaction.
-fn run_nft(nft: &Path, script: &str) -> Result<()> {
+pub(crate) fn run_nft(nft: &Path, script: &str) -> Result<()> {
     let mut child = Command::new(nft)
         .args(["-f", "-"])
         .stdin(Stdio::piped())

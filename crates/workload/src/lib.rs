@@ -6,6 +6,8 @@
 //! and every backend's tests depend on `leasehold-conformance`.
 
 pub mod broken;
+pub mod cli_round;
+pub mod cli_worker;
 pub mod deployment;
 pub mod forwarder;
 pub mod handoff;
@@ -13,5 +15,7 @@ pub mod in_process;
 pub mod provenance;
 pub mod report;
 pub mod resource;
+pub mod resource_faults;
 pub mod runner;
 pub mod worker;
+pub mod worker_cut;

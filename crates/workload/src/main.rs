@@ -17,6 +17,8 @@ use std::time::Duration;
 
 use leasehold_conformance::workload::{check_recorded, History};
 use leasehold_workload::broken::IgnoresHolder;
+use leasehold_workload::cli_round::{self, RoundConfig};
+use leasehold_workload::cli_worker::{self, CliWorkerConfig};
 use leasehold_workload::deployment::Backend;
 use leasehold_workload::report::{render, ReportRun};
 use leasehold_workload::resource::PgSets;
@@ -28,10 +30,12 @@ const USAGE: &str = "usage:
       redis-cluster|sqlite [--nodes N] [--duration 60s]
       [--seed N] [--workers N] [--keys N] [--arms fenced,control] [--url AUTHORITY_URL]
       [--resource-url POSTGRES_URL] [--out DIR] [--pause-probability P] [--cancel-probability P]
-      [--fault-gap 1s..3s] [--broken ignores-holder]
+      [--fault-gap 1s..3s] [--cli-workers N] [--broken ignores-holder]
   leasehold-workload check HISTORY...
   leasehold-workload report --out DIR [--how TEXT] HISTORY...
-The runner starts the servers itself (Debian packages) unless --url / --resource-url name them.";
+The runner starts the servers itself (Debian packages) unless --url / --resource-url name them.
+--cli-workers (default 1) of each arm's workers take their leases through the `leasehold` command
+($LEASEHOLD_CLI, else `leasehold` beside this program).";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -56,6 +60,8 @@ fn main() -> ExitCode {
     match args.first().map(String::as_str) {
         Some("run") => runtime.block_on(run_command(&args[1..])),
         Some("worker") => runtime.block_on(worker_command(&args[1..])),
+        Some("cli-worker") => runtime.block_on(cli_worker_command(&args[1..])),
+        Some("cli-round") => runtime.block_on(cli_round_command(&args[1..])),
         Some("check") => check_command(&args[1..]),
         Some("report") => report_command(&args[1..]),
         Some("-h" | "--help" | "help") => {
@@ -113,6 +119,11 @@ async fn run_command(args: &[String]) -> ExitCode {
                 .ok()
                 .filter(|&n| (1..=256).contains(&n))
                 .map(|n| options.workers = n)
+                .is_some(),
+            "--cli-workers" => value
+                .parse()
+                .ok()
+                .map(|n| options.cli_workers = n)
                 .is_some(),
             "--keys" => value
                 .parse()
@@ -190,6 +201,51 @@ async fn run_command(args: &[String]) -> ExitCode {
     }
 }
 
+async fn cli_worker_command(args: &[String]) -> ExitCode {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Some(config) = args
+        .first()
+        .and_then(|json| serde_json::from_str::<CliWorkerConfig>(json).ok())
+    else {
+        return usage("cli-worker needs its configuration as JSON");
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut terminate = match signal(SignalKind::terminate()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("cli worker: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    tokio::spawn(async move {
+        terminate.recv().await;
+        let _ = stop_tx.send(true);
+    });
+    match cli_worker::run(config, stop_rx).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cli worker: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn cli_round_command(args: &[String]) -> ExitCode {
+    let Some(config) = args
+        .first()
+        .and_then(|json| serde_json::from_str::<RoundConfig>(json).ok())
+    else {
+        return usage("cli-round needs its configuration as JSON");
+    };
+    match cli_round::round(config).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cli round: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 async fn worker_command(args: &[String]) -> ExitCode {
     let Some(config) = args
         .first()
@@ -223,7 +279,14 @@ async fn worker(config: WorkerConfig) -> Result<(), Box<dyn std::error::Error + 
     } else {
         authority
     };
-    let resource = Arc::new(PgSets::connect(&config.resource_url, &config.run).await?);
+    // So may the resource (its server restarting, its connections being killed).
+    let resource = loop {
+        match PgSets::connect(&config.resource_url, &config.run).await {
+            Ok(r) => break Arc::new(r),
+            Err(e) if tokio::time::Instant::now() >= give_up => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut terminate = signal(SignalKind::terminate())?;
     tokio::spawn(async move {

@@ -77,11 +77,17 @@ fn from_db(n: i64) -> Result<u64, ResourceError> {
     u64::try_from(n).map_err(|_| format!("negative value {n} in the resource").into())
 }
 
+/// The `application_name` of the resource's clients, by which the nemesis finds the connections
+/// to kill.
+pub const WORKER_APPLICATION: &str = "leasehold-workload-worker";
+
 impl PgSets {
     /// Connects to `url` (a small pool; each worker process has its own). The table must exist:
     /// see [`PgSets::create`].
     pub async fn connect(url: &str, run: &str) -> Result<Self, ResourceError> {
-        let options: PgConnectOptions = url.parse()?;
+        let options: PgConnectOptions = url
+            .parse::<PgConnectOptions>()?
+            .application_name(WORKER_APPLICATION);
         let pool = PgPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(std::time::Duration::from_secs(10))

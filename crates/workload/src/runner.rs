@@ -18,14 +18,16 @@ use leasehold_conformance::workload::{
     check_recorded, Event, FaultKind, History, RunVerdict, What, WorkerId,
 };
 use leasehold_core::{Authority, FenceSafety, LockKey};
-use leasehold_servers::{CommandSpec, ManagedProcess, PostgresServer};
+use leasehold_servers::{CommandSpec, Cut, ManagedProcess, PostgresServer};
 use rand::rngs::StdRng;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
+use crate::cli_worker::{self, CliWorkerConfig};
 use crate::deployment::{Backend, Deployment};
 use crate::resource::{PgSets, SetResource};
+use crate::resource_faults;
 use crate::worker::{Log, WorkerConfig};
 use crate::{handoff, provenance};
 
@@ -33,6 +35,7 @@ use crate::{handoff, provenance};
 /// gives up on one attempt: transactions last milliseconds, and on a loaded machine the
 /// watcher sees few of them.
 const CATCH_WRITER_WITHIN: Duration = Duration::from_secs(4);
+use crate::worker_cut::{authority_ports, can_switch_uid, give_to, worker_uid};
 
 /// Errors of a run (not findings: those are in the verdict).
 pub type RunError = Box<dyn std::error::Error + Send + Sync>;
@@ -87,6 +90,8 @@ pub struct RunOptions {
     pub fault_gap: (Duration, Duration),
     /// Workers use [`crate::broken::IgnoresHolder`]: the run must fail on exclusion.
     pub ignores_holder: bool,
+    /// Of each arm's workers, how many take their leases through the `leasehold` command.
+    pub cli_workers: u32,
 }
 
 impl RunOptions {
@@ -107,6 +112,7 @@ impl RunOptions {
             cancel_probability: 0.1,
             fault_gap: (Duration::from_millis(1000), Duration::from_millis(3000)),
             ignores_holder: false,
+            cli_workers: 1,
         }
     }
 }
@@ -132,6 +138,18 @@ struct WorkerProc {
     killed: Option<(u64, Instant)>,
     /// The kind of the last kill, which its end repeats.
     killed_by: FaultKind,
+    /// The uid it runs under, by which a cut finds its packets.
+    uid: u32,
+    /// Its history file.
+    history: PathBuf,
+    /// Cut off from the authority: the fault's id, when to heal, and the rule.
+    cut: Option<(u64, Instant, Cut)>,
+    /// A CLI worker: `leasehold` (with its command) runs below it, and the nemesis stops and
+    /// kills that tree.
+    cli: Option<Arc<PathBuf>>,
+    /// Its `leasehold` was killed: the fault's id and node, the processes that must die with
+    /// it, and by when.
+    tree_kill: Option<(u64, String, Vec<u32>, Instant)>,
 }
 
 struct Nemesis {
@@ -142,6 +160,13 @@ struct Nemesis {
     pause_for: (Duration, Duration),
     /// The workers were told to stop: their exits are expected.
     stopping: bool,
+    /// The authority's ports, which a cut drops a worker's packets to.
+    cut_ports: Vec<u16>,
+    /// The TTLs workers ask for, shortest and longest: cuts last less than the one or more
+    /// than the other.
+    ttl_range: (Duration, Duration),
+    /// Cuts so far: they alternate between shorter than any TTL and longer than every TTL.
+    cuts: u64,
 }
 
 impl Nemesis {
@@ -202,6 +227,36 @@ impl Nemesis {
                     w.paused = None;
                 }
             }
+            if let Some((fault, node, pids, by)) = &w.tree_kill {
+                let alive: Vec<u32> = pids
+                    .iter()
+                    .copied()
+                    .filter(|&p| cli_worker::is_alive(p))
+                    .collect();
+                if alive.is_empty() {
+                    self.end(
+                        *fault,
+                        FaultKind::KillWorker,
+                        Some(w.id),
+                        Some(node.clone()),
+                    );
+                    w.tree_kill = None;
+                } else if now >= *by {
+                    return Err(format!(
+                        "worker {}: processes {alive:?} that leasehold's command started \
+                         outlived leasehold's SIGKILL by more than {TREE_DIES_WITHIN:?}",
+                        w.id
+                    )
+                    .into());
+                }
+            }
+            if w.cut.as_ref().is_some_and(|(_, at, _)| now >= *at) {
+                if let Some((fault, _, cut)) = w.cut.take() {
+                    cut.heal()
+                        .map_err(|e| format!("cannot heal the cut of worker {}: {e}", w.id))?;
+                    self.end(fault, FaultKind::CutWorker, Some(w.id), None);
+                }
+            }
             if let Some((fault, at)) = w.killed {
                 if now >= at {
                     let process = w.process.clone();
@@ -230,21 +285,113 @@ impl Nemesis {
         let w = &mut workers[i];
         let fault = self.fault_id();
         self.start(fault, FaultKind::PauseWorker, Some(w.id), None);
-        if let Err(e) = w.process.pause() {
+        let paused = match (&w.cli, w.process.pid()) {
+            // The tree but leasehold's watcher, as a Ctrl-Z or a SIGSTOP of leasehold leaves it.
+            (Some(_), Some(pid)) => cli_worker::signal_all(&cli_worker::tree_to_stop(pid), "STOP"),
+            _ => w.process.pause().map_err(|e| e.to_string()),
+        };
+        if let Err(e) = paused {
             eprintln!("nemesis: cannot pause worker {}: {e}", w.id);
         }
         w.paused = Some((fault, Instant::now() + self.pause_duration()));
     }
 
-    fn kill_worker(&mut self, workers: &mut [WorkerProc], among: Option<&[WorkerId]>) {
+    /// Drops a worker's packets to the authority (no reset) for less than the shortest TTL or
+    /// for more than the longest, by turns. An error when the rule cannot be put in place: a
+    /// planned cut that silently did not happen would let the run pass on faults it never had.
+    /// False when no worker of `among` can be cut now (all paused, killed or cut already).
+    fn cut_worker(
+        &mut self,
+        workers: &mut [WorkerProc],
+        among: Option<&[WorkerId]>,
+    ) -> Result<bool, RunError> {
         let idle: Vec<usize> = (0..workers.len())
             .filter(|&i| among.is_none_or(|ids| ids.contains(&workers[i].id)))
-            .filter(|&i| workers[i].killed.is_none())
+            .filter(|&i| workers[i].cut.is_none() && workers[i].killed.is_none())
+            .filter(|&i| workers[i].paused.is_none())
+            .collect();
+        // A holder, if there is one: cutting a worker that holds nothing shows little.
+        let holders: Vec<usize> = idle
+            .iter()
+            .copied()
+            .filter(|&i| holds_a_lease(&workers[i].history))
+            .collect();
+        let Some(&i) = holders.choose(&mut self.rng).or(idle.choose(&mut self.rng)) else {
+            return Ok(false);
+        };
+        let (shortest, longest) = self.ttl_range;
+        let (lo, hi) = if self.cuts.is_multiple_of(2) {
+            (shortest / 2, shortest * 9 / 10)
+        } else {
+            (longest * 3 / 2, longest * 3)
+        };
+        self.cuts += 1;
+        let hold = Duration::from_millis(
+            self.rng
+                .random_range(lo.as_millis() as u64..=hi.as_millis() as u64),
+        );
+        let w = &mut workers[i];
+        let cut = Cut::uid_from_ports(w.uid, &self.cut_ports)
+            .map_err(|e| format!("cannot cut worker {} off the authority: {e}", w.id))?;
+        let fault = self.fault_id();
+        self.start(fault, FaultKind::CutWorker, Some(w.id), None);
+        w.cut = Some((fault, Instant::now() + hold, cut));
+        Ok(true)
+    }
+
+    /// SIGKILL to a CLI worker's `leasehold` alone, while a round runs: what it started must
+    /// die with it (checked in [`Nemesis::tend`]). False when no round is running right now.
+    fn kill_leasehold(&mut self, w: &mut WorkerProc) -> Result<bool, RunError> {
+        let (Some(cli), Some(driver)) = (&w.cli, w.process.pid()) else {
+            return Ok(false);
+        };
+        let Some(leasehold) = cli_worker::leasehold_of(driver, cli) else {
+            return Ok(false);
+        };
+        // The round may have ended since it was seen: then there was nothing to kill. The
+        // fault is recorded once the signal went out (nothing of the round is recorded in the
+        // meantime: its processes are dead).
+        let below = match cli_worker::kill_leasehold(leasehold) {
+            Ok(Some(below)) => below,
+            Ok(None) => return Ok(false),
+            Err(_) if !cli_worker::is_alive(leasehold) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        let fault = self.fault_id();
+        let node = format!("leasehold pid {leasehold}");
+        self.start(fault, FaultKind::KillWorker, Some(w.id), Some(node.clone()));
+        w.tree_kill = Some((fault, node, below, Instant::now() + TREE_DIES_WITHIN));
+        Ok(true)
+    }
+
+    /// Kills a worker: a CLI worker's `leasehold` when `trees` (false if none runs now),
+    /// else the worker process.
+    fn kill_worker(
+        &mut self,
+        workers: &mut [WorkerProc],
+        among: Option<&[WorkerId]>,
+        trees: bool,
+    ) -> Result<bool, RunError> {
+        let idle: Vec<usize> = (0..workers.len())
+            .filter(|&i| among.is_none_or(|ids| ids.contains(&workers[i].id)))
+            .filter(|&i| workers[i].killed.is_none() && workers[i].tree_kill.is_none())
+            // A tree kill aims at a running round: in a stopped tree, the watcher may have
+            // ended the command already.
+            .filter(|&i| !trees || workers[i].paused.is_none())
             .collect();
         let Some(&i) = idle.choose(&mut self.rng) else {
-            return;
+            return Ok(false);
         };
+        if workers[i].cli.is_some() {
+            if self.kill_leasehold(&mut workers[i])? {
+                return Ok(true);
+            }
+            if trees {
+                return Ok(false);
+            }
+        }
         self.kill_chosen(&mut workers[i], FaultKind::KillWorker, None);
+        Ok(true)
     }
 
     /// A kill that lands inside a write transaction: a worker caught holding the write lock
@@ -262,6 +409,7 @@ impl Nemesis {
         let idle: Vec<usize> = (0..workers.len())
             .filter(|&i| among.is_none_or(|ids| ids.contains(&workers[i].id)))
             .filter(|&i| workers[i].paused.is_none() && workers[i].killed.is_none())
+            .filter(|&i| workers[i].cli.is_none() && workers[i].tree_kill.is_none())
             .collect();
         let candidates: Vec<Arc<ManagedProcess>> =
             idle.iter().map(|&i| workers[i].process.clone()).collect();
@@ -307,6 +455,10 @@ impl Nemesis {
     }
 }
 
+/// How soon what `leasehold` started must be gone after `leasehold` is SIGKILLed: the kernel's
+/// parent-death signal and the watcher act at once, so this is scheduling slack.
+const TREE_DIES_WITHIN: Duration = Duration::from_secs(5);
+
 /// Sends `SIG<name>` through the shell's kill built-in (no `unsafe` in this crate).
 async fn signal(pid: u32, name: &str) {
     let sent = tokio::process::Command::new("/bin/sh")
@@ -319,6 +471,51 @@ async fn signal(pid: u32, name: &str) {
     if let Err(e) = sent {
         eprintln!("cannot send SIG{name} to {pid}: {e}");
     }
+}
+
+/// Puts the next scheduled fault, which cannot happen yet (a server fault in progress, no CLI
+/// round running), behind the others, so that one waiting fault does not hold up the rest of
+/// the first pass; it comes round again.
+fn rotate<T>(schedule: &mut Vec<T>) {
+    if let Some(next) = schedule.pop() {
+        schedule.insert(0, next);
+    }
+}
+
+/// Whether a worker's last recorded event leaves it holding a lease (granted, and neither
+/// released nor lost since), from the last line of its history file.
+fn holds_a_lease(history: &Path) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut file) = std::fs::File::open(history) else {
+        return false;
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if file
+        .seek(SeekFrom::Start(len.saturating_sub(4096)))
+        .is_err()
+    {
+        return false;
+    }
+    let mut tail = String::new();
+    if file.read_to_string(&mut tail).is_err() {
+        return false;
+    }
+    let Some(last) = tail.lines().rev().find(|l| !l.trim().is_empty()) else {
+        return false;
+    };
+    serde_json::from_str::<Event>(last).is_ok_and(|e| {
+        matches!(
+            e.what,
+            What::AcquireOk { .. }
+                | What::Renewed { .. }
+                | What::ReadInvoke { .. }
+                | What::ReadOk { .. }
+                | What::WriteInvoke { .. }
+                | What::WriteOk { .. }
+                | What::WriteStale { .. }
+                | What::WriteUnknown { .. }
+        )
+    })
 }
 
 /// Whether a process is stopped (`T` in `/proc/PID/stat`).
@@ -392,16 +589,33 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
     let out = std::fs::canonicalize(&options.out)?;
     let options = &RunOptions {
         out,
+        // A CLI round takes the real key with the real fence, which a broken authority's
+        // rising fences would collide with: such a run has library workers only.
+        cli_workers: if options.ignores_holder {
+            0
+        } else {
+            options.cli_workers
+        },
         ..options.clone()
     };
-    let _resource_server;
-    let resource_url = match &options.resource_url {
-        Some(url) => url.clone(),
+    let cli = if options.cli_workers > 0 {
+        Some(Arc::new(cli_worker::find_cli()?))
+    } else {
+        None
+    };
+    if !can_switch_uid() {
+        return Err(
+            "the workload runs as root: each worker process gets a uid of its own, \
+                    which the worker cut fault drops packets by"
+                .into(),
+        );
+    }
+    // The resource server is faulted only when the runner started it.
+    let (resource_url, resource_server) = match &options.resource_url {
+        Some(url) => (url.clone(), None),
         None => {
-            let server = tokio::task::spawn_blocking(PostgresServer::start).await??;
-            let url = server.url();
-            _resource_server = server;
-            url
+            let server = Arc::new(tokio::task::spawn_blocking(PostgresServer::start).await??);
+            (server.url(), Some(server))
         }
     };
     let deployment = match &options.authority_url {
@@ -457,11 +671,18 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
             Duration::from_millis(ttl_max * 3),
         ),
         stopping: false,
+        cut_ports: authority_ports(&url),
+        ttl_range: (
+            Duration::from_millis(ttl_min),
+            Duration::from_millis(ttl_max),
+        ),
+        cuts: 0,
     };
 
     // The workers of every arm.
     let mut workers = Vec::new();
     let mut arm_workers: Vec<(Arm, String, Vec<WorkerId>, Vec<PathBuf>)> = Vec::new();
+    let mut arm_cli: Vec<Vec<WorkerId>> = Vec::new();
     let mut next_id: WorkerId = 0;
     for &arm in &options.arms {
         let run = format!("{}-{}-{started}", options.backend.name(), arm.name());
@@ -470,13 +691,16 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
             .collect();
         let mut ids = Vec::new();
         let mut files = Vec::new();
-        for _ in 0..options.workers {
+        let mut cli_ids = Vec::new();
+        for n in 0..options.workers {
             let id = next_id;
             next_id += 1;
             let history = options
                 .out
                 .join(format!("{}-worker-{id}.jsonl", arm.name()));
             let _ = std::fs::remove_file(&history);
+            let uid = worker_uid(id);
+            give_to(&history, uid)?;
             let config = WorkerConfig {
                 worker: id,
                 authority_url: url.clone(),
@@ -496,12 +720,31 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                 ignores_holder: options.ignores_holder,
                 handoff_armed: Some(trigger.armed_path().to_path_buf()),
             };
-            let spec = CommandSpec::new(
-                exe.clone(),
-                ["worker".to_string(), serde_json::to_string(&config)?],
-            );
+            // The last workers of the arm take their leases through the CLI.
+            let cli = cli
+                .clone()
+                .filter(|_| n >= options.workers.saturating_sub(options.cli_workers));
+            let args = match &cli {
+                Some(path) => [
+                    "cli-worker".to_string(),
+                    serde_json::to_string(&CliWorkerConfig {
+                        worker: config,
+                        cli: path.as_ref().clone(),
+                        exe: exe.clone(),
+                    })?,
+                ],
+                None => ["worker".to_string(), serde_json::to_string(&config)?],
+            };
+            if cli.is_some() {
+                cli_ids.push(id);
+            }
             let name = format!("worker-{id}");
             let dir = leasehold_servers::process::server_dir(&name)?;
+            give_to(dir.path(), uid)?;
+            let mut spec = CommandSpec::new(exe.clone(), args);
+            spec.user = Some((uid, uid));
+            // A home the worker's uid may read (libraries look there, e.g. for `.pgpass`).
+            spec.envs.push(("HOME".into(), dir.path().into()));
             let process =
                 tokio::task::spawn_blocking(move || ManagedProcess::spawn(name, dir, spec))
                     .await??;
@@ -511,28 +754,54 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                 paused: None,
                 killed: None,
                 killed_by: FaultKind::KillWorker,
+                uid,
+                history: history.clone(),
+                cut: None,
+                cli,
+                tree_kill: None,
             });
             ids.push(id);
             files.push(history);
         }
         arm_workers.push((arm, run, ids, files));
+        arm_cli.push(cli_ids);
     }
 
     // The nemesis: worker faults in this loop, server faults in a task of their own (a restart
     // takes seconds, and paused workers must be resumed on time meanwhile).
-    let mut kinds: Vec<FaultKind> = vec![FaultKind::PauseWorker, FaultKind::KillWorker];
+    let mut kinds: Vec<FaultKind> = vec![
+        FaultKind::PauseWorker,
+        FaultKind::KillWorker,
+        FaultKind::CutWorker,
+    ];
     if let Some(d) = &deployment {
         kinds.extend(d.faults());
     }
+    if resource_server.is_some() {
+        kinds.extend([
+            FaultKind::KillResourceConnection,
+            FaultKind::RestartResource,
+        ]);
+    }
     // The first pass makes sure every kind happens (worker faults once per arm); then faults
     // are drawn at random.
-    let mut schedule: Vec<(FaultKind, Option<usize>)> = Vec::new();
+    // An entry's flag aims it at the arm's CLI workers' trees.
+    let mut schedule: Vec<(FaultKind, Option<usize>, bool)> = Vec::new();
     for &kind in &kinds {
         match kind {
-            FaultKind::PauseWorker | FaultKind::KillWorker | FaultKind::KillWorkerInTransaction => {
-                schedule.extend((0..arm_workers.len()).map(|arm| (kind, Some(arm))))
+            FaultKind::PauseWorker
+            | FaultKind::KillWorker
+            | FaultKind::KillWorkerInTransaction
+            | FaultKind::CutWorker => {
+                schedule.extend((0..arm_workers.len()).map(|arm| (kind, Some(arm), false)))
             }
-            kind => schedule.push((kind, None)),
+            kind => schedule.push((kind, None, false)),
+        }
+    }
+    for (arm, ids) in arm_cli.iter().enumerate() {
+        if !ids.is_empty() {
+            schedule.push((FaultKind::PauseWorker, Some(arm), true));
+            schedule.push((FaultKind::KillWorker, Some(arm), true));
         }
     }
     schedule.shuffle(&mut nemesis.rng);
@@ -544,6 +813,9 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
     let end = Instant::now() + options.duration;
     let mut next_at = Instant::now() + gap(&mut nemesis.rng);
     let mut server_fault: Option<tokio::task::JoinHandle<()>> = None;
+    // One resource fault at a time, beside the authority's: it fails the run when it could not
+    // land or heal.
+    let mut resource_fault: Option<tokio::task::JoinHandle<Result<(), String>>> = None;
     let mut quiet_until = Instant::now();
     while Instant::now() < end {
         nemesis.tend(&mut workers).await?;
@@ -554,30 +826,60 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
             server_fault = None;
             quiet_until = Instant::now() + Duration::from_millis(ttl_max);
         }
+        if resource_fault.as_ref().is_some_and(|t| t.is_finished()) {
+            if let Some(task) = resource_fault.take() {
+                task.await??;
+            }
+        }
         let server_busy = server_fault.is_some() || Instant::now() < quiet_until;
         if Instant::now() >= next_at {
-            let (kind, arm) = schedule.last().copied().unwrap_or_else(|| {
+            let (kind, arm, trees) = schedule.last().copied().unwrap_or_else(|| {
                 // Worker pauses are the fault that makes stale writes; weigh them up, and
                 // leave servers quiet spells (etcd refreshes every lease at each new leader,
                 // so a leader fault every other second would keep every paused holder's
                 // lease alive).
                 if nemesis.rng.random_bool(0.5) {
-                    (FaultKind::PauseWorker, None)
+                    (FaultKind::PauseWorker, None, false)
                 } else {
-                    (kinds[nemesis.rng.random_range(0..kinds.len())], None)
+                    (kinds[nemesis.rng.random_range(0..kinds.len())], None, false)
                 }
             });
-            let among = arm.map(|a| arm_workers[a].2.as_slice());
+            let among = arm.map(|a| {
+                if trees {
+                    arm_cli[a].as_slice()
+                } else {
+                    arm_workers[a].2.as_slice()
+                }
+            });
             let worker_fault = matches!(
                 kind,
-                FaultKind::PauseWorker | FaultKind::KillWorker | FaultKind::KillWorkerInTransaction
+                FaultKind::PauseWorker
+                    | FaultKind::KillWorker
+                    | FaultKind::KillWorkerInTransaction
+                    | FaultKind::CutWorker
             );
-            // A server fault waits for the one in progress to heal; worker faults go on.
-            if worker_fault || !server_busy {
-                schedule.pop();
+            let resource = matches!(
+                kind,
+                FaultKind::KillResourceConnection | FaultKind::RestartResource
+            );
+            // A server fault waits for the one in progress to heal; worker faults go on, and
+            // the resource's faults take turns among themselves.
+            let go = if resource {
+                resource_fault.is_none()
+            } else {
+                worker_fault || !server_busy
+            };
+            if go {
+                // A tree kill lands only while a round runs, a cut only on a worker that runs;
+                // until then it is tried again.
+                let mut landed = true;
                 match kind {
                     FaultKind::PauseWorker => nemesis.pause_worker(&mut workers, among),
-                    FaultKind::KillWorker => nemesis.kill_worker(&mut workers, among),
+                    FaultKind::KillWorker => {
+                        landed = nemesis.kill_worker(&mut workers, among, trees)? || !trees
+                    }
+                    // Every worker of the arm may be paused, killed or cut right now.
+                    FaultKind::CutWorker => landed = nemesis.cut_worker(&mut workers, among)?,
                     FaultKind::KillWorkerInTransaction => {
                         let lock_file = deployment.as_ref().and_then(|d| d.write_lock_file());
                         let caught = nemesis
@@ -585,8 +887,19 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                             .await;
                         if !caught && arm.is_some() {
                             // The first pass guarantees every kind, and a short run has room
-                            // for few attempts: try again next.
-                            schedule.push((kind, arm));
+                            // for few attempts: try again at the next gap, before the rest.
+                            next_at = Instant::now() + gap(&mut nemesis.rng);
+                            continue;
+                        }
+                    }
+                    FaultKind::KillResourceConnection | FaultKind::RestartResource => {
+                        if let Some(server) = &resource_server {
+                            resource_fault = Some(tokio::spawn(resource_fault_task(
+                                server.clone(),
+                                kind,
+                                nemesis.log.clone(),
+                                nemesis.fault_id(),
+                            )));
                         }
                     }
                     kind => {
@@ -617,7 +930,14 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                         }
                     }
                 }
-                next_at = Instant::now() + gap(&mut nemesis.rng);
+                if landed {
+                    schedule.pop();
+                    next_at = Instant::now() + gap(&mut nemesis.rng);
+                } else {
+                    rotate(&mut schedule);
+                }
+            } else {
+                rotate(&mut schedule);
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -628,6 +948,9 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
     // pause itself once more on the way: from now on pauses end at once.
     if let Some(task) = server_fault {
         task.await?;
+    }
+    if let Some(task) = resource_fault {
+        task.await??;
     }
     wait_for_recovery(
         &url,
@@ -643,8 +966,14 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
         if let Some((_, at)) = w.killed.as_mut() {
             *at = Instant::now();
         }
+        if let Some((_, at, _)) = w.cut.as_mut() {
+            *at = Instant::now();
+        }
     }
-    while workers.iter().any(|w| w.killed.is_some()) {
+    while workers
+        .iter()
+        .any(|w| w.killed.is_some() || w.tree_kill.is_some())
+    {
         nemesis.tend(&mut workers).await?;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -753,6 +1082,64 @@ fn arm_files_to_remove(out: &Path) -> Vec<PathBuf> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// One fault of the resource server. A connection kill is recorded once it landed (the kill
+/// and the look for writes in flight are one statement); a restart from before the kill until
+/// the server accepts connections again.
+async fn resource_fault_task(
+    server: Arc<PostgresServer>,
+    kind: FaultKind,
+    log: Log,
+    fault: u64,
+) -> Result<(), String> {
+    let node = format!("resource 127.0.0.1:{}", server.port());
+    match kind {
+        FaultKind::KillResourceConnection => {
+            let hit = resource_faults::kill_worker_connections(&server.url())
+                .await
+                .map_err(|e| format!("nemesis: {kind:?} could not be injected: {e}"))?;
+            let node = Some(format!("{node}: {hit}"));
+            log.record(What::FaultStart {
+                fault,
+                kind,
+                worker: None,
+                node: node.clone(),
+            });
+            log.record(What::FaultEnd {
+                fault,
+                kind,
+                worker: None,
+                node,
+            });
+        }
+        _ => {
+            log.record(What::FaultStart {
+                fault,
+                kind,
+                worker: None,
+                node: Some(node.clone()),
+            });
+            let mut last = String::new();
+            for _ in 0..5 {
+                match resource_faults::restart(server.clone()).await {
+                    Ok(()) => {
+                        log.record(What::FaultEnd {
+                            fault,
+                            kind,
+                            worker: None,
+                            node: Some(node),
+                        });
+                        return Ok(());
+                    }
+                    Err(e) => last = e.to_string(),
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            return Err(format!("nemesis: the resource did not restart: {last}"));
+        }
+    }
+    Ok(())
 }
 
 /// One server fault: inject, hold, heal (waiting until the servers serve again).

@@ -164,20 +164,20 @@ impl Log {
 /// The source of element numbers, unique in the run: the worker's number, its process id (a
 /// restarted worker is a new process) and a counter.
 #[derive(Debug)]
-struct Elements {
+pub(crate) struct Elements {
     base: u64,
     next: u64,
 }
 
 impl Elements {
-    fn new(worker: WorkerId, incarnation: u32) -> Self {
+    pub(crate) fn new(worker: WorkerId, incarnation: u32) -> Self {
         Elements {
             base: (u64::from(worker & 0x1FF) << 54) | (u64::from(incarnation & 0x3F_FFFF) << 32),
             next: 0,
         }
     }
 
-    fn take(&mut self) -> u64 {
+    pub(crate) fn take(&mut self) -> u64 {
         self.next = self.next.wrapping_add(1) & 0xFFFF_FFFF;
         self.base | self.next
     }

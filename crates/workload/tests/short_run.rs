@@ -1,12 +1,15 @@
 //! The short seeded workload run per backend that `./scripts/test` includes: both arms side by
-//! side on real servers for about 30 s, every fault kind of the backend at least once. It fails
-//! on any acknowledged write lost or stale write accepted in the fenced arm, and on a control arm
-//! that lost nothing (the nemesis would be too weak to prove anything).
+//! side on real servers for about 30 s, every fault kind of the backend at least once, and the
+//! faults at the worker's edges (a worker cut off from the authority, the resource's
+//! connections killed mid-write and the resource restarted, a worker taking its leases through
+//! the `leasehold` command). It fails on any acknowledged write lost or stale write accepted in
+//! the fenced arm, and on a control arm that lost nothing (the nemesis would be too weak to
+//! prove anything).
 //!
 //! The runs take turns (one lock): each starts a cluster, a resource server and eight worker
 //! processes, and two at once on two cores would measure the machine, not the backend.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
@@ -57,7 +60,10 @@ fn short_run_for(backend: &str, duration: &str, server_faults: &[FaultKind]) -> 
     );
 
     let mut handoff_gaps = Vec::new();
-    for arm in ["fenced", "control"] {
+    let mut writes_unknown = 0;
+    // Cut lengths, and the TTLs asked for, over both arms.
+    let (mut cuts, mut ttls) = (Vec::new(), Vec::new());
+    for (arm, cli_worker) in [("fenced", 3), ("control", 7)] {
         let path = out.join(format!("{backend}-{arm}.history.jsonl"));
         let history = History::read_file(&path).expect("the merged history reads back");
         handoff_gaps.extend(release_to_handoff_fault(&history));
@@ -73,9 +79,59 @@ fn short_run_for(backend: &str, duration: &str, server_faults: &[FaultKind]) -> 
             versions.contains_key("postgres"),
             "{arm}: the run line lacks the resource's PostgreSQL version: {versions:?}"
         );
+        let mut cut_started = BTreeMap::new();
+        for event in history.events() {
+            match &event.what {
+                What::AcquireInvoke { ttl_ns, .. } => ttls.push(*ttl_ns),
+                What::FaultStart {
+                    fault,
+                    kind: FaultKind::CutWorker,
+                    ..
+                } => {
+                    cut_started.insert(*fault, event.t);
+                }
+                What::FaultEnd {
+                    fault,
+                    kind: FaultKind::CutWorker,
+                    ..
+                } => cuts.extend(cut_started.get(fault).map(|&t| event.t - t)),
+                _ => {}
+            }
+        }
+        // The arm's last worker runs its rounds under `leasehold run`: it must have held leases
+        // and had its tree killed (the fault's end is recorded only once everything its
+        // command started died with `leasehold`).
+        let cli_events: Vec<&What> = history
+            .events()
+            .iter()
+            .map(|e| &e.what)
+            .filter(|w| w.worker() == Some(cli_worker) || w.fault_worker() == Some(cli_worker))
+            .collect();
+        assert!(
+            cli_events.iter().any(|w| matches!(
+                w,
+                What::AcquireOk {
+                    deadline: Some(_),
+                    ..
+                }
+            )),
+            "{arm}: the CLI worker {cli_worker} never held a lease"
+        );
+        assert!(
+            cli_events.iter().any(|w| matches!(
+                w,
+                What::FaultEnd {
+                    kind: FaultKind::KillWorker,
+                    node: Some(node),
+                    ..
+                } if node.starts_with("leasehold pid")
+            )),
+            "{arm}: the CLI worker {cli_worker}'s tree was never killed"
+        );
         let verdict = check_recorded(&history).expect("the history has its run line");
         assert_ne!(verdict.status, Status::Failed, "{verdict}");
         let figures = &verdict.figures;
+        writes_unknown += figures.writes_unknown;
         assert!(
             figures.writes_acknowledged > 0,
             "{arm}: no write was acknowledged:\n{verdict}"
@@ -94,9 +150,15 @@ fn short_run_for(backend: &str, duration: &str, server_faults: &[FaultKind]) -> 
             );
         }
         let seen: BTreeSet<FaultKind> = figures.faults.keys().copied().collect();
-        for kind in [FaultKind::PauseWorker, FaultKind::KillWorker]
-            .iter()
-            .chain(server_faults)
+        for kind in [
+            FaultKind::PauseWorker,
+            FaultKind::KillWorker,
+            FaultKind::CutWorker,
+            FaultKind::KillResourceConnection,
+            FaultKind::RestartResource,
+        ]
+        .iter()
+        .chain(server_faults)
         {
             assert!(
                 seen.contains(kind),
@@ -113,6 +175,20 @@ fn short_run_for(backend: &str, duration: &str, server_faults: &[FaultKind]) -> 
             "no hand-off leader change began within {HANDOFF_WITHIN:?} of a release: {handoff_gaps:?}"
         );
     }
+    // A worker cut off for less than any lease's TTL, and one for more than every lease's.
+    let (shortest, longest) = (ttls.iter().min(), ttls.iter().max());
+    assert!(
+        cuts.iter().any(|c| Some(c) < shortest),
+        "no cut shorter than the shortest TTL ({shortest:?} ns): {cuts:?}"
+    );
+    assert!(
+        cuts.iter().any(|c| Some(c) > longest),
+        "no cut longer than the longest TTL ({longest:?} ns): {cuts:?}"
+    );
+    assert!(
+        writes_unknown > 0,
+        "no write_unknown in either arm although the resource's connections were killed"
+    );
     out
 }
 
@@ -250,7 +326,14 @@ fn servers_given_by_url() {
     assert!(verdict.figures.writes_acknowledged > 0, "{verdict}");
     let kinds: BTreeSet<FaultKind> = verdict.figures.faults.keys().copied().collect();
     assert!(
-        kinds.is_subset(&[FaultKind::PauseWorker, FaultKind::KillWorker].into()),
+        kinds.is_subset(
+            &[
+                FaultKind::PauseWorker,
+                FaultKind::KillWorker,
+                FaultKind::CutWorker
+            ]
+            .into()
+        ),
         "servers someone else runs are not faulted: {kinds:?}"
     );
     assert!(!out.join("control-worker-4.jsonl").exists());

@@ -150,6 +150,9 @@ fn fault_kind() -> impl Strategy<Value = FaultKind> {
         Just(FaultKind::MigrateSlot),
         Just(FaultKind::KillWorkerInTransaction),
         Just(FaultKind::HandoffLeaderChange),
+        Just(FaultKind::CutWorker),
+        Just(FaultKind::KillResourceConnection),
+        Just(FaultKind::RestartResource),
     ]
 }
 

@@ -255,7 +255,10 @@ fn server_color(kind: FaultKind) -> RGBColor {
         FaultKind::IsolateMember => RGBColor(0x8e, 0x44, 0xad),
         FaultKind::PauseLeader => RGBColor(0xd4, 0xac, 0x0d),
         FaultKind::PromoteReplica => RGBColor(0x79, 0x55, 0x48),
-        FaultKind::HandoffLeaderChange => RGBColor(0x16, 0xa0, 0x85),
+        FaultKind::HandoffLeaderChange => RGBColor(0xd3, 0x54, 0x00),
+        FaultKind::CutWorker => RGBColor(0x29, 0x80, 0xb9),
+        FaultKind::KillResourceConnection => RGBColor(0x16, 0xa0, 0x85),
+        FaultKind::RestartResource => RGBColor(0x27, 0xae, 0x60),
         _ => RGBColor(0x95, 0xa5, 0xa6),
     }
 }
