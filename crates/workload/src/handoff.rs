@@ -55,14 +55,19 @@ pub struct Trigger {
 }
 
 impl Trigger {
-    /// The trigger in `dir`; nothing is armed yet (a left-over one from an earlier run in the
-    /// same directory is removed).
-    pub fn in_dir(dir: &Path) -> Trigger {
+    /// The trigger in a directory of its own under `dir`; nothing is armed yet (a left-over
+    /// one from an earlier run in the same directory is removed). Workers run under uids of
+    /// their own and claim by renaming, so that directory is writable by everyone.
+    pub fn in_dir(dir: &Path) -> std::io::Result<Trigger> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = dir.join("handoff");
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))?;
         let trigger = Trigger {
             armed: dir.join(ARMED),
         };
         trigger.clear();
-        trigger
+        Ok(trigger)
     }
 
     /// The path workers claim ([`claim`]).
@@ -196,7 +201,7 @@ mod tests {
     #[test]
     fn exactly_one_of_many_racing_claims_wins_an_armed_trigger() -> std::io::Result<()> {
         let dir = tempfile::tempdir()?;
-        let trigger = Trigger::in_dir(dir.path());
+        let trigger = Trigger::in_dir(dir.path())?;
         assert!(!claim(trigger.armed_path()), "nothing is armed yet");
         trigger.arm()?;
         let racers: Vec<_> = (0..8)

@@ -657,7 +657,7 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
         })
         .await?
     };
-    let trigger = handoff::Trigger::in_dir(&options.out);
+    let trigger = handoff::Trigger::in_dir(&options.out)?;
     let started = now_ns();
     let exe = std::env::current_exe()?;
     let nemesis_path = options.out.join("nemesis.jsonl");
@@ -769,11 +769,12 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
 
     // The nemesis: worker faults in this loop, server faults in a task of their own (a restart
     // takes seconds, and paused workers must be resumed on time meanwhile).
-    let mut kinds: Vec<FaultKind> = vec![
-        FaultKind::PauseWorker,
-        FaultKind::KillWorker,
-        FaultKind::CutWorker,
-    ];
+    let mut kinds: Vec<FaultKind> = vec![FaultKind::PauseWorker, FaultKind::KillWorker];
+    // A worker is cut off an authority it reaches over the network; an embedded one (SQLite)
+    // has no port to cut.
+    if !nemesis.cut_ports.is_empty() {
+        kinds.push(FaultKind::CutWorker);
+    }
     if let Some(d) = &deployment {
         kinds.extend(d.faults());
     }

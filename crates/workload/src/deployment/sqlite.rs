@@ -28,8 +28,14 @@ impl SqliteFile {
     /// A fresh database path in `dir`; a file left by an earlier run there is removed (with
     /// its WAL and shared-memory files).
     pub(super) fn create(dir: &Path) -> Result<SqliteFile, DeploymentError> {
-        std::fs::create_dir_all(dir)?;
-        let path = std::fs::canonicalize(dir)?.join("authority.db");
+        use std::os::unix::fs::PermissionsExt;
+        // Workers run under uids of their own, and every one of them opens the file for
+        // writing: a directory and a database file everyone may write. SQLite gives the
+        // `-wal` and `-shm` files it creates the database file's mode.
+        let dir = dir.join("sqlite");
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))?;
+        let path = std::fs::canonicalize(&dir)?.join("authority.db");
         for suffix in ["", "-wal", "-shm", "-journal"] {
             let file = PathBuf::from(format!("{}{suffix}", path.display()));
             match std::fs::remove_file(&file) {
@@ -38,6 +44,8 @@ impl SqliteFile {
                 Err(e) => return Err(Box::new(e)),
             }
         }
+        std::fs::File::create(&path)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
         Ok(SqliteFile { path })
     }
 }
