@@ -19,13 +19,15 @@ use crate::resource::{ResourceError, WORKER_APPLICATION};
 const WAIT_FOR_A_WRITE: Duration = Duration::from_secs(5);
 
 /// Terminates the worker connections (`application_name` = $1) that are mid-write, or with $2
-/// every worker connection. A worker's backend counts as mid-write while it runs a write
-/// statement or sits inside the guarded write's transaction (between `SELECT ... FOR UPDATE`
-/// and `COMMIT`, where `query` still shows the last statement).
+/// every worker connection. A worker's backend counts as mid-write while it sits inside the
+/// guarded write's transaction: running its `SELECT ... FOR UPDATE`, or idle between that and
+/// `COMMIT`. Nothing of it is committed yet, so the worker's next statement fails and it cannot
+/// know the outcome. A single-statement write that shows `active` may already have answered
+/// its worker (the state is updated after the reply), so it is not a target.
 const TERMINATE: &str = "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) \
      FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid() \
-     AND ($2 OR (state <> 'idle' AND (query LIKE '%FOR UPDATE%' \
-     OR query LIKE '%elements = EXCLUDED.elements%')))";
+     AND ($2 OR state = 'idle in transaction' \
+     OR (state = 'active' AND query LIKE '%FOR UPDATE%'))";
 
 /// Terminates (`pg_terminate_backend`) the worker connections that are mid-write, polling until
 /// there are some (at most [`WAIT_FOR_A_WRITE`], then every worker connection). Returns what was
