@@ -181,8 +181,11 @@ struct Pass<'h> {
     writes: HashMap<u64, (WriteTrack, Highest)>,
     /// Faults started and not healed.
     faults_open: BTreeMap<u64, (super::event::FaultKind, usize)>,
-    /// When each fault that can make an authority forget grants began, in time order.
-    grant_losing_faults: Vec<Nanos>,
+    /// Each fault that can make an authority forget grants: when it began and, once healed,
+    /// when it ended.
+    grant_losing_faults: Vec<(Nanos, Option<Nanos>)>,
+    /// Where in `grant_losing_faults` each such fault still in progress is.
+    losing_open: HashMap<u64, usize>,
     /// Workers paused by the nemesis right now.
     paused: BTreeSet<WorkerId>,
     /// Reads started: when.
@@ -202,6 +205,7 @@ pub fn check(history: &History, finals: &FinalState, options: &CheckOptions) -> 
         writes: HashMap::new(),
         faults_open: BTreeMap::new(),
         grant_losing_faults: Vec::new(),
+        losing_open: HashMap::new(),
         paused: BTreeSet::new(),
         reading: HashMap::new(),
     };
@@ -247,14 +251,16 @@ impl Pass<'_> {
     }
 
     /// Whether the backend declares failover-unsafe fences and a fault that can make it forget
-    /// grants began between `from` and `to`: what a reissued fence or a double grant on such a
-    /// backend needs to be declared rather than failed.
+    /// grants was under way at some point between `from` and `to` (it began in between, or
+    /// began before and had not healed by `from`): what a reissued fence or a double grant on
+    /// such a backend needs to be declared rather than failed. A failover is a stretch, not an
+    /// instant: until it heals, two servers may each believe they are the primary.
     fn declared_between(&self, from: Nanos, to: Nanos) -> bool {
         self.options.fence_safety == FenceSafety::FailoverUnsafe
             && self
                 .grant_losing_faults
                 .iter()
-                .any(|&t| (from..=to).contains(&t))
+                .any(|&(start, end)| start <= to && end.is_none_or(|end| end >= from))
     }
 
     fn push(&mut self, at: usize, key: Option<&str>, severity: Severity, kind: FindingKind) {
@@ -458,7 +464,9 @@ impl Pass<'_> {
                 *self.figures.faults.entry(*kind).or_default() += 1;
                 self.faults_open.insert(*fault, (*kind, i));
                 if kind.can_lose_grants() {
-                    self.grant_losing_faults.push(t);
+                    self.losing_open
+                        .insert(*fault, self.grant_losing_faults.len());
+                    self.grant_losing_faults.push((t, None));
                 }
                 match (kind, worker) {
                     (FaultKind::PauseWorker, Some(w)) => {
@@ -479,6 +487,11 @@ impl Pass<'_> {
                 ..
             } => {
                 self.faults_open.remove(fault);
+                if let Some(at) = self.losing_open.remove(fault) {
+                    if let Some(span) = self.grant_losing_faults.get_mut(at) {
+                        span.1 = Some(t);
+                    }
+                }
                 if let (FaultKind::PauseWorker, Some(w)) = (kind, worker) {
                     self.paused.remove(w);
                 }

@@ -133,7 +133,7 @@ fn a_failover_unsafe_backend_fails_without_a_failover_between_the_grants() {
         let v = check(&history(Some(kind)), &only("k0", &[], 1), &unsafe_fences);
         assert_eq!(v.status, Status::Declared, "{kind:?}: {v}");
     }
-    // A fault before both grants explains neither.
+    // A fault over and healed before both grants explains neither.
     let mut early = Script::default();
     early
         .run(true, true)
@@ -142,6 +142,16 @@ fn a_failover_unsafe_backend_fails_without_a_failover_between_the_grants() {
         .acquire(500, 2, "k0", 1);
     let v = check(&early.history(), &only("k0", &[], 1), &unsafe_fences);
     assert_eq!(v.status, Status::Failed, "{v}");
+    // A failover that began before both grants and was still under way (two servers may each
+    // act as the primary until it heals) explains them.
+    let mut under_way = Script::default();
+    under_way
+        .run(true, true)
+        .server_fault(10, 700, 1, FaultKind::SentinelFailover)
+        .acquire(100, 1, "k0", 1)
+        .acquire(500, 2, "k0", 1);
+    let v = check(&under_way.history(), &only("k0", &[], 1), &unsafe_fences);
+    assert_eq!(v.status, Status::Declared, "{v}");
 }
 
 #[test]
