@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_conformance::workload::{FaultKind, What};
+use leasehold_conformance::workload::FaultKind;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
@@ -147,31 +147,7 @@ pub async fn fault(
             return;
         }
     };
-    let node = injected.node.clone();
-    log.record(What::FaultStart {
-        fault,
-        kind,
-        worker: None,
-        node: node.clone(),
-    });
-    tokio::time::sleep(hold).await;
-    for attempt in 1..=5 {
-        match deployment.heal(&injected).await {
-            Ok(()) => {
-                log.record(What::FaultEnd {
-                    fault,
-                    kind,
-                    worker: None,
-                    node,
-                });
-                return;
-            }
-            Err(e) => {
-                eprintln!("nemesis: healing {kind:?} failed (attempt {attempt}): {e}");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
-    }
+    crate::runner::hold_and_heal(&deployment, &injected, kind, hold, &log, fault).await;
 }
 
 /// Arms the trigger and polls until a worker claims it (true) or [`ARMED_FOR`] passes and the

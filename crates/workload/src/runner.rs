@@ -1160,6 +1160,20 @@ async fn server_fault_task(
             return;
         }
     };
+    hold_and_heal(&deployment, &injected, kind, hold, &log, fault).await;
+}
+
+/// Records a server fault that is in place, holds it for `hold`, then heals it, retrying: a
+/// fault must never outlive the run. One that cannot be healed has no end in the history, and
+/// the checker fails the run for it.
+pub(crate) async fn hold_and_heal(
+    deployment: &Arc<Deployment>,
+    injected: &crate::deployment::Injected,
+    kind: FaultKind,
+    hold: Duration,
+    log: &Log,
+    fault: u64,
+) {
     let node = injected.node.clone();
     log.record(What::FaultStart {
         fault,
@@ -1168,10 +1182,8 @@ async fn server_fault_task(
         node: node.clone(),
     });
     tokio::time::sleep(hold).await;
-    // Heal, retrying: a fault must never outlive the run. One that cannot be healed has no end
-    // in the history, and the checker fails the run for it.
     for attempt in 1..=5 {
-        match deployment.heal(&injected).await {
+        match deployment.heal(injected).await {
             Ok(()) => {
                 log.record(What::FaultEnd {
                     fault,
