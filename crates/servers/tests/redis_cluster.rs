@@ -33,7 +33,8 @@ fn a_cluster_forms_serves_every_slot_and_fails_over_to_a_replica() {
     // The replica takes over; the key's slot is now served by it, with the data it replicated.
     let replica = cluster.replica_of(owner).unwrap();
     let replica_port = replica.port();
-    replica.command(&["WAIT", "1", "1000"]).ok();
+    // WAIT runs on the primary: it returns once a replica acknowledged the write.
+    owner.command(&["WAIT", "1", "1000"]).ok();
     owner.pause().unwrap();
     cluster.take_over(replica).unwrap();
     let now = cluster.primary_for("{lock}:fence").unwrap();
