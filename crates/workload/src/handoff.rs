@@ -147,7 +147,7 @@ pub async fn fault(
             return;
         }
     };
-    crate::runner::hold_and_heal(&deployment, &injected, kind, hold, &log, fault).await;
+    crate::server_fault::hold_and_heal(&deployment, &injected, kind, hold, &log, fault).await;
 }
 
 /// Arms the trigger and polls until a worker claims it (true) or [`ARMED_FOR`] passes and the

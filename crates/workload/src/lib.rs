@@ -17,5 +17,6 @@ pub mod report;
 pub mod resource;
 pub mod resource_faults;
 pub mod runner;
+mod server_fault;
 pub mod worker;
 pub mod worker_cut;
