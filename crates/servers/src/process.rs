@@ -222,6 +222,18 @@ impl ManagedProcess {
         running_child(&mut state).map(|child| child.id())
     }
 
+    /// How the current run ended ("exit code 1", "killed by signal 9"), or `None` while it runs
+    /// or when it was never started.
+    pub fn exit_status(&self) -> Option<String> {
+        let mut state = self.lock();
+        let child = state.child.as_mut()?;
+        match child.try_wait() {
+            Ok(Some(status)) => Some(describe_status(status)),
+            Ok(None) => None,
+            Err(e) => Some(format!("unknown ({e})")),
+        }
+    }
+
     /// Whether the process is running (a paused process is running).
     pub fn is_running(&self) -> bool {
         self.pid().is_some()

@@ -207,8 +207,9 @@ impl Nemesis {
         for w in workers.iter_mut() {
             if !self.stopping && w.killed.is_none() && !w.process.is_running() {
                 return Err(format!(
-                    "worker {} exited on its own; its log ends:\n{}",
+                    "worker {} exited on its own ({}); its log ends:\n{}",
                     w.id,
+                    w.process.exit_status().unwrap_or_default(),
                     w.process.log_tail(20)
                 )
                 .into());
