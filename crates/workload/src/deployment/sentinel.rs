@@ -87,6 +87,47 @@ impl Sentinel {
         Ok(true)
     }
 
+    /// Points `sentinel` at the primary on `port` from scratch, as an operator re-provisions
+    /// one: forget the master, monitor it again, the deployment's timings.
+    fn reprovision(&self, sentinel: &RedisSentinel, port: u16) -> Result<(), DeploymentError> {
+        let options = self.deployment.options();
+        let master = self.deployment.master_name();
+        let primary = port.to_string();
+        let quorum = options.quorum.to_string();
+        let down = options.down_after.as_millis().max(1).to_string();
+        let failover = options.failover_timeout.as_millis().max(1).to_string();
+        for args in [
+            vec!["SENTINEL", "REMOVE", master],
+            vec![
+                "SENTINEL",
+                "MONITOR",
+                master,
+                "127.0.0.1",
+                &primary,
+                &quorum,
+            ],
+            vec!["SENTINEL", "SET", master, "down-after-milliseconds", &down],
+            vec!["SENTINEL", "SET", master, "failover-timeout", &failover],
+        ] {
+            sentinel.command(&args).map_err(boxed)?;
+        }
+        Ok(())
+    }
+
+    /// Re-provisions every running sentinel that does not name the server on `port`; returns
+    /// their ports.
+    fn reprovision_stragglers(&self, port: u16) -> Result<Vec<u16>, DeploymentError> {
+        let master = self.deployment.master_name();
+        let mut fixed = Vec::new();
+        for sentinel in self.deployment.sentinels() {
+            if sentinel.pid().is_some() && sentinel.primary_port(master).ok() != Some(port) {
+                self.reprovision(sentinel, port)?;
+                fixed.push(sentinel.port());
+            }
+        }
+        Ok(fixed)
+    }
+
     fn sentinels_name(&self) -> String {
         let ports: Vec<String> = self
             .deployment
@@ -121,28 +162,9 @@ impl Form for Sentinel {
                 })
             }
             FaultKind::ReprovisionSentinels => {
-                let options = self.deployment.options();
-                let master = self.deployment.master_name();
-                let primary = self.server(self.primary()?).port().to_string();
-                let quorum = options.quorum.to_string();
-                let down = options.down_after.as_millis().max(1).to_string();
-                let failover = options.failover_timeout.as_millis().max(1).to_string();
+                let primary = self.server(self.primary()?).port();
                 for sentinel in self.deployment.sentinels() {
-                    for args in [
-                        vec!["SENTINEL", "REMOVE", master],
-                        vec![
-                            "SENTINEL",
-                            "MONITOR",
-                            master,
-                            "127.0.0.1",
-                            &primary,
-                            &quorum,
-                        ],
-                        vec!["SENTINEL", "SET", master, "down-after-milliseconds", &down],
-                        vec!["SENTINEL", "SET", master, "failover-timeout", &failover],
-                    ] {
-                        sentinel.command(&args).map_err(boxed)?;
-                    }
+                    self.reprovision(sentinel, primary)?;
                 }
                 Ok(Injected {
                     node: Some(self.sentinels_name()),
@@ -157,23 +179,49 @@ impl Form for Sentinel {
         match heal {
             Heal::AfterFailover(killed) => {
                 let promoted = self.server(1 - killed);
-                self.deployment
+                let port = promoted.port();
+                if let Err(missed) = self
+                    .deployment
                     .wait_for_primary(promoted, self.deployment.failover_bound())
-                    .map_err(boxed)?;
+                {
+                    // The sentinels did not finish the failover within its bound. A sentinel
+                    // re-provisioned earlier can keep naming the dead primary: its configuration
+                    // starts again from epoch 0, and it may ignore the others' newer one. What
+                    // an operator does then: promote the replica by hand if no sentinel did,
+                    // and re-provision the sentinels that name another server.
+                    if promoted.role().map_err(boxed)? != "master" {
+                        promoted.promote().map_err(boxed)?;
+                        eprintln!(
+                            "nemesis: no failover to port {port} ({missed}); promoted it by hand"
+                        );
+                    }
+                    let fixed = self.reprovision_stragglers(port)?;
+                    eprintln!(
+                        "nemesis: sentinels {fixed:?} kept naming another server than port \
+                         {port} after the failover; re-provisioned them"
+                    );
+                }
                 // Back empty, as a crashed Redis without persistence comes back; made the
                 // replica of the new primary at once, which is what the sentinels would tell
-                // it once they see it again.
+                // it once they see it again. A heal tried again does not restart it twice.
                 let old = self.server(killed);
-                old.restart().map_err(boxed)?;
-                let port = promoted.port().to_string();
-                old.command(&["REPLICAOF", "127.0.0.1", &port])
+                if old.pid().is_none() {
+                    old.restart().map_err(boxed)?;
+                }
+                old.command(&["REPLICAOF", "127.0.0.1", &port.to_string()])
                     .map_err(boxed)?;
-                wait_until(
-                    "the old primary is back as the new primary's replica and every sentinel \
-                     agrees",
-                    AGREE_WITHIN,
-                    || self.agreed(1 - killed),
-                )
+                let agreed = || self.agreed(1 - killed);
+                let what = "the old primary is back as the new primary's replica and every \
+                            sentinel agrees";
+                if wait_until(what, AGREE_WITHIN, agreed).is_err() {
+                    let fixed = self.reprovision_stragglers(port)?;
+                    eprintln!(
+                        "nemesis: sentinels {fixed:?} disagreed after the failover to port \
+                         {port}; re-provisioned them"
+                    );
+                    wait_until(what, AGREE_WITHIN, agreed)?;
+                }
+                Ok(())
             }
             Heal::Reprovisioned => wait_until(
                 "the re-provisioned sentinels agree on the primary, the replica and each other",
@@ -182,5 +230,36 @@ impl Form for Sentinel {
             ),
             other => Err(format!("{other:?} does not heal Redis under Sentinel").into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sentinels re-provisioned with the primary just killed (an operator's script applying a
+    /// stale configuration) know no replica, so none of them can fail over: the heal promotes
+    /// the replica by hand once the failover's bound has passed, re-provisions the sentinels,
+    /// and every sentinel names the promoted server again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sentinels_that_cannot_fail_over_are_healed_by_hand() -> Result<(), DeploymentError> {
+        let form = Sentinel::start().await?;
+        let killed = form.primary()?;
+        let injected = form.inject(FaultKind::SentinelFailover, 0)?;
+        for sentinel in form.deployment.sentinels() {
+            form.reprovision(sentinel, form.server(killed).port())?;
+        }
+        let form = std::sync::Arc::new(form);
+        let healing = form.clone();
+        blocking(move || healing.heal(injected.heal)).await?;
+        for sentinel in form.deployment.sentinels() {
+            let named = sentinel
+                .primary_port(form.deployment.master_name())
+                .map_err(boxed)?;
+            if named != form.server(1 - killed).port() {
+                return Err(format!("sentinel {} names port {named}", sentinel.port()).into());
+            }
+        }
+        Ok(())
     }
 }
