@@ -194,6 +194,16 @@ impl PostgresServer {
 
     /// Whether the server completes a startup handshake (answers with an authentication
     /// request rather than "the database system is starting up").
+    /// Promotes a standby to a primary (`pg_ctl promote`), returning once it accepts writes.
+    pub fn promote(&self) -> Result<()> {
+        let bin = postgres_bin_dir()?;
+        let mut command = Command::new(bin.join("pg_ctl"));
+        command
+            .args(["promote", "-w", "-t", "30", "-D"])
+            .arg(&self.data_dir);
+        run_logged(command, "pg_ctl-promote", self.process.dir(), run_as()?)
+    }
+
     fn accepting(&self) -> std::result::Result<(), String> {
         startup_probe(self.port)
     }

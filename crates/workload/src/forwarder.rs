@@ -1,6 +1,8 @@
-//! A TCP forwarder whose target can be switched: the address clients use for "the Redis primary".
+//! A TCP forwarder whose target can be switched: the address clients use for "the primary" of a
+//! Redis or PostgreSQL pair.
 //!
-//! It plays the part of Sentinel or a floating address: when the nemesis promotes the replica,
+//! It plays the part of Sentinel, a proxy or a floating address: when the nemesis promotes the
+//! replica,
 //! the forwarder points at it and drops every open connection, so clients reconnect to the new
 //! primary while the old one still runs with whatever it had not replicated.
 

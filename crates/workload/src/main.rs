@@ -26,8 +26,8 @@ use leasehold_workload::runner::{run, Arm, RunOptions};
 use leasehold_workload::worker::{Log, PauseBy, Worker, WorkerConfig};
 
 const USAGE: &str = "usage:
-  leasehold-workload run --backend etcd|zookeeper|postgres|postgres-pgbouncer|redis|redis-sentinel|
-      redis-cluster|sqlite [--nodes N] [--duration 60s]
+  leasehold-workload run --backend etcd|zookeeper|postgres|postgres-standby|postgres-pgbouncer|
+      redis|redis-sentinel|redis-cluster|sqlite [--nodes N] [--duration 60s]
       [--seed N] [--workers N] [--keys N] [--arms fenced,control] [--url AUTHORITY_URL]
       [--resource-url POSTGRES_URL] [--out DIR] [--pause-probability P] [--cancel-probability P]
       [--fault-gap 1s..3s] [--cli-workers N] [--broken ignores-holder]

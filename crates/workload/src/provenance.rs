@@ -117,7 +117,7 @@ pub fn programs(options: &RunOptions) -> Vec<&'static str> {
         programs.extend(match options.backend {
             Backend::Etcd => &["etcd"][..],
             Backend::Zookeeper => &["zookeeper"],
-            Backend::Postgres => &["postgres"],
+            Backend::Postgres | Backend::PostgresStandby => &["postgres"],
             Backend::PostgresPgbouncer => &["postgres", "pgbouncer"],
             Backend::Redis | Backend::RedisSentinel | Backend::RedisCluster => &["redis-server"],
             Backend::Sqlite => &[],

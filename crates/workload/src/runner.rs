@@ -628,7 +628,10 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
         (None, Some(d)) => d.url(),
         (None, None) => return Err("no authority".into()),
     };
-    if options.backend == Backend::Postgres {
+    if matches!(
+        options.backend,
+        Backend::Postgres | Backend::PostgresStandby
+    ) {
         // The lease table is the operator's to create; the runner is the operator here.
         leasehold_postgres::PostgresAuthority::connect(&url)
             .await?

@@ -364,6 +364,18 @@ fn servers_given_by_url() {
     assert!(!out.join("control-worker-4.jsonl").exists());
 }
 
+/// PostgreSQL with an asynchronous standby: the primary killed and restarted, and a failover
+/// that promotes the standby (what it had not streamed is lost, which the checker declares).
+#[test]
+fn postgres_with_a_standby() {
+    short_run_for(
+        "postgres-standby",
+        "20s",
+        &[FaultKind::KillAuthority, FaultKind::PromoteReplica],
+        Edges::Landed,
+    );
+}
+
 /// PostgreSQL through PgBouncer in transaction mode (`pooler=transaction`): the pooler
 /// restarted, and PostgreSQL killed underneath it.
 #[test]

@@ -2,8 +2,9 @@
 //!
 //! Each deployment *form* lives in a file of its own and answers the same questions (its URL,
 //! its faults, how to inject and heal each): etcd and ZooKeeper as 3-member clusters or single
-//! servers ([`consensus`]), PostgreSQL alone ([`postgres`]) or behind PgBouncer in transaction
-//! mode ([`pgbouncer`]), Redis as a primary and a replica behind a forwarder that a failover
+//! servers ([`consensus`]), PostgreSQL alone ([`postgres`]), with an asynchronous standby that a
+//! failover promotes ([`postgres_standby`]) or behind PgBouncer in transaction mode
+//! ([`pgbouncer`]), Redis as a primary and a replica behind a forwarder that a failover
 //! switches ([`redis_pair`]), under Sentinel ([`sentinel`]) or as a Cluster
 //! ([`redis_cluster`]), and SQLite, one file that every worker process opens ([`sqlite`]).
 //! Every server is a plain process from Debian's packages (`leasehold-servers`).
@@ -18,6 +19,7 @@ use rand::Rng;
 mod consensus;
 mod pgbouncer;
 mod postgres;
+mod postgres_standby;
 mod redis_cluster;
 mod redis_pair;
 mod sentinel;
@@ -36,6 +38,8 @@ pub enum Backend {
     Redis,
     /// PostgreSQL through PgBouncer in transaction pooling mode.
     PostgresPgbouncer,
+    /// PostgreSQL with an asynchronous streaming standby, promoted by a failover.
+    PostgresStandby,
     /// Redis under Sentinel: a primary, a replica and three sentinels.
     RedisSentinel,
     /// Redis Cluster: three primaries with a replica each.
@@ -46,10 +50,11 @@ pub enum Backend {
 
 impl Backend {
     /// Every backend, in the report's order.
-    pub const ALL: [Backend; 8] = [
+    pub const ALL: [Backend; 9] = [
         Backend::Etcd,
         Backend::Zookeeper,
         Backend::Postgres,
+        Backend::PostgresStandby,
         Backend::PostgresPgbouncer,
         Backend::Redis,
         Backend::RedisSentinel,
@@ -65,6 +70,7 @@ impl Backend {
             Backend::Postgres => "postgres",
             Backend::Redis => "redis",
             Backend::PostgresPgbouncer => "postgres-pgbouncer",
+            Backend::PostgresStandby => "postgres-standby",
             Backend::RedisSentinel => "redis-sentinel",
             Backend::RedisCluster => "redis-cluster",
             Backend::Sqlite => "sqlite",
@@ -212,6 +218,7 @@ impl Deployment {
             Backend::Postgres => Box::new(postgres::Postgres::start().await?),
             Backend::Redis => Box::new(redis_pair::RedisPair::start().await?),
             Backend::PostgresPgbouncer => Box::new(pgbouncer::BehindPooler::start().await?),
+            Backend::PostgresStandby => Box::new(postgres_standby::PostgresStandby::start().await?),
             Backend::RedisSentinel => Box::new(sentinel::Sentinel::start().await?),
             Backend::RedisCluster => Box::new(redis_cluster::Cluster::start().await?),
             Backend::Sqlite => Box::new(sqlite::SqliteFile::create(dir)?),
