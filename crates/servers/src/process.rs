@@ -547,7 +547,7 @@ pub(crate) fn send_signal(pids: &[u32], signal: &str) -> Result<()> {
 }
 
 /// Whether a process exists and is not a zombie.
-pub(crate) fn is_alive(pid: u32) -> bool {
+pub fn is_alive(pid: u32) -> bool {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => stat_fields(&stat).is_some_and(|(state, _)| state != "Z" && state != "X"),
         Err(_) => false,
@@ -588,8 +588,14 @@ fn stat_fields(stat: &str) -> Option<(&str, u32)> {
     Some((state, ppid))
 }
 
-/// All live descendants of `root`, found by walking `/proc`.
-pub(crate) fn descendants(root: u32) -> Vec<u32> {
+/// The parent of `pid`, from `/proc`; `None` once it is gone.
+pub fn parent_of(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_fields(&stat).map(|(_, ppid)| ppid)
+}
+
+/// All live descendants of `root` (zombies left out), found by walking `/proc`.
+pub fn descendants(root: u32) -> Vec<u32> {
     let Ok(entries) = fs::read_dir("/proc") else {
         return Vec::new();
     };

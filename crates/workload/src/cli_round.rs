@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use leasehold_conformance::workload::clock::now_ns;
 use leasehold_conformance::workload::{What, WorkerId};
+use leasehold_servers::process::parent_of;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -218,11 +219,4 @@ async fn stop_tree() {
     if let Err(e) = stopped {
         eprintln!("cli round: could not stop its tree: {e}");
     }
-}
-
-/// The parent of `pid`, from `/proc`.
-pub fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
 }
