@@ -13,6 +13,8 @@
 //!   ZooKeeper, Redis and PostgreSQL from Debian's packages as plain processes on free loopback
 //!   ports, and faults them.
 //! * [`resource`]: a recording fenced resource and the history checker.
+//! * [`gate`]: the resource suite: scenarios every gate (a store that checks fences) must pass,
+//!   over a [`gate::GateContext`], and broken gates it must catch.
 //! * [`workload`]: the fault workload's history (one JSON line per event) and its checker:
 //!   lost acknowledgements, stale writes accepted, reissued fences, overlapping holders,
 //!   availability and hand-off latency, from a run's history and the resource's final state.
@@ -31,6 +33,7 @@
 
 mod context;
 mod faults;
+pub mod gate;
 pub mod kit;
 pub mod memory;
 pub mod mutants;

@@ -1,0 +1,205 @@
+//! The resource suite: scenarios every *gate* must pass, a gate being what checks fences at a
+//! protected store (a [`FencedResource`]: a SQL table, an object store, a Redis hash, the
+//! in-memory [`FencedRegister`](leasehold_core::FencedRegister)).
+//!
+//! The authority suite ([`crate::scenarios`]) proves that fences are issued in order; this one
+//! proves that the store refuses the older ones, atomically with the write. Like the authority
+//! suite, each scenario is a public async function, here over a [`GateContext`] (a factory of
+//! fresh resources and, where the store can be faulted, a [`GateFaults`]), and
+//! [`run_all`] runs them in order. [`mutants`] are broken gates the suite must catch.
+//!
+//! ```ignore
+//! let ctx = GateContext::new(Arc::new(MyTables::new(pool))).with_faults(Arc::new(faults));
+//! leasehold_conformance::gate::run_all("postgres table", &ctx).await.assert_passed();
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_core::Instant;
+
+use crate::context::ResourceFactory;
+use crate::verdict::{Failure, Line, Outcome, Verdict};
+
+pub mod mutants;
+mod scenarios;
+
+pub use scenarios::{
+    claim_then_older_write_refused, equal_fence_accepted_again, fence_survives_restart,
+    racing_writers_in_both_orders, refusal_is_atomic_under_concurrency, stale_fence_refused,
+    unknown_outcome_resolved_by_claim, WRITERS, WRITER_ROUNDS,
+};
+
+/// Faults of the store behind a gate, where the harness can inject them.
+#[async_trait]
+pub trait GateFaults: Send + Sync {
+    /// Cuts the gate's connections to the store, as a network failure or a store-side kill
+    /// does: requests in flight get no answer (their outcome unknown to the caller), and the
+    /// gate must connect again for the next one.
+    async fn cut_connections(&self) -> leasehold_core::Result<()>;
+
+    /// Restarts the store on its data (a crash and recovery); returns once it serves again.
+    async fn restart(&self) -> leasehold_core::Result<()>;
+}
+
+/// What a gate scenario runs against.
+#[derive(Clone)]
+pub struct GateContext {
+    resources: Arc<dyn ResourceFactory>,
+    faults: Option<Arc<dyn GateFaults>>,
+}
+
+impl fmt::Debug for GateContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GateContext")
+            .field("faults", &self.faults.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl GateContext {
+    /// Scenarios take fresh resources (no fence accepted yet) from `resources`.
+    pub fn new(resources: Arc<dyn ResourceFactory>) -> Self {
+        GateContext {
+            resources,
+            faults: None,
+        }
+    }
+
+    /// Lets the scenarios that need them fault the store.
+    pub fn with_faults(mut self, faults: Arc<dyn GateFaults>) -> Self {
+        self.faults = Some(faults);
+        self
+    }
+
+    /// The factory of fresh resources.
+    pub fn resources(&self) -> &Arc<dyn ResourceFactory> {
+        &self.resources
+    }
+
+    /// The store's faults, if the harness can inject them.
+    pub fn faults(&self) -> Option<&Arc<dyn GateFaults>> {
+        self.faults.as_ref()
+    }
+}
+
+type GateFuture<'a> = Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
+
+/// A named gate scenario.
+#[derive(Clone, Copy)]
+pub struct GateScenario {
+    /// Its name in reports.
+    pub name: &'static str,
+    run: for<'a> fn(&'a GateContext) -> GateFuture<'a>,
+}
+
+impl fmt::Debug for GateScenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+macro_rules! gate_scenarios {
+    ($($name:ident),* $(,)?) => {
+        /// Every gate scenario, in the order [`run_all`] runs them.
+        pub fn all() -> Vec<GateScenario> {
+            vec![$(GateScenario { name: stringify!($name), run: |ctx| Box::pin($name(ctx)) }),*]
+        }
+    };
+}
+
+gate_scenarios![
+    stale_fence_refused,
+    equal_fence_accepted_again,
+    claim_then_older_write_refused,
+    racing_writers_in_both_orders,
+    refusal_is_atomic_under_concurrency,
+    unknown_outcome_resolved_by_claim,
+    fence_survives_restart,
+];
+
+/// The longest a gate scenario may run before it counts as hung.
+pub const GATE_SCENARIO_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Runs one scenario in its own task: a panic or a hang fails that scenario only.
+pub async fn run_one(ctx: &GateContext, scenario: GateScenario) -> Line {
+    let start = Instant::now();
+    let task = {
+        let ctx = ctx.clone();
+        tokio::spawn(async move { (scenario.run)(&ctx).await })
+    };
+    let outcome = match tokio::time::timeout(GATE_SCENARIO_TIMEOUT, task).await {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(join)) if join.is_panic() => Err(Failure::new("the scenario panicked")),
+        Ok(Err(join)) => Err(Failure::new(format!("the scenario task failed: {join}"))),
+        Err(_) => Err(Failure::new(format!(
+            "the scenario hung for {GATE_SCENARIO_TIMEOUT:?}"
+        ))),
+    };
+    Line {
+        scenario: scenario.name,
+        outcome,
+        took: start.elapsed(),
+    }
+}
+
+/// Runs every gate scenario against the gate behind `ctx`, one after another.
+pub async fn run_all(subject: &str, ctx: &GateContext) -> GateReport {
+    let mut lines = Vec::new();
+    for scenario in all() {
+        lines.push(run_one(ctx, scenario).await);
+    }
+    GateReport {
+        subject: subject.to_string(),
+        lines,
+    }
+}
+
+/// The result of running the resource suite against one gate.
+#[derive(Clone, Debug)]
+pub struct GateReport {
+    /// What the gate was called in this run (a store, or a mutant's name).
+    pub subject: String,
+    /// One line per scenario, in order.
+    pub lines: Vec<Line>,
+}
+
+impl GateReport {
+    /// The scenarios that failed.
+    pub fn failures(&self) -> Vec<&Line> {
+        self.lines.iter().filter(|l| l.outcome.is_err()).collect()
+    }
+
+    /// An error with the whole report unless every scenario passed or did not apply.
+    pub fn passed(&self) -> Result<(), Failure> {
+        if self.failures().is_empty() {
+            Ok(())
+        } else {
+            Err(Failure::new(format!("the resource suite failed:\n{self}")))
+        }
+    }
+}
+
+impl fmt::Display for GateReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "resource suite on {}:", self.subject)?;
+        for line in &self.lines {
+            let (tag, detail) = match &line.outcome {
+                Ok(Verdict::Passed) => ("pass", String::new()),
+                Ok(Verdict::NotApplicable(why)) => ("n/a ", why.clone()),
+                Ok(Verdict::Declared(what)) => ("DECLARED", what.clone()),
+                Err(failure) => ("FAIL", failure.0.clone()),
+            };
+            writeln!(
+                f,
+                "  {tag:8} {:40} {:>8.0?}  {detail}",
+                line.scenario, line.took
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,162 @@
+//! Broken gates: each gets one part of fence checking wrong, the way a hand-written gate
+//! does. The resource suite is only worth something if every one of them fails the scenario
+//! aimed at it; `conformance/tests/gate.rs` checks that they do.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_core::{Fence, FencedResource, Guarded, Result};
+
+use super::{GateContext, GateFaults};
+use crate::context::ResourceFactory;
+
+/// What a broken gate gets wrong.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GateMutant {
+    /// Reads the newest fence, then writes in a second step: an older fence can overwrite a
+    /// newer one that landed in between.
+    ReadThenWrite,
+    /// Off by one: refuses only fences two or more below the newest.
+    AcceptsOneBelow,
+    /// Off by one the other way: refuses the holder's own fence when it writes again.
+    RefusesItsOwnFence,
+    /// Answers a claim as accepted without raising the newest fence.
+    ClaimForgets,
+    /// Keeps the newest fence in memory only: a restart of the store forgets it.
+    ForgetsOnRestart,
+}
+
+impl GateMutant {
+    /// Every mutant.
+    pub const ALL: [GateMutant; 5] = [
+        GateMutant::ReadThenWrite,
+        GateMutant::AcceptsOneBelow,
+        GateMutant::RefusesItsOwnFence,
+        GateMutant::ClaimForgets,
+        GateMutant::ForgetsOnRestart,
+    ];
+
+    /// The scenarios meant to catch it (at least one of them must fail).
+    pub fn aimed_at(self) -> &'static [&'static str] {
+        match self {
+            GateMutant::ReadThenWrite => &["refusal_is_atomic_under_concurrency"],
+            GateMutant::AcceptsOneBelow => {
+                &["stale_fence_refused", "racing_writers_in_both_orders"]
+            }
+            GateMutant::RefusesItsOwnFence => &["equal_fence_accepted_again"],
+            GateMutant::ClaimForgets => &["claim_then_older_write_refused"],
+            GateMutant::ForgetsOnRestart => &["fence_survives_restart"],
+        }
+    }
+}
+
+/// The newest fence of one broken gate; 0 before any was accepted.
+#[derive(Debug, Default)]
+struct Newest(Mutex<u64>);
+
+impl Newest {
+    fn lock(&self) -> MutexGuard<'_, u64> {
+        // One integer: a panic elsewhere cannot leave it half-written.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A broken in-memory gate.
+#[derive(Debug)]
+struct BrokenGate {
+    mutant: GateMutant,
+    newest: Arc<Newest>,
+}
+
+impl BrokenGate {
+    fn is_stale(&self, fence: u64, newest: u64) -> bool {
+        match self.mutant {
+            GateMutant::AcceptsOneBelow => fence.saturating_add(1) < newest,
+            GateMutant::RefusesItsOwnFence => fence <= newest && newest > 0,
+            _ => fence < newest,
+        }
+    }
+
+    async fn guarded(&self, fence: Fence, raise: bool) -> Result<Guarded> {
+        let fence = fence.value();
+        if self.mutant == GateMutant::ReadThenWrite {
+            let seen = *self.newest.lock();
+            if self.is_stale(fence, seen) {
+                return Ok(Guarded::Stale { newest: seen });
+            }
+            // The second round trip of a read-then-write gate.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            *self.newest.lock() = fence;
+            return Ok(Guarded::Accepted);
+        }
+        let mut newest = self.newest.lock();
+        if self.is_stale(fence, *newest) {
+            return Ok(Guarded::Stale { newest: *newest });
+        }
+        if raise {
+            *newest = fence;
+        }
+        Ok(Guarded::Accepted)
+    }
+}
+
+#[async_trait]
+impl FencedResource for BrokenGate {
+    async fn claim(&self, fence: Fence) -> Result<Guarded> {
+        self.guarded(fence, self.mutant != GateMutant::ClaimForgets)
+            .await
+    }
+
+    async fn write(&self, fence: Fence, _value: &str) -> Result<Guarded> {
+        self.guarded(fence, true).await
+    }
+}
+
+/// Makes broken gates and, as their store's faults, forgets (or keeps) what they hold.
+#[derive(Debug)]
+struct BrokenStore {
+    mutant: GateMutant,
+    gates: Mutex<Vec<Arc<Newest>>>,
+}
+
+#[async_trait]
+impl ResourceFactory for BrokenStore {
+    async fn resource(&self) -> Result<Arc<dyn FencedResource>> {
+        let newest = Arc::new(Newest::default());
+        self.gates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(newest.clone());
+        Ok(Arc::new(BrokenGate {
+            mutant: self.mutant,
+            newest,
+        }))
+    }
+}
+
+#[async_trait]
+impl GateFaults for BrokenStore {
+    async fn cut_connections(&self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn restart(&self) -> Result<()> {
+        if self.mutant == GateMutant::ForgetsOnRestart {
+            for newest in self.gates.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                *newest.lock() = 0;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A context whose gates are broken as `mutant` says, with store faults.
+pub fn context(mutant: GateMutant) -> GateContext {
+    let store = Arc::new(BrokenStore {
+        mutant,
+        gates: Mutex::new(Vec::new()),
+    });
+    GateContext::new(store.clone()).with_faults(store)
+}
