@@ -227,7 +227,11 @@ impl Form for Cluster {
                     FAILOVER_WITHIN,
                     || self.node(replica).is_primary().map_err(boxed),
                 )?;
-                self.node(killed).restart().map_err(boxed)?;
+                // A heal tried again after the restart (settling timed out) does not kill the
+                // rejoined node a second time.
+                if self.node(killed).pid().is_none() {
+                    self.node(killed).restart().map_err(boxed)?;
+                }
                 self.cluster.settle().map_err(boxed)
             }
             // The slot stays where it was moved: moving it back would be a second migration,
