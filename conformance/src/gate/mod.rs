@@ -51,6 +51,7 @@ pub trait GateFaults: Send + Sync {
 pub struct GateContext {
     resources: Arc<dyn ResourceFactory>,
     faults: Option<Arc<dyn GateFaults>>,
+    forgets_on_restart: Option<String>,
 }
 
 impl fmt::Debug for GateContext {
@@ -67,7 +68,20 @@ impl GateContext {
         GateContext {
             resources,
             faults: None,
+            forgets_on_restart: None,
         }
+    }
+
+    /// Declares that the store keeps nothing across a restart (`why`: Redis without
+    /// persistence, say): a fence forgotten by a restart is then shown as declared, not failed.
+    pub fn forgets_on_restart(mut self, why: impl Into<String>) -> Self {
+        self.forgets_on_restart = Some(why.into());
+        self
+    }
+
+    /// Why the store keeps nothing across a restart, when it was declared.
+    pub fn declared_forgetful(&self) -> Option<&str> {
+        self.forgets_on_restart.as_deref()
     }
 
     /// Lets the scenarios that need them fault the store.

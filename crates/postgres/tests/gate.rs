@@ -38,14 +38,14 @@ impl ResourceFactory for Registers {
 #[async_trait]
 impl GateFaults for Registers {
     async fn cut_connections(&self) -> leasehold_core::Result<()> {
-        let admin = PgPool::connect(&self.server.url())
-            .await
-            .map_err(|e| leasehold_core::Error::Backend {
+        let admin = PgPool::connect(&self.server.url()).await.map_err(|e| {
+            leasehold_core::Error::Backend {
                 backend: "postgres",
                 message: format!("the admin connection: {e}"),
                 retryable: true,
                 source: None,
-            })?;
+            }
+        })?;
         let cut = sqlx::query(
             "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity \
              WHERE application_name = $1",

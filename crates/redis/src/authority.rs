@@ -329,7 +329,7 @@ impl RedisAuthority {
             .inner
             .scripts
             .acquire
-            .run::<Int, _>(&mut pending.con, &keys, &args);
+            .run::<Int, _, _>(&mut pending.con, &keys, &args);
         let reply = match tokio::time::timeout_at(give_up, run).await {
             Err(_) => {
                 self.inner.link.discard(id);
@@ -593,7 +593,7 @@ impl Drop for Pending<'_> {
         runtime.spawn(async move {
             let value_key = KeyLayout::value_key_of(&lock_key);
             let (keys, args) = ([lock_key.as_str(), &value_key], [token.as_str(), &channel]);
-            let release = script.run::<i64, _>(&mut con, &keys, &args);
+            let release = script.run::<i64, _, _>(&mut con, &keys, &args);
             match tokio::time::timeout(ttl, release).await {
                 Ok(Ok(released::ANNOUNCED | released::UNANNOUNCED)) => {
                     tracing::debug!(%lock_key, "released a lease whose acquisition had no answer");

@@ -32,6 +32,7 @@ mod authority;
 mod cluster;
 mod config;
 mod errors;
+pub mod gate;
 mod keys;
 mod link;
 mod scripts;

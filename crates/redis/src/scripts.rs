@@ -1,6 +1,5 @@
 //! The four Lua scripts, and running them by SHA with the full text as the fallback.
 
-use crate::link::Connection;
 use redis::{
     ErrorKind, FromRedisValue, ParsingError, RedisResult, ServerErrorKind, ToRedisArgs, Value,
 };
@@ -155,12 +154,15 @@ impl LuaScript {
 
     /// Runs the script with `keys` and `args` on `con` (arguments as text, or as bytes where a
     /// value need not be UTF-8).
-    pub(crate) async fn run<T: FromRedisValue, A: ToRedisArgs + Sync>(
+    pub(crate) async fn run<T: FromRedisValue, A: ToRedisArgs + Sync, C>(
         &self,
-        con: &mut Connection,
+        con: &mut C,
         keys: &[&str],
         args: &[A],
-    ) -> RedisResult<T> {
+    ) -> RedisResult<T>
+    where
+        C: redis::aio::ConnectionLike + Send,
+    {
         let call = |command: &str, body: &str| {
             let mut cmd = redis::cmd(command);
             cmd.arg(body).arg(keys.len()).arg(keys).arg(args);

@@ -1,0 +1,214 @@
+//! Redis as the protected resource: a gate that writes fields of a hash only under a fence that
+//! is not older than the newest one the hash has seen.
+//!
+//! The fence lives in the hash itself, in one field ([`FENCE_FIELD`] unless told otherwise),
+//! so the compare and the write are one script on one key: atomic on a single server, and on a
+//! Redis Cluster too (one key is one slot; no hash tags needed). The script compares fences as
+//! decimal strings, never as Lua numbers, which are doubles and would round fences above 2^53.
+//!
+//! * [`RedisGate::claim`] raises the hash's fence without writing: a new holder's first call,
+//!   which from then on refuses every older holder's late write.
+//! * [`RedisGate::hset`] writes fields under a fence.
+//!
+//! ```no_run
+//! # async fn demo(fence: leasehold_core::Fence) -> leasehold_core::Result<()> {
+//! use leasehold_core::Guarded;
+//! use leasehold_redis::gate::RedisGate;
+//!
+//! let gate = RedisGate::connect("redis://127.0.0.1:6379").await?;
+//! match gate.hset("account:42", fence, &[("balance", "120")]).await? {
+//!     Guarded::Accepted => { /* written, with the fence */ }
+//!     Guarded::Stale { newest } => { /* a newer holder (fence {newest}) wrote: abandon */ }
+//!     _ => {}
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! A gate's durability is the server's: without persistence (`appendonly`), a restarted Redis
+//! has forgotten every fence and accepts any again.
+
+use async_trait::async_trait;
+use leasehold_core::{telemetry, Error, Fence, FencedResource, Guarded, Result};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::Value;
+
+use crate::errors;
+use crate::scripts::LuaScript;
+
+/// The hash field that keeps the newest fence, unless [`RedisGate::with_fence_field`] names
+/// another.
+pub const FENCE_FIELD: &str = "leasehold_fence";
+
+/// The `resource` label of the fence rejections a gate counts.
+const REJECTED_BY: &str = "redis_hash";
+
+/// KEYS[1]: the hash. ARGV[1]: the fence (decimal), ARGV[2]: the fence field, ARGV[3..]: field
+/// and value pairs to write (none for a claim). Answers `{1}` when accepted, `{0, newest}` when
+/// the hash has seen a greater fence.
+const GUARDED_HSET: &str = r"
+local newest = redis.call('HGET', KEYS[1], ARGV[2])
+local fence = ARGV[1]
+if newest and (#newest > #fence or (#newest == #fence and newest > fence)) then
+  return {0, newest}
+end
+redis.call('HSET', KEYS[1], ARGV[2], fence, unpack(ARGV, 3))
+return {1}
+";
+
+#[derive(Clone)]
+enum Connection {
+    Server(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// A fencing gate on Redis hashes (one server, or a Redis Cluster). Cloning it shares the
+/// connection.
+#[derive(Clone)]
+pub struct RedisGate {
+    connection: Connection,
+    fence_field: String,
+    script: LuaScript,
+}
+
+impl std::fmt::Debug for RedisGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisGate")
+            .field("fence_field", &self.fence_field)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisGate {
+    /// Connects to one Redis server (`redis://[user:password@]host:port[/db]`, `rediss://`).
+    /// The connection reconnects by itself after it breaks.
+    pub async fn connect(url: &str) -> Result<RedisGate> {
+        let client = redis::Client::open(url).map_err(|e| errors::map(e, "the gate's URL"))?;
+        let config = ConnectionManagerConfig::new().set_number_of_retries(1);
+        let manager = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(|e| errors::map(e, "connect the gate"))?;
+        Ok(RedisGate::over(Connection::Server(manager)))
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes (`redis://host:port` each).
+    pub async fn connect_cluster(nodes: &[&str]) -> Result<RedisGate> {
+        let client =
+            ClusterClient::new(nodes.to_vec()).map_err(|e| errors::map(e, "the gate's nodes"))?;
+        let connection = client
+            .get_async_connection()
+            .await
+            .map_err(|e| errors::map(e, "connect the gate to the cluster"))?;
+        Ok(RedisGate::over(Connection::Cluster(connection)))
+    }
+
+    fn over(connection: Connection) -> RedisGate {
+        RedisGate {
+            connection,
+            fence_field: FENCE_FIELD.to_string(),
+            script: LuaScript::new(GUARDED_HSET),
+        }
+    }
+
+    /// Keeps the fence in hash field `field` instead of [`FENCE_FIELD`].
+    pub fn with_fence_field(mut self, field: &str) -> RedisGate {
+        self.fence_field = field.to_string();
+        self
+    }
+
+    /// Raises the fence of hash `key` to `fence` unless the hash has seen a greater one; writes
+    /// nothing else.
+    pub async fn claim(&self, key: &str, fence: Fence) -> Result<Guarded> {
+        self.guarded(key, fence, &[]).await
+    }
+
+    /// Writes `fields` into hash `key`, and the fence beside them, unless the hash has seen a
+    /// greater fence. A field named like the fence field is refused.
+    pub async fn hset(&self, key: &str, fence: Fence, fields: &[(&str, &str)]) -> Result<Guarded> {
+        if fields.iter().any(|(name, _)| *name == self.fence_field) {
+            return Err(Error::InvalidConfig {
+                reason: format!(
+                    "field {:?} keeps the gate's fence; write it only through the gate",
+                    self.fence_field
+                ),
+            });
+        }
+        self.guarded(key, fence, fields).await
+    }
+
+    async fn guarded(&self, key: &str, fence: Fence, fields: &[(&str, &str)]) -> Result<Guarded> {
+        let mut args = vec![fence.value().to_string(), self.fence_field.clone()];
+        for (name, value) in fields {
+            args.push((*name).to_string());
+            args.push((*value).to_string());
+        }
+        let reply: Value = match &self.connection {
+            Connection::Server(manager) => {
+                let mut con = manager.clone();
+                self.script.run(&mut con, &[key], &args).await
+            }
+            Connection::Cluster(cluster) => {
+                let mut con = cluster.clone();
+                self.script.run(&mut con, &[key], &args).await
+            }
+        }
+        .map_err(|e| errors::map(e, "the guarded write"))?;
+        let outcome = outcome(&reply)?;
+        if let Guarded::Stale { newest } = outcome {
+            telemetry::fence_rejected(REJECTED_BY, fence.value(), newest);
+        }
+        Ok(outcome)
+    }
+
+    /// The gate on one hash, as a [`FencedResource`] whose writes set one field.
+    pub fn hash(&self, key: &str, field: &str) -> RedisFencedHash {
+        RedisFencedHash {
+            gate: self.clone(),
+            key: key.to_string(),
+            field: field.to_string(),
+        }
+    }
+}
+
+fn outcome(reply: &Value) -> Result<Guarded> {
+    let unexpected = || Error::Backend {
+        backend: errors::BACKEND,
+        message: format!("the guarded write answered {reply:?}"),
+        retryable: false,
+        source: None,
+    };
+    let Value::Array(items) = reply else {
+        return Err(unexpected());
+    };
+    match items.as_slice() {
+        [Value::Int(1)] => Ok(Guarded::Accepted),
+        [Value::Int(0), Value::BulkString(newest)] => std::str::from_utf8(newest)
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .map(|newest| Guarded::Stale { newest })
+            .ok_or_else(unexpected),
+        _ => Err(unexpected()),
+    }
+}
+
+/// One hash behind a [`RedisGate`]: claims raise its fence, writes set one field.
+#[derive(Debug, Clone)]
+pub struct RedisFencedHash {
+    gate: RedisGate,
+    key: String,
+    field: String,
+}
+
+#[async_trait]
+impl FencedResource for RedisFencedHash {
+    async fn claim(&self, fence: Fence) -> Result<Guarded> {
+        self.gate.claim(&self.key, fence).await
+    }
+
+    async fn write(&self, fence: Fence, value: &str) -> Result<Guarded> {
+        self.gate
+            .hset(&self.key, fence, &[(&self.field, value)])
+            .await
+    }
+}
