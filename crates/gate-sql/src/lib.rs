@@ -1,0 +1,324 @@
+//! # leasehold-gate-sql
+//!
+//! The resource side of a lease, for rows of a SQL database: a **gate** that refuses writes
+//! carrying a fence older than one the row has already seen, atomically with the write.
+//!
+//! A lease decides who may *try* to change a row; it cannot stop a holder that paused past its
+//! lease from writing late. The row can: it keeps the greatest fence that has written to it, in
+//! a fence column (`last_fence bigint NOT NULL DEFAULT 0` by default), and the gate's
+//! [`SqlGate::claim`] raises that column to the caller's fence, inside the caller's own
+//! transaction, as the first statement:
+//!
+//! * the row is locked until the transaction ends, so an older holder's claim waits, then sees
+//!   the greater fence and is refused ([`Claimed::Stale`]);
+//! * the caller's own statements that follow in the same transaction are then the only writes
+//!   to the row under a fence that is not stale, and they commit or roll back with the claim.
+//!
+//! The answer tells a stale fence from a missing row ([`Claimed::Missing`]); whether the
+//! caller's own precondition held (`WHERE state = 'open'`) is what its own `UPDATE` answers.
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")]
+//! # async fn pay(pool: &sqlx::PgPool, fence: leasehold_core::Fence) -> leasehold_core::Result<()> {
+//! use leasehold_gate_sql::{Claimed, SqlGate};
+//!
+//! let invoices = SqlGate::new("invoices", "id")?;
+//! let mut tx = pool.begin().await.map_err(leasehold_gate_sql::map_error)?;
+//! match invoices.claim(&mut *tx, "inv_72", fence).await? {
+//!     Claimed::Claimed => {
+//!         sqlx::query("UPDATE invoices SET state = 'paid' WHERE id = $1 AND state = 'open'")
+//!             .bind("inv_72")
+//!             .execute(&mut *tx)
+//!             .await
+//!             .map_err(leasehold_gate_sql::map_error)?;
+//!         tx.commit().await.map_err(leasehold_gate_sql::map_error)?;
+//!     }
+//!     Claimed::Stale { newest } => { /* a newer holder (fence {newest}) got there: abandon */ }
+//!     Claimed::Missing => { /* no such invoice */ }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! One statement per database, behind a feature each:
+//!
+//! | feature | claim |
+//! |---|---|
+//! | `postgres` | `UPDATE ... SET fence = $2 WHERE key = $1 AND fence <= $2 RETURNING fence` |
+//! | `sqlite` | the same with `?1`, `?2` (SQLite 3.35 or later); SQLite locks the whole file for the write |
+//! | `mysql` | `SELECT fence ... FOR UPDATE`, compared, then `UPDATE` under that row lock (MySQL and MariaDB have no `UPDATE ... RETURNING`) |
+//!
+//! [`SqlRegister`] is the smallest fenced resource on top (a row with a value), which the
+//! resource suite in `leasehold-conformance` runs against each database.
+#![deny(missing_docs)]
+
+use std::fmt;
+
+use async_trait::async_trait;
+use leasehold_core::{telemetry, Error, Fence, Result};
+
+mod register;
+
+pub use register::SqlRegister;
+
+/// The fence column unless [`SqlGate::with_fence_column`] names another.
+pub const DEFAULT_FENCE_COLUMN: &str = "last_fence";
+
+/// The `resource` label of the fence rejections the gate counts.
+const REJECTED_BY: &str = "sql_table";
+
+/// What a claim found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claimed {
+    /// The row's fence is now the caller's, and the row is locked until the transaction ends.
+    Claimed,
+    /// The row has seen a greater fence: the caller's lease is stale; abandon the work.
+    Stale {
+        /// The row's fence.
+        newest: u64,
+    },
+    /// No row has that key.
+    Missing,
+}
+
+/// An identifier checked once: 1-63 ASCII letters, digits or `_`, not starting with a digit,
+/// optionally `schema.name`. Stricter than any of the databases, so that quoting it needs no
+/// escaping and no input can become SQL.
+#[derive(Clone, PartialEq, Eq)]
+struct Ident(Vec<String>);
+
+impl Ident {
+    fn new(name: &str, what: &str, parts: usize) -> Result<Ident> {
+        let split: Vec<&str> = name.split('.').collect();
+        let valid = |p: &&str| {
+            !p.is_empty()
+                && p.len() <= 63
+                && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                && !p.as_bytes()[0].is_ascii_digit()
+        };
+        if split.len() > parts || !split.iter().all(valid) {
+            return Err(Error::InvalidConfig {
+                reason: format!(
+                    "`{name}` is not a valid {what} name: 1-63 ASCII letters, digits or _, not \
+                     starting with a digit{}",
+                    if parts > 1 {
+                        ", optionally schema.name"
+                    } else {
+                        ""
+                    }
+                ),
+            });
+        }
+        Ok(Ident(split.into_iter().map(str::to_string).collect()))
+    }
+
+    /// Quoted with `quote` around each part.
+    fn quoted(&self, quote: char) -> String {
+        self.0
+            .iter()
+            .map(|p| format!("{quote}{p}{quote}"))
+            .collect::<Vec<_>>()
+            .join(".")
+    }
+}
+
+impl fmt::Debug for Ident {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.join("."))
+    }
+}
+
+/// A table whose rows carry a fence column, keyed by one text column.
+#[derive(Clone, Debug)]
+pub struct SqlGate {
+    table: Ident,
+    key: Ident,
+    fence: Ident,
+}
+
+impl SqlGate {
+    /// `table` (or `schema.table`) keyed by `key_column`, with the fence in [`DEFAULT_FENCE_COLUMN`].
+    pub fn new(table: &str, key_column: &str) -> Result<SqlGate> {
+        Ok(SqlGate {
+            table: Ident::new(table, "table", 2)?,
+            key: Ident::new(key_column, "column", 1)?,
+            fence: Ident::new(DEFAULT_FENCE_COLUMN, "column", 1)?,
+        })
+    }
+
+    /// Keeps the fence in `column` instead.
+    pub fn with_fence_column(mut self, column: &str) -> Result<SqlGate> {
+        self.fence = Ident::new(column, "column", 1)?;
+        Ok(self)
+    }
+
+    /// Raises row `key`'s fence to `fence` unless the row has seen a greater one, as the first
+    /// statement of the caller's transaction on `conn` (the row stays locked until it ends).
+    pub async fn claim<C>(&self, conn: &mut C, key: &str, fence: Fence) -> Result<Claimed>
+    where
+        C: GateConnection + ?Sized,
+    {
+        let claimed = conn.claim_row(self, key, fence.as_i64()).await?;
+        if let Claimed::Stale { newest } = claimed {
+            telemetry::fence_rejected(REJECTED_BY, fence.value(), newest);
+        }
+        Ok(claimed)
+    }
+
+    /// The statement parts, quoted with `quote`: (table, key column, fence column).
+    fn names(&self, quote: char) -> (String, String, String) {
+        (
+            self.table.quoted(quote),
+            self.key.quoted(quote),
+            self.fence.quoted(quote),
+        )
+    }
+}
+
+/// A connection of a database the gate speaks: `PgConnection`, `SqliteConnection`,
+/// `MySqlConnection` (each behind its feature). Pass `&mut *tx` for a transaction.
+#[async_trait]
+pub trait GateConnection: Send {
+    /// The database's claim statement(s); see [`SqlGate::claim`].
+    #[doc(hidden)]
+    async fn claim_row(&mut self, gate: &SqlGate, key: &str, fence: i64) -> Result<Claimed>;
+}
+
+/// What a row's fence column read back means: a negative value was never written by a gate.
+fn newest(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+/// A database error as leasehold's: connection trouble and timeouts are retryable (nobody
+/// knows whether the statement ran), anything else is not.
+pub fn map_error(error: sqlx::Error) -> Error {
+    let retryable = matches!(
+        error,
+        sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+            | sqlx::Error::Protocol(_)
+    );
+    let message = format!("the gated statement: {error}");
+    if retryable {
+        Error::Unavailable {
+            backend: "sql gate",
+            message,
+            source: Some(std::sync::Arc::new(error)),
+        }
+    } else {
+        Error::Backend {
+            backend: "sql gate",
+            message,
+            retryable: false,
+            source: Some(std::sync::Arc::new(error)),
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[async_trait]
+impl GateConnection for sqlx::PgConnection {
+    async fn claim_row(&mut self, gate: &SqlGate, key: &str, fence: i64) -> Result<Claimed> {
+        let (t, k, f) = gate.names('"');
+        let raise = format!("UPDATE {t} SET {f} = $2 WHERE {k} = $1 AND {f} <= $2 RETURNING {f}");
+        let raised: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(raise))
+            .bind(key)
+            .bind(fence)
+            .fetch_optional(&mut *self)
+            .await
+            .map_err(map_error)?;
+        if raised.is_some() {
+            return Ok(Claimed::Claimed);
+        }
+        let read = format!("SELECT {f} FROM {t} WHERE {k} = $1");
+        let found: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(read))
+            .bind(key)
+            .fetch_optional(&mut *self)
+            .await
+            .map_err(map_error)?;
+        Ok(found.map_or(Claimed::Missing, |n| Claimed::Stale { newest: newest(n) }))
+    }
+}
+
+#[cfg(feature = "sqlite")]
+#[async_trait]
+impl GateConnection for sqlx::SqliteConnection {
+    async fn claim_row(&mut self, gate: &SqlGate, key: &str, fence: i64) -> Result<Claimed> {
+        let (t, k, f) = gate.names('"');
+        let raise = format!("UPDATE {t} SET {f} = ?2 WHERE {k} = ?1 AND {f} <= ?2 RETURNING {f}");
+        let raised: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(raise))
+            .bind(key)
+            .bind(fence)
+            .fetch_optional(&mut *self)
+            .await
+            .map_err(map_error)?;
+        if raised.is_some() {
+            return Ok(Claimed::Claimed);
+        }
+        let read = format!("SELECT {f} FROM {t} WHERE {k} = ?1");
+        let found: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(read))
+            .bind(key)
+            .fetch_optional(&mut *self)
+            .await
+            .map_err(map_error)?;
+        Ok(found.map_or(Claimed::Missing, |n| Claimed::Stale { newest: newest(n) }))
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[async_trait]
+impl GateConnection for sqlx::MySqlConnection {
+    async fn claim_row(&mut self, gate: &SqlGate, key: &str, fence: i64) -> Result<Claimed> {
+        let (t, k, f) = gate.names('`');
+        // No UPDATE ... RETURNING here: the row lock taken by the read is what makes the
+        // compare and the raise one step, until the caller's transaction ends.
+        let read = format!("SELECT {f} FROM {t} WHERE {k} = ? FOR UPDATE");
+        let found: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(read))
+            .bind(key)
+            .fetch_optional(&mut *self)
+            .await
+            .map_err(map_error)?;
+        match found {
+            None => Ok(Claimed::Missing),
+            Some(n) if n > fence => Ok(Claimed::Stale { newest: newest(n) }),
+            Some(_) => {
+                let raise = format!("UPDATE {t} SET {f} = ? WHERE {k} = ?");
+                sqlx::query(sqlx::AssertSqlSafe(raise))
+                    .bind(fence)
+                    .bind(key)
+                    .execute(&mut *self)
+                    .await
+                    .map_err(map_error)?;
+                Ok(Claimed::Claimed)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_that_could_become_sql_are_refused() {
+        for bad in ["", "a b", "t;drop", "1t", "a.b.c", "t\"", "`t`", "x-y"] {
+            assert!(SqlGate::new(bad, "id").is_err(), "table {bad:?} was taken");
+            assert!(SqlGate::new("t", bad).is_err(), "column {bad:?} was taken");
+        }
+        assert!(
+            SqlGate::new("t", "a.b").is_err(),
+            "a dotted column was taken"
+        );
+        let gate = SqlGate::new("app.invoices", "id").and_then(|g| g.with_fence_column("f"));
+        let names = gate.map(|g| g.names('"'));
+        assert_eq!(
+            names.ok(),
+            Some((
+                "\"app\".\"invoices\"".to_string(),
+                "\"id\"".to_string(),
+                "\"f\"".to_string()
+            ))
+        );
+    }
+}

@@ -1,0 +1,114 @@
+//! The smallest fenced resource on a SQL table: one row with a value, written under the gate.
+
+use async_trait::async_trait;
+use leasehold_core::{Fence, FencedResource, Guarded, Result};
+
+use crate::{map_error, Claimed, SqlGate};
+
+/// One row (`id`, `last_fence`, `value`) of a register table, as a [`FencedResource`]: a claim
+/// is the gate's claim alone, a write is the claim and an `UPDATE` of the value in one
+/// transaction. The resource suite of `leasehold-conformance` runs against it.
+#[derive(Clone, Debug)]
+pub struct SqlRegister<DB: sqlx::Database> {
+    pool: sqlx::Pool<DB>,
+    gate: SqlGate,
+    id: String,
+}
+
+fn accepted(claimed: Claimed, id: &str) -> Result<Guarded> {
+    match claimed {
+        Claimed::Claimed => Ok(Guarded::Accepted),
+        Claimed::Stale { newest } => Ok(Guarded::Stale { newest }),
+        Claimed::Missing => Err(leasehold_core::Error::Backend {
+            backend: "sql gate",
+            message: format!("register row {id} is missing"),
+            retryable: false,
+            source: None,
+        }),
+    }
+}
+
+/// The register's statements for one database: `{t}` is the quoted table.
+macro_rules! register_on {
+    ($feature:literal, $db:ty, $quote:literal, $create:literal, $reset:literal, $set:literal) => {
+        #[cfg(feature = $feature)]
+        impl SqlRegister<$db> {
+            /// Creates `table` if it is missing and a fresh row `id` that has seen no fence.
+            pub async fn create(pool: &sqlx::Pool<$db>, table: &str, id: &str) -> Result<Self> {
+                let gate = SqlGate::new(table, "id")?;
+                let quoted = gate.table.quoted($quote);
+                for sql in [$create, $reset] {
+                    let sql = sql.replace("{t}", &quoted);
+                    let takes_id = sql_has_param(&sql);
+                    let query = sqlx::query(sqlx::AssertSqlSafe(sql));
+                    let query = if takes_id { query.bind(id) } else { query };
+                    query.execute(pool).await.map_err(map_error)?;
+                }
+                Ok(SqlRegister {
+                    pool: pool.clone(),
+                    gate,
+                    id: id.to_string(),
+                })
+            }
+        }
+
+        #[cfg(feature = $feature)]
+        #[async_trait]
+        impl FencedResource for SqlRegister<$db> {
+            async fn claim(&self, fence: Fence) -> Result<Guarded> {
+                let mut tx = self.pool.begin().await.map_err(map_error)?;
+                let claimed = self.gate.claim(&mut *tx, &self.id, fence).await?;
+                tx.commit().await.map_err(map_error)?;
+                accepted(claimed, &self.id)
+            }
+
+            async fn write(&self, fence: Fence, value: &str) -> Result<Guarded> {
+                let mut tx = self.pool.begin().await.map_err(map_error)?;
+                let claimed = self.gate.claim(&mut *tx, &self.id, fence).await?;
+                if claimed == Claimed::Claimed {
+                    let sql = $set.replace("{t}", &self.gate.table.quoted($quote));
+                    sqlx::query(sqlx::AssertSqlSafe(sql))
+                        .bind(value)
+                        .bind(&self.id)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(map_error)?;
+                }
+                tx.commit().await.map_err(map_error)?;
+                accepted(claimed, &self.id)
+            }
+        }
+    };
+}
+
+/// Whether a statement takes the row's id as its parameter (the reset does, the create not).
+fn sql_has_param(sql: &str) -> bool {
+    sql.contains('?') || sql.contains('$')
+}
+
+register_on!(
+    "postgres",
+    sqlx::Postgres,
+    '"',
+    "CREATE TABLE IF NOT EXISTS {t} (id text PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0, value text)",
+    "INSERT INTO {t} (id) VALUES ($1) ON CONFLICT (id) DO UPDATE SET last_fence = 0, value = NULL",
+    "UPDATE {t} SET value = $1 WHERE id = $2"
+);
+
+register_on!(
+    "sqlite",
+    sqlx::Sqlite,
+    '"',
+    "CREATE TABLE IF NOT EXISTS {t} (id text PRIMARY KEY, last_fence integer NOT NULL DEFAULT 0, value text)",
+    "INSERT INTO {t} (id) VALUES (?1) ON CONFLICT (id) DO UPDATE SET last_fence = 0, value = NULL",
+    "UPDATE {t} SET value = ?1 WHERE id = ?2"
+);
+
+register_on!(
+    "mysql",
+    sqlx::MySql,
+    '`',
+    "CREATE TABLE IF NOT EXISTS {t} (id varchar(64) PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0, value text)",
+    "INSERT INTO {t} (id) VALUES (?) ON DUPLICATE KEY UPDATE last_fence = 0, value = NULL",
+    "UPDATE {t} SET value = ? WHERE id = ?"
+);
