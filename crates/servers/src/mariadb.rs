@@ -456,6 +456,13 @@ fn server_args(dir: &Path, port: u16) -> Vec<String> {
         "--innodb-flush-log-at-trx-commit=2".into(),
         "--sync-binlog=0".into(),
         "--innodb-buffer-pool-size=32M".into(),
+        // Debian's own config sets these; without option files the server would use latin1.
+        "--character-set-server=utf8mb4".into(),
+        "--collation-server=utf8mb4_general_ci".into(),
+        // Fault tests cut and pause clients mid-handshake: the server must not block 127.0.0.1
+        // for "too many connection errors" (100 by default), nor run out of connections.
+        "--max-connect-errors=1000000000".into(),
+        "--max-connections=1000".into(),
         "--innodb-log-file-size=16M".into(),
         // GTID replication needs a binary log and an id unique among the servers that
         // replicate; the port is unique among the servers running on this machine.

@@ -160,3 +160,26 @@ fn a_replica_follows_its_primary_and_takes_writes_once_promoted() -> TestResult 
     assert_eq!(fences, "3\t3", "the promoted replica's rows");
     Ok(())
 }
+
+#[test]
+fn a_replica_promoted_while_its_primary_is_paused_takes_writes() -> TestResult {
+    let primary = MariaDbServer::start()?;
+    primary.user_command(
+        None,
+        "CREATE TABLE counter (n INT); INSERT INTO counter VALUES (1);",
+    )?;
+    let replica = MariaDbServer::start_replica_of(&primary)?;
+    replica.wait_caught_up(Duration::from_secs(10))?;
+    // The replica's connection to the primary hangs rather than breaks: promoting must not wait
+    // for it.
+    primary.pause()?;
+    let started = Instant::now();
+    let promoted = replica.promote();
+    let took = started.elapsed();
+    primary.resume()?;
+    promoted?;
+    assert!(took < Duration::from_secs(10), "promote took {took:?}");
+    replica.user_command(None, "UPDATE counter SET n = n + 1")?;
+    assert_eq!(replica.user_command(None, "SELECT n FROM counter")?, "2");
+    Ok(())
+}
