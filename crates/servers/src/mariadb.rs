@@ -13,9 +13,8 @@
 //! machine crash could (the harness's servers never outlive the machine's uptime anyway).
 //!
 //! Semi-synchronous replication is built into the server since MariaDB 10.3 (no plugin to
-//! load): `rpl_semi_sync_master_enabled` on the primary and `rpl_semi_sync_slave_enabled` on the
-//! replica turn it on; [`MariaDbServer::start_replica_of`] sets up plain asynchronous
-//! replication.
+//! load): [`MariaDbServer::start_replica_of`] sets up plain asynchronous replication,
+//! [`MariaDbServer::start_semi_sync_replica_of`] a semi-synchronous one.
 //!
 //! The harness talks to the server through Debian's `mariadb` client binary
 //! ([`MariaDbServer::command`]); no MySQL protocol client is linked in.
@@ -72,8 +71,8 @@ pub struct MariaDbServer {
     password: Option<String>,
     socket: PathBuf,
     data_dir: PathBuf,
-    /// The port of the primary while this server is a replica (until [`MariaDbServer::promote`]).
-    primary_port: Mutex<Option<u16>>,
+    /// Its place in replication, re-applied by a restart (runtime settings do not survive one).
+    role: Mutex<Role>,
     process: ManagedProcess,
 }
 
@@ -104,6 +103,57 @@ impl MariaDbServer {
         Ok(replica)
     }
 
+    /// Like [`MariaDbServer::start_replica_of`], but semi-synchronous (built into MariaDB since
+    /// 10.3): the primary's commits return only once this replica acknowledged receiving them
+    /// (`rpl_semi_sync_master_wait_point = AFTER_SYNC`, so no other client sees a commit the
+    /// replica lacks), or after `ack_timeout`, when the primary falls back to asynchronous
+    /// replication until the replica catches up ([`MariaDbServer::semi_sync_active`] tells). An
+    /// acknowledged commit survives a failover to this replica; one that timed out may not.
+    /// Returns once the primary counts this replica as a semi-synchronous client.
+    pub fn start_semi_sync_replica_of(
+        primary: &MariaDbServer,
+        ack_timeout: Duration,
+    ) -> Result<Self> {
+        primary.command(&semi_sync_primary_sql(ack_timeout))?;
+        primary.lock_role().semi_sync_ack_timeout = Some(ack_timeout);
+        let replica = Self::start_inner("mariadb-replica", primary.password.clone())?;
+        replica.command("SET GLOBAL rpl_semi_sync_slave_enabled = ON")?;
+        replica.lock_role().semi_sync_replica = true;
+        replica.follow(primary.port)?;
+        let started = Instant::now();
+        while !primary.semi_sync_active()? {
+            if started.elapsed() >= READY_TIMEOUT {
+                return Err(HarnessError::server(
+                    primary.process.name(),
+                    format!("no semi-synchronous replica within {READY_TIMEOUT:?}"),
+                ));
+            }
+            thread::sleep(POLL);
+        }
+        Ok(replica)
+    }
+
+    /// Whether this primary replicates semi-synchronously now: semi-sync is on, at least one
+    /// semi-synchronous replica is connected, and it has not fallen back to asynchronous after
+    /// an acknowledgement timed out (`Rpl_semi_sync_master_status`).
+    pub fn semi_sync_active(&self) -> Result<bool> {
+        let status = self.command(
+            "SELECT VARIABLE_NAME, VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
+             WHERE VARIABLE_NAME IN ('RPL_SEMI_SYNC_MASTER_STATUS', \
+             'RPL_SEMI_SYNC_MASTER_CLIENTS')",
+        )?;
+        let value = |name: &str| {
+            status
+                .lines()
+                .filter_map(|line| line.split_once('\t'))
+                .find(|(key, _)| key.eq_ignore_ascii_case(name))
+                .map(|(_, value)| value.to_string())
+                .unwrap_or_default()
+        };
+        let clients: u32 = value("RPL_SEMI_SYNC_MASTER_CLIENTS").parse().unwrap_or(0);
+        Ok(value("RPL_SEMI_SYNC_MASTER_STATUS").eq_ignore_ascii_case("ON") && clients > 0)
+    }
+
     fn start_inner(name: &str, password: Option<String>) -> Result<Self> {
         let server = mariadbd_path()?;
         let install_db = require_program("mariadb", "mariadb-install-db")?;
@@ -123,7 +173,7 @@ impl MariaDbServer {
                 password: password.clone(),
                 socket,
                 data_dir,
-                primary_port: Mutex::new(None),
+                role: Mutex::new(Role::default()),
                 process,
             };
             server
@@ -164,7 +214,7 @@ impl MariaDbServer {
              MASTER_CONNECT_RETRY = 1, MASTER_USE_GTID = slave_pos; \
              START SLAVE;"
         ))?;
-        *self.lock_primary() = Some(primary_port);
+        self.lock_role().primary_port = Some(primary_port);
         self.wait_replicating(READY_TIMEOUT)
     }
 
@@ -243,7 +293,7 @@ impl MariaDbServer {
     /// The port of the primary this server replicates, `None` for a primary (also after
     /// [`MariaDbServer::promote`]).
     pub fn primary_port(&self) -> Option<u16> {
-        *self.lock_primary()
+        self.lock_role().primary_port
     }
 
     /// Runs `sql` (one or more `;`-separated statements) with the `mariadb` client in batch
@@ -350,7 +400,9 @@ impl MariaDbServer {
         self.command("STOP SLAVE IO_THREAD")?;
         self.wait_relay_log_applied(READY_TIMEOUT)?;
         self.command("STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only = OFF;")?;
-        *self.lock_primary() = None;
+        let mut role = self.lock_role();
+        role.primary_port = None;
+        role.semi_sync_replica = false;
         Ok(())
     }
 
@@ -396,8 +448,19 @@ impl MariaDbServer {
     pub fn restart(&self) -> Result<()> {
         self.process.kill()?;
         restart_and_wait(&self.process, || handshake_probe(self.port))?;
-        if self.primary_port().is_some() {
+        let role = *self.lock_role();
+        if let Some(ack_timeout) = role.semi_sync_ack_timeout {
+            self.command(&semi_sync_primary_sql(ack_timeout))?;
+        }
+        if role.primary_port.is_some() {
             self.command("SET GLOBAL read_only = ON")?;
+        }
+        if role.semi_sync_replica {
+            // The IO thread announces semi-sync to the primary when it connects.
+            self.command(
+                "SET GLOBAL rpl_semi_sync_slave_enabled = ON; \
+                 STOP SLAVE IO_THREAD; START SLAVE IO_THREAD;",
+            )?;
         }
         Ok(())
     }
@@ -434,9 +497,30 @@ impl MariaDbServer {
         })
     }
 
-    fn lock_primary(&self) -> std::sync::MutexGuard<'_, Option<u16>> {
-        self.primary_port.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock_role(&self) -> std::sync::MutexGuard<'_, Role> {
+        self.role.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// A server's place in replication.
+#[derive(Debug, Default, Clone, Copy)]
+struct Role {
+    /// The primary's port while this server is a replica (until [`MariaDbServer::promote`]).
+    primary_port: Option<u16>,
+    /// As a primary: wait this long for a semi-synchronous replica's acknowledgement.
+    semi_sync_ack_timeout: Option<Duration>,
+    /// As a replica: acknowledge what it receives (semi-synchronous).
+    semi_sync_replica: bool,
+}
+
+/// Turns on semi-synchronous replication on a primary, lossless (`AFTER_SYNC`).
+fn semi_sync_primary_sql(ack_timeout: Duration) -> String {
+    let millis = ack_timeout.as_millis().max(1);
+    format!(
+        "SET GLOBAL rpl_semi_sync_master_wait_point = AFTER_SYNC; \
+         SET GLOBAL rpl_semi_sync_master_timeout = {millis}; \
+         SET GLOBAL rpl_semi_sync_master_enabled = ON;"
+    )
 }
 
 /// `mariadbd`'s arguments for a server in `dir` on `port`.

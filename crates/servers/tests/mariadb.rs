@@ -183,3 +183,35 @@ fn a_replica_promoted_while_its_primary_is_paused_takes_writes() -> TestResult {
     assert_eq!(replica.user_command(None, "SELECT n FROM counter")?, "2");
     Ok(())
 }
+
+#[test]
+fn a_semi_sync_primary_waits_for_its_replica_and_falls_back_when_it_hangs() -> TestResult {
+    let primary = MariaDbServer::start()?;
+    let ack_timeout = Duration::from_millis(600);
+    let replica = MariaDbServer::start_semi_sync_replica_of(&primary, ack_timeout)?;
+    assert!(primary.semi_sync_active()?, "semi-sync is not active");
+    primary.user_command(
+        None,
+        "CREATE TABLE acked (n INT); INSERT INTO acked VALUES (1);",
+    )?;
+    // An acknowledged commit is on the replica (received; applied soon after).
+    replica.wait_caught_up(Duration::from_secs(10))?;
+    assert_eq!(replica.user_command(None, "SELECT n FROM acked")?, "1");
+
+    replica.pause()?;
+    let started = Instant::now();
+    let write = primary.user_command(None, "INSERT INTO acked VALUES (2)");
+    let took = started.elapsed();
+    let active = primary.semi_sync_active();
+    replica.resume()?;
+    write?;
+    assert!(
+        took >= ack_timeout,
+        "a commit returned after {took:?} without the hung replica's acknowledgement"
+    );
+    assert!(
+        !active?,
+        "the primary still claims semi-sync after a timed-out acknowledgement"
+    );
+    Ok(())
+}
