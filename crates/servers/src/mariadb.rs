@@ -162,6 +162,7 @@ impl MariaDbServer {
         retry_on_port_clash(5, || {
             let dir = owned_server_dir(name, user)?;
             let data_dir = dir.path().join("data");
+            make_private_tmp(dir.path(), user)?;
             install_db_into(&install_db, dir.path(), &data_dir, user)?;
             let port = free_ports(1)?[0];
             let socket = dir.path().join("mariadbd.sock");
@@ -534,6 +535,7 @@ fn server_args(dir: &Path, port: u16) -> Vec<String> {
         "--bind-address=127.0.0.1".into(),
         format!("--socket={}", in_dir("mariadbd.sock")),
         format!("--pid-file={}", in_dir("mariadbd.pid")),
+        format!("--tmpdir={}", in_dir("tmp")),
         // Without it a `'user'@'127.0.0.1'` account is matched by host name lookups first.
         "--skip-name-resolve".into(),
         // Written to the OS at each commit, never fsynced: survives a SIGKILL, starts fast.
@@ -558,6 +560,20 @@ fn server_args(dir: &Path, port: u16) -> Vec<String> {
     ]
 }
 
+/// Creates `<dir>/tmp` for the server's temporary tables (handed to `user`). A shared `/tmp`
+/// is not safe: temporary tables are named by the server's pid, and a server in another pid
+/// namespace on the same machine can have the same one (seen: an install failing with "Error on
+/// delete of '/tmp/#sql-temptable-...'").
+fn make_private_tmp(dir: &Path, user: Option<(u32, u32)>) -> Result<()> {
+    let tmp = dir.join("tmp");
+    fs::create_dir(&tmp).map_err(|e| HarnessError::io(format!("creating {}", tmp.display()), e))?;
+    if let Some((uid, gid)) = user {
+        std::os::unix::fs::chown(&tmp, Some(uid), Some(gid))
+            .map_err(|e| HarnessError::io(format!("handing {} to uid {uid}", tmp.display()), e))?;
+    }
+    Ok(())
+}
+
 /// Runs `mariadb-install-db` (as `user`) into `data_dir`, its output in `<dir>/install-db.log`.
 fn install_db_into(
     install_db: &Path,
@@ -579,6 +595,7 @@ fn install_db_into(
         // harness runs as (the default, unix_socket auth, maps the OS user to the account).
         .arg("--auth-root-authentication-method=normal")
         .arg("--skip-test-db")
+        .arg(format!("--tmpdir={}", dir.join("tmp").display()))
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(log)

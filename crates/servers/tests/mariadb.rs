@@ -140,6 +140,13 @@ fn a_replica_follows_its_primary_and_takes_writes_once_promoted() -> TestResult 
         rows, "before-replica\t1\nafter-replica\t2",
         "the replica's rows"
     );
+    // A crashed replica comes back replicating and read-only.
+    replica.kill()?;
+    primary.user_command(None, "INSERT INTO fences VALUES ('while-replica-down', 2)")?;
+    replica.restart()?;
+    replica.wait_caught_up(Duration::from_secs(10))?;
+    let rows = replica.user_command(None, "SELECT COUNT(*) FROM fences")?;
+    assert_eq!(rows, "3", "the restarted replica's row count");
     let refused = replica.user_command(None, "INSERT INTO fences VALUES ('on-replica', 3)");
     assert!(
         refused
@@ -157,7 +164,7 @@ fn a_replica_follows_its_primary_and_takes_writes_once_promoted() -> TestResult 
     );
     replica.user_command(None, "INSERT INTO fences VALUES ('after-failover', 3)")?;
     let fences = replica.user_command(None, "SELECT COUNT(*), MAX(fence) FROM fences")?;
-    assert_eq!(fences, "3\t3", "the promoted replica's rows");
+    assert_eq!(fences, "4\t3", "the promoted replica's rows");
     Ok(())
 }
 
