@@ -71,7 +71,9 @@ pub struct MariaDbServer {
     password: Option<String>,
     socket: PathBuf,
     data_dir: PathBuf,
-    /// Its place in replication, re-applied by a restart (runtime settings do not survive one).
+    /// Its place in replication. Set at runtime and also written to the role file the server
+    /// reads at start, so a restart comes back in the same role: runtime settings alone would
+    /// leave a restarted replica writable until someone set `read_only` again.
     role: Mutex<Role>,
     process: ManagedProcess,
 }
@@ -114,11 +116,11 @@ impl MariaDbServer {
         primary: &MariaDbServer,
         ack_timeout: Duration,
     ) -> Result<Self> {
+        primary.set_role(|role| role.semi_sync_ack_timeout = Some(ack_timeout))?;
         primary.command(&semi_sync_primary_sql(ack_timeout))?;
-        primary.lock_role().semi_sync_ack_timeout = Some(ack_timeout);
         let replica = Self::start_inner("mariadb-replica", primary.password.clone())?;
+        replica.set_role(|role| role.semi_sync_replica = true)?;
         replica.command("SET GLOBAL rpl_semi_sync_slave_enabled = ON")?;
-        replica.lock_role().semi_sync_replica = true;
         replica.follow(primary.port)?;
         let started = Instant::now();
         while !primary.semi_sync_active()? {
@@ -166,6 +168,7 @@ impl MariaDbServer {
             install_db_into(&install_db, dir.path(), &data_dir, user)?;
             let port = free_ports(1)?[0];
             let socket = dir.path().join("mariadbd.sock");
+            write_role_file(dir.path(), &Role::default())?;
             let mut spec = CommandSpec::new(&server, server_args(dir.path(), port));
             spec.user = user;
             let process = ManagedProcess::spawn(name, dir, spec)?;
@@ -205,17 +208,15 @@ impl MariaDbServer {
     /// Makes this server replicate `primary_port` and waits until both replication threads run.
     fn follow(&self, primary_port: u16) -> Result<()> {
         let password = sql_string(self.password.as_deref().unwrap_or(""));
-        // A short retry and heartbeat, so a restarted primary is followed again within a second
-        // or two and a dead one is noticed within seconds, not the default minute.
+        // A short retry, so a restarted primary is followed again within a second or two.
+        self.set_role(|role| role.primary_port = Some(primary_port))?;
         self.command(&format!(
             "SET GLOBAL read_only = ON; \
-             SET GLOBAL slave_net_timeout = 4; \
              CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = {primary_port}, \
              MASTER_USER = '{MARIADB_USER}', MASTER_PASSWORD = {password}, \
              MASTER_CONNECT_RETRY = 1, MASTER_USE_GTID = slave_pos; \
              START SLAVE;"
         ))?;
-        self.lock_role().primary_port = Some(primary_port);
         self.wait_replicating(READY_TIMEOUT)
     }
 
@@ -401,10 +402,10 @@ impl MariaDbServer {
         self.command("STOP SLAVE IO_THREAD")?;
         self.wait_relay_log_applied(READY_TIMEOUT)?;
         self.command("STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only = OFF;")?;
-        let mut role = self.lock_role();
-        role.primary_port = None;
-        role.semi_sync_replica = false;
-        Ok(())
+        self.set_role(|role| {
+            role.primary_port = None;
+            role.semi_sync_replica = false;
+        })
     }
 
     /// Waits until the SQL thread has executed everything the IO thread wrote to the relay log.
@@ -445,25 +446,10 @@ impl MariaDbServer {
     /// Starts the server again on the same data dir and port (killing it first if it runs) and
     /// waits until it accepts connections; after a kill InnoDB runs crash recovery first. A
     /// replica resumes replicating (its position is kept in the data dir) and is read-only
-    /// again.
+    /// from its first connection on; semi-sync settings hold again (the role file).
     pub fn restart(&self) -> Result<()> {
         self.process.kill()?;
-        restart_and_wait(&self.process, || handshake_probe(self.port))?;
-        let role = *self.lock_role();
-        if let Some(ack_timeout) = role.semi_sync_ack_timeout {
-            self.command(&semi_sync_primary_sql(ack_timeout))?;
-        }
-        if role.primary_port.is_some() {
-            self.command("SET GLOBAL read_only = ON")?;
-        }
-        if role.semi_sync_replica {
-            // The IO thread announces semi-sync to the primary when it connects.
-            self.command(
-                "SET GLOBAL rpl_semi_sync_slave_enabled = ON; \
-                 STOP SLAVE IO_THREAD; START SLAVE IO_THREAD;",
-            )?;
-        }
-        Ok(())
+        restart_and_wait(&self.process, || handshake_probe(self.port))
     }
 
     /// The client's arguments to connect as `root` over the Unix socket.
@@ -498,6 +484,14 @@ impl MariaDbServer {
         })
     }
 
+    /// Changes the role and writes it to the role file for the next start (the caller applies
+    /// it to the running server).
+    fn set_role(&self, change: impl FnOnce(&mut Role)) -> Result<()> {
+        let mut role = self.lock_role();
+        change(&mut role);
+        write_role_file(self.process.dir(), &role)
+    }
+
     fn lock_role(&self) -> std::sync::MutexGuard<'_, Role> {
         self.role.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -514,6 +508,28 @@ struct Role {
     semi_sync_replica: bool,
 }
 
+/// Writes `<dir>/role.cnf`, the only option file the server reads (`--defaults-file`): what
+/// its role needs from the start of a run.
+fn write_role_file(dir: &Path, role: &Role) -> Result<()> {
+    let mut text = String::from("[mariadbd]\n");
+    if role.primary_port.is_some() {
+        text.push_str("read_only = ON\n");
+    }
+    if role.semi_sync_replica {
+        text.push_str("rpl_semi_sync_slave_enabled = ON\n");
+    }
+    if let Some(ack_timeout) = role.semi_sync_ack_timeout {
+        text.push_str(&format!(
+            "rpl_semi_sync_master_wait_point = AFTER_SYNC\n\
+             rpl_semi_sync_master_timeout = {}\n\
+             rpl_semi_sync_master_enabled = ON\n",
+            ack_timeout.as_millis().max(1)
+        ));
+    }
+    let path = dir.join("role.cnf");
+    fs::write(&path, text).map_err(|e| HarnessError::io(format!("writing {}", path.display()), e))
+}
+
 /// Turns on semi-synchronous replication on a primary, lossless (`AFTER_SYNC`).
 fn semi_sync_primary_sql(ack_timeout: Duration) -> String {
     let millis = ack_timeout.as_millis().max(1);
@@ -528,8 +544,8 @@ fn semi_sync_primary_sql(ack_timeout: Duration) -> String {
 fn server_args(dir: &Path, port: u16) -> Vec<String> {
     let in_dir = |name: &str| dir.join(name).display().to_string();
     vec![
-        // No option files: /etc/mysql's config (port 3306, /run/mysqld) must not apply.
-        "--no-defaults".into(),
+        // Only the role file: /etc/mysql's config (port 3306, /run/mysqld) must not apply.
+        format!("--defaults-file={}", in_dir("role.cnf")),
         format!("--datadir={}", in_dir("data")),
         format!("--port={port}"),
         "--bind-address=127.0.0.1".into(),
@@ -557,6 +573,8 @@ fn server_args(dir: &Path, port: u16) -> Vec<String> {
         "--log-slave-updates".into(),
         "--binlog-format=ROW".into(),
         format!("--relay-log={}", in_dir("data/relay")),
+        // A replica notices a dead or hung primary within seconds, not the default minute.
+        "--slave-net-timeout=4".into(),
     ]
 }
 

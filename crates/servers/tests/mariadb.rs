@@ -220,5 +220,16 @@ fn a_semi_sync_primary_waits_for_its_replica_and_falls_back_when_it_hangs() -> T
         !active?,
         "the primary still claims semi-sync after a timed-out acknowledgement"
     );
+
+    // A crashed primary comes back semi-synchronous once its replica reconnects.
+    primary.kill()?;
+    primary.restart()?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !primary.semi_sync_active()? {
+        if Instant::now() >= deadline {
+            return Err("the restarted primary is not semi-synchronous again".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     Ok(())
 }
