@@ -5,7 +5,8 @@ use std::io;
 use std::time::Duration;
 
 /// What the Debian packages are called, for the "not installed" hint.
-const PACKAGES: &str = "etcd-server etcd-client zookeeper redis-server postgresql";
+const PACKAGES: &str =
+    "etcd-server etcd-client zookeeper redis-server postgresql pgbouncer mariadb-server";
 
 /// Why a server could not be started, probed or faulted.
 ///

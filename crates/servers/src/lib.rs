@@ -1,14 +1,17 @@
 //! # leasehold-servers
 //!
-//! A harness that runs real etcd, ZooKeeper, Redis and PostgreSQL servers for tests, from
-//! Debian's packages (`etcd-server etcd-client zookeeper redis-server postgresql pgbouncer`), as plain
-//! processes on free loopback ports with their data in temp dirs, and faults them.
+//! A harness that runs real etcd, ZooKeeper, Redis, PostgreSQL and MariaDB servers for tests,
+//! from Debian's packages (`etcd-server etcd-client zookeeper redis-server postgresql pgbouncer
+//! mariadb-server`), as plain processes on free loopback ports with their data in temp dirs, and
+//! faults them.
 //!
 //! * Start: [`EtcdServer::start`], [`EtcdCluster::start`], [`ZkServer::start`],
 //!   [`ZkEnsemble::start`], [`RedisServer::start`], [`RedisServer::start_replica_of`],
 //!   [`SentinelDeployment::start`] (a primary, a replica and three sentinels),
 //!   [`PostgresServer::start`] (and `start_with_password` variants), [`PgBouncer`] in
-//!   transaction pooling mode in front of one. Each returns once the
+//!   transaction pooling mode in front of one, [`MariaDbServer::start`] and
+//!   [`MariaDbServer::start_replica_of`] (an asynchronous GTID replica that
+//!   [`MariaDbServer::promote`] turns into a primary). Each returns once the
 //!   server really serves (bounded by [`READY_TIMEOUT`]), or an error with the tail of the
 //!   server's log. A server that cannot start is an error, never a skip.
 //! * Fault: every server has `kill` (SIGKILL), `pause` (SIGSTOP), `resume` (SIGCONT), `stop`
@@ -46,6 +49,7 @@ pub mod cut;
 pub mod error;
 pub mod etcd;
 pub mod external;
+pub mod mariadb;
 pub mod partition;
 pub mod pgbouncer;
 pub mod ports;
@@ -59,6 +63,7 @@ pub mod zookeeper;
 pub use cut::Cut;
 pub use error::{HarnessError, Result};
 pub use etcd::{etcdctl_command, etcdctl_path, EtcdCluster, EtcdServer};
+pub use mariadb::MariaDbServer;
 pub use partition::{Isolatable, MemberIdentity, Partition};
 pub use pgbouncer::PgBouncer;
 pub use ports::{free_port, free_ports};

@@ -19,8 +19,8 @@ use tempfile::TempDir;
 use crate::error::{HarnessError, Result};
 use crate::ports::free_ports;
 use crate::process::{
-    delegate_faults, restart_and_wait, retry_on_port_clash, run_to_completion, server_dir,
-    tail_of_file, CommandSpec, ManagedProcess, READY_TIMEOUT,
+    delegate_faults, restart_and_wait, retry_on_port_clash, run_to_completion, tail_of_file,
+    CommandSpec, ManagedProcess, READY_TIMEOUT,
 };
 
 /// The database user the harness creates (the superuser of the cluster).
@@ -293,13 +293,7 @@ fn initdb(
 
 /// A temp dir for a server, handed to the `postgres` user when we run as root.
 pub(crate) fn owned_server_dir(name: &str, user: Option<(u32, u32)>) -> Result<TempDir> {
-    let dir = server_dir(name)?;
-    if let Some((uid, gid)) = user {
-        std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).map_err(|e| {
-            HarnessError::io(format!("handing {} to postgres", dir.path().display()), e)
-        })?;
-    }
-    Ok(dir)
+    crate::process::owned_server_dir(name, user)
 }
 
 /// Runs one of PostgreSQL's tools (`initdb`, `pg_basebackup`) in `dir` as `user`, its output in
@@ -343,33 +337,5 @@ fn run_logged(
 
 /// `Some((uid, gid))` of the `postgres` user when running as root, else `None` (run as we are).
 pub(crate) fn run_as() -> Result<Option<(u32, u32)>> {
-    if effective_uid() != Some(0) {
-        return Ok(None);
-    }
-    let passwd = fs::read_to_string("/etc/passwd")
-        .map_err(|e| HarnessError::io("reading /etc/passwd", e))?;
-    passwd
-        .lines()
-        .find_map(|line| {
-            let fields: Vec<&str> = line.split(':').collect();
-            if fields.len() > 3 && fields[0] == "postgres" {
-                Some((fields[2].parse().ok()?, fields[3].parse().ok()?))
-            } else {
-                None
-            }
-        })
-        .map(Some)
-        .ok_or_else(|| {
-            HarnessError::missing(
-                "postgres",
-                "the `postgres` user (PostgreSQL refuses to run as root)",
-            )
-        })
-}
-
-/// The effective uid, from `/proc/self/status` (no `unsafe` libc call needed).
-fn effective_uid() -> Option<u32> {
-    let status = fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_whitespace().nth(2)?.parse().ok()
+    crate::process::run_as_when_root("postgres", "PostgreSQL refuses to run as root")
 }

@@ -88,6 +88,47 @@ pub fn server_dir(label: &str) -> Result<TempDir> {
         .map_err(|e| HarnessError::io(format!("creating a temp dir under {}", root.display()), e))
 }
 
+/// A [`server_dir`] handed to `user` (a server that runs as another user must write to it).
+pub(crate) fn owned_server_dir(name: &str, user: Option<(u32, u32)>) -> Result<TempDir> {
+    let dir = server_dir(name)?;
+    if let Some((uid, gid)) = user {
+        std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).map_err(|e| {
+            HarnessError::io(format!("handing {} to uid {uid}", dir.path().display()), e)
+        })?;
+    }
+    Ok(dir)
+}
+
+/// `Some((uid, gid))` of the system user `name` when running as root, else `None` (run as we
+/// are): servers that refuse root run as their package's user. `why` explains the need when
+/// the user does not exist.
+pub(crate) fn run_as_when_root(name: &str, why: &str) -> Result<Option<(u32, u32)>> {
+    if effective_uid() != Some(0) {
+        return Ok(None);
+    }
+    let passwd = fs::read_to_string("/etc/passwd")
+        .map_err(|e| HarnessError::io("reading /etc/passwd", e))?;
+    passwd
+        .lines()
+        .find_map(|line| {
+            let fields: Vec<&str> = line.split(':').collect();
+            if fields.len() > 3 && fields[0] == name {
+                Some((fields[2].parse().ok()?, fields[3].parse().ok()?))
+            } else {
+                None
+            }
+        })
+        .map(Some)
+        .ok_or_else(|| HarnessError::missing(name, format!("the `{name}` user ({why})")))
+}
+
+/// The effective uid, from `/proc/self/status` (no `unsafe` libc call needed).
+fn effective_uid() -> Option<u32> {
+    let status = fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
+}
+
 /// Finds a program on `PATH` (and in the sbin dirs, which a test's `PATH` may lack).
 pub fn find_program(name: &str) -> Option<PathBuf> {
     if name.contains('/') {
