@@ -63,9 +63,6 @@ pub use register::SqlRegister;
 /// The fence column unless [`SqlGate::with_fence_column`] names another.
 pub const DEFAULT_FENCE_COLUMN: &str = "last_fence";
 
-/// The `resource` label of the fence rejections the gate counts.
-const REJECTED_BY: &str = "sql_table";
-
 /// What a claim found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Claimed {
@@ -159,7 +156,7 @@ impl SqlGate {
     {
         let claimed = conn.claim_row(self, key, fence.as_i64()).await?;
         if let Claimed::Stale { newest } = claimed {
-            telemetry::fence_rejected(REJECTED_BY, fence.value(), newest);
+            telemetry::fence_rejected(C::REJECTED_BY, fence.value(), newest);
         }
         Ok(claimed)
     }
@@ -178,6 +175,10 @@ impl SqlGate {
 /// `MySqlConnection` (each behind its feature). Pass `&mut *tx` for a transaction.
 #[async_trait]
 pub trait GateConnection: Send {
+    /// The `resource` label of the fence rejections counted on this database
+    /// (`leasehold_fence_rejections_total`): `postgres_table`, `sqlite_table`, `mysql_table`.
+    const REJECTED_BY: &'static str;
+
     /// The database's claim statement(s); see [`SqlGate::claim`].
     #[doc(hidden)]
     async fn claim_row(&mut self, gate: &SqlGate, key: &str, fence: i64) -> Result<Claimed>;
@@ -219,6 +220,8 @@ pub fn map_error(error: sqlx::Error) -> Error {
 #[cfg(feature = "postgres")]
 #[async_trait]
 impl GateConnection for sqlx::PgConnection {
+    const REJECTED_BY: &'static str = "postgres_table";
+
     async fn claim_row(&mut self, gate: &SqlGate, key: &str, fence: i64) -> Result<Claimed> {
         let (t, k, f) = gate.names('"');
         let raise = format!("UPDATE {t} SET {f} = $2 WHERE {k} = $1 AND {f} <= $2 RETURNING {f}");
@@ -244,6 +247,8 @@ impl GateConnection for sqlx::PgConnection {
 #[cfg(feature = "sqlite")]
 #[async_trait]
 impl GateConnection for sqlx::SqliteConnection {
+    const REJECTED_BY: &'static str = "sqlite_table";
+
     async fn claim_row(&mut self, gate: &SqlGate, key: &str, fence: i64) -> Result<Claimed> {
         let (t, k, f) = gate.names('"');
         let raise = format!("UPDATE {t} SET {f} = ?2 WHERE {k} = ?1 AND {f} <= ?2 RETURNING {f}");
@@ -269,6 +274,8 @@ impl GateConnection for sqlx::SqliteConnection {
 #[cfg(feature = "mysql")]
 #[async_trait]
 impl GateConnection for sqlx::MySqlConnection {
+    const REJECTED_BY: &'static str = "mysql_table";
+
     async fn claim_row(&mut self, gate: &SqlGate, key: &str, fence: i64) -> Result<Claimed> {
         let (t, k, f) = gate.names('`');
         // No UPDATE ... RETURNING here: the row lock taken by the read is what makes the

@@ -37,13 +37,25 @@ macro_rules! register_on {
             pub async fn create(pool: &sqlx::Pool<$db>, table: &str, id: &str) -> Result<Self> {
                 let gate = SqlGate::new(table, "id")?;
                 let quoted = gate.table.quoted($quote);
-                for sql in [$create, $reset] {
-                    let sql = sql.replace("{t}", &quoted);
-                    let takes_id = sql_has_param(&sql);
-                    let query = sqlx::query(sqlx::AssertSqlSafe(sql));
-                    let query = if takes_id { query.bind(id) } else { query };
-                    query.execute(pool).await.map_err(map_error)?;
+                let create = $create.replace("{t}", &quoted);
+                if sqlx::query(sqlx::AssertSqlSafe(create.clone()))
+                    .execute(pool)
+                    .await
+                    .is_err()
+                {
+                    // Two registers creating the table at once: PostgreSQL can refuse the
+                    // second `CREATE TABLE IF NOT EXISTS` (a unique violation in its catalog);
+                    // once the first has committed, the statement succeeds.
+                    sqlx::query(sqlx::AssertSqlSafe(create))
+                        .execute(pool)
+                        .await
+                        .map_err(map_error)?;
                 }
+                sqlx::query(sqlx::AssertSqlSafe($reset.replace("{t}", &quoted)))
+                    .bind(id)
+                    .execute(pool)
+                    .await
+                    .map_err(map_error)?;
                 Ok(SqlRegister {
                     pool: pool.clone(),
                     gate,
@@ -79,11 +91,6 @@ macro_rules! register_on {
             }
         }
     };
-}
-
-/// Whether a statement takes the row's id as its parameter (the reset does, the create not).
-fn sql_has_param(sql: &str) -> bool {
-    sql.contains('?') || sql.contains('$')
 }
 
 register_on!(

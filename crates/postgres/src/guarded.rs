@@ -33,13 +33,11 @@
 //! # Ok(()) }
 //! ```
 
-use std::sync::Arc;
-
-use async_trait::async_trait;
-use leasehold_core::{telemetry, Error, Fence, FencedResource, Result};
+use leasehold_core::{telemetry, Error, Fence, Result};
+use leasehold_gate_sql::{Claimed as SqlClaimed, SqlGate};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
-use sqlx::{AssertSqlSafe, FromRow, PgConnection, PgPool, Postgres, SqlSafeStr};
+use sqlx::{AssertSqlSafe, FromRow, PgConnection, Postgres, SqlSafeStr};
 
 use crate::errors;
 use crate::table::TableName;
@@ -83,6 +81,8 @@ pub struct FencedTable {
     table: TableName,
     key_column: TableName,
     fence_column: TableName,
+    /// The claim, shared with every SQL database (`leasehold-gate-sql`).
+    gate: SqlGate,
 }
 
 impl FencedTable {
@@ -92,17 +92,20 @@ impl FencedTable {
             table: TableName::new(table)?,
             key_column: column(key_column)?,
             fence_column: column("last_fence")?,
+            gate: SqlGate::new(table, key_column)?,
         })
     }
 
     /// Uses another fence column than `last_fence`.
     pub fn with_fence_column(mut self, name: &str) -> Result<Self> {
         self.fence_column = column(name)?;
+        self.gate = self.gate.with_fence_column(name)?;
         Ok(self)
     }
 
-    /// Claim first: raises the row's fence to `fence` unless it is already greater, and returns
-    /// the `returning` columns of the row, in one statement.
+    /// Claim first: raises the row's fence to `fence` unless it is already greater (the
+    /// claim of `leasehold-gate-sql`, which keeps the row locked until the transaction ends),
+    /// then returns the `returning` columns of the row as the claim left it.
     pub async fn claim<T>(
         &self,
         conn: &mut PgConnection,
@@ -113,24 +116,19 @@ impl FencedTable {
     where
         T: for<'r> FromRow<'r, PgRow> + Send + Unpin,
     {
-        let (t, k, f) = (&self.table, &self.key_column, &self.fence_column);
-        let sql =
-            format!("UPDATE {t} SET {f} = $2 WHERE {k} = $1 AND {f} <= $2 RETURNING {returning}");
-        let row: Option<T> = sqlx::query_as(AssertSqlSafe(sql).into_sql_str())
-            .bind(key)
-            .bind(fence.as_i64())
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(|e| errors::map(e, "claim", t))?;
-        Ok(match row {
-            Some(state) => Claimed::Claimed(state),
-            None => match self.newest(conn, key).await? {
-                Some(newest) => {
-                    telemetry::fence_rejected(REJECTED_BY, fence.value(), newest);
-                    Claimed::Stale { newest }
-                }
-                None => Claimed::Missing,
-            },
+        Ok(match self.gate.claim(&mut *conn, key, fence).await? {
+            SqlClaimed::Claimed => {
+                let (t, k) = (&self.table, &self.key_column);
+                let sql = format!("SELECT {returning} FROM {t} WHERE {k} = $1");
+                let state: T = sqlx::query_as(AssertSqlSafe(sql).into_sql_str())
+                    .bind(key)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(|e| errors::map(e, "read the claimed row", t))?;
+                Claimed::Claimed(state)
+            }
+            SqlClaimed::Stale { newest } => Claimed::Stale { newest },
+            SqlClaimed::Missing => Claimed::Missing,
         })
     }
 
@@ -197,96 +195,6 @@ fn column(name: &str) -> Result<TableName> {
 }
 
 /// A fenced register in a PostgreSQL table (`id text PRIMARY KEY, last_fence bigint, value
-/// text`): a real-database [`FencedResource`], used to run the conformance suite's stale-write
-/// scenarios with PostgreSQL as the resource.
-#[derive(Clone, Debug)]
-pub struct PgFencedRegister {
-    pool: PgPool,
-    table: Arc<FencedTable>,
-    id: String,
-}
-
-impl PgFencedRegister {
-    /// Creates `table` if needed and a fresh row `id` that has accepted no fence.
-    pub async fn create(pool: &PgPool, table: &str, id: &str) -> Result<Self> {
-        let name = TableName::new(table)?;
-        let create = format!(
-            "CREATE TABLE IF NOT EXISTS {name} (id text PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0, value text)"
-        );
-        let mut tx = pool
-            .begin()
-            .await
-            .map_err(|e| errors::map(e, "begin", &name))?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('leasehold register ' || $1))")
-            .bind(name.plain())
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| errors::map(e, "lock", &name))?;
-        sqlx::query(AssertSqlSafe(create).into_sql_str())
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| errors::map(e, "create register table", &name))?;
-        let insert = format!("INSERT INTO {name} (id) VALUES ($1) ON CONFLICT (id) DO UPDATE SET last_fence = 0, value = NULL");
-        sqlx::query(AssertSqlSafe(insert).into_sql_str())
-            .bind(id)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| errors::map(e, "create register row", &name))?;
-        tx.commit()
-            .await
-            .map_err(|e| errors::map(e, "commit", &name))?;
-        Ok(PgFencedRegister {
-            pool: pool.clone(),
-            table: Arc::new(FencedTable::new(table, "id")?),
-            id: id.to_string(),
-        })
-    }
-
-    async fn conn(&self) -> Result<sqlx::pool::PoolConnection<Postgres>> {
-        self.pool
-            .acquire()
-            .await
-            .map_err(|e| errors::map(e, "connect", &self.table.table))
-    }
-
-    fn outcome(&self, g: Guarded) -> Result<leasehold_core::Guarded> {
-        match g {
-            Guarded::Applied => Ok(leasehold_core::Guarded::Accepted),
-            Guarded::Stale { newest } => Ok(leasehold_core::Guarded::Stale { newest }),
-            Guarded::PreconditionFailed | Guarded::Missing => Err(Error::Backend {
-                backend: errors::BACKEND,
-                message: format!("register row {} is missing", self.id),
-                retryable: false,
-                source: None,
-            }),
-        }
-    }
-}
-
-#[async_trait]
-impl FencedResource for PgFencedRegister {
-    async fn claim(&self, fence: Fence) -> Result<leasehold_core::Guarded> {
-        let mut conn = self.conn().await?;
-        let claimed: Claimed<(i64,)> = self
-            .table
-            .claim(&mut conn, &self.id, fence, "last_fence")
-            .await?;
-        self.outcome(match claimed {
-            Claimed::Claimed(_) => Guarded::Applied,
-            Claimed::Stale { newest } => Guarded::Stale { newest },
-            Claimed::Missing => Guarded::Missing,
-        })
-    }
-
-    async fn write(&self, fence: Fence, value: &str) -> Result<leasehold_core::Guarded> {
-        let mut conn = self.conn().await?;
-        let value = value.to_string();
-        let g = self
-            .table
-            .update(&mut conn, &self.id, fence, "value = $3", "true", |q| {
-                q.bind(value)
-            })
-            .await?;
-        self.outcome(g)
-    }
-}
+/// text`): a real-database [`FencedResource`](leasehold_core::FencedResource), the SQL gate's
+/// register on PostgreSQL.
+pub type PgFencedRegister = leasehold_gate_sql::SqlRegister<sqlx::Postgres>;
