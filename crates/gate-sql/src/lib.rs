@@ -44,7 +44,7 @@
 //! | feature | claim |
 //! |---|---|
 //! | `postgres` | `UPDATE ... SET fence = $2 WHERE key = $1 AND fence <= $2 RETURNING fence` |
-//! | `sqlite` | the same with `?1`, `?2` (SQLite 3.35 or later); SQLite locks the whole file for the write |
+//! | `sqlite` | the same with `?1`, `?2` (SQLite 3.35 or later); begin the transaction with `BEGIN IMMEDIATE` (`pool.begin_with("BEGIN IMMEDIATE")`), which takes the file's write lock at once, so that a concurrent writer's commit cannot leave it with a stale snapshot |
 //! | `mysql` | `SELECT fence ... FOR UPDATE`, compared, then `UPDATE` under that row lock (MySQL and MariaDB have no `UPDATE ... RETURNING`) |
 //!
 //! [`SqlRegister`] is the smallest fenced resource on top (a row with a value), which the

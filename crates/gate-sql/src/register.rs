@@ -30,7 +30,7 @@ fn accepted(claimed: Claimed, id: &str) -> Result<Guarded> {
 
 /// The register's statements for one database: `{t}` is the quoted table.
 macro_rules! register_on {
-    ($feature:literal, $db:ty, $quote:literal, $create:literal, $reset:literal, $set:literal) => {
+    ($feature:literal, $db:ty, $begin:literal, $quote:literal, $create:literal, $reset:literal, $set:literal) => {
         #[cfg(feature = $feature)]
         impl SqlRegister<$db> {
             /// Creates `table` if it is missing and a fresh row `id` that has seen no fence.
@@ -68,14 +68,14 @@ macro_rules! register_on {
         #[async_trait]
         impl FencedResource for SqlRegister<$db> {
             async fn claim(&self, fence: Fence) -> Result<Guarded> {
-                let mut tx = self.pool.begin().await.map_err(map_error)?;
+                let mut tx = self.pool.begin_with($begin).await.map_err(map_error)?;
                 let claimed = self.gate.claim(&mut *tx, &self.id, fence).await?;
                 tx.commit().await.map_err(map_error)?;
                 accepted(claimed, &self.id)
             }
 
             async fn write(&self, fence: Fence, value: &str) -> Result<Guarded> {
-                let mut tx = self.pool.begin().await.map_err(map_error)?;
+                let mut tx = self.pool.begin_with($begin).await.map_err(map_error)?;
                 let claimed = self.gate.claim(&mut *tx, &self.id, fence).await?;
                 if claimed == Claimed::Claimed {
                     let sql = $set.replace("{t}", &self.gate.table.quoted($quote));
@@ -96,6 +96,7 @@ macro_rules! register_on {
 register_on!(
     "postgres",
     sqlx::Postgres,
+    "BEGIN",
     '"',
     "CREATE TABLE IF NOT EXISTS {t} (id text PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0, value text)",
     "INSERT INTO {t} (id) VALUES ($1) ON CONFLICT (id) DO UPDATE SET last_fence = 0, value = NULL",
@@ -105,6 +106,9 @@ register_on!(
 register_on!(
     "sqlite",
     sqlx::Sqlite,
+    // The write lock at once: a deferred transaction that read first could not take it later
+    // (SQLITE_BUSY_SNAPSHOT) once another connection committed.
+    "BEGIN IMMEDIATE",
     '"',
     "CREATE TABLE IF NOT EXISTS {t} (id text PRIMARY KEY, last_fence integer NOT NULL DEFAULT 0, value text)",
     "INSERT INTO {t} (id) VALUES (?1) ON CONFLICT (id) DO UPDATE SET last_fence = 0, value = NULL",
@@ -114,6 +118,7 @@ register_on!(
 register_on!(
     "mysql",
     sqlx::MySql,
+    "BEGIN",
     '`',
     "CREATE TABLE IF NOT EXISTS {t} (id varchar(64) PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0, value text)",
     "INSERT INTO {t} (id) VALUES (?) ON DUPLICATE KEY UPDATE last_fence = 0, value = NULL",
