@@ -82,7 +82,7 @@ async fn set_balance(
     if let Err(e) = inserted {
         return internal(e);
     }
-    match accounts.gate.claim(&mut *tx, &id, fence).await {
+    match accounts.gate.claim(&mut tx, &id, fence).await {
         Ok(Claimed::Claimed) => {}
         Ok(Claimed::Stale { newest }) => return stale_response(newest),
         Ok(Claimed::Missing) => return (StatusCode::NOT_FOUND, "no such account").into_response(),

@@ -24,7 +24,7 @@
 //!
 //! let invoices = SqlGate::new("invoices", "id")?;
 //! let mut tx = pool.begin().await.map_err(leasehold_gate_sql::map_error)?;
-//! match invoices.claim(&mut *tx, "inv_72", fence).await? {
+//! match invoices.claim(&mut tx, "inv_72", fence).await? {
 //!     Claimed::Claimed => {
 //!         sqlx::query("UPDATE invoices SET state = 'paid' WHERE id = $1 AND state = 'open'")
 //!             .bind("inv_72")
@@ -149,14 +149,18 @@ impl SqlGate {
     }
 
     /// Raises row `key`'s fence to `fence` unless the row has seen a greater one, as the first
-    /// statement of the caller's transaction on `conn` (the row stays locked until it ends).
-    pub async fn claim<C>(&self, conn: &mut C, key: &str, fence: Fence) -> Result<Claimed>
-    where
-        C: GateConnection + ?Sized,
-    {
-        let claimed = conn.claim_row(self, key, fence.as_i64()).await?;
+    /// statement of the caller's transaction `tx` (the row stays locked until it ends). It takes
+    /// a transaction, not a connection: outside one, the lock would end with the statement and
+    /// the caller's writes after it would not be covered.
+    pub async fn claim<DB: GateDatabase>(
+        &self,
+        tx: &mut sqlx::Transaction<'_, DB>,
+        key: &str,
+        fence: Fence,
+    ) -> Result<Claimed> {
+        let claimed = DB::claim_row(&mut **tx, self, key, fence.as_i64()).await?;
         if let Claimed::Stale { newest } = claimed {
-            telemetry::fence_rejected(C::REJECTED_BY, fence.value(), newest);
+            telemetry::fence_rejected(DB::REJECTED_BY, fence.value(), newest);
         }
         Ok(claimed)
     }
@@ -171,17 +175,22 @@ impl SqlGate {
     }
 }
 
-/// A connection of a database the gate speaks: `PgConnection`, `SqliteConnection`,
-/// `MySqlConnection` (each behind its feature). Pass `&mut *tx` for a transaction.
+/// A database the gate speaks: `sqlx::Postgres`, `sqlx::Sqlite`, `sqlx::MySql` (each behind its
+/// feature).
 #[async_trait]
-pub trait GateConnection: Send {
+pub trait GateDatabase: sqlx::Database {
     /// The `resource` label of the fence rejections counted on this database
     /// (`leasehold_fence_rejections_total`): `postgres_table`, `sqlite_table`, `mysql_table`.
     const REJECTED_BY: &'static str;
 
     /// The database's claim statement(s); see [`SqlGate::claim`].
     #[doc(hidden)]
-    async fn claim_row(&mut self, gate: &SqlGate, key: &str, fence: i64) -> Result<Claimed>;
+    async fn claim_row(
+        conn: &mut Self::Connection,
+        gate: &SqlGate,
+        key: &str,
+        fence: i64,
+    ) -> Result<Claimed>;
 }
 
 /// What a row's fence column read back means: a negative value was never written by a gate.
@@ -189,17 +198,21 @@ fn newest(value: i64) -> u64 {
     u64::try_from(value).unwrap_or(0)
 }
 
-/// A database error as leasehold's: connection trouble and timeouts are retryable (nobody
-/// knows whether the statement ran), anything else is not.
+/// A database error as leasehold's: connection trouble, timeouts, lock waits, deadlocks,
+/// serialization failures, a server shutting down or read-only after a failover are retryable
+/// (`Unavailable`: nobody knows whether the statement ran, or it did not and may run later);
+/// anything else (a missing table, a syntax error, a constraint) is not.
 pub fn map_error(error: sqlx::Error) -> Error {
-    let retryable = matches!(
-        error,
+    let retryable = match &error {
         sqlx::Error::Io(_)
-            | sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::WorkerCrashed
-            | sqlx::Error::Protocol(_)
-    );
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => database_error_is_transient(db.as_ref()),
+        _ => false,
+    };
     let message = format!("the gated statement: {error}");
     if retryable {
         Error::Unavailable {
@@ -217,18 +230,65 @@ pub fn map_error(error: sqlx::Error) -> Error {
     }
 }
 
+fn database_error_is_transient(db: &dyn sqlx::error::DatabaseError) -> bool {
+    #[cfg(feature = "sqlite")]
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        return db.code().is_some_and(|c| sqlite_code_is_transient(&c));
+    }
+    #[cfg(feature = "mysql")]
+    if let Some(mysql) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        if mysql_number_is_transient(mysql.number()) {
+            return true;
+        }
+    }
+    db.code().is_some_and(|c| sqlstate_is_transient(&c))
+}
+
+/// SQLSTATE (PostgreSQL, MySQL): connection exceptions (`08`), transaction rollbacks
+/// (`40`: serialization failure, deadlock), insufficient resources (`53`), operator
+/// intervention (`57`: shutdown, a terminated backend, a statement timeout), a lock not
+/// available (`55P03`), a read-only transaction (`25006`, a standby).
+fn sqlstate_is_transient(code: &str) -> bool {
+    ["08", "40", "53", "57"]
+        .iter()
+        .any(|class| code.starts_with(class))
+        || code == "55P03"
+        || code == "25006"
+}
+
+/// SQLite's extended result code: `SQLITE_BUSY` (5) and `SQLITE_LOCKED` (6) and their
+/// extensions (`SQLITE_BUSY_SNAPSHOT` is 517: 5 in the low byte).
+fn sqlite_code_is_transient(code: &str) -> bool {
+    code.parse::<u32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
+}
+
+/// MySQL and MariaDB error numbers: too many connections (1040), shutdown in progress (1053),
+/// lock wait timeout (1205), deadlock (1213), read-only (1290, 1836), connection killed (1927),
+/// server gone or connection lost (2006, 2013).
+fn mysql_number_is_transient(number: u16) -> bool {
+    matches!(
+        number,
+        1040 | 1053 | 1205 | 1213 | 1290 | 1836 | 1927 | 2006 | 2013
+    )
+}
+
 #[cfg(feature = "postgres")]
 #[async_trait]
-impl GateConnection for sqlx::PgConnection {
+impl GateDatabase for sqlx::Postgres {
     const REJECTED_BY: &'static str = "postgres_table";
 
-    async fn claim_row(&mut self, gate: &SqlGate, key: &str, fence: i64) -> Result<Claimed> {
+    async fn claim_row(
+        conn: &mut Self::Connection,
+        gate: &SqlGate,
+        key: &str,
+        fence: i64,
+    ) -> Result<Claimed> {
         let (t, k, f) = gate.names('"');
-        let raise = format!("UPDATE {t} SET {f} = $2 WHERE {k} = $1 AND {f} <= $2 RETURNING {f}");
-        let raised: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(raise))
+        let raise = format!("UPDATE {t} SET {f} = $2 WHERE {k} = $1 AND {f} <= $2 RETURNING 1");
+        let raised: Option<i32> = sqlx::query_scalar(sqlx::AssertSqlSafe(raise))
             .bind(key)
             .bind(fence)
-            .fetch_optional(&mut *self)
+            .fetch_optional(&mut *conn)
             .await
             .map_err(map_error)?;
         if raised.is_some() {
@@ -237,7 +297,7 @@ impl GateConnection for sqlx::PgConnection {
         let read = format!("SELECT {f} FROM {t} WHERE {k} = $1");
         let found: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(read))
             .bind(key)
-            .fetch_optional(&mut *self)
+            .fetch_optional(&mut *conn)
             .await
             .map_err(map_error)?;
         Ok(found.map_or(Claimed::Missing, |n| Claimed::Stale { newest: newest(n) }))
@@ -246,16 +306,21 @@ impl GateConnection for sqlx::PgConnection {
 
 #[cfg(feature = "sqlite")]
 #[async_trait]
-impl GateConnection for sqlx::SqliteConnection {
+impl GateDatabase for sqlx::Sqlite {
     const REJECTED_BY: &'static str = "sqlite_table";
 
-    async fn claim_row(&mut self, gate: &SqlGate, key: &str, fence: i64) -> Result<Claimed> {
+    async fn claim_row(
+        conn: &mut Self::Connection,
+        gate: &SqlGate,
+        key: &str,
+        fence: i64,
+    ) -> Result<Claimed> {
         let (t, k, f) = gate.names('"');
-        let raise = format!("UPDATE {t} SET {f} = ?2 WHERE {k} = ?1 AND {f} <= ?2 RETURNING {f}");
-        let raised: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(raise))
+        let raise = format!("UPDATE {t} SET {f} = ?2 WHERE {k} = ?1 AND {f} <= ?2 RETURNING 1");
+        let raised: Option<i32> = sqlx::query_scalar(sqlx::AssertSqlSafe(raise))
             .bind(key)
             .bind(fence)
-            .fetch_optional(&mut *self)
+            .fetch_optional(&mut *conn)
             .await
             .map_err(map_error)?;
         if raised.is_some() {
@@ -264,7 +329,7 @@ impl GateConnection for sqlx::SqliteConnection {
         let read = format!("SELECT {f} FROM {t} WHERE {k} = ?1");
         let found: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(read))
             .bind(key)
-            .fetch_optional(&mut *self)
+            .fetch_optional(&mut *conn)
             .await
             .map_err(map_error)?;
         Ok(found.map_or(Claimed::Missing, |n| Claimed::Stale { newest: newest(n) }))
@@ -273,28 +338,36 @@ impl GateConnection for sqlx::SqliteConnection {
 
 #[cfg(feature = "mysql")]
 #[async_trait]
-impl GateConnection for sqlx::MySqlConnection {
+impl GateDatabase for sqlx::MySql {
     const REJECTED_BY: &'static str = "mysql_table";
 
-    async fn claim_row(&mut self, gate: &SqlGate, key: &str, fence: i64) -> Result<Claimed> {
+    async fn claim_row(
+        conn: &mut Self::Connection,
+        gate: &SqlGate,
+        key: &str,
+        fence: i64,
+    ) -> Result<Claimed> {
         let (t, k, f) = gate.names('`');
         // No UPDATE ... RETURNING here: the row lock taken by the read is what makes the
         // compare and the raise one step, until the caller's transaction ends.
         let read = format!("SELECT {f} FROM {t} WHERE {k} = ? FOR UPDATE");
         let found: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(read))
             .bind(key)
-            .fetch_optional(&mut *self)
+            .fetch_optional(&mut *conn)
             .await
             .map_err(map_error)?;
         match found {
             None => Ok(Claimed::Missing),
             Some(n) if n > fence => Ok(Claimed::Stale { newest: newest(n) }),
             Some(_) => {
-                let raise = format!("UPDATE {t} SET {f} = ? WHERE {k} = ?");
+                // Conditional as well: on a table without transactions (MyISAM, Aria) the row
+                // lock is gone with the read, and an unconditional raise could lower the fence.
+                let raise = format!("UPDATE {t} SET {f} = ? WHERE {k} = ? AND {f} <= ?");
                 sqlx::query(sqlx::AssertSqlSafe(raise))
                     .bind(fence)
                     .bind(key)
-                    .execute(&mut *self)
+                    .bind(fence)
+                    .execute(&mut *conn)
                     .await
                     .map_err(map_error)?;
                 Ok(Claimed::Claimed)
@@ -306,6 +379,45 @@ impl GateConnection for sqlx::MySqlConnection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passing_trouble_is_retryable_and_mistakes_are_not() {
+        for code in [
+            "08006", "40001", "40P01", "53300", "57P01", "57014", "55P03", "25006",
+        ] {
+            assert!(
+                sqlstate_is_transient(code),
+                "SQLSTATE {code} is passing trouble"
+            );
+        }
+        for code in ["42P01", "42601", "23505", "22003", "HY000"] {
+            assert!(!sqlstate_is_transient(code), "SQLSTATE {code} is a mistake");
+        }
+        for code in ["5", "6", "517", "261", "262"] {
+            assert!(
+                sqlite_code_is_transient(code),
+                "SQLite {code} is passing trouble"
+            );
+        }
+        for code in ["1", "19", "2067", "11"] {
+            assert!(
+                !sqlite_code_is_transient(code),
+                "SQLite {code} is a mistake"
+            );
+        }
+        for number in [1205, 1213, 1927, 1290, 1836, 2013] {
+            assert!(
+                mysql_number_is_transient(number),
+                "MySQL {number} is passing trouble"
+            );
+        }
+        for number in [1146, 1064, 1062] {
+            assert!(
+                !mysql_number_is_transient(number),
+                "MySQL {number} is a mistake"
+            );
+        }
+    }
 
     #[test]
     fn names_that_could_become_sql_are_refused() {

@@ -33,7 +33,8 @@ macro_rules! register_on {
     ($feature:literal, $db:ty, $begin:literal, $quote:literal, $create:literal, $reset:literal, $set:literal) => {
         #[cfg(feature = $feature)]
         impl SqlRegister<$db> {
-            /// Creates `table` if it is missing and a fresh row `id` that has seen no fence.
+            /// Creates `table` and row `id` if they are missing. An existing row keeps its fence:
+            /// lowering it would let a stale holder through.
             pub async fn create(pool: &sqlx::Pool<$db>, table: &str, id: &str) -> Result<Self> {
                 let gate = SqlGate::new(table, "id")?;
                 let quoted = gate.table.quoted($quote);
@@ -69,14 +70,14 @@ macro_rules! register_on {
         impl FencedResource for SqlRegister<$db> {
             async fn claim(&self, fence: Fence) -> Result<Guarded> {
                 let mut tx = self.pool.begin_with($begin).await.map_err(map_error)?;
-                let claimed = self.gate.claim(&mut *tx, &self.id, fence).await?;
+                let claimed = self.gate.claim(&mut tx, &self.id, fence).await?;
                 tx.commit().await.map_err(map_error)?;
                 accepted(claimed, &self.id)
             }
 
             async fn write(&self, fence: Fence, value: &str) -> Result<Guarded> {
                 let mut tx = self.pool.begin_with($begin).await.map_err(map_error)?;
-                let claimed = self.gate.claim(&mut *tx, &self.id, fence).await?;
+                let claimed = self.gate.claim(&mut tx, &self.id, fence).await?;
                 if claimed == Claimed::Claimed {
                     let sql = $set.replace("{t}", &self.gate.table.quoted($quote));
                     sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -99,7 +100,7 @@ register_on!(
     "BEGIN",
     '"',
     "CREATE TABLE IF NOT EXISTS {t} (id text PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0, value text)",
-    "INSERT INTO {t} (id) VALUES ($1) ON CONFLICT (id) DO UPDATE SET last_fence = 0, value = NULL",
+    "INSERT INTO {t} (id) VALUES ($1) ON CONFLICT (id) DO NOTHING",
     "UPDATE {t} SET value = $1 WHERE id = $2"
 );
 
@@ -111,7 +112,7 @@ register_on!(
     "BEGIN IMMEDIATE",
     '"',
     "CREATE TABLE IF NOT EXISTS {t} (id text PRIMARY KEY, last_fence integer NOT NULL DEFAULT 0, value text)",
-    "INSERT INTO {t} (id) VALUES (?1) ON CONFLICT (id) DO UPDATE SET last_fence = 0, value = NULL",
+    "INSERT INTO {t} (id) VALUES (?1) ON CONFLICT (id) DO NOTHING",
     "UPDATE {t} SET value = ?1 WHERE id = ?2"
 );
 
@@ -121,6 +122,6 @@ register_on!(
     "BEGIN",
     '`',
     "CREATE TABLE IF NOT EXISTS {t} (id varchar(64) PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0, value text)",
-    "INSERT INTO {t} (id) VALUES (?) ON DUPLICATE KEY UPDATE last_fence = 0, value = NULL",
+    "INSERT INTO {t} (id) VALUES (?) ON DUPLICATE KEY UPDATE id = id",
     "UPDATE {t} SET value = ? WHERE id = ?"
 );

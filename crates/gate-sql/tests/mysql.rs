@@ -60,7 +60,7 @@ async fn a_mariadb_table_behind_the_gate_passes_the_resource_suite_with_faults()
     let server = kit::start("MariaDB", MariaDbServer::start).await?;
     let pool = MySqlPoolOptions::new()
         .max_connections(4)
-        .acquire_timeout(Duration::from_secs(2))
+        .acquire_timeout(Duration::from_secs(10))
         .connect(&server.url())
         .await
         .or_fail("connect the registers' pool")?;

@@ -62,7 +62,7 @@ async fn a_postgres_table_behind_the_gate_passes_the_resource_suite_with_faults(
     let options: PgConnectOptions = server.url().parse().or_fail("the server's URL")?;
     let pool = PgPoolOptions::new()
         .max_connections(4)
-        .acquire_timeout(Duration::from_secs(2))
+        .acquire_timeout(Duration::from_secs(10))
         .connect_with(options.application_name(REGISTERS))
         .await
         .or_fail("connect the registers' pool")?;

@@ -17,6 +17,9 @@
 //! SQL fragments are `&'static str`: they are the developer's literals, never user input. Values
 //! go in as bind parameters.
 //!
+//! The claim alone, the same on PostgreSQL, SQLite and MySQL/MariaDB, is `leasehold-gate-sql`'s
+//! `SqlGate::claim`; [`PgFencedRegister`] is that crate's register.
+//!
 //! ```no_run
 //! # use leasehold_postgres::guarded::{FencedTable, Guarded};
 //! # async fn demo(tx: &mut sqlx::PgConnection, fence: leasehold_core::Fence) -> leasehold_core::Result<()> {
@@ -34,7 +37,6 @@
 //! ```
 
 use leasehold_core::{telemetry, Error, Fence, Result};
-use leasehold_gate_sql::{Claimed as SqlClaimed, SqlGate};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, FromRow, PgConnection, Postgres, SqlSafeStr};
@@ -81,8 +83,6 @@ pub struct FencedTable {
     table: TableName,
     key_column: TableName,
     fence_column: TableName,
-    /// The claim, shared with every SQL database (`leasehold-gate-sql`).
-    gate: SqlGate,
 }
 
 impl FencedTable {
@@ -92,20 +92,17 @@ impl FencedTable {
             table: TableName::new(table)?,
             key_column: column(key_column)?,
             fence_column: column("last_fence")?,
-            gate: SqlGate::new(table, key_column)?,
         })
     }
 
     /// Uses another fence column than `last_fence`.
     pub fn with_fence_column(mut self, name: &str) -> Result<Self> {
         self.fence_column = column(name)?;
-        self.gate = self.gate.with_fence_column(name)?;
         Ok(self)
     }
 
-    /// Claim first: raises the row's fence to `fence` unless it is already greater (the
-    /// claim of `leasehold-gate-sql`, which keeps the row locked until the transaction ends),
-    /// then returns the `returning` columns of the row as the claim left it.
+    /// Claim first: raises the row's fence to `fence` unless it is already greater, and returns
+    /// the `returning` columns of the row, in one statement.
     pub async fn claim<T>(
         &self,
         conn: &mut PgConnection,
@@ -116,19 +113,24 @@ impl FencedTable {
     where
         T: for<'r> FromRow<'r, PgRow> + Send + Unpin,
     {
-        Ok(match self.gate.claim(&mut *conn, key, fence).await? {
-            SqlClaimed::Claimed => {
-                let (t, k) = (&self.table, &self.key_column);
-                let sql = format!("SELECT {returning} FROM {t} WHERE {k} = $1");
-                let state: T = sqlx::query_as(AssertSqlSafe(sql).into_sql_str())
-                    .bind(key)
-                    .fetch_one(&mut *conn)
-                    .await
-                    .map_err(|e| errors::map(e, "read the claimed row", t))?;
-                Claimed::Claimed(state)
-            }
-            SqlClaimed::Stale { newest } => Claimed::Stale { newest },
-            SqlClaimed::Missing => Claimed::Missing,
+        let (t, k, f) = (&self.table, &self.key_column, &self.fence_column);
+        let sql =
+            format!("UPDATE {t} SET {f} = $2 WHERE {k} = $1 AND {f} <= $2 RETURNING {returning}");
+        let row: Option<T> = sqlx::query_as(AssertSqlSafe(sql).into_sql_str())
+            .bind(key)
+            .bind(fence.as_i64())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| errors::map(e, "claim", t))?;
+        Ok(match row {
+            Some(state) => Claimed::Claimed(state),
+            None => match self.newest(conn, key).await? {
+                Some(newest) => {
+                    telemetry::fence_rejected(REJECTED_BY, fence.value(), newest);
+                    Claimed::Stale { newest }
+                }
+                None => Claimed::Missing,
+            },
         })
     }
 

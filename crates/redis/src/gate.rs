@@ -25,12 +25,17 @@
 //! ```
 //!
 //! A gate's durability is the server's: without persistence (`appendonly`), a restarted Redis
-//! has forgotten every fence and accepts any again.
+//! has forgotten every fence and accepts any again. Its consistency is the server's too: a
+//! failover to a replica that missed the last writes (asynchronous replication) loses the
+//! fences with them. Put the gate where the data is, so they are lost together.
+//!
+//! The stored fence must be written only through the gate: the script compares canonical
+//! decimal strings, and a hand-written `0005` would compare wrongly.
 
 use async_trait::async_trait;
 use leasehold_core::{telemetry, Error, Fence, FencedResource, Guarded, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClient;
+use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::Value;
 
@@ -40,6 +45,9 @@ use crate::scripts::LuaScript;
 /// The hash field that keeps the newest fence, unless [`RedisGate::with_fence_field`] names
 /// another.
 pub const FENCE_FIELD: &str = "leasehold_fence";
+
+/// How long a connection or a request may take.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The `resource` label of the fence rejections a gate counts.
 const REJECTED_BY: &str = "redis_hash";
@@ -68,6 +76,8 @@ enum Connection {
 #[derive(Clone)]
 pub struct RedisGate {
     connection: Connection,
+    /// Errors are read as a cluster's (`MOVED`, `CLUSTERDOWN` are passing trouble there).
+    cluster: bool,
     fence_field: String,
     script: LuaScript,
 }
@@ -85,7 +95,10 @@ impl RedisGate {
     /// The connection reconnects by itself after it breaks.
     pub async fn connect(url: &str) -> Result<RedisGate> {
         let client = redis::Client::open(url).map_err(|e| errors::map(e, "the gate's URL"))?;
-        let config = ConnectionManagerConfig::new().set_number_of_retries(1);
+        let config = ConnectionManagerConfig::new()
+            .set_number_of_retries(1)
+            .set_connection_timeout(Some(REQUEST_TIMEOUT))
+            .set_response_timeout(Some(REQUEST_TIMEOUT));
         let manager = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(|e| errors::map(e, "connect the gate"))?;
@@ -93,19 +106,30 @@ impl RedisGate {
     }
 
     /// Connects to a Redis Cluster through any of its nodes (`redis://host:port` each).
+    ///
+    /// Requests are bounded by a timeout and never sent twice: a reply lost with its
+    /// connection, or a slot moved meanwhile (`MOVED`, `ASK`), is `Unavailable` (the outcome
+    /// unknown); the caller claims or writes again, which a fence makes safe to repeat.
     pub async fn connect_cluster(nodes: &[&str]) -> Result<RedisGate> {
-        let client =
-            ClusterClient::new(nodes.to_vec()).map_err(|e| errors::map(e, "the gate's nodes"))?;
+        let client = ClusterClientBuilder::new(nodes.to_vec())
+            .connection_timeout(REQUEST_TIMEOUT)
+            .response_timeout(REQUEST_TIMEOUT)
+            .retries(0)
+            .build()
+            .map_err(|e| errors::map(e, "the gate's nodes"))?;
         let connection = client
             .get_async_connection()
             .await
             .map_err(|e| errors::map(e, "connect the gate to the cluster"))?;
-        Ok(RedisGate::over(Connection::Cluster(connection)))
+        let mut gate = RedisGate::over(Connection::Cluster(connection));
+        gate.cluster = true;
+        Ok(gate)
     }
 
     fn over(connection: Connection) -> RedisGate {
         RedisGate {
             connection,
+            cluster: false,
             fence_field: FENCE_FIELD.to_string(),
             script: LuaScript::new(GUARDED_HSET),
         }
@@ -153,7 +177,7 @@ impl RedisGate {
                 self.script.run(&mut con, &[key], &args).await
             }
         }
-        .map_err(|e| errors::map(e, "the guarded write"))?;
+        .map_err(|e| errors::map_on(e, "the guarded write", self.cluster))?;
         let outcome = outcome(&reply)?;
         if let Guarded::Stale { newest } = outcome {
             telemetry::fence_rejected(REJECTED_BY, fence.value(), newest);
