@@ -258,6 +258,7 @@ fn sqlstate_is_transient(code: &str) -> bool {
 
 /// SQLite's extended result code: `SQLITE_BUSY` (5) and `SQLITE_LOCKED` (6) and their
 /// extensions (`SQLITE_BUSY_SNAPSHOT` is 517: 5 in the low byte).
+#[cfg(any(feature = "sqlite", test))]
 fn sqlite_code_is_transient(code: &str) -> bool {
     code.parse::<u32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
 }
@@ -265,6 +266,7 @@ fn sqlite_code_is_transient(code: &str) -> bool {
 /// MySQL and MariaDB error numbers: too many connections (1040), shutdown in progress (1053),
 /// lock wait timeout (1205), deadlock (1213), read-only (1290, 1836), connection killed (1927),
 /// server gone or connection lost (2006, 2013).
+#[cfg(any(feature = "mysql", test))]
 fn mysql_number_is_transient(number: u16) -> bool {
     matches!(
         number,

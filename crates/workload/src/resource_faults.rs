@@ -37,7 +37,7 @@ const TERMINATE: &str = "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid,
 /// Terminates the worker connections whose write (either arm's: the guarded write's row lock, or
 /// the control's upsert) waits for a lock. While the nemesis holds the table lock, such a write
 /// cannot have committed, so its worker cannot know the outcome. Claims (which also wait) are
-/// left alone: they are reads.
+/// left alone: a claim cut off is a failed read for its worker, not a write of unknown outcome.
 const TERMINATE_BLOCKED_WRITES: &str =
     "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) \
      FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid() \
@@ -49,8 +49,9 @@ const TERMINATE_BLOCKED_WRITES: &str =
 /// holds the table's write lock (`EXCLUSIVE`: reads go on, writes and claims wait) until a write
 /// arrives and waits for it, then terminates that connection and lets the others go. After
 /// [`WAIT_FOR_A_WRITE`] without one it terminates every worker connection. Returns what was hit,
-/// for the history: an error when no worker connection was terminated at all.
-pub async fn kill_worker_connections(url: &str) -> Result<String, ResourceError> {
+/// for the history, or `None` when there was no worker connection at all (every worker between
+/// rounds, or killed).
+pub async fn kill_worker_connections(url: &str) -> Result<Option<String>, ResourceError> {
     let options: PgConnectOptions = url.parse()?;
     let mut admin = options
         .application_name("leasehold-workload-nemesis")
@@ -65,17 +66,22 @@ pub async fn kill_worker_connections(url: &str) -> Result<String, ResourceError>
             .await?;
         if killed > 0 {
             let _ = admin.close().await;
-            return Ok(format!("{killed} worker connection(s) mid-write"));
+            return Ok(Some(format!("{killed} worker connection(s) mid-write")));
         }
         let mut tx = admin.begin().await?;
         sqlx::query(LOCK_TIMEOUT).execute(&mut *tx).await?;
         let locked = sqlx::query("LOCK TABLE leasehold_workload_sets IN EXCLUSIVE MODE")
             .execute(&mut *tx)
             .await;
-        if locked.is_err() {
-            // A worker's transaction holds the table: it is mid-write, and the next look sees it.
-            tx.rollback().await?;
-            continue;
+        match locked {
+            Ok(_) => {}
+            // A worker's transaction holds the table (lock_not_available): it is mid-write, and
+            // the next look sees it.
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {
+                tx.rollback().await?;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
         }
         while Instant::now() < give_up {
             // Inside a transaction pg_stat_activity is read once and kept; look afresh.
@@ -89,7 +95,9 @@ pub async fn kill_worker_connections(url: &str) -> Result<String, ResourceError>
             if killed > 0 {
                 tx.rollback().await?;
                 let _ = admin.close().await;
-                return Ok(format!("{killed} worker connection(s) waiting to write"));
+                return Ok(Some(format!(
+                    "{killed} worker connection(s) waiting to write"
+                )));
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -102,11 +110,11 @@ pub async fn kill_worker_connections(url: &str) -> Result<String, ResourceError>
         .await?;
     let _ = admin.close().await;
     if killed == 0 {
-        return Err("no worker connection to the resource to terminate".into());
+        return Ok(None);
     }
-    Ok(format!(
+    Ok(Some(format!(
         "{killed} worker connection(s), none mid-write within {WAIT_FOR_A_WRITE:?}"
-    ))
+    )))
 }
 
 /// Kills the resource server and starts it again on the same data; returns once it accepts
@@ -145,7 +153,7 @@ mod tests {
         .execute(&mut *tx)
         .await?;
         let hit = kill_worker_connections(&url).await?;
-        assert_eq!(hit, "1 worker connection(s) mid-write");
+        assert_eq!(hit.as_deref(), Some("1 worker connection(s) mid-write"));
         assert!(
             tx.commit().await.is_err(),
             "the connection survived pg_terminate_backend"
@@ -174,7 +182,8 @@ mod tests {
             });
             let hit = kill_worker_connections(&url).await?;
             assert_eq!(
-                hit, "1 worker connection(s) waiting to write",
+                hit.as_deref(),
+                Some("1 worker connection(s) waiting to write"),
                 "fenced {fenced}"
             );
             let written = write.await?;

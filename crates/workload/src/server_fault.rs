@@ -13,9 +13,9 @@ use crate::deployment::Deployment;
 use crate::resource_faults;
 use crate::worker::Log;
 
-/// One fault of the resource server. A connection kill is recorded once it landed (the kill
-/// and the look for writes in flight are one statement); a restart from before the kill until
-/// the server accepts connections again.
+/// One fault of the resource server, recorded from its start: a connection kill from before the
+/// nemesis holds the table until it terminates what it caught; a restart from before the kill
+/// until the server accepts connections again.
 pub(crate) async fn resource_fault_task(
     server: Arc<PostgresServer>,
     kind: FaultKind,
@@ -25,21 +25,23 @@ pub(crate) async fn resource_fault_task(
     let node = format!("resource 127.0.0.1:{}", server.port());
     match kind {
         FaultKind::KillResourceConnection => {
-            let hit = resource_faults::kill_worker_connections(&server.url())
-                .await
-                .map_err(|e| format!("nemesis: {kind:?} could not be injected: {e}"))?;
-            let node = Some(format!("{node}: {hit}"));
+            // Recorded from before the table lock is taken: while the nemesis waits for a write,
+            // every write and claim at the resource stalls, and the history must show why.
             log.record(What::FaultStart {
                 fault,
                 kind,
                 worker: None,
-                node: node.clone(),
+                node: Some(node.clone()),
             });
+            let hit = resource_faults::kill_worker_connections(&server.url())
+                .await
+                .map_err(|e| format!("nemesis: {kind:?} could not be injected: {e}"))?;
+            let hit = hit.unwrap_or_else(|| "no worker connection to terminate".to_string());
             log.record(What::FaultEnd {
                 fault,
                 kind,
                 worker: None,
-                node,
+                node: Some(format!("{node}: {hit}")),
             });
         }
         _ => {
