@@ -180,6 +180,7 @@ impl ObjectGate {
                 Some(c) => (PutMode::Update(c.version), c.content),
                 None => (PutMode::Create, Vec::new()),
             };
+            let updating = matches!(mode, PutMode::Update(_));
             let body = format::encode(fence, content.unwrap_or(&keep));
             let options = PutOptions {
                 mode,
@@ -192,12 +193,12 @@ impl ObjectGate {
             {
                 Ok(_) => return Ok(Guarded::Accepted),
                 // Someone wrote (or created, or deleted) the object since the read: decide again
-                // on what is there now.
+                // on what is there now. A create that finds nothing is a missing bucket instead.
                 Err(
                     object_store::Error::Precondition { .. }
-                    | object_store::Error::AlreadyExists { .. }
-                    | object_store::Error::NotFound { .. },
+                    | object_store::Error::AlreadyExists { .. },
                 ) => continue,
+                Err(object_store::Error::NotFound { .. }) if updating => continue,
                 Err(object_store::Error::NotImplemented { .. }) => {
                     return Err(Error::Backend {
                         backend: "object gate",

