@@ -12,8 +12,8 @@
 //!   content (`leasehold-fence:42\n`, see [`FENCE_HEADER`] for why not metadata);
 //! * a write reads the object (fence, content and version), refuses with
 //!   [`Guarded::Stale`] if the object's fence is greater, and otherwise writes with
-//!   [`PutMode::Update`](object_store::PutMode::Update) on the version it read
-//!   ([`PutMode::Create`](object_store::PutMode::Create) when there was no object);
+//!   [`PutMode::Update`] on the version it read
+//!   ([`PutMode::Create`] when there was no object);
 //! * if someone wrote in between, the store refuses that conditional write (a precondition
 //!   failure), and the gate reads again and decides again, a bounded number of times.
 //!
