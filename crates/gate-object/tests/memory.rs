@@ -14,11 +14,27 @@ use leasehold_gate_object::{FencedObject, ObjectGate};
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
+use object_store::throttle::{ThrottleConfig, ThrottledStore};
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+/// `InMemory` answers within one poll, so concurrent writers would hardly interleave between a
+/// read and a write: a millisecond per call (object_store's `ThrottledStore`) lets them, as a
+/// network does, so the concurrency scenario can catch a gate that reads then writes blind.
+fn slowed_in_memory() -> Arc<dyn ObjectStore> {
+    let per_call = std::time::Duration::from_millis(1);
+    Arc::new(ThrottledStore::new(
+        InMemory::new(),
+        ThrottleConfig {
+            wait_get_per_call: per_call,
+            wait_put_per_call: per_call,
+            ..ThrottleConfig::default()
+        },
+    ))
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_memory_store_passes_the_resource_suite() -> TestResult {
-    let ctx = GateContext::new(Arc::new(support::Objects::new(Arc::new(InMemory::new()))));
+    let ctx = GateContext::new(Arc::new(support::Objects::new(slowed_in_memory())));
     let report = run_all("in-memory object store (object gate)", &ctx).await;
     println!("{report}");
     report.passed()?;
