@@ -11,7 +11,9 @@
 //!   [`PostgresServer::start`] (and `start_with_password` variants), [`PgBouncer`] in
 //!   transaction pooling mode in front of one, [`MariaDbServer::start`] and
 //!   [`MariaDbServer::start_replica_of`] (an asynchronous GTID replica that
-//!   [`MariaDbServer::promote`] turns into a primary). Each returns once the
+//!   [`MariaDbServer::promote`] turns into a primary), and object stores from the package
+//!   registries (see [`object_stores`]): [`MotoServer`] (S3), [`AzuriteServer`] (Azure Blob),
+//!   [`FakeGcsServer`] (GCS). Each returns once the
 //!   server really serves (bounded by [`READY_TIMEOUT`]), or an error with the tail of the
 //!   server's log. A server that cannot start is an error, never a skip.
 //! * Fault: every server has `kill` (SIGKILL), `pause` (SIGSTOP), `resume` (SIGCONT), `stop`
@@ -50,6 +52,7 @@ pub mod error;
 pub mod etcd;
 pub mod external;
 pub mod mariadb;
+pub mod object_stores;
 pub mod partition;
 pub mod pgbouncer;
 pub mod ports;
@@ -64,6 +67,7 @@ pub use cut::Cut;
 pub use error::{HarnessError, Result};
 pub use etcd::{etcdctl_command, etcdctl_path, EtcdCluster, EtcdServer};
 pub use mariadb::MariaDbServer;
+pub use object_stores::{AzuriteServer, FakeGcsServer, MotoServer};
 pub use partition::{Isolatable, MemberIdentity, Partition};
 pub use pgbouncer::PgBouncer;
 pub use ports::{free_port, free_ports};
