@@ -87,8 +87,17 @@ impl Form for PostgresStandby {
                     .ok_or("no standby to promote: the last failover was not healed")?;
                 // The old primary is stopped first, as a failover manager fences it, so that
                 // no client goes on writing to it; what it had not streamed yet is lost.
-                servers.primary.kill().map_err(boxed)?;
-                standby.promote().map_err(boxed)?;
+                if let Err(e) = servers.primary.kill() {
+                    servers.standby = Some(standby);
+                    return Err(boxed(e));
+                }
+                if let Err(e) = standby.promote() {
+                    // No failover happened: serve again from the old primary, with its standby,
+                    // so that the run goes on and says why.
+                    servers.standby = Some(standby);
+                    servers.primary.restart().map_err(boxed)?;
+                    return Err(format!("the standby could not be promoted: {e}").into());
+                }
                 let old = std::mem::replace(&mut servers.primary, standby);
                 self.forwarder.switch(pg_addr(&servers.primary));
                 let node = format!(

@@ -61,30 +61,12 @@ impl Sentinel {
     /// Every sentinel names `primary`, knows the other sentinels and `replica` (up and linked),
     /// and could authorize a failover.
     fn agreed(&self, primary: usize) -> Result<bool, DeploymentError> {
-        let master = self.deployment.master_name();
-        let sentinels = self.deployment.sentinels();
-        let replica = self.server(1 - primary).port();
-        for sentinel in sentinels {
-            if sentinel.primary_port(master).map_err(boxed)? != self.server(primary).port() {
-                return Ok(false);
-            }
-            let quorum = sentinel
-                .command(&["SENTINEL", "CKQUORUM", master])
-                .unwrap_or_default();
-            if !quorum.starts_with("OK") {
-                return Ok(false);
-            }
-            let known = sentinel
-                .command(&["SENTINEL", "sentinels", master])
-                .map_err(boxed)?;
-            if known.lines().filter(|l| *l == "runid").count() + 1 < sentinels.len() {
-                return Ok(false);
-            }
-            if !Sentinel::knows_replica(sentinel, master, replica) {
-                return Ok(false);
-            }
-        }
-        Ok(true)
+        let (port, replica) = (self.server(primary).port(), self.server(1 - primary).port());
+        Ok(self
+            .deployment
+            .sentinels()
+            .iter()
+            .all(|sentinel| self.sentinel_agrees(sentinel, port, replica)))
     }
 
     /// Points `sentinel` at the primary on `port` from scratch, as an operator re-provisions
@@ -114,13 +96,34 @@ impl Sentinel {
         Ok(())
     }
 
-    /// Re-provisions every running sentinel that does not name the server on `port`; returns
-    /// their ports.
-    fn reprovision_stragglers(&self, port: u16) -> Result<Vec<u16>, DeploymentError> {
+    /// Whether `sentinel` names the server on `port`, knows the other sentinels and
+    /// `replica_port` (up and linked), and could authorize a failover.
+    fn sentinel_agrees(&self, sentinel: &RedisSentinel, port: u16, replica_port: u16) -> bool {
         let master = self.deployment.master_name();
+        let names = sentinel.primary_port(master).ok() == Some(port);
+        let quorum = sentinel
+            .command(&["SENTINEL", "CKQUORUM", master])
+            .is_ok_and(|q| q.starts_with("OK"));
+        let others = sentinel
+            .command(&["SENTINEL", "sentinels", master])
+            .map(|known| known.lines().filter(|l| *l == "runid").count() + 1)
+            .unwrap_or(0);
+        names
+            && quorum
+            && others >= self.deployment.sentinels().len()
+            && Sentinel::knows_replica(sentinel, master, replica_port)
+    }
+
+    /// Re-provisions every running sentinel that does not agree (names another primary, misses
+    /// the others, the replica or a quorum); returns their ports.
+    fn reprovision_stragglers(&self, port: u16) -> Result<Vec<u16>, DeploymentError> {
+        let replica = (0..2)
+            .map(|i| self.server(i).port())
+            .find(|&p| p != port)
+            .unwrap_or(port);
         let mut fixed = Vec::new();
         for sentinel in self.deployment.sentinels() {
-            if sentinel.pid().is_some() && sentinel.primary_port(master).ok() != Some(port) {
+            if sentinel.pid().is_some() && !self.sentinel_agrees(sentinel, port, replica) {
                 self.reprovision(sentinel, port)?;
                 fixed.push(sentinel.port());
             }
@@ -196,10 +199,12 @@ impl Form for Sentinel {
                         );
                     }
                     let fixed = self.reprovision_stragglers(port)?;
-                    eprintln!(
-                        "nemesis: sentinels {fixed:?} kept naming another server than port \
-                         {port} after the failover; re-provisioned them"
-                    );
+                    if !fixed.is_empty() {
+                        eprintln!(
+                            "nemesis: sentinels {fixed:?} disagreed after the failover to port \
+                             {port}; re-provisioned them"
+                        );
+                    }
                 }
                 // Back empty, as a crashed Redis without persistence comes back; made the
                 // replica of the new primary at once, which is what the sentinels would tell
@@ -215,10 +220,12 @@ impl Form for Sentinel {
                             sentinel agrees";
                 if wait_until(what, AGREE_WITHIN, agreed).is_err() {
                     let fixed = self.reprovision_stragglers(port)?;
-                    eprintln!(
-                        "nemesis: sentinels {fixed:?} disagreed after the failover to port \
-                         {port}; re-provisioned them"
-                    );
+                    if !fixed.is_empty() {
+                        eprintln!(
+                            "nemesis: sentinels {fixed:?} disagreed after the failover to port \
+                             {port}; re-provisioned them"
+                        );
+                    }
                     wait_until(what, AGREE_WITHIN, agreed)?;
                 }
                 Ok(())
