@@ -192,8 +192,6 @@ impl PostgresServer {
         restart_and_wait(&self.process, || self.accepting())
     }
 
-    /// Whether the server completes a startup handshake (answers with an authentication
-    /// request rather than "the database system is starting up").
     /// Promotes a standby to a primary (`pg_ctl promote`), returning once it accepts writes.
     pub fn promote(&self) -> Result<()> {
         let bin = postgres_bin_dir()?;
@@ -203,6 +201,9 @@ impl PostgresServer {
             .arg(&self.data_dir);
         run_logged(command, "pg_ctl-promote", self.process.dir(), run_as()?)
     }
+
+    /// Whether the server completes a startup handshake (answers with an authentication
+    /// request rather than "the database system is starting up").
 
     fn accepting(&self) -> std::result::Result<(), String> {
         startup_probe(self.port)
