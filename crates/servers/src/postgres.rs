@@ -204,7 +204,6 @@ impl PostgresServer {
 
     /// Whether the server completes a startup handshake (answers with an authentication
     /// request rather than "the database system is starting up").
-
     fn accepting(&self) -> std::result::Result<(), String> {
         startup_probe(self.port)
     }
