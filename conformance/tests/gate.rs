@@ -3,15 +3,15 @@
 use std::sync::Arc;
 
 use leasehold_conformance::gate::mutants::{self, GateMutant};
-use leasehold_conformance::gate::{run_all, GateContext};
+use leasehold_conformance::gate::{run_all, GateContext, InMemoryGates};
 use leasehold_conformance::kit::TestResult;
-use leasehold_conformance::{Failure, InMemoryResources};
+use leasehold_conformance::Failure;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_in_memory_register_passes_the_resource_suite() -> TestResult {
     let report = run_all(
         "in-memory register",
-        &GateContext::new(Arc::new(InMemoryResources)),
+        &GateContext::new(Arc::new(InMemoryGates)),
     )
     .await;
     println!("{report}");

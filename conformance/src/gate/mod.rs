@@ -22,7 +22,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::Instant;
 
-use crate::context::ResourceFactory;
+use leasehold_core::{FencedRegister, FencedResource};
+
 use crate::verdict::{Failure, Line, Outcome, Verdict};
 
 pub mod mutants;
@@ -33,6 +34,56 @@ pub use scenarios::{
     racing_writers_in_both_orders, refusal_is_atomic_under_concurrency, stale_fence_refused,
     unknown_outcome_resolved_by_claim, WRITERS, WRITER_ROUNDS,
 };
+
+/// Reads, from the store, the value a resource holds now: what its last accepted write wrote,
+/// `None` before any write.
+pub type ValueReader = Arc<
+    dyn Fn() -> Pin<Box<dyn Future<Output = leasehold_core::Result<Option<String>>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// A fresh resource (it has accepted no fence yet), and how to read its value from the store:
+/// the scenarios check that a refused write changed nothing, not only what the gate answered.
+#[derive(Clone)]
+pub struct Probed {
+    /// The resource under test.
+    pub resource: Arc<dyn FencedResource>,
+    /// Its value, read from the store.
+    pub value: ValueReader,
+}
+
+impl fmt::Debug for Probed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Probed").finish_non_exhaustive()
+    }
+}
+
+/// Makes fresh resources for the gate scenarios.
+#[async_trait]
+pub trait GateFactory: Send + Sync {
+    /// A resource that has accepted no fence yet, with its value reader.
+    async fn resource(&self) -> leasehold_core::Result<Probed>;
+}
+
+/// The in-memory reference gate: a [`FencedRegister`] each time.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct InMemoryGates;
+
+#[async_trait]
+impl GateFactory for InMemoryGates {
+    async fn resource(&self) -> leasehold_core::Result<Probed> {
+        let register = Arc::new(FencedRegister::new());
+        let read = register.clone();
+        Ok(Probed {
+            resource: register,
+            value: Arc::new(move || {
+                let value = read.read().0;
+                Box::pin(async move { Ok(value) })
+            }),
+        })
+    }
+}
 
 /// Faults of the store behind a gate, where the harness can inject them.
 #[async_trait]
@@ -49,7 +100,7 @@ pub trait GateFaults: Send + Sync {
 /// What a gate scenario runs against.
 #[derive(Clone)]
 pub struct GateContext {
-    resources: Arc<dyn ResourceFactory>,
+    resources: Arc<dyn GateFactory>,
     faults: Option<Arc<dyn GateFaults>>,
     forgets_on_restart: Option<String>,
 }
@@ -64,7 +115,7 @@ impl fmt::Debug for GateContext {
 
 impl GateContext {
     /// Scenarios take fresh resources (no fence accepted yet) from `resources`.
-    pub fn new(resources: Arc<dyn ResourceFactory>) -> Self {
+    pub fn new(resources: Arc<dyn GateFactory>) -> Self {
         GateContext {
             resources,
             faults: None,
@@ -91,7 +142,7 @@ impl GateContext {
     }
 
     /// The factory of fresh resources.
-    pub fn resources(&self) -> &Arc<dyn ResourceFactory> {
+    pub fn resources(&self) -> &Arc<dyn GateFactory> {
         &self.resources
     }
 

@@ -8,8 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::{Fence, FencedResource, Guarded, Result};
 
-use super::{GateContext, GateFaults};
-use crate::context::ResourceFactory;
+use super::{GateContext, GateFactory, GateFaults, Probed};
 
 /// What a broken gate gets wrong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,16 +25,19 @@ pub enum GateMutant {
     ClaimForgets,
     /// Keeps the newest fence in memory only: a restart of the store forgets it.
     ForgetsOnRestart,
+    /// Answers a stale write as refused, but stores its value anyway.
+    WritesWhenStale,
 }
 
 impl GateMutant {
     /// Every mutant.
-    pub const ALL: [GateMutant; 5] = [
+    pub const ALL: [GateMutant; 6] = [
         GateMutant::ReadThenWrite,
         GateMutant::AcceptsOneBelow,
         GateMutant::RefusesItsOwnFence,
         GateMutant::ClaimForgets,
         GateMutant::ForgetsOnRestart,
+        GateMutant::WritesWhenStale,
     ];
 
     /// The scenarios meant to catch it (at least one of them must fail).
@@ -48,18 +50,25 @@ impl GateMutant {
             GateMutant::RefusesItsOwnFence => &["equal_fence_accepted_again"],
             GateMutant::ClaimForgets => &["claim_then_older_write_refused"],
             GateMutant::ForgetsOnRestart => &["fence_survives_restart"],
+            GateMutant::WritesWhenStale => {
+                &["stale_fence_refused", "racing_writers_in_both_orders"]
+            }
         }
     }
 }
 
-/// The newest fence of one broken gate; 0 before any was accepted.
+/// What one broken gate holds: its newest fence (0 before any was accepted) and its value.
 #[derive(Debug, Default)]
-struct Newest(Mutex<u64>);
+struct Newest(Mutex<u64>, Mutex<Option<String>>);
 
 impl Newest {
     fn lock(&self) -> MutexGuard<'_, u64> {
         // One integer: a panic elsewhere cannot leave it half-written.
         self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn value(&self) -> MutexGuard<'_, Option<String>> {
+        self.1.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -79,7 +88,7 @@ impl BrokenGate {
         }
     }
 
-    async fn guarded(&self, fence: Fence, raise: bool) -> Result<Guarded> {
+    async fn guarded(&self, fence: Fence, raise: bool, value: Option<&str>) -> Result<Guarded> {
         let fence = fence.value();
         if self.mutant == GateMutant::ReadThenWrite {
             let seen = *self.newest.lock();
@@ -89,10 +98,17 @@ impl BrokenGate {
             // The second round trip of a read-then-write gate.
             tokio::time::sleep(Duration::from_millis(1)).await;
             *self.newest.lock() = fence;
+            if let Some(v) = value {
+                *self.newest.value() = Some(v.to_string());
+            }
             return Ok(Guarded::Accepted);
         }
         let mut newest = self.newest.lock();
-        if self.is_stale(fence, *newest) {
+        let stale = self.is_stale(fence, *newest);
+        if let Some(v) = value.filter(|_| !stale || self.mutant == GateMutant::WritesWhenStale) {
+            *self.newest.value() = Some(v.to_string());
+        }
+        if stale {
             return Ok(Guarded::Stale { newest: *newest });
         }
         if raise {
@@ -105,12 +121,12 @@ impl BrokenGate {
 #[async_trait]
 impl FencedResource for BrokenGate {
     async fn claim(&self, fence: Fence) -> Result<Guarded> {
-        self.guarded(fence, self.mutant != GateMutant::ClaimForgets)
+        self.guarded(fence, self.mutant != GateMutant::ClaimForgets, None)
             .await
     }
 
-    async fn write(&self, fence: Fence, _value: &str) -> Result<Guarded> {
-        self.guarded(fence, true).await
+    async fn write(&self, fence: Fence, value: &str) -> Result<Guarded> {
+        self.guarded(fence, true, Some(value)).await
     }
 }
 
@@ -122,17 +138,24 @@ struct BrokenStore {
 }
 
 #[async_trait]
-impl ResourceFactory for BrokenStore {
-    async fn resource(&self) -> Result<Arc<dyn FencedResource>> {
+impl GateFactory for BrokenStore {
+    async fn resource(&self) -> Result<Probed> {
         let newest = Arc::new(Newest::default());
         self.gates
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(newest.clone());
-        Ok(Arc::new(BrokenGate {
-            mutant: self.mutant,
-            newest,
-        }))
+        let read = newest.clone();
+        Ok(Probed {
+            resource: Arc::new(BrokenGate {
+                mutant: self.mutant,
+                newest,
+            }),
+            value: Arc::new(move || {
+                let value = read.value().clone();
+                Box::pin(async move { Ok(value) })
+            }),
+        })
     }
 }
 

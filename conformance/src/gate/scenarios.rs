@@ -7,7 +7,7 @@ use leasehold_core::{Fence, FenceSafety, FencedResource, Guarded, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::GateContext;
+use super::{GateContext, ValueReader};
 use crate::ensure;
 use crate::verdict::{Failure, OrFail, Outcome, Verdict};
 
@@ -23,8 +23,26 @@ fn fence(n: u64) -> Result<Fence, Failure> {
     Fence::from_value(n, FenceSafety::Linearizable).or_fail(format!("fence {n}"))
 }
 
-async fn fresh(ctx: &GateContext) -> Result<Arc<dyn FencedResource>, Failure> {
-    ctx.resources().resource().await.or_fail("a fresh resource")
+async fn fresh(ctx: &GateContext) -> Result<(Arc<dyn FencedResource>, ValueReader), Failure> {
+    let probed = ctx
+        .resources()
+        .resource()
+        .await
+        .or_fail("a fresh resource")?;
+    Ok((probed.resource, probed.value))
+}
+
+/// Fails unless the store holds `expected` (`None`: nothing written): a refused write must
+/// leave no trace, whatever the gate answered.
+async fn holds(value: &ValueReader, expected: Option<&str>, after: &str) -> Result<(), Failure> {
+    let held = value()
+        .await
+        .or_fail(format!("read the value after {after}"))?;
+    ensure!(
+        held.as_deref() == expected,
+        "after {after} the store holds {held:?}, not {expected:?}"
+    );
+    Ok(())
 }
 
 async fn write(r: &dyn FencedResource, n: u64, value: &str) -> Result<Guarded, Failure> {
@@ -42,7 +60,7 @@ async fn claim(r: &dyn FencedResource, n: u64) -> Result<Guarded, Failure> {
 /// A write with a fence older than one the resource accepted is refused, and the refusal names
 /// the newest fence.
 pub async fn stale_fence_refused(ctx: &GateContext) -> Outcome {
-    let r = fresh(ctx).await?;
+    let (r, value) = fresh(ctx).await?;
     let first = write(&*r, 5, "five").await?;
     ensure!(
         first.is_accepted(),
@@ -58,13 +76,14 @@ pub async fn stale_fence_refused(ctx: &GateContext) -> Outcome {
         much_later == Guarded::Stale { newest: 5 },
         "a write with fence 1 after fence 5 was not refused: {much_later:?}"
     );
+    holds(&value, Some("five"), "two refused writes").await?;
     Ok(Verdict::Passed)
 }
 
 /// The holder writes several times under one lease: its own fence, equal to the newest, is
 /// accepted every time, and a greater one after it too.
 pub async fn equal_fence_accepted_again(ctx: &GateContext) -> Outcome {
-    let r = fresh(ctx).await?;
+    let (r, value) = fresh(ctx).await?;
     for round in 0..3 {
         let again = write(&*r, 7, "seven").await?;
         ensure!(
@@ -74,13 +93,14 @@ pub async fn equal_fence_accepted_again(ctx: &GateContext) -> Outcome {
     }
     let next = write(&*r, 8, "eight").await?;
     ensure!(next.is_accepted(), "fence 8 after 7 was refused: {next:?}");
+    holds(&value, Some("eight"), "the accepted writes").await?;
     Ok(Verdict::Passed)
 }
 
 /// A new holder's claim (no write) closes the door on every older fence, and lets its own
 /// writes through.
 pub async fn claim_then_older_write_refused(ctx: &GateContext) -> Outcome {
-    let r = fresh(ctx).await?;
+    let (r, value) = fresh(ctx).await?;
     let old = write(&*r, 3, "three").await?;
     ensure!(old.is_accepted(), "fence 3's write was refused: {old:?}");
     let claimed = claim(&*r, 9).await?;
@@ -98,6 +118,7 @@ pub async fn claim_then_older_write_refused(ctx: &GateContext) -> Outcome {
         between == Guarded::Stale { newest: 9 },
         "fence 8's write after a claim with fence 9 was not refused: {between:?}"
     );
+    holds(&value, Some("three"), "a claim and two refused writes").await?;
     let own = write(&*r, 9, "nine").await?;
     ensure!(
         own.is_accepted(),
@@ -108,20 +129,26 @@ pub async fn claim_then_older_write_refused(ctx: &GateContext) -> Outcome {
         older_claim == Guarded::Stale { newest: 9 },
         "a claim with fence 4 after fence 9 was not refused: {older_claim:?}"
     );
+    holds(
+        &value,
+        Some("nine"),
+        "the claimer's write and a refused claim",
+    )
+    .await?;
     Ok(Verdict::Passed)
 }
 
 /// Two holders' writes reach the resource in both orders: older then newer, both accepted;
 /// newer then older, the older refused.
 pub async fn racing_writers_in_both_orders(ctx: &GateContext) -> Outcome {
-    let in_order = fresh(ctx).await?;
+    let (in_order, _) = fresh(ctx).await?;
     let a = write(&*in_order, 10, "A").await?;
     let b = write(&*in_order, 11, "B").await?;
     ensure!(
         a.is_accepted() && b.is_accepted(),
         "fences 10 then 11: {a:?}, {b:?} (both must be accepted)"
     );
-    let reversed = fresh(ctx).await?;
+    let (reversed, reversed_value) = fresh(ctx).await?;
     let b = write(&*reversed, 11, "B").await?;
     let a = write(&*reversed, 10, "A").await?;
     ensure!(b.is_accepted(), "fence 11 first was refused: {b:?}");
@@ -129,13 +156,16 @@ pub async fn racing_writers_in_both_orders(ctx: &GateContext) -> Outcome {
         a == Guarded::Stale { newest: 11 },
         "fence 10 after 11 was not refused: {a:?}"
     );
+    holds(&reversed_value, Some("B"), "fence 10's refused write").await?;
     Ok(Verdict::Passed)
 }
 
 /// One call as the scenario saw it: when it was sent, when it was answered, what it presented
 /// and whether it was accepted.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Call {
+    /// The value a write wrote (`None` for a claim).
+    wrote: Option<String>,
     sent: Instant,
     answered: Instant,
     fence: u64,
@@ -148,7 +178,7 @@ struct Call {
 /// newest. A read-then-write gate lets an older fence overwrite a newer one between the two,
 /// which both checks catch.
 pub async fn refusal_is_atomic_under_concurrency(ctx: &GateContext) -> Outcome {
-    let r = fresh(ctx).await?;
+    let (r, value) = fresh(ctx).await?;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for writer in 0..WRITERS {
@@ -164,13 +194,14 @@ pub async fn refusal_is_atomic_under_concurrency(ctx: &GateContext) -> Outcome {
                 // Writers take turns even on a gate that never waits (in memory), so that
                 // their rounds interleave as they do on a real store.
                 tokio::task::yield_now().await;
+                let wrote = (round % 3 != 0).then(|| format!("writer {writer} round {round}"));
                 let sent = Instant::now();
-                let outcome = if round % 3 == 0 {
-                    claim(&*r, n).await?
-                } else {
-                    write(&*r, n, &format!("writer {writer} round {round}")).await?
+                let outcome = match &wrote {
+                    None => claim(&*r, n).await?,
+                    Some(v) => write(&*r, n, v).await?,
                 };
                 calls.push(Call {
+                    wrote,
                     sent,
                     answered: Instant::now(),
                     fence: n,
@@ -186,7 +217,7 @@ pub async fn refusal_is_atomic_under_concurrency(ctx: &GateContext) -> Outcome {
     }
     let accepted: Vec<&Call> = calls.iter().filter(|c| c.accepted).collect();
     ensure!(
-        accepted.len() >= WRITER_ROUNDS,
+        accepted.len() >= WRITERS,
         "only {} of {} calls with rising fences were accepted: the race was hardly run",
         accepted.len(),
         calls.len()
@@ -215,6 +246,22 @@ pub async fn refusal_is_atomic_under_concurrency(ctx: &GateContext) -> Outcome {
          greatest it accepted ({greatest}): an older fence overwrote a newer one",
         calls.len()
     );
+    // The value is that of an accepted write with the greatest fence among accepted writes
+    // (several writers can draw the same fence; claims write nothing).
+    let last_write = accepted
+        .iter()
+        .filter(|c| c.wrote.is_some())
+        .map(|c| c.fence)
+        .max();
+    let held = value().await.or_fail("read the value after the writers")?;
+    let fits = accepted
+        .iter()
+        .any(|c| Some(c.fence) == last_write && c.wrote == held);
+    ensure!(
+        fits || (last_write.is_none() && held.is_none()),
+        "after the writers the store holds {held:?}, which no accepted write with the greatest \
+         written fence ({last_write:?}) wrote: a refused or older write landed"
+    );
     tracing::debug!(
         calls = calls.len(),
         refused,
@@ -234,7 +281,7 @@ pub async fn unknown_outcome_resolved_by_claim(ctx: &GateContext) -> Outcome {
             "the harness cannot cut this store's connections".into(),
         ));
     };
-    let r = fresh(ctx).await?;
+    let (r, value) = fresh(ctx).await?;
     let first = write(&*r, 20, "before").await?;
     ensure!(
         first.is_accepted(),
@@ -275,6 +322,13 @@ pub async fn unknown_outcome_resolved_by_claim(ctx: &GateContext) -> Outcome {
         late == Guarded::Stale { newest: 21 },
         "fence 20's write after the holder's claim with 21 was not refused: {late:?}"
     );
+    let held = value()
+        .await
+        .or_fail("read the value after the late write")?;
+    ensure!(
+        matches!(held.as_deref(), Some("before" | "in flight")),
+        "after the refused late write the store holds {held:?}"
+    );
     Ok(Verdict::Passed)
 }
 
@@ -286,7 +340,7 @@ pub async fn fence_survives_restart(ctx: &GateContext) -> Outcome {
             "the harness cannot restart this store".into(),
         ));
     };
-    let r = fresh(ctx).await?;
+    let (r, value) = fresh(ctx).await?;
     let first = write(&*r, 30, "before the restart").await?;
     ensure!(
         first.is_accepted(),
@@ -312,5 +366,11 @@ pub async fn fence_survives_restart(ctx: &GateContext) -> Outcome {
         late == Guarded::Stale { newest: 30 },
         "after a restart, fence 29 was not refused below fence 30: {late:?}"
     );
+    holds(
+        &value,
+        Some("before the restart"),
+        "a restart and a refused write",
+    )
+    .await?;
     Ok(Verdict::Passed)
 }

@@ -30,7 +30,7 @@ fn accepted(claimed: Claimed, id: &str) -> Result<Guarded> {
 
 /// The register's statements for one database: `{t}` is the quoted table.
 macro_rules! register_on {
-    ($feature:literal, $db:ty, $begin:literal, $quote:literal, $create:literal, $reset:literal, $set:literal) => {
+    ($feature:literal, $db:ty, $begin:literal, $quote:literal, $create:literal, $reset:literal, $set:literal, $get:literal) => {
         #[cfg(feature = $feature)]
         impl SqlRegister<$db> {
             /// Creates `table` and row `id` if they are missing. An existing row keeps its fence:
@@ -62,6 +62,17 @@ macro_rules! register_on {
                     gate,
                     id: id.to_string(),
                 })
+            }
+
+            /// The value the row holds now (`None` before any write).
+            pub async fn value(&self) -> Result<Option<String>> {
+                let sql = $get.replace("{t}", &self.gate.table.quoted($quote));
+                let value: Option<Option<String>> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                    .bind(&self.id)
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(map_error)?;
+                Ok(value.flatten())
             }
         }
 
@@ -101,7 +112,8 @@ register_on!(
     '"',
     "CREATE TABLE IF NOT EXISTS {t} (id text PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0, value text)",
     "INSERT INTO {t} (id) VALUES ($1) ON CONFLICT (id) DO NOTHING",
-    "UPDATE {t} SET value = $1 WHERE id = $2"
+    "UPDATE {t} SET value = $1 WHERE id = $2",
+    "SELECT value FROM {t} WHERE id = $1"
 );
 
 register_on!(
@@ -113,7 +125,8 @@ register_on!(
     '"',
     "CREATE TABLE IF NOT EXISTS {t} (id text PRIMARY KEY, last_fence integer NOT NULL DEFAULT 0, value text)",
     "INSERT INTO {t} (id) VALUES (?1) ON CONFLICT (id) DO NOTHING",
-    "UPDATE {t} SET value = ?1 WHERE id = ?2"
+    "UPDATE {t} SET value = ?1 WHERE id = ?2",
+    "SELECT value FROM {t} WHERE id = ?1"
 );
 
 register_on!(
@@ -123,5 +136,6 @@ register_on!(
     '`',
     "CREATE TABLE IF NOT EXISTS {t} (id varchar(64) PRIMARY KEY, last_fence bigint NOT NULL DEFAULT 0, value text)",
     "INSERT INTO {t} (id) VALUES (?) ON DUPLICATE KEY UPDATE id = id",
-    "UPDATE {t} SET value = ? WHERE id = ?"
+    "UPDATE {t} SET value = ? WHERE id = ?",
+    "SELECT value FROM {t} WHERE id = ?"
 );

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_conformance::gate::{run_all, GateContext, GateFaults};
+use leasehold_conformance::gate::{run_all, GateContext, GateFactory, GateFaults, Probed};
 use leasehold_conformance::kit::{self, OrFail, TestResult};
-use leasehold_conformance::{harness_call, Failure, ResourceFactory, Verdict};
-use leasehold_core::{FencedResource, OwnerToken};
+use leasehold_conformance::{harness_call, Failure, Verdict};
+use leasehold_core::OwnerToken;
 use leasehold_gate_sql::SqlRegister;
 use leasehold_servers::MariaDbServer;
 use sqlx::mysql::MySqlPoolOptions;
@@ -22,12 +22,19 @@ struct Registers {
 }
 
 #[async_trait]
-impl ResourceFactory for Registers {
-    async fn resource(&self) -> leasehold_core::Result<Arc<dyn FencedResource>> {
+impl GateFactory for Registers {
+    async fn resource(&self) -> leasehold_core::Result<Probed> {
         let id = OwnerToken::generate()?.to_hex();
-        Ok(Arc::new(
-            SqlRegister::<MySql>::create(&self.pool, "gate_sql_register", &id).await?,
-        ))
+        let register =
+            Arc::new(SqlRegister::<MySql>::create(&self.pool, "gate_sql_register", &id).await?);
+        let read = register.clone();
+        Ok(Probed {
+            resource: register,
+            value: Arc::new(move || {
+                let read = read.clone();
+                Box::pin(async move { read.value().await })
+            }),
+        })
     }
 }
 

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_conformance::gate::{run_all, GateContext, GateFaults};
+use leasehold_conformance::gate::{run_all, GateContext, GateFactory, GateFaults, Probed};
 use leasehold_conformance::kit::{self, OrFail, TestResult};
-use leasehold_conformance::{harness_call, Failure, ResourceFactory, Verdict};
-use leasehold_core::{FencedResource, OwnerToken};
+use leasehold_conformance::{harness_call, Failure, Verdict};
+use leasehold_core::OwnerToken;
 use leasehold_gate_sql::{map_error, SqlRegister};
 use leasehold_servers::PostgresServer;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -24,12 +24,19 @@ struct Registers {
 }
 
 #[async_trait]
-impl ResourceFactory for Registers {
-    async fn resource(&self) -> leasehold_core::Result<Arc<dyn FencedResource>> {
+impl GateFactory for Registers {
+    async fn resource(&self) -> leasehold_core::Result<Probed> {
         let id = OwnerToken::generate()?.to_hex();
-        let register: SqlRegister<Postgres> =
-            SqlRegister::<Postgres>::create(&self.pool, "gate_sql_register", &id).await?;
-        Ok(Arc::new(register))
+        let register =
+            Arc::new(SqlRegister::<Postgres>::create(&self.pool, "gate_sql_register", &id).await?);
+        let read = register.clone();
+        Ok(Probed {
+            resource: register,
+            value: Arc::new(move || {
+                let read = read.clone();
+                Box::pin(async move { read.value().await })
+            }),
+        })
     }
 }
 

@@ -5,10 +5,9 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use leasehold_conformance::gate::{run_all, GateContext};
+use leasehold_conformance::gate::{run_all, GateContext, GateFactory, Probed};
 use leasehold_conformance::kit::{OrFail, TestResult};
-use leasehold_conformance::ResourceFactory;
-use leasehold_core::{FencedResource, OwnerToken};
+use leasehold_core::OwnerToken;
 use leasehold_gate_sql::SqlRegister;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{Sqlite, SqlitePool};
@@ -16,12 +15,19 @@ use sqlx::{Sqlite, SqlitePool};
 struct Registers(SqlitePool);
 
 #[async_trait]
-impl ResourceFactory for Registers {
-    async fn resource(&self) -> leasehold_core::Result<Arc<dyn FencedResource>> {
+impl GateFactory for Registers {
+    async fn resource(&self) -> leasehold_core::Result<Probed> {
         let id = OwnerToken::generate()?.to_hex();
-        let register: SqlRegister<Sqlite> =
-            SqlRegister::<Sqlite>::create(&self.0, "gate_sql_register", &id).await?;
-        Ok(Arc::new(register))
+        let register =
+            Arc::new(SqlRegister::<Sqlite>::create(&self.0, "gate_sql_register", &id).await?);
+        let read = register.clone();
+        Ok(Probed {
+            resource: register,
+            value: Arc::new(move || {
+                let read = read.clone();
+                Box::pin(async move { read.value().await })
+            }),
+        })
     }
 }
 

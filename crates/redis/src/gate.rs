@@ -185,6 +185,18 @@ impl RedisGate {
         Ok(outcome)
     }
 
+    /// Field `field` of hash `key`, as the store holds it now.
+    pub async fn hget(&self, key: &str, field: &str) -> Result<Option<String>> {
+        let mut cmd = redis::cmd("HGET");
+        cmd.arg(key).arg(field);
+        let value: Option<String> = match &self.connection {
+            Connection::Server(manager) => cmd.query_async(&mut manager.clone()).await,
+            Connection::Cluster(cluster) => cmd.query_async(&mut cluster.clone()).await,
+        }
+        .map_err(|e| errors::map_on(e, "read a field", self.cluster))?;
+        Ok(value)
+    }
+
     /// The gate on one hash, as a [`FencedResource`] whose writes set one field.
     pub fn hash(&self, key: &str, field: &str) -> RedisFencedHash {
         RedisFencedHash {
@@ -222,6 +234,13 @@ pub struct RedisFencedHash {
     gate: RedisGate,
     key: String,
     field: String,
+}
+
+impl RedisFencedHash {
+    /// The value its field holds now (`None` before any write).
+    pub async fn value(&self) -> Result<Option<String>> {
+        self.gate.hget(&self.key, &self.field).await
+    }
 }
 
 #[async_trait]

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use leasehold_conformance::gate::{run_all, GateContext, GateFaults};
+use leasehold_conformance::gate::{run_all, GateContext, GateFactory, GateFaults, Probed};
 use leasehold_conformance::kit::{self, OrFail, TestResult};
 use leasehold_conformance::servers::{RedisCluster, RedisServer};
-use leasehold_conformance::{harness_call, Failure, ResourceFactory, Verdict};
-use leasehold_core::{Fence, FenceSafety, FencedResource, Guarded, OwnerToken};
+use leasehold_conformance::{harness_call, Failure, Verdict};
+use leasehold_core::{Fence, FenceSafety, Guarded, OwnerToken};
 use leasehold_redis::gate::{RedisGate, FENCE_FIELD};
 
 struct Hashes {
@@ -18,10 +18,18 @@ struct Hashes {
 }
 
 #[async_trait]
-impl ResourceFactory for Hashes {
-    async fn resource(&self) -> leasehold_core::Result<Arc<dyn FencedResource>> {
+impl GateFactory for Hashes {
+    async fn resource(&self) -> leasehold_core::Result<Probed> {
         let key = format!("gate:{}", OwnerToken::generate()?.to_hex());
-        Ok(Arc::new(self.gate.hash(&key, "value")))
+        let hash = Arc::new(self.gate.hash(&key, "value"));
+        let read = hash.clone();
+        Ok(Probed {
+            resource: hash,
+            value: Arc::new(move || {
+                let read = read.clone();
+                Box::pin(async move { read.value().await })
+            }),
+        })
     }
 }
 

@@ -7,11 +7,10 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use leasehold_conformance::gate::GateFaults;
+use leasehold_conformance::gate::{GateFactory, GateFaults, Probed};
 use leasehold_conformance::kit::TestResult;
 use leasehold_conformance::Failure;
-use leasehold_conformance::ResourceFactory;
-use leasehold_core::{FencedResource, OwnerToken};
+use leasehold_core::OwnerToken;
 use leasehold_gate_object::FencedObject;
 use object_store::path::Path;
 use object_store::ObjectStore;
@@ -123,10 +122,25 @@ impl Objects {
 }
 
 #[async_trait]
-impl ResourceFactory for Objects {
-    async fn resource(&self) -> leasehold_core::Result<Arc<dyn FencedResource>> {
+impl GateFactory for Objects {
+    async fn resource(&self) -> leasehold_core::Result<Probed> {
         let path = Path::from(format!("gate-suite/{}", OwnerToken::generate()?.to_hex()));
-        Ok(Arc::new(FencedObject::new(self.store.clone(), path)))
+        let object = Arc::new(FencedObject::new(self.store.clone(), path));
+        let read = object.clone();
+        Ok(Probed {
+            resource: object,
+            // A claim of a missing object creates it empty: nothing written yet.
+            value: Arc::new(move || {
+                let read = read.clone();
+                Box::pin(async move {
+                    Ok(read
+                        .read()
+                        .await?
+                        .filter(|c| !c.content.is_empty())
+                        .map(|c| String::from_utf8_lossy(&c.content).into_owned()))
+                })
+            }),
+        })
     }
 }
 
