@@ -421,6 +421,18 @@ impl MariaDbServer {
                     .unwrap_or_default()
             };
             let sql_stopped = field("Slave_SQL_Running") != "Yes";
+            let sql_error = field("Last_SQL_Errno");
+            if sql_stopped && !sql_error.is_empty() && sql_error != "0" {
+                // Promoting a replica whose replication broke would make a primary that lacks
+                // data without saying so.
+                return Err(HarnessError::server(
+                    self.process.name(),
+                    format!(
+                        "replication stopped on error {sql_error}: {}",
+                        field("Last_SQL_Error")
+                    ),
+                ));
+            }
             let applied = field("Master_Log_File") == field("Relay_Master_Log_File")
                 && field("Read_Master_Log_Pos") == field("Exec_Master_Log_Pos");
             if status.is_empty() || applied || sql_stopped {
