@@ -32,9 +32,23 @@ impl Sentinel {
     /// The index of the data server the sentinels name as the primary.
     fn primary(&self) -> Result<usize, DeploymentError> {
         let port = self.deployment.named_primary_port().map_err(boxed)?;
-        (0..2)
+        let named = (0..2)
             .find(|&i| self.server(i).port() == port)
-            .ok_or_else(|| format!("the sentinels name an unknown port {port}").into())
+            .ok_or_else(|| format!("the sentinels name an unknown port {port}"))?;
+        // A fault aimed by a stale sentinel's view would hit a replica (or re-provision every
+        // sentinel onto one): the servers' own roles must agree with what is named.
+        let masters: Vec<u16> = (0..2)
+            .filter(|&i| self.server(i).role().is_ok_and(|r| r == "master"))
+            .map(|i| self.server(i).port())
+            .collect();
+        if masters != [port] {
+            return Err(format!(
+                "the sentinels name port {port} as the primary, but the servers saying they are \
+                 the primary are {masters:?}"
+            )
+            .into());
+        }
+        Ok(named)
     }
 
     /// Whether `sentinel` lists the server on `port` as a replica that is up and linked.
