@@ -30,6 +30,12 @@ const STALL_REVOCATION_WITHIN: Nanos = 2_000_000_000;
 const SLICE_BEFORE: usize = 12;
 const SLICE_AFTER: usize = 6;
 
+/// How long after the harness sees a grant-losing fault healed its effects may still show on a
+/// failover-unsafe backend: a returning old primary serves until its sentinels or replicas
+/// reconfigure it, which Redis Sentinel does within a few of its 1 s info periods (double grants
+/// came 2.5 s after such a heal in the long run). Later reissues fail the run.
+pub const FAILOVER_AFTERMATH: Nanos = 10_000_000_000;
+
 /// How to judge a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CheckOptions {
@@ -252,15 +258,15 @@ impl Pass<'_> {
 
     /// Whether the backend declares failover-unsafe fences and a fault that can make it forget
     /// grants was under way at some point between `from` and `to` (it began in between, or
-    /// began before and had not healed by `from`): what a reissued fence or a double grant on
-    /// such a backend needs to be declared rather than failed. A failover is a stretch, not an
-    /// instant: until it heals, two servers may each believe they are the primary.
+    /// began before and had not healed [`FAILOVER_AFTERMATH`] before `from`): what a reissued
+    /// fence or a double grant on such a backend needs to be declared rather than failed. A
+    /// failover is a stretch, not an instant: until it heals, and for a while after the harness
+    /// sees it healed, two servers may each believe they are the primary.
     fn declared_between(&self, from: Nanos, to: Nanos) -> bool {
         self.options.fence_safety == FenceSafety::FailoverUnsafe
-            && self
-                .grant_losing_faults
-                .iter()
-                .any(|&(start, end)| start <= to && end.is_none_or(|end| end >= from))
+            && self.grant_losing_faults.iter().any(|&(start, end)| {
+                start <= to && end.is_none_or(|end| end.saturating_add(FAILOVER_AFTERMATH) >= from)
+            })
     }
 
     fn push(&mut self, at: usize, key: Option<&str>, severity: Severity, kind: FindingKind) {

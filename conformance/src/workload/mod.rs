@@ -27,7 +27,7 @@ pub mod windows;
 #[cfg(test)]
 mod tests;
 
-pub use checker::{check, check_recorded, CheckOptions};
+pub use checker::{check, check_recorded, CheckOptions, FAILOVER_AFTERMATH};
 pub use event::{Event, FaultKind, Nanos, What, WorkerId};
 pub use figures::Figures;
 pub use final_state::{FinalState, KeyState};
