@@ -274,69 +274,50 @@ fn mysql_number_is_transient(number: u16) -> bool {
     )
 }
 
-#[cfg(feature = "postgres")]
-#[async_trait]
-impl GateDatabase for sqlx::Postgres {
-    const REJECTED_BY: &'static str = "postgres_table";
+/// The claim where the database has `UPDATE ... RETURNING` (PostgreSQL, SQLite 3.35+): one
+/// conditional raise, and only when it raised nothing a read that tells stale from missing.
+/// `$key` and `$fence` are the database's placeholders for the two parameters.
+macro_rules! returning_claim {
+    ($feature:literal, $db:ty, $label:literal, $key:literal, $fence:literal) => {
+        #[cfg(feature = $feature)]
+        #[async_trait]
+        impl GateDatabase for $db {
+            const REJECTED_BY: &'static str = $label;
 
-    async fn claim_row(
-        conn: &mut Self::Connection,
-        gate: &SqlGate,
-        key: &str,
-        fence: i64,
-    ) -> Result<Claimed> {
-        let (t, k, f) = gate.names('"');
-        let raise = format!("UPDATE {t} SET {f} = $2 WHERE {k} = $1 AND {f} <= $2 RETURNING 1");
-        let raised: Option<i32> = sqlx::query_scalar(sqlx::AssertSqlSafe(raise))
-            .bind(key)
-            .bind(fence)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(map_error)?;
-        if raised.is_some() {
-            return Ok(Claimed::Claimed);
+            async fn claim_row(
+                conn: &mut Self::Connection,
+                gate: &SqlGate,
+                key: &str,
+                fence: i64,
+            ) -> Result<Claimed> {
+                let (t, k, f) = gate.names('"');
+                let (pk, pf) = ($key, $fence);
+                let raise = format!(
+                    "UPDATE {t} SET {f} = {pf} WHERE {k} = {pk} AND {f} <= {pf} RETURNING 1"
+                );
+                let raised: Option<i32> = sqlx::query_scalar(sqlx::AssertSqlSafe(raise))
+                    .bind(key)
+                    .bind(fence)
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(map_error)?;
+                if raised.is_some() {
+                    return Ok(Claimed::Claimed);
+                }
+                let read = format!("SELECT {f} FROM {t} WHERE {k} = {pk}");
+                let found: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(read))
+                    .bind(key)
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(map_error)?;
+                Ok(found.map_or(Claimed::Missing, |n| Claimed::Stale { newest: newest(n) }))
+            }
         }
-        let read = format!("SELECT {f} FROM {t} WHERE {k} = $1");
-        let found: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(read))
-            .bind(key)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(map_error)?;
-        Ok(found.map_or(Claimed::Missing, |n| Claimed::Stale { newest: newest(n) }))
-    }
+    };
 }
 
-#[cfg(feature = "sqlite")]
-#[async_trait]
-impl GateDatabase for sqlx::Sqlite {
-    const REJECTED_BY: &'static str = "sqlite_table";
-
-    async fn claim_row(
-        conn: &mut Self::Connection,
-        gate: &SqlGate,
-        key: &str,
-        fence: i64,
-    ) -> Result<Claimed> {
-        let (t, k, f) = gate.names('"');
-        let raise = format!("UPDATE {t} SET {f} = ?2 WHERE {k} = ?1 AND {f} <= ?2 RETURNING 1");
-        let raised: Option<i32> = sqlx::query_scalar(sqlx::AssertSqlSafe(raise))
-            .bind(key)
-            .bind(fence)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(map_error)?;
-        if raised.is_some() {
-            return Ok(Claimed::Claimed);
-        }
-        let read = format!("SELECT {f} FROM {t} WHERE {k} = ?1");
-        let found: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(read))
-            .bind(key)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(map_error)?;
-        Ok(found.map_or(Claimed::Missing, |n| Claimed::Stale { newest: newest(n) }))
-    }
-}
+returning_claim!("postgres", sqlx::Postgres, "postgres_table", "$1", "$2");
+returning_claim!("sqlite", sqlx::Sqlite, "sqlite_table", "?1", "?2");
 
 #[cfg(feature = "mysql")]
 #[async_trait]
