@@ -90,6 +90,23 @@ pub struct Line {
     pub took: Duration,
 }
 
+impl fmt::Display for Line {
+    /// One report line: outcome tag, scenario, time taken, and why when it did not pass.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (tag, detail) = match &self.outcome {
+            Ok(Verdict::Passed) => ("pass", ""),
+            Ok(Verdict::NotApplicable(why)) => ("n/a ", why.as_str()),
+            Ok(Verdict::Declared(what)) => ("DECLARED", what.as_str()),
+            Err(failure) => ("FAIL", failure.0.as_str()),
+        };
+        write!(
+            f,
+            "  {tag:8} {:40} {:>8.0?}  {detail}",
+            self.scenario, self.took
+        )
+    }
+}
+
 /// The result of running the suite against one authority.
 #[derive(Clone, Debug)]
 pub struct Report {
@@ -143,17 +160,7 @@ impl fmt::Display for Report {
             c.ttl.granularity
         )?;
         for line in &self.lines {
-            let (tag, detail) = match &line.outcome {
-                Ok(Verdict::Passed) => ("pass", String::new()),
-                Ok(Verdict::NotApplicable(why)) => ("n/a ", why.clone()),
-                Ok(Verdict::Declared(what)) => ("DECLARED", what.clone()),
-                Err(failure) => ("FAIL", failure.0.clone()),
-            };
-            writeln!(
-                f,
-                "  {tag:8} {:40} {:>8.0?}  {detail}",
-                line.scenario, line.took
-            )?;
+            writeln!(f, "{line}")?;
         }
         Ok(())
     }

@@ -24,7 +24,7 @@ use leasehold_core::Instant;
 
 use leasehold_core::{FencedRegister, FencedResource};
 
-use crate::verdict::{Failure, Line, Outcome, Verdict};
+use crate::verdict::{Failure, Line, Outcome};
 
 pub mod mutants;
 mod scenarios;
@@ -253,17 +253,7 @@ impl fmt::Display for GateReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "resource suite on {}:", self.subject)?;
         for line in &self.lines {
-            let (tag, detail) = match &line.outcome {
-                Ok(Verdict::Passed) => ("pass", String::new()),
-                Ok(Verdict::NotApplicable(why)) => ("n/a ", why.clone()),
-                Ok(Verdict::Declared(what)) => ("DECLARED", what.clone()),
-                Err(failure) => ("FAIL", failure.0.clone()),
-            };
-            writeln!(
-                f,
-                "  {tag:8} {:40} {:>8.0?}  {detail}",
-                line.scenario, line.took
-            )?;
+            writeln!(f, "{line}")?;
         }
         Ok(())
     }
