@@ -95,6 +95,16 @@ pub enum FaultKind {
     /// The hash slot of one of the run's Redis Cluster keys moved to another primary (`CLUSTER
     /// SETSLOT IMPORTING`/`MIGRATING`, `MIGRATE`, `SETSLOT NODE`) while clients use it.
     MigrateSlot,
+    /// The resource's object store stopped (`SIGSTOP`) past its clients' request timeout, then
+    /// resumed: requests sent meanwhile fail at the client (`write_unknown`), and the store may
+    /// still apply them once it goes on.
+    StallResource,
+    /// Observed, not injected: the servers of a replicated Redis form answered with two
+    /// primaries at once, or with another sole primary than before (Sentinel failing over on
+    /// its own, for instance after re-provisioned sentinels voted on a stale view). Ends when
+    /// one server alone answers as primary. Like a failover the nemesis causes, it can lose
+    /// fence counters the new primary had not received.
+    PrimaryChanged,
     /// `SIGKILL` of a worker caught holding the SQLite write lock (inside a `BEGIN IMMEDIATE`
     /// transaction); healed when its replacement process starts.
     KillWorkerInTransaction,
@@ -158,6 +168,10 @@ pub enum What {
         /// out. Absent in older histories and for in-process runs.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         command: Option<String>,
+        /// The store the protected resource lived in (`postgres`, `azurite`). Absent in older
+        /// histories (which all used PostgreSQL) and in-process runs.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        resource: Option<String>,
     },
     /// A worker starts `Lease::acquire`.
     AcquireInvoke {
@@ -412,6 +426,7 @@ impl FaultKind {
                 | FaultKind::KillLeader
                 | FaultKind::SentinelFailover
                 | FaultKind::KillPrimary
+                | FaultKind::PrimaryChanged
         )
     }
 }

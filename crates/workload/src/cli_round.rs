@@ -21,7 +21,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::resource::{Outcome, PgSets, SetResource};
+use crate::resource::{self, Outcome};
 use crate::worker::Log;
 
 /// What the round's command line carries.
@@ -110,7 +110,7 @@ async fn hold(config: &RoundConfig, log: &Log, fence: u64, deadline: u64) {
         key: key.clone(),
         fence: claim,
     });
-    let resource = match PgSets::connect(&config.resource_url, &config.run).await {
+    let resource = match resource::connect(&config.resource_url, &config.run).await {
         Ok(r) => r,
         Err(e) => {
             log.record(What::ReadFail {

@@ -295,6 +295,7 @@ pub async fn run_in_process(
             commit: None,
             versions: Default::default(),
             command: None,
+            resource: Some("memory".to_string()),
         },
     )]);
     for event in merged.events() {

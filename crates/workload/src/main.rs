@@ -21,7 +21,7 @@ use leasehold_workload::cli_round::{self, RoundConfig};
 use leasehold_workload::cli_worker::{self, CliWorkerConfig};
 use leasehold_workload::deployment::Backend;
 use leasehold_workload::report::{render, ReportRun};
-use leasehold_workload::resource::PgSets;
+use leasehold_workload::resource::{self, ResourceKind};
 use leasehold_workload::runner::{run, Arm, RunOptions};
 use leasehold_workload::worker::{Log, PauseBy, Worker, WorkerConfig};
 
@@ -29,11 +29,14 @@ const USAGE: &str = "usage:
   leasehold-workload run --backend etcd|zookeeper|postgres|postgres-standby|postgres-pgbouncer|
       redis|redis-sentinel|redis-cluster|sqlite [--nodes N] [--duration 60s]
       [--seed N] [--workers N] [--keys N] [--arms fenced,control] [--url AUTHORITY_URL]
-      [--resource-url POSTGRES_URL] [--out DIR] [--pause-probability P] [--cancel-probability P]
-      [--fault-gap 1s..3s] [--cli-workers N] [--broken ignores-holder]
+      [--resource postgres|azurite] [--resource-url URL] [--out DIR] [--pause-probability P]
+      [--cancel-probability P] [--fault-gap 1s..3s] [--cli-workers N] [--broken ignores-holder]
   leasehold-workload check HISTORY...
   leasehold-workload report --out DIR [--how TEXT] HISTORY...
 The runner starts the servers itself (Debian packages) unless --url / --resource-url name them.
+--resource picks the store it starts for the protected sets: a PostgreSQL table (default) or
+objects on Azurite behind the object gate; --resource-url takes postgres:// or
+azurite://HOST:PORT/CONTAINER.
 --cli-workers (default 1) of each arm's workers take their leases through the `leasehold` command
 ($LEASEHOLD_CLI, else `leasehold` beside this program).";
 
@@ -146,6 +149,9 @@ async fn run_command(args: &[String]) -> ExitCode {
                 options.authority_url = Some(value.clone());
                 true
             }
+            "--resource" => ResourceKind::parse(value)
+                .map(|k| options.resource = k)
+                .is_some(),
             "--resource-url" => {
                 options.resource_url = Some(value.clone());
                 true
@@ -281,8 +287,8 @@ async fn worker(config: WorkerConfig) -> Result<(), Box<dyn std::error::Error + 
     };
     // So may the resource (its server restarting, its connections being killed).
     let resource = loop {
-        match PgSets::connect(&config.resource_url, &config.run).await {
-            Ok(r) => break Arc::new(r),
+        match resource::connect(&config.resource_url, &config.run).await {
+            Ok(r) => break r,
             Err(e) if tokio::time::Instant::now() >= give_up => return Err(e),
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }

@@ -12,6 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::deployment::Backend;
+use crate::resource::ResourceKind;
 use crate::runner::{Arm, RunOptions};
 
 /// What a commit reads as when git cannot tell.
@@ -81,6 +82,7 @@ pub fn version_of(program: &str) -> Option<String> {
                 .find_map(|w| w.strip_prefix("v="))
                 .map_or(l.clone(), str::to_string)
         }),
+        "azurite" => first_line("azurite-blob", &["--version"]),
         "pgbouncer" => first_line("pgbouncer", &["--version"])
             .map(|l| l.trim_start_matches("PgBouncer").trim().to_string()),
         other => first_line(other, &["--version"]),
@@ -123,8 +125,12 @@ pub fn programs(options: &RunOptions) -> Vec<&'static str> {
             Backend::Sqlite => &[],
         });
     }
-    if options.resource_url.is_none() && !programs.contains(&"postgres") {
-        programs.push("postgres");
+    if options.resource_url.is_none() {
+        // Each kind is named for the program that serves it.
+        let program = options.resource.name();
+        if !programs.contains(&program) {
+            programs.push(program);
+        }
     }
     programs
 }
@@ -179,7 +185,9 @@ pub fn command(options: &RunOptions) -> String {
         parts.push("--url AUTHORITY_URL".to_string());
     }
     if options.resource_url.is_some() {
-        parts.push("--resource-url POSTGRES_URL".to_string());
+        parts.push("--resource-url RESOURCE_URL".to_string());
+    } else if options.resource != ResourceKind::Postgres {
+        parts.push(format!("--resource {}", options.resource.name()));
     }
     parts.push(format!("--out {}", options.out.display()));
     parts.join(" ")
@@ -217,5 +225,9 @@ mod tests {
         assert_eq!(programs(&options), ["etcd", "postgres"]);
         let options = RunOptions::new(Backend::Postgres, Duration::ZERO, 1, PathBuf::new());
         assert_eq!(programs(&options), ["postgres"]);
+        let mut options = RunOptions::new(Backend::Zookeeper, Duration::ZERO, 1, PathBuf::new());
+        options.resource = ResourceKind::Azurite;
+        assert_eq!(programs(&options), ["zookeeper", "azurite"]);
+        assert!(command(&options).contains("--resource azurite"));
     }
 }

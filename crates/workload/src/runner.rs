@@ -26,7 +26,9 @@ use tokio::time::Instant;
 
 use crate::cli_worker::{self, CliWorkerConfig};
 use crate::deployment::{Backend, Deployment};
-use crate::resource::{PgSets, SetResource};
+use crate::primary_watch;
+use crate::resource::{self, ResourceKind};
+use crate::resource_server::ResourceServer;
 use crate::server_fault::{resource_fault_task, server_fault_task};
 use crate::worker::{Log, WorkerConfig};
 use crate::{handoff, provenance};
@@ -68,8 +70,10 @@ pub struct RunOptions {
     pub nodes: usize,
     /// An authority started by someone else; then only worker faults are injected.
     pub authority_url: Option<String>,
-    /// A resource server started by someone else (else one is started).
+    /// A resource server started by someone else (else one of `resource` is started).
     pub resource_url: Option<String>,
+    /// The store the runner starts for the resource when `resource_url` names none.
+    pub resource: ResourceKind,
     /// How long the nemesis runs.
     pub duration: Duration,
     /// Seeds the nemesis and every worker.
@@ -102,6 +106,7 @@ impl RunOptions {
             nodes: backend.default_nodes(),
             authority_url: None,
             resource_url: None,
+            resource: ResourceKind::Postgres,
             duration,
             seed,
             workers: 4,
@@ -612,10 +617,14 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
         );
     }
     // The resource server is faulted only when the runner started it.
+    let resource_kind = match &options.resource_url {
+        Some(url) => ResourceKind::of_url(url)?,
+        None => options.resource,
+    };
     let (resource_url, resource_server) = match &options.resource_url {
         Some(url) => (url.clone(), None),
         None => {
-            let server = Arc::new(tokio::task::spawn_blocking(PostgresServer::start).await??);
+            let server = ResourceServer::start(options.resource).await?;
             (server.url(), Some(server))
         }
     };
@@ -648,7 +657,7 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
     let _ = probe.close().await;
     drop(probe);
 
-    PgSets::create(&resource_url, "setup").await?;
+    resource::prepare(&resource_url).await?;
     let (commit, versions, command) = {
         let options = options.clone();
         tokio::task::spawn_blocking(move || {
@@ -682,6 +691,16 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
         ),
         cuts: 0,
     };
+    // Where the primary can move without the nemesis moving it, a watch records when it does.
+    let (stop_watch, watch_stopped) = tokio::sync::watch::channel(false);
+    let primary_watch = deployment.as_ref().map(|d| {
+        tokio::spawn(primary_watch::watch(
+            d.clone(),
+            nemesis.log.clone(),
+            nemesis.next_fault.clone(),
+            watch_stopped,
+        ))
+    });
 
     // The workers of every arm.
     let mut workers = Vec::new();
@@ -782,11 +801,8 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
     if let Some(d) = &deployment {
         kinds.extend(d.faults());
     }
-    if resource_server.is_some() {
-        kinds.extend([
-            FaultKind::KillResourceConnection,
-            FaultKind::RestartResource,
-        ]);
+    if let Some(server) = &resource_server {
+        kinds.extend(server.faults());
     }
     // The first pass makes sure every kind happens (worker faults once per arm); then faults
     // are drawn at random.
@@ -865,7 +881,9 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
             );
             let resource = matches!(
                 kind,
-                FaultKind::KillResourceConnection | FaultKind::RestartResource
+                FaultKind::KillResourceConnection
+                    | FaultKind::StallResource
+                    | FaultKind::RestartResource
             );
             // A server fault waits for the one in progress to heal; worker faults go on, and
             // the resource's faults take turns among themselves.
@@ -897,7 +915,9 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                             continue;
                         }
                     }
-                    FaultKind::KillResourceConnection | FaultKind::RestartResource => {
+                    FaultKind::KillResourceConnection
+                    | FaultKind::StallResource
+                    | FaultKind::RestartResource => {
                         if let Some(server) = &resource_server {
                             resource_fault = Some(tokio::spawn(resource_fault_task(
                                 server.clone(),
@@ -999,11 +1019,15 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
             let _ = w.process.kill();
         }
     }
+    stop_watch.send_replace(true);
+    if let Some(task) = primary_watch {
+        task.await?;
+    }
     let nemesis_events = History::read_file(&nemesis_path)?;
 
     let mut results = Vec::new();
     for (arm, run, ids, files) in arm_workers {
-        let resource = PgSets::connect(&resource_url, &run).await?;
+        let resource = resource::connect(&resource_url, &run).await?;
         let finals = resource.final_state().await?;
         let mut parts = Vec::new();
         for file in &files {
@@ -1037,6 +1061,7 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                 commit: Some(commit.clone()),
                 versions: versions.clone(),
                 command: Some(command.clone()),
+                resource: Some(resource_kind.name().to_string()),
             },
         )]);
         for event in merged.events() {

@@ -5,62 +5,61 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_conformance::workload::{FaultKind, What};
-use leasehold_servers::PostgresServer;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::deployment::Deployment;
+use crate::resource::ResourceError;
 use crate::resource_faults;
+use crate::resource_server::ResourceServer;
 use crate::worker::Log;
 
 /// One fault of the resource server, recorded from its start: a connection kill from before the
-/// nemesis holds the table until it terminates what it caught; a restart from before the kill
-/// until the server accepts connections again.
+/// nemesis holds the table until it terminates what it caught; a stall from before the store
+/// stops; a restart from before the kill until the server accepts connections again.
 pub(crate) async fn resource_fault_task(
-    server: Arc<PostgresServer>,
+    server: ResourceServer,
     kind: FaultKind,
     log: Log,
     fault: u64,
 ) -> Result<(), String> {
-    let node = format!("resource 127.0.0.1:{}", server.port());
-    match kind {
-        FaultKind::KillResourceConnection => {
+    let node = server.node();
+    let start = What::FaultStart {
+        fault,
+        kind,
+        worker: None,
+        node: Some(node.clone()),
+    };
+    let end = |node| What::FaultEnd {
+        fault,
+        kind,
+        worker: None,
+        node: Some(node),
+    };
+    let not_injected = |e: ResourceError| format!("nemesis: {kind:?} could not be injected: {e}");
+    match (kind, &server) {
+        (FaultKind::KillResourceConnection, ResourceServer::Postgres(pg)) => {
             // Recorded from before the table lock is taken: while the nemesis waits for a write,
             // every write and claim at the resource stalls, and the history must show why.
-            log.record(What::FaultStart {
-                fault,
-                kind,
-                worker: None,
-                node: Some(node.clone()),
-            });
-            let hit = resource_faults::kill_worker_connections(&server.url())
+            log.record(start);
+            let hit = resource_faults::kill_worker_connections(&pg.url())
                 .await
-                .map_err(|e| format!("nemesis: {kind:?} could not be injected: {e}"))?;
+                .map_err(not_injected)?;
             let hit = hit.unwrap_or_else(|| "no worker connection to terminate".to_string());
-            log.record(What::FaultEnd {
-                fault,
-                kind,
-                worker: None,
-                node: Some(format!("{node}: {hit}")),
-            });
+            log.record(end(format!("{node}: {hit}")));
         }
-        _ => {
-            log.record(What::FaultStart {
-                fault,
-                kind,
-                worker: None,
-                node: Some(node.clone()),
-            });
+        (FaultKind::StallResource, _) => {
+            log.record(start);
+            let said = server.stall().await.map_err(not_injected)?;
+            log.record(end(format!("{node}: {said}")));
+        }
+        (FaultKind::RestartResource, _) => {
+            log.record(start);
             let mut last = String::new();
             for _ in 0..5 {
-                match resource_faults::restart(server.clone()).await {
+                match server.restart().await {
                     Ok(()) => {
-                        log.record(What::FaultEnd {
-                            fault,
-                            kind,
-                            worker: None,
-                            node: Some(node),
-                        });
+                        log.record(end(node));
                         return Ok(());
                     }
                     Err(e) => last = e.to_string(),
@@ -69,6 +68,7 @@ pub(crate) async fn resource_fault_task(
             }
             return Err(format!("nemesis: the resource did not restart: {last}"));
         }
+        (kind, _) => return Err(format!("nemesis: {kind:?} is not a fault of {node}")),
     }
     Ok(())
 }

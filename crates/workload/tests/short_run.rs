@@ -1,8 +1,9 @@
 //! The short seeded workload run per backend that `./scripts/test` includes: both arms side by
 //! side on real servers for about 30 s, every fault kind of the backend at least once, and the
 //! faults at the worker's edges (a worker cut off from the authority, the resource's
-//! connections killed mid-write and the resource restarted, a worker taking its leases through
-//! the `leasehold` command). It fails on any acknowledged write lost or stale write accepted in
+//! connections killed mid-write or its store stalled, the resource restarted, a worker taking
+//! its leases through the `leasehold` command). The resource is a PostgreSQL table, except in
+//! ZooKeeper's run, where it is objects on Azurite behind the object gate. It fails on any acknowledged write lost or stale write accepted in
 //! the fenced arm, and on a control arm that lost nothing (the nemesis would be too weak to
 //! prove anything).
 //!
@@ -26,7 +27,34 @@ const SEED: u64 = 11;
 /// A backend's 30 s run, which also proves the worker's edges: the CLI worker's tree killed
 /// mid-round, cuts shorter and longer than every TTL, a write of unknown outcome.
 fn short_run(backend: &str, server_faults: &[FaultKind]) {
-    short_run_for(backend, "30s", server_faults, Edges::Proven);
+    short_run_for(backend, "30s", server_faults, Edges::Proven, Resource::Postgres);
+}
+
+/// The store the protected sets live in, and the faults it suffers besides a restart.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Resource {
+    /// A PostgreSQL table; its connections are killed mid-write.
+    Postgres,
+    /// Objects on Azurite behind the object gate; the store is stalled past the clients'
+    /// request timeout.
+    Azurite,
+}
+
+impl Resource {
+    fn name(self) -> &'static str {
+        match self {
+            Resource::Postgres => "postgres",
+            Resource::Azurite => "azurite",
+        }
+    }
+
+    /// The fault that leaves a write's outcome unknown.
+    fn cuts_a_write(self) -> FaultKind {
+        match self {
+            Resource::Postgres => FaultKind::KillResourceConnection,
+            Resource::Azurite => FaultKind::StallResource,
+        }
+    }
 }
 
 /// Whether a run must also show the worker-edge faults at their sharpest; the 20 s runs of
@@ -43,6 +71,7 @@ fn short_run_for(
     duration: &str,
     server_faults: &[FaultKind],
     edges: Edges,
+    resource: Resource,
 ) -> PathBuf {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("workload-{backend}"));
@@ -57,6 +86,8 @@ fn short_run_for(
         &SEED.to_string(),
         "--fault-gap",
         "500ms..1500ms",
+        "--resource",
+        resource.name(),
         "--out",
         out.to_str().unwrap(),
     ];
@@ -91,8 +122,8 @@ fn short_run_for(
         let (commit, versions) = recorded.expect("the history has its run line");
         assert!(commit.is_some(), "{arm}: the run line lacks the commit");
         assert!(
-            versions.contains_key("postgres"),
-            "{arm}: the run line lacks the resource's PostgreSQL version: {versions:?}"
+            versions.contains_key(resource.name()),
+            "{arm}: the run line lacks the resource's version: {versions:?}"
         );
         let mut cut_started = BTreeMap::new();
         for event in history.events() {
@@ -176,7 +207,7 @@ fn short_run_for(
         for kind in [
             FaultKind::PauseWorker,
             FaultKind::KillWorker,
-            FaultKind::KillResourceConnection,
+            resource.cuts_a_write(),
             FaultKind::RestartResource,
         ]
         .iter()
@@ -211,7 +242,8 @@ fn short_run_for(
         );
         assert!(
             writes_unknown > 0,
-            "no write_unknown in either arm although the resource's connections were killed"
+            "no write_unknown in either arm although the resource suffered {:?}",
+            resource.cuts_a_write()
         );
     }
     out
@@ -252,9 +284,13 @@ fn etcd_three_members() {
 }
 
 #[test]
+/// ZooKeeper's run protects objects on Azurite instead of a PostgreSQL table: the object gate
+/// under the same workload, the store stalled and restarted.
+#[test]
 fn zookeeper_three_members() {
-    short_run(
+    short_run_for(
         "zookeeper",
+        "30s",
         &[
             FaultKind::KillMember,
             FaultKind::KillLeader,
@@ -262,6 +298,8 @@ fn zookeeper_three_members() {
             FaultKind::IsolateMember,
             FaultKind::HandoffLeaderChange,
         ],
+        Edges::Proven,
+        Resource::Azurite,
     );
 }
 
@@ -373,6 +411,7 @@ fn postgres_with_a_standby() {
         "20s",
         &[FaultKind::KillAuthority, FaultKind::PromoteReplica],
         Edges::Landed,
+        Resource::Postgres,
     );
 }
 
@@ -385,6 +424,7 @@ fn postgres_behind_pgbouncer() {
         "20s",
         &[FaultKind::KillAuthority, FaultKind::RestartPooler],
         Edges::Landed,
+        Resource::Postgres,
     );
 }
 
@@ -396,6 +436,7 @@ fn redis_sentinel() {
         "20s",
         &[FaultKind::SentinelFailover, FaultKind::ReprovisionSentinels],
         Edges::Landed,
+        Resource::Postgres,
     );
 }
 
@@ -407,6 +448,7 @@ fn redis_cluster() {
         "20s",
         &[FaultKind::KillPrimary, FaultKind::MigrateSlot],
         Edges::Landed,
+        Resource::Postgres,
     );
 }
 
@@ -420,6 +462,7 @@ fn sqlite_one_file() {
         "30s",
         &[FaultKind::KillWorkerInTransaction],
         Edges::Landed,
+        Resource::Postgres,
     );
     for arm in ["fenced", "control"] {
         let history = History::read_file(out.join(format!("sqlite-{arm}.history.jsonl")))

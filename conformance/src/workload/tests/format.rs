@@ -153,6 +153,8 @@ fn fault_kind() -> impl Strategy<Value = FaultKind> {
         Just(FaultKind::CutWorker),
         Just(FaultKind::KillResourceConnection),
         Just(FaultKind::RestartResource),
+        Just(FaultKind::PrimaryChanged),
+        Just(FaultKind::StallResource),
     ]
 }
 
@@ -169,12 +171,13 @@ fn what() -> impl Strategy<Value = What> {
                 proptest::collection::btree_map(text(), text(), 0..3),
                 proptest::option::of(text()),
                 proptest::collection::vec(fault_kind(), 0..3),
+                proptest::option::of(text()),
             )
         )
             .prop_map(
                 |(
                     (seed, backend, fenced, u, early),
-                    (commit, versions, command, planned_faults),
+                    (commit, versions, command, planned_faults, resource),
                 )| What::Run {
                     seed,
                     backend,
@@ -185,6 +188,7 @@ fn what() -> impl Strategy<Value = What> {
                     commit,
                     versions,
                     command,
+                    resource,
                 }
             ),
         (w(), text(), f(), of()).prop_map(|(worker, key, ttl_ns, max_wait_ns)| {

@@ -35,6 +35,7 @@ impl Script {
                 commit: None,
                 versions: Default::default(),
                 command: None,
+                resource: None,
             },
         )
     }
@@ -503,6 +504,7 @@ fn reissued_fence_is_found() {
         commit: None,
         versions: Default::default(),
         command: None,
+        resource: None,
     };
     let from_run = CheckOptions::from_history(&s2.history()).expect("a run line");
     assert_eq!(from_run, CheckOptions::fenced(FenceSafety::FailoverUnsafe));
@@ -727,6 +729,7 @@ fn a_declared_early_revocation_labels_broken_exclusion_but_not_stale_writes() {
                 commit: None,
                 versions: Default::default(),
                 command: None,
+                resource: None,
             };
             s.history()
         };
@@ -937,6 +940,7 @@ fn unfenced_control_without_losses_fails() {
         commit: None,
         versions: Default::default(),
         command: None,
+        resource: None,
     };
     let h = s.history();
     let options = CheckOptions::from_history(&h).expect("a run line");

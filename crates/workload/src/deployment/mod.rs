@@ -119,6 +119,12 @@ trait Form: Send + Sync {
     fn leader(&self) -> Result<usize, DeploymentError> {
         Ok(0)
     }
+    /// The data servers answering as primary right now, where the form can have more than one
+    /// without the nemesis making it so (Sentinel fails over on its own); `None` where there
+    /// is one writer by construction. A server that does not answer is left out. Blocking.
+    fn primaries(&self) -> Option<Vec<String>> {
+        None
+    }
     /// Kills or pauses member `i` at once, without asking who leads. Blocking.
     fn strike(&self, i: usize, pause: bool) -> Result<Injected, DeploymentError> {
         let _ = (i, pause);
@@ -273,6 +279,16 @@ impl Deployment {
     ) -> Result<Injected, DeploymentError> {
         let me = self.clone();
         blocking(move || me.form.strike(i, pause)).await
+    }
+
+    /// The data servers answering as primary right now (see [`crate::primary_watch`]), asked
+    /// off the runtime; `None` where the form has one writer by construction.
+    pub async fn primaries(self: &Arc<Self>) -> Option<Vec<String>> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || me.form.primaries())
+            .await
+            .ok()
+            .flatten()
     }
 
     /// Heals a fault and waits until the servers it hit serve again.

@@ -192,6 +192,16 @@ impl Form for Sentinel {
         }
     }
 
+    fn primaries(&self) -> Option<Vec<String>> {
+        Some(
+            (0..2)
+                .map(|i| self.server(i))
+                .filter(|s| s.role().is_ok_and(|r| r == "master"))
+                .map(|s| format!("redis 127.0.0.1:{}", s.port()))
+                .collect(),
+        )
+    }
+
     fn heal(&self, heal: Heal) -> Result<(), DeploymentError> {
         match heal {
             Heal::AfterFailover(killed) => {

@@ -77,6 +77,7 @@ struct Header {
     commit: Option<String>,
     versions: BTreeMap<String, String>,
     command: Option<String>,
+    resource: Option<String>,
 }
 
 impl Header {
@@ -127,6 +128,7 @@ impl<'r> Judged<'r> {
                 commit,
                 versions,
                 command,
+                resource,
                 ..
             } => Some(Header {
                 seed: *seed,
@@ -136,6 +138,7 @@ impl<'r> Judged<'r> {
                 commit: commit.clone(),
                 versions: versions.clone(),
                 command: command.clone(),
+                resource: resource.clone(),
             }),
             _ => None,
         });
@@ -153,6 +156,15 @@ impl<'r> Judged<'r> {
             .as_ref()
             .and_then(|v| v.backend.as_deref())
             .or(self.header.as_ref().map(|h| h.backend.as_str()))
+    }
+
+    /// The store the protected resource lived in; histories that do not say are from before
+    /// the choice, when it was always a PostgreSQL table.
+    fn resource(&self) -> &str {
+        self.header
+            .as_ref()
+            .and_then(|h| h.resource.as_deref())
+            .unwrap_or("postgres")
     }
 
     fn fenced(&self) -> Option<bool> {

@@ -85,7 +85,8 @@ impl Tables {
             let run = runs.get(i);
             let backend = run.and_then(|r| r.backend()).map(str::to_string);
             let fenced = run.and_then(|r| r.fenced());
-            (backend.is_none(), backend, fenced != Some(true))
+            let resource = run.map(|r| r.resource().to_string());
+            (backend.is_none(), backend, resource, fenced != Some(true))
         });
         Tables {
             headline: headline(runs, &order),
@@ -100,6 +101,7 @@ fn headline(runs: &[Judged<'_>], order: &[usize]) -> Table {
     let header = strings([
         "run",
         "backend",
+        "resource",
         "mode",
         "verdict",
         "fences reissued",
@@ -126,6 +128,7 @@ fn headline(runs: &[Judged<'_>], order: &[usize]) -> Table {
             let first = [
                 r.label.to_string(),
                 r.backend().unwrap_or("?").to_string(),
+                r.resource().to_string(),
                 mode(r.fenced()).to_string(),
                 status(r.verdict.as_ref()).to_string(),
             ];
@@ -193,7 +196,11 @@ fn control(runs: &[Judged<'_>]) -> Table {
     let mut by_backend: BTreeMap<String, (Sum, Sum)> = BTreeMap::new();
     for r in runs {
         let Some(v) = &r.verdict else { continue };
-        let backend = r.backend().unwrap_or("?").to_string();
+        // A backend protecting another store than the PostgreSQL table is a row of its own.
+        let backend = match r.resource() {
+            "postgres" => r.backend().unwrap_or("?").to_string(),
+            other => format!("{} (resource: {other})", r.backend().unwrap_or("?")),
+        };
         let entry = by_backend.entry(backend).or_default();
         let sum = if v.fenced { &mut entry.0 } else { &mut entry.1 };
         sum.runs += 1;

@@ -259,6 +259,8 @@ fn server_color(kind: FaultKind) -> RGBColor {
         FaultKind::CutWorker => RGBColor(0x29, 0x80, 0xb9),
         FaultKind::KillResourceConnection => RGBColor(0x16, 0xa0, 0x85),
         FaultKind::RestartResource => RGBColor(0x27, 0xae, 0x60),
+        FaultKind::StallResource => RGBColor(0x1a, 0xbc, 0x9c),
+        FaultKind::PrimaryChanged => RGBColor(0xe8, 0x43, 0x93),
         _ => RGBColor(0x95, 0xa5, 0xa6),
     }
 }

@@ -1,58 +1,12 @@
-//! The protected resource: per key, a set of numbers and the greatest fence it accepted.
-//!
-//! It stands for the database, the payment API or the file that a lease protects. It lives on its
-//! own PostgreSQL server, apart from the authority under test, so faults of the authority never
-//! touch it. With fences, a read is also a *claim*: it raises `last_fence` to the reader's fence
-//! or is refused, so an older holder's write that arrives between the new holder's read and write
-//! is refused too (see `docs/workload.md`, "claim before reading"). The unfenced control reads and
-//! writes without looking at fences, as a lock-only application would.
+//! The resource as a table on a PostgreSQL server.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Row};
 
-/// What a claim or a write met.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome<T> {
-    /// Done: the read set, or for a write the `last_fence` just before it (when fenced).
-    Done(T),
-    /// Refused: the resource had accepted `newest`, greater than the fence presented.
-    Stale {
-        /// The resource's `last_fence`.
-        newest: u64,
-    },
-}
-
-/// The resource's rows: per key, the set and `last_fence`.
-pub type Rows = BTreeMap<String, (Vec<u64>, Option<u64>)>;
-
-/// Errors of the resource, displayed into the history.
-pub type ResourceError = Box<dyn std::error::Error + Send + Sync>;
-
-/// The resource as the workers and the runner use it.
-#[async_trait]
-pub trait SetResource: Send + Sync {
-    /// Reads `key`'s set. With `fence`, first raises `last_fence` to it in the same transaction,
-    /// or refuses if a greater fence was accepted.
-    async fn read(&self, key: &str, fence: Option<u64>)
-        -> Result<Outcome<Vec<u64>>, ResourceError>;
-
-    /// Replaces `key`'s set with `elements`. With `fence`, only if no greater fence was accepted;
-    /// returns the `last_fence` held just before. Without, writes whatever the fences say.
-    async fn write(
-        &self,
-        key: &str,
-        elements: &[u64],
-        fence: u64,
-        fenced: bool,
-    ) -> Result<Outcome<Option<u64>>, ResourceError>;
-
-    /// Every key's set and `last_fence`, after the run.
-    async fn final_state(&self) -> Result<Rows, ResourceError>;
-}
+use super::{Outcome, ResourceError, Rows, SetResource};
 
 /// The resource as a table on a PostgreSQL server. Rows are namespaced by run, so one server can
 /// hold the fenced run and its control side by side.
@@ -261,60 +215,3 @@ impl SetResource for PgSets {
     }
 }
 
-/// The resource in memory, for runs whose workers are tasks of one process (the in-process
-/// reference authority and its mutants).
-#[derive(Debug, Default)]
-pub struct MemorySets {
-    rows: Mutex<Rows>,
-}
-
-impl MemorySets {
-    fn rows(&self) -> std::sync::MutexGuard<'_, Rows> {
-        self.rows.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-#[async_trait]
-impl SetResource for MemorySets {
-    async fn read(
-        &self,
-        key: &str,
-        fence: Option<u64>,
-    ) -> Result<Outcome<Vec<u64>>, ResourceError> {
-        let mut rows = self.rows();
-        let row = rows.entry(key.to_string()).or_default();
-        if let Some(fence) = fence {
-            if let Some(newest) = row.1.filter(|&n| n > fence) {
-                return Ok(Outcome::Stale { newest });
-            }
-            row.1 = Some(fence);
-        }
-        Ok(Outcome::Done(row.0.clone()))
-    }
-
-    async fn write(
-        &self,
-        key: &str,
-        elements: &[u64],
-        fence: u64,
-        fenced: bool,
-    ) -> Result<Outcome<Option<u64>>, ResourceError> {
-        let mut rows = self.rows();
-        let row = rows.entry(key.to_string()).or_default();
-        let prior = row.1;
-        if fenced {
-            if let Some(newest) = prior.filter(|&p| p > fence) {
-                return Ok(Outcome::Stale { newest });
-            }
-            row.1 = Some(fence);
-        } else {
-            row.1 = Some(prior.map_or(fence, |p| p.max(fence)));
-        }
-        row.0 = elements.to_vec();
-        Ok(Outcome::Done(if fenced { prior } else { None }))
-    }
-
-    async fn final_state(&self) -> Result<Rows, ResourceError> {
-        Ok(self.rows().clone())
-    }
-}
