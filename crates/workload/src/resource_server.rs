@@ -41,7 +41,11 @@ impl ResourceServer {
         match self {
             ResourceServer::Postgres(server) => server.url(),
             ResourceServer::Azurite(server) => {
-                format!("{}://127.0.0.1:{}/{BUCKET}", resource::SCHEME, server.port())
+                format!(
+                    "{}://127.0.0.1:{}/{BUCKET}",
+                    resource::SCHEME,
+                    server.port()
+                )
             }
         }
     }

@@ -18,7 +18,7 @@ use leasehold_conformance::workload::{
     check_recorded, Event, FaultKind, History, RunVerdict, What, WorkerId,
 };
 use leasehold_core::{Authority, FenceSafety, LockKey};
-use leasehold_servers::{CommandSpec, Cut, ManagedProcess, PostgresServer};
+use leasehold_servers::{CommandSpec, Cut, ManagedProcess};
 use rand::rngs::StdRng;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};

@@ -27,7 +27,13 @@ const SEED: u64 = 11;
 /// A backend's 30 s run, which also proves the worker's edges: the CLI worker's tree killed
 /// mid-round, cuts shorter and longer than every TTL, a write of unknown outcome.
 fn short_run(backend: &str, server_faults: &[FaultKind]) {
-    short_run_for(backend, "30s", server_faults, Edges::Proven, Resource::Postgres);
+    short_run_for(
+        backend,
+        "30s",
+        server_faults,
+        Edges::Proven,
+        Resource::Postgres,
+    );
 }
 
 /// The store the protected sets live in, and the faults it suffers besides a restart.
@@ -283,7 +289,6 @@ fn etcd_three_members() {
     );
 }
 
-#[test]
 /// ZooKeeper's run protects objects on Azurite instead of a PostgreSQL table: the object gate
 /// under the same workload, the store stalled and restarted.
 #[test]

@@ -158,13 +158,13 @@ impl<'r> Judged<'r> {
             .or(self.header.as_ref().map(|h| h.backend.as_str()))
     }
 
-    /// The store the protected resource lived in; histories that do not say are from before
-    /// the choice, when it was always a PostgreSQL table.
+    /// The store the protected resource lived in; histories whose run line does not say are
+    /// from before the choice, when it was always a PostgreSQL table, and `?` without one.
     fn resource(&self) -> &str {
-        self.header
-            .as_ref()
-            .and_then(|h| h.resource.as_deref())
-            .unwrap_or("postgres")
+        match &self.header {
+            Some(h) => h.resource.as_deref().unwrap_or("postgres"),
+            None => "?",
+        }
     }
 
     fn fenced(&self) -> Option<bool> {

@@ -211,7 +211,7 @@ fn readme_has_the_figures_row_and_the_control_comparison() {
     // The lock's evidence comes before the resource's figures.
     assert!(
         md.contains(
-            "| run | backend | mode | verdict | fences reissued | keys granted while a lease was \
+            "| run | backend | resource | mode | verdict | fences reissued | keys granted while a lease was \
              valid | leases ended early | hand-offs during a pause | writes acknowledged | \
              acknowledged lost |"
         ),
@@ -219,13 +219,13 @@ fn readme_has_the_figures_row_and_the_control_comparison() {
     );
     assert!(
         md.contains(
-            "| memory fenced | memory | fenced | pass | 0 | 0 | 0 | 1 | 2 | 0 of 2 | 0 | 0 | 1 | 0 | 1 |"
+            "| memory fenced | memory | postgres | fenced | pass | 0 | 0 | 0 | 1 | 2 | 0 of 2 | 0 | 0 | 1 | 0 | 1 |"
         ),
         "{md}"
     );
     assert!(
         md.contains(
-            "| memory control | memory | unfenced control | pass | 0 | 0 | 0 | 1 | 2 | 1 of 2 (50.0%) | 0 | 1 |"
+            "| memory control | memory | postgres | unfenced control | pass | 0 | 0 | 0 | 1 | 2 | 1 of 2 (50.0%) | 0 | 1 |"
         ),
         "{md}"
     );
@@ -307,11 +307,11 @@ fn a_history_without_header_is_a_row_not_an_error() {
     render(&runs, "", dir.path()).expect("render without headers");
     let md = read(dir.path(), "README.md");
     assert!(
-        md.contains("| headless | ? | ? | not judged: no run header | — |"),
+        md.contains("| headless | ? | ? | ? | not judged: no run header | — |"),
         "{md}"
     );
     assert!(
-        md.contains("| empty | ? | ? | not judged: no run header |"),
+        md.contains("| empty | ? | ? | ? | not judged: no run header |"),
         "{md}"
     );
     let html = read(dir.path(), "report.html");
@@ -437,7 +437,7 @@ fn a_reissued_fence_is_declared_and_circled() {
     render(&[run("redis failover", history)], "", dir.path()).expect("render");
     let md = read(dir.path(), "README.md");
     assert!(
-        md.contains("| redis failover | redis | fenced | declared |"),
+        md.contains("| redis failover | redis | postgres | fenced | declared |"),
         "{md}"
     );
     assert!(md.contains("declared: 1 x fence reissued"), "{md}");

@@ -54,12 +54,13 @@ impl ObjectSets {
         }
         let store = MicrosoftAzureBuilder::new()
             .with_endpoint(format!("http://{host}:{port}/{AZURITE_ACCOUNT}"))
-            .with_allow_http(true)
             .with_account(AZURITE_ACCOUNT)
             .with_access_key(AZURITE_KEY)
             .with_container_name(container)
+            // The client options replace any set before, `allow_http` among them.
             .with_client_options(
                 ClientOptions::new()
+                    .with_allow_http(true)
                     .with_timeout(REQUEST_TIMEOUT)
                     .with_connect_timeout(REQUEST_TIMEOUT),
             )
@@ -111,7 +112,10 @@ fn decode(content: &[u8]) -> Result<Vec<u64>, ResourceError> {
         return Ok(Vec::new());
     }
     text.split(',')
-        .map(|n| n.parse::<u64>().map_err(|e| format!("`{n}` in a set: {e}").into()))
+        .map(|n| {
+            n.parse::<u64>()
+                .map_err(|e| format!("`{n}` in a set: {e}").into())
+        })
         .collect()
 }
 
@@ -124,10 +128,15 @@ impl SetResource for ObjectSets {
     ) -> Result<Outcome<Vec<u64>>, ResourceError> {
         let Some(fence) = fence else {
             return Ok(Outcome::Done(
-                self.current(key).await?.map(|(set, _)| set).unwrap_or_default(),
+                self.current(key)
+                    .await?
+                    .map(|(set, _)| set)
+                    .unwrap_or_default(),
             ));
         };
-        if let Guarded::Stale { newest } = self.gate.claim(&self.path(key), as_fence(fence)?).await? {
+        if let Guarded::Stale { newest } =
+            self.gate.claim(&self.path(key), as_fence(fence)?).await?
+        {
             return Ok(Outcome::Stale { newest });
         }
         // The claim and the read are two requests, but the object's fence only grows: a read
@@ -157,16 +166,21 @@ impl SetResource for ObjectSets {
             // The fence held before is not reported: the gate decides on the version it read
             // and says only whether it wrote, so the checker judges by the fences it saw
             // accepted before this write began.
-            return Ok(match self.gate.write(&path, as_fence(fence)?, &content).await? {
-                Guarded::Accepted => Outcome::Done(None),
-                Guarded::Stale { newest } => Outcome::Stale { newest },
-            });
+            return Ok(
+                match self.gate.write(&path, as_fence(fence)?, &content).await? {
+                    Guarded::Accepted => Outcome::Done(None),
+                    Guarded::Stale { newest } => Outcome::Stale { newest },
+                },
+            );
         }
         // The control writes whatever the fences say: under the greater of its fence and the
         // object's, so the gate never refuses it (the fence kept is only there for the final
         // state to show the newest fence that wrote).
         for _ in 0..CONTROL_ATTEMPTS {
-            let over = self.current(key).await?.map_or(fence, |(_, f)| f.max(fence));
+            let over = self
+                .current(key)
+                .await?
+                .map_or(fence, |(_, f)| f.max(fence));
             if self.gate.write(&path, as_fence(over)?, &content).await? == Guarded::Accepted {
                 return Ok(Outcome::Done(None));
             }
@@ -176,12 +190,7 @@ impl SetResource for ObjectSets {
 
     async fn final_state(&self) -> Result<Rows, ResourceError> {
         let prefix = Path::from(self.run.as_str());
-        let listed: Vec<_> = self
-            .gate
-            .store()
-            .list(Some(&prefix))
-            .try_collect()
-            .await?;
+        let listed: Vec<_> = self.gate.store().list(Some(&prefix)).try_collect().await?;
         let mut rows = Rows::new();
         for meta in listed {
             let Some(key) = meta

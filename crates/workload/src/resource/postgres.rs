@@ -214,4 +214,3 @@ impl SetResource for PgSets {
         Ok(out)
     }
 }
-
