@@ -48,7 +48,14 @@
 //! | `redis` | `redis://`, `rediss://` | `SET NX PX` with an `INCR` fence (failover-unsafe, declared) |
 //! | `etcd` | `etcd://`, `etcds://` | etcd's lock recipe; the create revision as the fence |
 //! | `zookeeper` | `zk://`, `zks://` | Curator's and kazoo's lock recipe; the czxid as the fence |
-//! | `full` | all of the above | every backend |
+//! | `full` | all of the above | every backend, and the SQL and Redis gates |
+//!
+//! Gates, the resource side (`leasehold::gate`, one module per store): `gate-sql-postgres`,
+//! `gate-sql-sqlite`, `gate-sql-mysql`, or `gate-sql` for all three (`gate::sql`); `gate-object`,
+//! with `gate-object-aws`, `gate-object-gcp`, `gate-object-azure` for the clouds' clients
+//! (`gate::object`); `gate-http-client`, `gate-http-server`, or `gate-http` for both
+//! (`gate::http`); and `gate::redis` with `redis`. `full` leaves out the object-store and HTTP
+//! gates: they bring an HTTP client stack, and axum and reqwest, that only their users need.
 //!
 //! [`connect`] with a scheme whose feature is off answers [`Error::InvalidUrl`], naming the
 //! feature to enable.
@@ -57,6 +64,16 @@
 #![forbid(unsafe_code)]
 
 mod connect;
+#[cfg(any(
+    feature = "gate-sql-postgres",
+    feature = "gate-sql-sqlite",
+    feature = "gate-sql-mysql",
+    feature = "gate-object",
+    feature = "gate-http-client",
+    feature = "gate-http-server",
+    feature = "redis"
+))]
+pub mod gate;
 
 pub use connect::connect;
 /// A connection URL with its password (in the user info or a query parameter) masked, for logs.

@@ -1,6 +1,9 @@
 //! The resource suite against Redis as the protected store: fenced hashes written by one
 //! script, on one server (its clients killed and the server restarted by the harness) and on a
-//! Redis Cluster.
+//! Redis Cluster; and the `fenced_hash` example's story.
+
+#[path = "../examples/fenced_hash.rs"]
+mod example;
 
 use std::sync::Arc;
 
@@ -11,6 +14,8 @@ use leasehold_conformance::servers::{RedisCluster, RedisServer};
 use leasehold_conformance::{harness_call, Failure, Verdict};
 use leasehold_core::{Fence, FenceSafety, Guarded, OwnerToken};
 use leasehold_redis::gate::{RedisGate, FENCE_FIELD};
+use leasehold_redis::RedisAuthority;
+use leasehold_servers::external;
 
 struct Hashes {
     gate: RedisGate,
@@ -134,6 +139,40 @@ async fn fences_above_two_to_the_53_compare_exactly() -> TestResult {
         return Err(Failure::new(
             "a write of the fence field itself was accepted",
         ));
+    }
+    Ok(())
+}
+
+/// The `fenced_hash` example against the harness's Redis (or `LEASEHOLD_REDIS_URL`'s, e.g.
+/// docker compose's), its leases from the same server: the paused holder's late write is
+/// refused with the new holder's fence, and the hash keeps the new holder's balance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hash_example_refuses_the_paused_holder() -> TestResult {
+    let (url, _server) = match external::redis_url() {
+        Some(url) => (url, None),
+        None => {
+            let server = kit::start("Redis", RedisServer::start).await?;
+            (server.url(), Some(server))
+        }
+    };
+    let authority = RedisAuthority::connect(&url)
+        .await
+        .or_fail("connect the authority")?;
+    let gate = RedisGate::connect(&url).await.or_fail("connect the gate")?;
+    let outcome = example::run(&authority, &gate)
+        .await
+        .or_fail("the example's story")?;
+    let example::Outcome {
+        stale_fence,
+        fence,
+        refused_by,
+        balance,
+    } = outcome;
+    if stale_fence >= fence || refused_by != fence || balance != "120" {
+        return Err(Failure::new(format!(
+            "fence {stale_fence} should be refused by {fence} (the hash named {refused_by}), \
+             and the balance be holder-2's 120 (it is {balance:?})"
+        )));
     }
     Ok(())
 }
