@@ -26,14 +26,18 @@ use leasehold_core::{FencedRegister, FencedResource};
 
 use crate::verdict::{Failure, Line, Outcome};
 
+mod faults;
 pub mod mutants;
 mod scenarios;
+mod unknown_outcome;
 
+pub use faults::{GateFaults, HeldWrites};
 pub use scenarios::{
     claim_then_older_write_refused, equal_fence_accepted_again, fence_survives_restart,
     racing_writers_in_both_orders, refusal_is_atomic_under_concurrency, stale_fence_refused,
-    unknown_outcome_resolved_by_claim, WRITERS, WRITER_ROUNDS,
+    WRITERS, WRITER_ROUNDS,
 };
+pub use unknown_outcome::unknown_outcome_resolved_by_claim;
 
 /// Reads, from the store, the value a resource holds now: what its last accepted write wrote,
 /// `None` before any write.
@@ -83,18 +87,6 @@ impl GateFactory for InMemoryGates {
             }),
         })
     }
-}
-
-/// Faults of the store behind a gate, where the harness can inject them.
-#[async_trait]
-pub trait GateFaults: Send + Sync {
-    /// Cuts the gate's connections to the store, as a network failure or a store-side kill
-    /// does: requests in flight get no answer (their outcome unknown to the caller), and the
-    /// gate must connect again for the next one.
-    async fn cut_connections(&self) -> leasehold_core::Result<()>;
-
-    /// Restarts the store on its data (a crash and recovery); returns once it serves again.
-    async fn restart(&self) -> leasehold_core::Result<()>;
 }
 
 /// What a gate scenario runs against.

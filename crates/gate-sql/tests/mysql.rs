@@ -3,18 +3,67 @@
 //! harness.
 #![cfg(feature = "mysql")]
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_conformance::gate::{run_all, GateContext, GateFactory, GateFaults, Probed};
+use leasehold_conformance::gate::{
+    run_all, GateContext, GateFactory, GateFaults, HeldWrites, Probed,
+};
 use leasehold_conformance::kit::{self, OrFail, TestResult};
-use leasehold_conformance::{harness_call, Failure, Verdict};
+use leasehold_conformance::{harness_call, harness_error, Failure, Verdict};
 use leasehold_core::OwnerToken;
-use leasehold_gate_sql::SqlRegister;
+use leasehold_gate_sql::{map_error, SqlRegister};
+use leasehold_servers::mariadb::MARIADB_DATABASE;
 use leasehold_servers::MariaDbServer;
-use sqlx::mysql::MySqlPoolOptions;
-use sqlx::{MySql, MySqlPool};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::{Connection, MySql, MySqlConnection, MySqlPool};
+
+/// The registers' table.
+const TABLE: &str = "gate_sql_register";
+
+/// Writes held by a transaction of the harness's own (as `root` over the socket, which the cut
+/// leaves alone) that locks every row of the registers' table: reads go on, every claim's
+/// `SELECT ... FOR UPDATE` waits for the row lock. A killed connection's transaction is rolled
+/// back, and sqlx never sends a statement again: a held write is lost for good.
+struct RowsLocked {
+    lock: Mutex<Option<MySqlConnection>>,
+    server: Arc<MariaDbServer>,
+}
+
+#[async_trait]
+impl HeldWrites for RowsLocked {
+    async fn waiting(&self) -> leasehold_core::Result<Option<usize>> {
+        let server = self.server.clone();
+        let waiting = harness_call(move || {
+            server.command(
+                "SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'",
+            )
+        })
+        .await?;
+        let count = waiting
+            .trim()
+            .parse()
+            .map_err(|e| harness_error(format!("the count of lock waits {waiting:?}: {e}")))?;
+        Ok(Some(count))
+    }
+
+    fn cut_loses_held_writes(&self) -> bool {
+        true
+    }
+
+    async fn release(self: Box<Self>) -> leasehold_core::Result<()> {
+        let lock = self.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(mut lock) = lock {
+            sqlx::query("ROLLBACK")
+                .execute(&mut lock)
+                .await
+                .map_err(map_error)?;
+            lock.close().await.map_err(map_error)?;
+        }
+        Ok(())
+    }
+}
 
 struct Registers {
     pool: MySqlPool,
@@ -25,8 +74,7 @@ struct Registers {
 impl GateFactory for Registers {
     async fn resource(&self) -> leasehold_core::Result<Probed> {
         let id = OwnerToken::generate()?.to_hex();
-        let register =
-            Arc::new(SqlRegister::<MySql>::create(&self.pool, "gate_sql_register", &id).await?);
+        let register = Arc::new(SqlRegister::<MySql>::create(&self.pool, TABLE, &id).await?);
         let read = register.clone();
         Ok(Probed {
             resource: register,
@@ -59,6 +107,30 @@ impl GateFaults for Registers {
     async fn restart(&self) -> leasehold_core::Result<()> {
         let server = self.server.clone();
         harness_call(move || server.restart()).await
+    }
+
+    async fn hold_writes(&self) -> leasehold_core::Result<Box<dyn HeldWrites>> {
+        let options = MySqlConnectOptions::new()
+            .socket(self.server.socket_path())
+            .username("root")
+            .database(MARIADB_DATABASE);
+        let mut lock = MySqlConnection::connect_with(&options)
+            .await
+            .map_err(map_error)?;
+        sqlx::query("BEGIN")
+            .execute(&mut lock)
+            .await
+            .map_err(map_error)?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT id FROM {TABLE} FOR UPDATE"
+        )))
+        .fetch_all(&mut lock)
+        .await
+        .map_err(map_error)?;
+        Ok(Box::new(RowsLocked {
+            lock: Mutex::new(Some(lock)),
+            server: self.server.clone(),
+        }))
     }
 }
 

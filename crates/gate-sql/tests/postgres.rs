@@ -2,21 +2,70 @@
 //! registers' connections cut and the server restarted by the harness.
 #![cfg(feature = "postgres")]
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_conformance::gate::{run_all, GateContext, GateFactory, GateFaults, Probed};
+use leasehold_conformance::gate::{
+    run_all, GateContext, GateFactory, GateFaults, HeldWrites, Probed,
+};
 use leasehold_conformance::kit::{self, OrFail, TestResult};
 use leasehold_conformance::{harness_call, Failure, Verdict};
 use leasehold_core::OwnerToken;
 use leasehold_gate_sql::{map_error, SqlRegister};
 use leasehold_servers::PostgresServer;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgPool, Postgres};
+use sqlx::{Connection, PgConnection, PgPool, Postgres};
 
 /// The application name of the registers' connections, by which the cut finds them.
 const REGISTERS: &str = "leasehold-gate-sql-suite";
+
+/// The registers' table.
+const TABLE: &str = "gate_sql_register";
+
+/// Writes held by a transaction of the harness's own that holds the registers' table in
+/// `EXCLUSIVE` mode: reads go on, every claim's `UPDATE` waits for the lock. The cut terminates
+/// the registers' connections only (by application name), so the lock outlives it, and a
+/// terminated backend's transaction is rolled back: a held write is lost for good (sqlx never
+/// sends a statement again).
+struct TableLocked {
+    lock: Mutex<Option<PgConnection>>,
+    admin: PgPool,
+}
+
+#[async_trait]
+impl HeldWrites for TableLocked {
+    async fn waiting(&self) -> leasehold_core::Result<Option<usize>> {
+        // From another connection: pg_stat_activity is read once per transaction, and the
+        // lock's transaction stays open.
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE application_name = $1 AND wait_event_type = 'Lock'",
+        )
+        .bind(REGISTERS)
+        .fetch_one(&self.admin)
+        .await
+        .map_err(map_error)?;
+        Ok(Some(usize::try_from(waiting).unwrap_or(0)))
+    }
+
+    fn cut_loses_held_writes(&self) -> bool {
+        true
+    }
+
+    async fn release(self: Box<Self>) -> leasehold_core::Result<()> {
+        let lock = self.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(mut lock) = lock {
+            sqlx::query("ROLLBACK")
+                .execute(&mut lock)
+                .await
+                .map_err(map_error)?;
+            lock.close().await.map_err(map_error)?;
+        }
+        self.admin.close().await;
+        Ok(())
+    }
+}
 
 struct Registers {
     pool: PgPool,
@@ -27,8 +76,7 @@ struct Registers {
 impl GateFactory for Registers {
     async fn resource(&self) -> leasehold_core::Result<Probed> {
         let id = OwnerToken::generate()?.to_hex();
-        let register =
-            Arc::new(SqlRegister::<Postgres>::create(&self.pool, "gate_sql_register", &id).await?);
+        let register = Arc::new(SqlRegister::<Postgres>::create(&self.pool, TABLE, &id).await?);
         let read = register.clone();
         Ok(Probed {
             resource: register,
@@ -60,6 +108,31 @@ impl GateFaults for Registers {
     async fn restart(&self) -> leasehold_core::Result<()> {
         let server = self.server.clone();
         harness_call(move || server.restart()).await
+    }
+
+    async fn hold_writes(&self) -> leasehold_core::Result<Box<dyn HeldWrites>> {
+        let mut lock = PgConnection::connect(&self.server.url())
+            .await
+            .map_err(map_error)?;
+        sqlx::query("BEGIN")
+            .execute(&mut lock)
+            .await
+            .map_err(map_error)?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "LOCK TABLE {TABLE} IN EXCLUSIVE MODE"
+        )))
+        .execute(&mut lock)
+        .await
+        .map_err(map_error)?;
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&self.server.url())
+            .await
+            .map_err(map_error)?;
+        Ok(Box::new(TableLocked {
+            lock: Mutex::new(Some(lock)),
+            admin,
+        }))
     }
 }
 

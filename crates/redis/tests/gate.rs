@@ -8,7 +8,9 @@ mod example;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use leasehold_conformance::gate::{run_all, GateContext, GateFactory, GateFaults, Probed};
+use leasehold_conformance::gate::{
+    run_all, GateContext, GateFactory, GateFaults, HeldWrites, Probed,
+};
 use leasehold_conformance::kit::{self, OrFail, TestResult};
 use leasehold_conformance::servers::{RedisCluster, RedisServer};
 use leasehold_conformance::{harness_call, Failure, Verdict};
@@ -16,6 +18,67 @@ use leasehold_core::{Fence, FenceSafety, Guarded, OwnerToken};
 use leasehold_redis::gate::{RedisGate, FENCE_FIELD};
 use leasehold_redis::RedisAuthority;
 use leasehold_servers::external;
+
+/// How long a hold pauses writes at most: the scenario releases it long before, and a hold
+/// dropped without release ends with it at the latest.
+const PAUSE_MS: &str = "30000";
+
+/// Writes held by `CLIENT PAUSE ... WRITE`: the server keeps reading, answers reads, and parks
+/// every client that sends a script (the gate's `EVALSHA`) without running it. The harness's
+/// commands each use a connection of their own, which `CLIENT KILL TYPE normal` (sent from
+/// another) does not touch, and a killed client's parked script never runs. The gate's
+/// connection manager reconnects but never sends a command again: a held write is lost for
+/// good.
+struct Paused {
+    server: Arc<RedisServer>,
+    released: bool,
+}
+
+impl Paused {
+    fn unpause(server: &RedisServer) -> leasehold_conformance::servers::Result<()> {
+        server.command(&["CLIENT", "UNPAUSE"]).map(|_| ())
+    }
+}
+
+#[async_trait]
+impl HeldWrites for Paused {
+    async fn waiting(&self) -> leasehold_core::Result<Option<usize>> {
+        let server = self.server.clone();
+        let clients = harness_call(move || server.command(&["CLIENT", "LIST"])).await?;
+        // A parked client is flagged `b` (blocked); the gate's clients block on nothing else.
+        let parked = clients
+            .lines()
+            .filter(|client| {
+                client.split(' ').any(|field| {
+                    field
+                        .strip_prefix("flags=")
+                        .is_some_and(|f| f.contains('b'))
+                })
+            })
+            .count();
+        Ok(Some(parked))
+    }
+
+    fn cut_loses_held_writes(&self) -> bool {
+        true
+    }
+
+    async fn release(mut self: Box<Self>) -> leasehold_core::Result<()> {
+        let server = self.server.clone();
+        harness_call(move || Paused::unpause(&server)).await?;
+        self.released = true;
+        Ok(())
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        if !self.released {
+            let server = self.server.clone();
+            std::thread::spawn(move || Paused::unpause(&server));
+        }
+    }
+}
 
 struct Hashes {
     gate: RedisGate,
@@ -58,6 +121,21 @@ impl GateFaults for Hashes {
             None => Ok(()),
         })
         .await
+    }
+
+    async fn hold_writes(&self) -> leasehold_core::Result<Box<dyn HeldWrites>> {
+        let Some(server) = self.server.clone() else {
+            return Err(leasehold_core::Error::Unsupported {
+                backend: "redis cluster harness",
+                operation: "holding writes".into(),
+            });
+        };
+        let pause = server.clone();
+        harness_call(move || pause.command(&["CLIENT", "PAUSE", PAUSE_MS, "WRITE"])).await?;
+        Ok(Box::new(Paused {
+            server,
+            released: false,
+        }))
     }
 }
 
