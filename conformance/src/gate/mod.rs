@@ -24,7 +24,7 @@ use leasehold_core::Instant;
 
 use leasehold_core::{FencedRegister, FencedResource};
 
-use crate::verdict::{Failure, Line, Outcome};
+use crate::verdict::{Failure, Line, Outcome, Verdict};
 
 mod faults;
 pub mod mutants;
@@ -238,6 +238,38 @@ impl GateReport {
         } else {
             Err(Failure::new(format!("the resource suite failed:\n{self}")))
         }
+    }
+
+    /// An error with the whole report unless every scenario passed but those in `expected`,
+    /// which must each be in the report and not have passed (declared, or not applicable): a
+    /// store's binding names what it is known not to do, and is told both when something else
+    /// stops passing and when a named scenario starts to.
+    pub fn passed_except(&self, expected: &[&str]) -> Result<(), Failure> {
+        self.passed()?;
+        let missing: Vec<&str> = expected
+            .iter()
+            .copied()
+            .filter(|name| !self.lines.iter().any(|l| l.scenario == *name))
+            .collect();
+        let passed = |l: &&Line| l.outcome == Ok(Verdict::Passed);
+        let unexpected: Vec<&str> = self
+            .lines
+            .iter()
+            .filter(|l| passed(l) == expected.contains(&l.scenario))
+            .map(|l| l.scenario)
+            .collect();
+        if missing.is_empty() && unexpected.is_empty() {
+            return Ok(());
+        }
+        Err(Failure::new(format!(
+            "every scenario should pass except {expected:?} (which should not); \
+             not so for {unexpected:?}{}:\n{self}",
+            if missing.is_empty() {
+                String::new()
+            } else {
+                format!(", and {missing:?} did not run")
+            }
+        )))
     }
 }
 
