@@ -3,6 +3,8 @@
 //! harness.
 #![cfg(feature = "mysql")]
 
+mod support;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -53,14 +55,7 @@ impl HeldWrites for RowsLocked {
     }
 
     async fn release(self: Box<Self>) -> leasehold_core::Result<()> {
-        let lock = self.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(mut lock) = lock {
-            sqlx::query("ROLLBACK")
-                .execute(&mut lock)
-                .await
-                .map_err(map_error)?;
-            lock.close().await.map_err(map_error)?;
-        }
+        support::roll_back_and_close(&self.lock).await?;
         Ok(())
     }
 }
