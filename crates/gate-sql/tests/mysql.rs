@@ -109,21 +109,13 @@ impl GateFaults for Registers {
             .socket(self.server.socket_path())
             .username("root")
             .database(MARIADB_DATABASE);
-        let mut lock = MySqlConnection::connect_with(&options)
+        let lock = MySqlConnection::connect_with(&options)
             .await
             .map_err(map_error)?;
-        sqlx::query("BEGIN")
-            .execute(&mut lock)
-            .await
-            .map_err(map_error)?;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT id FROM {TABLE} FOR UPDATE"
-        )))
-        .fetch_all(&mut lock)
-        .await
-        .map_err(map_error)?;
+        let lock =
+            support::begin_holding(lock, format!("SELECT id FROM {TABLE} FOR UPDATE")).await?;
         Ok(Box::new(RowsLocked {
-            lock: Mutex::new(Some(lock)),
+            lock,
             server: self.server.clone(),
         }))
     }

@@ -106,28 +106,17 @@ impl GateFaults for Registers {
     }
 
     async fn hold_writes(&self) -> leasehold_core::Result<Box<dyn HeldWrites>> {
-        let mut lock = PgConnection::connect(&self.server.url())
+        let lock = PgConnection::connect(&self.server.url())
             .await
             .map_err(map_error)?;
-        sqlx::query("BEGIN")
-            .execute(&mut lock)
-            .await
-            .map_err(map_error)?;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "LOCK TABLE {TABLE} IN EXCLUSIVE MODE"
-        )))
-        .execute(&mut lock)
-        .await
-        .map_err(map_error)?;
+        let lock =
+            support::begin_holding(lock, format!("LOCK TABLE {TABLE} IN EXCLUSIVE MODE")).await?;
         let admin = PgPoolOptions::new()
             .max_connections(1)
             .connect(&self.server.url())
             .await
             .map_err(map_error)?;
-        Ok(Box::new(TableLocked {
-            lock: Mutex::new(Some(lock)),
-            admin,
-        }))
+        Ok(Box::new(TableLocked { lock, admin }))
     }
 }
 
