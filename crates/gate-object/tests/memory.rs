@@ -6,7 +6,7 @@ mod support;
 
 use std::sync::Arc;
 
-use leasehold_conformance::gate::{run_all, GateContext};
+use leasehold_conformance::gate::{run_all, GateContext, NEEDS_FAULTS};
 use leasehold_conformance::kit::{OrFail, TestResult};
 use leasehold_conformance::Failure;
 use leasehold_core::{Fence, FenceSafety, Guarded};
@@ -38,10 +38,7 @@ async fn in_memory_store_passes_the_resource_suite() -> TestResult {
     let report = run_all("in-memory object store (object gate)", &ctx).await;
     println!("{report}");
     // No server to cut or restart: the faulted scenarios do not apply, every other one runs.
-    report.passed_except(&[
-        "unknown_outcome_resolved_by_claim",
-        "fence_survives_restart",
-    ])
+    report.passed_except(&NEEDS_FAULTS)
 }
 
 #[tokio::test]
