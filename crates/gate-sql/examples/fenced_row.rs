@@ -24,11 +24,15 @@ use std::time::{Duration, Instant};
 
 use leasehold_core::backend::redact_url;
 use leasehold_core::{Authority, Fence, LockKey, OwnerToken};
-use leasehold_gate_sql::{Claimed, SqlGate};
+use leasehold_gate_sql::{Claimed, GateDatabase, SqlGate};
 use leasehold_memory::MemoryAuthority;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::{
+    AssertSqlSafe, Database, Encode, Executor, FromRow, IntoArguments, MySql, Pool, Postgres,
+    Sqlite, Type,
+};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -73,170 +77,208 @@ pub async fn open_sqlite(path: &Path) -> Result<SqlitePool, BoxError> {
     Ok(SqlitePoolOptions::new().connect_with(options).await?)
 }
 
-impl Db {
-    /// Creates the table if it is missing, and an open invoice `id`.
-    async fn open_invoice(&self, id: &str) -> Result<(), BoxError> {
-        match self {
-            Db::Postgres(pool) => {
-                sqlx::query(
-                    "CREATE TABLE IF NOT EXISTS gate_example_invoices (id text PRIMARY KEY, \
-                     state text NOT NULL, paid_by text, last_fence bigint NOT NULL DEFAULT 0)",
-                )
-                .execute(pool)
-                .await?;
-                sqlx::query("INSERT INTO gate_example_invoices (id, state) VALUES ($1, 'open')")
-                    .bind(id)
-                    .execute(pool)
-                    .await?;
-            }
-            Db::MySql(pool) => {
-                sqlx::query(
-                    "CREATE TABLE IF NOT EXISTS gate_example_invoices (id varchar(64) PRIMARY KEY, \
-                     state text NOT NULL, paid_by text, last_fence bigint NOT NULL DEFAULT 0)",
-                )
-                .execute(pool)
-                .await?;
-                sqlx::query("INSERT INTO gate_example_invoices (id, state) VALUES (?, 'open')")
-                    .bind(id)
-                    .execute(pool)
-                    .await?;
-            }
-            Db::Sqlite(pool) => {
-                sqlx::query(
-                    "CREATE TABLE IF NOT EXISTS gate_example_invoices (id text PRIMARY KEY, \
-                     state text NOT NULL, paid_by text, last_fence integer NOT NULL DEFAULT 0)",
-                )
-                .execute(pool)
-                .await?;
-                sqlx::query("INSERT INTO gate_example_invoices (id, state) VALUES (?1, 'open')")
-                    .bind(id)
-                    .execute(pool)
-                    .await?;
-            }
-        }
-        Ok(())
+/// All that differs between the databases in the example's own statements (the gate's claim
+/// already speaks each): how a statement names its parameters, and how a transaction that
+/// writes begins.
+trait Dialect: GateDatabase {
+    /// The placeholders of a statement's first and second parameters.
+    const PARAMS: [&'static str; 2];
+    /// The statement that begins a transaction.
+    const BEGIN: &'static str = "BEGIN";
+}
+
+impl Dialect for Postgres {
+    const PARAMS: [&'static str; 2] = ["$1", "$2"];
+}
+
+impl Dialect for MySql {
+    const PARAMS: [&'static str; 2] = ["?", "?"];
+}
+
+impl Dialect for Sqlite {
+    const PARAMS: [&'static str; 2] = ["?1", "?2"];
+    // The file's write lock at once: a transaction that read first could not take it later
+    // once another connection had committed.
+    const BEGIN: &'static str = "BEGIN IMMEDIATE";
+}
+
+/// One invoice row in `pool`'s database, behind the gate.
+struct Invoice<'a, DB: Database> {
+    pool: &'a Pool<DB>,
+    gate: SqlGate,
+    id: String,
+}
+
+/// The statement `sql` with the database's placeholders for `{p1}` and `{p2}`. The text is the
+/// example's own constants and the placeholders: no input becomes SQL.
+fn statement<DB: Dialect>(sql: &str) -> AssertSqlSafe<String> {
+    let [p1, p2] = DB::PARAMS;
+    AssertSqlSafe(sql.replace("{p1}", p1).replace("{p2}", p2))
+}
+
+// The bounds are what sqlx asks of a database to run these statements generically; PostgreSQL,
+// MySQL and SQLite each meet them, so the story below is written once for all three.
+impl<'a, DB> Invoice<'a, DB>
+where
+    DB: Dialect,
+    DB::Arguments: IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    (String, Option<String>): for<'r> FromRow<'r, DB::Row>,
+{
+    /// Creates the table if it is missing, and an open invoice with a fresh id.
+    async fn open(pool: &'a Pool<DB>) -> Result<Self, BoxError> {
+        let invoice = Invoice {
+            pool,
+            gate: SqlGate::new(TABLE, "id")?,
+            id: format!("inv_{}", OwnerToken::generate()?.to_hex()),
+        };
+        let mut conn = pool.acquire().await?;
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS gate_example_invoices (id varchar(64) PRIMARY KEY, \
+             state varchar(16) NOT NULL, paid_by varchar(64), \
+             last_fence bigint NOT NULL DEFAULT 0)",
+        )
+        .execute(&mut *conn)
+        .await?;
+        sqlx::query(statement::<DB>(
+            "INSERT INTO gate_example_invoices (id, state) VALUES ({p1}, 'open')",
+        ))
+        .bind(invoice.id.as_str())
+        .execute(&mut *conn)
+        .await?;
+        Ok(invoice)
     }
 
     /// One transaction under `fence`: the gate's claim first; then, if the claim held and
     /// `payer` is given, the charge (`state = 'paid'`, only if the invoice is still open). A
     /// claim that did not hold rolls back having changed nothing.
-    async fn act(
-        &self,
-        gate: &SqlGate,
-        id: &str,
-        fence: Fence,
-        payer: Option<&str>,
-    ) -> Result<Claimed, BoxError> {
-        match self {
-            Db::Postgres(pool) => {
-                let mut tx = pool.begin().await?;
-                let claimed = gate.claim(&mut tx, id, fence).await?;
-                if claimed != Claimed::Claimed {
-                    tx.rollback().await?;
-                    return Ok(claimed);
-                }
-                if let Some(payer) = payer {
-                    sqlx::query(
-                        "UPDATE gate_example_invoices SET state = 'paid', paid_by = $1 \
-                         WHERE id = $2 AND state = 'open'",
-                    )
-                    .bind(payer)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                tx.commit().await?;
-                Ok(claimed)
-            }
-            Db::MySql(pool) => {
-                let mut tx = pool.begin().await?;
-                let claimed = gate.claim(&mut tx, id, fence).await?;
-                if claimed != Claimed::Claimed {
-                    tx.rollback().await?;
-                    return Ok(claimed);
-                }
-                if let Some(payer) = payer {
-                    sqlx::query(
-                        "UPDATE gate_example_invoices SET state = 'paid', paid_by = ? \
-                         WHERE id = ? AND state = 'open'",
-                    )
-                    .bind(payer)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                tx.commit().await?;
-                Ok(claimed)
-            }
-            Db::Sqlite(pool) => {
-                // The file's write lock at once: a transaction that read first could not take
-                // it later once another connection had committed.
-                let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-                let claimed = gate.claim(&mut tx, id, fence).await?;
-                if claimed != Claimed::Claimed {
-                    tx.rollback().await?;
-                    return Ok(claimed);
-                }
-                if let Some(payer) = payer {
-                    sqlx::query(
-                        "UPDATE gate_example_invoices SET state = 'paid', paid_by = ?1 \
-                         WHERE id = ?2 AND state = 'open'",
-                    )
-                    .bind(payer)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                tx.commit().await?;
-                Ok(claimed)
-            }
+    async fn act(&self, fence: Fence, payer: Option<&str>) -> Result<Claimed, BoxError> {
+        let mut tx = self.pool.begin_with(DB::BEGIN).await?;
+        let claimed = self.gate.claim(&mut tx, &self.id, fence).await?;
+        if claimed != Claimed::Claimed {
+            tx.rollback().await?;
+            return Ok(claimed);
         }
+        if let Some(payer) = payer {
+            sqlx::query(statement::<DB>(
+                "UPDATE gate_example_invoices SET state = 'paid', paid_by = {p1} \
+                 WHERE id = {p2} AND state = 'open'",
+            ))
+            .bind(payer)
+            .bind(self.id.as_str())
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(claimed)
     }
 
     /// The invoice's state and payer, and then the row removed (a server's table outlives the
     /// run).
-    async fn close_invoice(&self, id: &str) -> Result<(String, Option<String>), BoxError> {
-        let row: (String, Option<String>) = match self {
-            Db::Postgres(pool) => {
-                let row = sqlx::query_as(
-                    "SELECT state, paid_by FROM gate_example_invoices WHERE id = $1",
-                )
-                .bind(id)
-                .fetch_one(pool)
-                .await?;
-                sqlx::query("DELETE FROM gate_example_invoices WHERE id = $1")
-                    .bind(id)
-                    .execute(pool)
-                    .await?;
-                row
+    async fn close(self) -> Result<(String, Option<String>), BoxError> {
+        let mut conn = self.pool.acquire().await?;
+        let row = sqlx::query_as(statement::<DB>(
+            "SELECT state, paid_by FROM gate_example_invoices WHERE id = {p1}",
+        ))
+        .bind(self.id.as_str())
+        .fetch_one(&mut *conn)
+        .await?;
+        sqlx::query(statement::<DB>(
+            "DELETE FROM gate_example_invoices WHERE id = {p1}",
+        ))
+        .bind(self.id.as_str())
+        .execute(&mut *conn)
+        .await?;
+        Ok(row)
+    }
+
+    /// The story on `pool`'s database, with leases from `authority`: holder-1 takes the lease
+    /// and pauses past it; holder-2 takes over and claims the invoice's row; holder-1's late
+    /// charge is refused; holder-2 charges. An error unless the row refused the late charge and
+    /// holder-2 paid.
+    async fn story(authority: &dyn Authority, pool: &'a Pool<DB>) -> Result<Outcome, BoxError> {
+        let invoice = Invoice::open(pool).await?;
+        let key = LockKey::new(format!("invoice:{}", invoice.id))?;
+        let start = Instant::now();
+
+        let first = authority
+            .try_acquire(&key, TTL)
+            .await?
+            .ok_or("the invoice's lease is held by someone else")?;
+        say(
+            start,
+            "holder-1",
+            format!(
+                "holds the lease with fence {}, and pauses before charging",
+                first.fence()
+            ),
+        );
+
+        // holder-1 is paused (a GC pause, a stopped VM): its lease runs out, and holder-2 gets it.
+        let second = authority.acquire(&key, TTL, Duration::from_secs(5)).await?;
+        say(
+            start,
+            "holder-2",
+            format!(
+                "holds the lease with fence {} (holder-1's ran out)",
+                second.fence()
+            ),
+        );
+        match invoice.act(second.fence(), None).await? {
+            Claimed::Claimed => say(
+                start,
+                "holder-2",
+                "claimed the row: from now on it refuses every older fence",
+            ),
+            other => return Err(format!("holder-2's claim did not hold: {other:?}").into()),
+        }
+
+        // holder-1 wakes up and charges, believing it still holds the lease.
+        let refused_by = match invoice.act(first.fence(), Some("holder-1")).await? {
+            Claimed::Stale { newest } => {
+                say(
+                    start,
+                    "holder-1",
+                    format!(
+                        "charge REFUSED: the row has seen fence {newest} > {}",
+                        first.fence()
+                    ),
+                );
+                newest
             }
-            Db::MySql(pool) => {
-                let row =
-                    sqlx::query_as("SELECT state, paid_by FROM gate_example_invoices WHERE id = ?")
-                        .bind(id)
-                        .fetch_one(pool)
-                        .await?;
-                sqlx::query("DELETE FROM gate_example_invoices WHERE id = ?")
-                    .bind(id)
-                    .execute(pool)
-                    .await?;
-                row
-            }
-            Db::Sqlite(pool) => {
-                let row = sqlx::query_as(
-                    "SELECT state, paid_by FROM gate_example_invoices WHERE id = ?1",
+            other => {
+                return Err(format!(
+                    "holder-1's late charge with fence {} was not refused: {other:?}",
+                    first.fence()
                 )
-                .bind(id)
-                .fetch_one(pool)
-                .await?;
-                sqlx::query("DELETE FROM gate_example_invoices WHERE id = ?1")
-                    .bind(id)
-                    .execute(pool)
-                    .await?;
-                row
+                .into())
             }
         };
-        Ok(row)
+
+        match invoice.act(second.fence(), Some("holder-2")).await? {
+            Claimed::Claimed => say(start, "holder-2", "charged the invoice"),
+            other => return Err(format!("holder-2's charge did not hold: {other:?}").into()),
+        }
+        let _ = authority.release(&second).await?;
+
+        let id = invoice.id.clone();
+        let (state, paid_by) = invoice.close().await?;
+        let paid_by = paid_by.unwrap_or_default();
+        println!("\n{id}: {state}, paid by {paid_by}");
+        if state != "paid" || paid_by != "holder-2" {
+            return Err(format!(
+                "the invoice should be paid by holder-2, not {state} by {paid_by:?}"
+            )
+            .into());
+        }
+        println!("charged exactly once.");
+        Ok(Outcome {
+            stale_fence: first.fence().value(),
+            fence: second.fence().value(),
+            refused_by,
+            paid_by,
+        })
     }
 }
 
@@ -244,91 +286,13 @@ fn say(start: Instant, who: &str, what: impl Display) {
     println!("[{:>6.0?}] {who:<8} {what}", start.elapsed());
 }
 
-/// The story on `db`, with leases from `authority`: holder-1 takes the lease and pauses past
-/// it; holder-2 takes over and claims the invoice's row; holder-1's late charge is refused;
-/// holder-2 charges. An error unless the row refused the late charge and holder-2 paid.
+/// The story on `db` (see [`Invoice::story`]), with leases from `authority`.
 pub async fn run(authority: &dyn Authority, db: &Db) -> Result<Outcome, BoxError> {
-    let id = format!("inv_{}", OwnerToken::generate()?.to_hex());
-    db.open_invoice(&id).await?;
-    let gate = SqlGate::new(TABLE, "id")?;
-    let key = LockKey::new(format!("invoice:{id}"))?;
-    let start = Instant::now();
-
-    let first = authority
-        .try_acquire(&key, TTL)
-        .await?
-        .ok_or("the invoice's lease is held by someone else")?;
-    say(
-        start,
-        "holder-1",
-        format!(
-            "holds the lease with fence {}, and pauses before charging",
-            first.fence()
-        ),
-    );
-
-    // holder-1 is paused (a GC pause, a stopped VM): its lease runs out, and holder-2 gets it.
-    let second = authority.acquire(&key, TTL, Duration::from_secs(5)).await?;
-    say(
-        start,
-        "holder-2",
-        format!(
-            "holds the lease with fence {} (holder-1's ran out)",
-            second.fence()
-        ),
-    );
-    match db.act(&gate, &id, second.fence(), None).await? {
-        Claimed::Claimed => say(
-            start,
-            "holder-2",
-            "claimed the row: from now on it refuses every older fence",
-        ),
-        other => return Err(format!("holder-2's claim did not hold: {other:?}").into()),
+    match db {
+        Db::Postgres(pool) => Invoice::story(authority, pool).await,
+        Db::MySql(pool) => Invoice::story(authority, pool).await,
+        Db::Sqlite(pool) => Invoice::story(authority, pool).await,
     }
-
-    // holder-1 wakes up and charges, believing it still holds the lease.
-    let refused_by = match db.act(&gate, &id, first.fence(), Some("holder-1")).await? {
-        Claimed::Stale { newest } => {
-            say(
-                start,
-                "holder-1",
-                format!(
-                    "charge REFUSED: the row has seen fence {newest} > {}",
-                    first.fence()
-                ),
-            );
-            newest
-        }
-        other => {
-            return Err(format!(
-                "holder-1's late charge with fence {} was not refused: {other:?}",
-                first.fence()
-            )
-            .into())
-        }
-    };
-
-    match db.act(&gate, &id, second.fence(), Some("holder-2")).await? {
-        Claimed::Claimed => say(start, "holder-2", "charged the invoice"),
-        other => return Err(format!("holder-2's charge did not hold: {other:?}").into()),
-    }
-    let _ = authority.release(&second).await?;
-
-    let (state, paid_by) = db.close_invoice(&id).await?;
-    let paid_by = paid_by.unwrap_or_default();
-    println!("\n{id}: {state}, paid by {paid_by}");
-    if state != "paid" || paid_by != "holder-2" {
-        return Err(
-            format!("the invoice should be paid by holder-2, not {state} by {paid_by:?}").into(),
-        );
-    }
-    println!("charged exactly once.");
-    Ok(Outcome {
-        stale_fence: first.fence().value(),
-        fence: second.fence().value(),
-        refused_by,
-        paid_by,
-    })
 }
 
 /// `name`'s value, or `default` when it is unset or empty.

@@ -37,26 +37,26 @@ async fn refuses_the_paused_holder(db: Db) -> TestResult {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_row_example_refuses_the_paused_holder_on_postgres() -> TestResult {
-    let (url, _server) = match external::postgres_url() {
-        Some(url) => (url, None),
-        None => {
-            let server = kit::start("PostgreSQL", PostgresServer::start).await?;
-            (server.url(), Some(server))
-        }
-    };
+    let (url, _server) = kit::external_or_start(
+        external::postgres_url(),
+        "PostgreSQL",
+        PostgresServer::start,
+        PostgresServer::url,
+    )
+    .await?;
     let pool = PgPool::connect(&url).await.or_fail("connect")?;
     refuses_the_paused_holder(Db::Postgres(pool)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_row_example_refuses_the_paused_holder_on_mariadb() -> TestResult {
-    let (url, _server) = match external::mariadb_url() {
-        Some(url) => (url, None),
-        None => {
-            let server = kit::start("MariaDB", MariaDbServer::start).await?;
-            (server.url(), Some(server))
-        }
-    };
+    let (url, _server) = kit::external_or_start(
+        external::mariadb_url(),
+        "MariaDB",
+        MariaDbServer::start,
+        MariaDbServer::url,
+    )
+    .await?;
     let pool = MySqlPool::connect(&url).await.or_fail("connect")?;
     refuses_the_paused_holder(Db::MySql(pool)).await
 }

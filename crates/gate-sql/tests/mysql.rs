@@ -3,6 +3,8 @@
 //! harness.
 #![cfg(feature = "mysql")]
 
+mod support;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,7 +13,7 @@ use leasehold_conformance::gate::{
     run_all, GateContext, GateFactory, GateFaults, HeldWrites, Probed,
 };
 use leasehold_conformance::kit::{self, OrFail, TestResult};
-use leasehold_conformance::{harness_call, harness_error, Failure, Verdict};
+use leasehold_conformance::{harness_call, harness_error};
 use leasehold_core::OwnerToken;
 use leasehold_gate_sql::{map_error, SqlRegister};
 use leasehold_servers::mariadb::MARIADB_DATABASE;
@@ -53,14 +55,7 @@ impl HeldWrites for RowsLocked {
     }
 
     async fn release(self: Box<Self>) -> leasehold_core::Result<()> {
-        let lock = self.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(mut lock) = lock {
-            sqlx::query("ROLLBACK")
-                .execute(&mut lock)
-                .await
-                .map_err(map_error)?;
-            lock.close().await.map_err(map_error)?;
-        }
+        support::roll_back_and_close(&self.lock).await?;
         Ok(())
     }
 }
@@ -114,21 +109,13 @@ impl GateFaults for Registers {
             .socket(self.server.socket_path())
             .username("root")
             .database(MARIADB_DATABASE);
-        let mut lock = MySqlConnection::connect_with(&options)
+        let lock = MySqlConnection::connect_with(&options)
             .await
             .map_err(map_error)?;
-        sqlx::query("BEGIN")
-            .execute(&mut lock)
-            .await
-            .map_err(map_error)?;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT id FROM {TABLE} FOR UPDATE"
-        )))
-        .fetch_all(&mut lock)
-        .await
-        .map_err(map_error)?;
+        let lock =
+            support::begin_holding(lock, format!("SELECT id FROM {TABLE} FOR UPDATE")).await?;
         Ok(Box::new(RowsLocked {
-            lock: Mutex::new(Some(lock)),
+            lock,
             server: self.server.clone(),
         }))
     }
@@ -147,15 +134,6 @@ async fn a_mariadb_table_behind_the_gate_passes_the_resource_suite_with_faults()
     let ctx = GateContext::new(registers.clone()).with_faults(registers);
     let report = run_all("mariadb table (sql gate)", &ctx).await;
     println!("{report}");
-    report.passed()?;
-    if report
-        .lines
-        .iter()
-        .any(|l| l.outcome != Ok(Verdict::Passed))
-    {
-        return Err(Failure::new(format!(
-            "every scenario applies to a managed MariaDB:\n{report}"
-        )));
-    }
-    Ok(())
+    // Every scenario applies to a managed server.
+    report.passed_except(&[])
 }

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use leasehold_conformance::gate::{GateFactory, GateFaults, HeldWrites, Probed};
-use leasehold_conformance::kit::TestResult;
-use leasehold_conformance::Failure;
+use leasehold_conformance::gate::{GateContext, GateFactory, GateFaults, HeldWrites, Probed};
+use leasehold_conformance::kit::{OrFail, TestResult};
+use leasehold_conformance::{harness_call, Failure};
 use leasehold_core::OwnerToken;
 use leasehold_gate_object::FencedObject;
 use object_store::path::Path;
@@ -228,6 +228,27 @@ impl Objects {
         self.restart = Some(Box::new(move || Box::pin(restart())));
         self
     }
+}
+
+/// The resource suite's context for a store reached through `client` at a [`CutProxy`] in front
+/// of `server` (listening on `port`): the objects are fresh paths in that store, the cut is the
+/// proxy's, and the restart is `restart` of the server.
+#[cfg(any(feature = "aws", feature = "azure"))]
+pub async fn behind_proxy<S: Send + Sync + 'static>(
+    server: Arc<S>,
+    port: u16,
+    client: impl FnOnce(&str) -> TestResult<Arc<dyn ObjectStore>>,
+    restart: fn(&S) -> leasehold_servers::Result<()>,
+) -> TestResult<GateContext> {
+    let proxy = CutProxy::start(port)
+        .await
+        .or_fail("a proxy in front of the server")?;
+    let store = client(&proxy.url())?;
+    let objects = Arc::new(Objects::new(store).with_faults(proxy, move || {
+        let server = server.clone();
+        harness_call(move || restart(&server))
+    }));
+    Ok(GateContext::new(objects.clone()).with_faults(objects))
 }
 
 #[async_trait]
