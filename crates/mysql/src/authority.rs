@@ -18,7 +18,7 @@ use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool, Row, SqlStr};
 use crate::config::MysqlConfig;
 use crate::errors::{self, BACKEND};
 use crate::replication::{declare, Settings, SETTINGS};
-use crate::running::{bounded, send, Once, Sent, Statement};
+use crate::running::{bounded, Once};
 use crate::statements::{schema_sql, Statements};
 use crate::table::TableName;
 
@@ -67,54 +67,6 @@ impl Inner {
             Arc::new(once),
         )
         .await
-    }
-
-    /// The acquisition statement: the fence it took (0: the key is held). It runs inside
-    /// [`claim_or_give_back`], which finishes it in a task of its own once the caller stops
-    /// waiting and gives back a lease it took for nobody; so a statement still unanswered at
-    /// `give_up` is waited on, on its own connection (its lane goes back, to connect afresh),
-    /// past the caller's time: a server that was frozen may still take the key when it wakes,
-    /// and only its answer tells which fence to give back. Not past the TTL counted from the
-    /// caller's deadline (a lease it took has ended by then unless the server sat on the
-    /// statement that long), and at most one such wait per lane, so a server that stalls every
-    /// statement cannot make a process open connections without bound.
-    async fn acquire_statement(
-        &self,
-        key: String,
-        owner: String,
-        ttl: Duration,
-        give_up: Instant,
-    ) -> std::result::Result<u64, sqlx::Error> {
-        let statement = self.statements.acquire.clone();
-        let once: Statement<u64> = Arc::new(move |c| {
-            let (statement, key, owner) = (statement.clone(), key.clone(), owner.clone());
-            Box::pin(async move {
-                sqlx::query(statement)
-                    .bind(key)
-                    .bind(owner)
-                    .bind(ttl_us(ttl))
-                    .execute(c)
-                    .await
-                    .map(|done| done.last_insert_id())
-            })
-        });
-        let late = match send(&self.lanes, give_up, once).await {
-            Sent::Answered(answer) => return answer,
-            Sent::Late(late) => late,
-        };
-        let Ok(_kept) = self.outliving.clone().try_acquire_owned() else {
-            return Err(errors::unanswered(
-                "no answer in time, and as many abandoned acquisitions as lanes already wait for theirs",
-            ));
-        };
-        let outlive = saturating_add(give_up, ttl.max(self.timeout()));
-        tokio::time::timeout_at(outlive, late)
-            .await
-            .unwrap_or_else(|_| {
-                Err(errors::unanswered(
-                    "no answer before the lease would have ended",
-                ))
-            })
     }
 
     /// An `UPDATE` matched on the grant (`statement` takes `first` before the grant's key,
@@ -184,6 +136,8 @@ impl Inner {
         }
     }
 }
+
+mod acquisition;
 
 /// The parameter an `UPDATE` takes before the grant's.
 #[derive(Clone)]

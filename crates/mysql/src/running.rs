@@ -43,9 +43,14 @@ pub(crate) enum Sent<T> {
 /// (which connects afresh for the next statement: nobody can tell a frozen server from a slow
 /// one) and is returned still owning its connection, so that whoever needs its answer can
 /// wait for it; dropped, it closes that connection.
+///
+/// `hedge`: the answer is waited for only half the time left once the statement is sent (the
+/// lane, however long it takes to get, is waited for until `give_up`), so that an acquisition
+/// can be sent again on a fresh connection in the other half.
 pub(crate) async fn send<T: Send + 'static>(
     lanes: &Lanes<MySqlConnection>,
     give_up: Instant,
+    hedge: bool,
     once: Statement<T>,
 ) -> Sent<T> {
     let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(20));
@@ -62,6 +67,12 @@ pub(crate) async fn send<T: Send + 'static>(
             Ok(conn) => conn,
             Err(e) => return Sent::Answered(Err(e)),
         };
+        let now = Instant::now();
+        let answer_by = if hedge {
+            saturating_add(now, give_up.saturating_duration_since(now) / 2)
+        } else {
+            give_up
+        };
         let once = once.clone();
         let mut statement = Box::pin(async move {
             let answer = once(&mut conn).await;
@@ -70,7 +81,7 @@ pub(crate) async fn send<T: Send + 'static>(
         let (conn, answer) = tokio::select! {
             biased;
             answered = &mut statement => answered,
-            _ = tokio::time::sleep_until(give_up) => {
+            _ = tokio::time::sleep_until(answer_by) => {
                 drop(lane);
                 return Sent::Late(Box::pin(async move { statement.await.1 }));
             }
@@ -103,7 +114,7 @@ pub(crate) async fn run<T: Send + 'static>(
     give_up: Instant,
     once: Statement<T>,
 ) -> std::result::Result<T, sqlx::Error> {
-    match send(lanes, give_up, once).await {
+    match send(lanes, give_up, false, once).await {
         Sent::Answered(answer) => answer,
         Sent::Late(_) => Err(errors::unanswered("no answer in time")),
     }

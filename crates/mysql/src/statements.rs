@@ -17,6 +17,7 @@ use crate::table::TableName;
 #[derive(Debug, Clone)]
 pub(crate) struct Statements {
     pub(crate) acquire: SqlStr,
+    pub(crate) acquire_again: SqlStr,
     pub(crate) renew: SqlStr,
     pub(crate) release: SqlStr,
     pub(crate) proclaim: SqlStr,
@@ -54,6 +55,23 @@ impl Statements {
                  ON DUPLICATE KEY UPDATE \
                    owner = IF({EXPIRED}, VALUES(owner), owner), \
                    fence = IF({EXPIRED}, LAST_INSERT_ID(fence + 1), fence + 0 * LAST_INSERT_ID(0)), \
+                   expires_at = IF({EXPIRED}, VALUES(expires_at), expires_at)"
+            )),
+            // An acquisition sent again after its first statement went unanswered (a silent
+            // connection, or a slow server), with the same owner token: it takes an expired key
+            // as `acquire` does, and finds a key that the first statement took meanwhile held
+            // under its own owner token, which it leaves as it is and answers with its fence:
+            // both statements then report the same grant. `owner` is assigned first and keeps
+            // its old value on a live row, so the comparison reads the holder's token. The
+            // owner token is fresh for every acquisition, so no lease anyone else was told
+            // about has it.
+            acquire_again: sql(format!(
+                "INSERT INTO {t} (lock_key, owner, fence, expires_at) \
+                 VALUES (?, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                 ON DUPLICATE KEY UPDATE \
+                   owner = IF({EXPIRED}, VALUES(owner), owner), \
+                   fence = IF({EXPIRED}, LAST_INSERT_ID(fence + 1), \
+                              IF(owner = VALUES(owner), LAST_INSERT_ID(fence), fence + 0 * LAST_INSERT_ID(0))), \
                    expires_at = IF({EXPIRED}, VALUES(expires_at), expires_at)"
             )),
             // ?1 TTL in microseconds, then the grant. Found rows: 1 when renewed.
