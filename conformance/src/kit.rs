@@ -239,7 +239,8 @@ harness_servers!(
     servers::RedisSentinel,
     servers::ClusterNode,
     servers::PostgresServer,
-    servers::PgBouncer
+    servers::PgBouncer,
+    servers::MariaDbServer
 );
 
 type Revoke = dyn Fn(LockKey) -> Pin<Box<dyn Future<Output = Result<()>> + Send>> + Send + Sync;

@@ -45,6 +45,7 @@
 //! | `memory` (default) | `memory://name` | the in-memory reference: one process, for tests |
 //! | `sqlite` | `sqlite:///path/to/locks.db` | a lease table in one file, for the processes of one machine; no server |
 //! | `postgres` | `postgres://`, `postgresql://` | a lease table; hand-off by LISTEN/NOTIFY |
+//! | `mysql` | `mysql://`, `mariadb://` | a MySQL/MariaDB lease table; waiters poll (declared) |
 //! | `redis` | `redis://`, `rediss://` | `SET NX PX` with an `INCR` fence (failover-unsafe, declared) |
 //! | `etcd` | `etcd://`, `etcds://` | etcd's lock recipe; the create revision as the fence |
 //! | `zookeeper` | `zk://`, `zks://` | Curator's and kazoo's lock recipe; the czxid as the fence |
@@ -95,6 +96,11 @@ pub use leasehold_memory as memory;
 /// The PostgreSQL authority and guarded writes for tables with a `last_fence` column.
 #[cfg(feature = "postgres")]
 pub use leasehold_postgres as postgres;
+
+/// The MySQL/MariaDB authority (waiters poll; fences failover-unsafe on asynchronous
+/// replication, declared).
+#[cfg(feature = "mysql")]
+pub use leasehold_mysql as mysql;
 
 /// The embedded SQLite authority, for the processes of one machine (no server).
 #[cfg(feature = "sqlite")]
