@@ -1,4 +1,5 @@
-//! The short seeded workload run per backend that `./scripts/test` includes: both arms side by
+//! The short seeded workload run per backend that `./scripts/test` includes (beside the other
+//! tests: `cargo test --workspace --all-features --test short_run`): both arms side by
 //! side on real servers for about 30 s, every fault kind of the backend at least once, and the
 //! faults at the worker's edges (a worker cut off from the authority, the resource's
 //! connections killed mid-write or its store stalled, the resource restarted, a worker taking
