@@ -48,6 +48,7 @@
 //! | `redis` | `redis://`, `rediss://` | `SET NX PX` with an `INCR` fence (failover-unsafe, declared) |
 //! | `etcd` | `etcd://`, `etcds://` | etcd's lock recipe; the create revision as the fence |
 //! | `zookeeper` | `zk://`, `zks://` | Curator's and kazoo's lock recipe; the czxid as the fence |
+//! | `object-store` | `s3://`, `az://`, `gs://` | one object per key in S3, Azure Blob or GCS; conditional puts, expiry by the store's clock |
 //! | `full` | all of the above | every backend |
 //!
 //! [`connect`] with a scheme whose feature is off answers [`Error::InvalidUrl`], naming the
@@ -94,3 +95,7 @@ pub use leasehold_etcd as etcd;
 /// The ZooKeeper authority (the contender node's czxid as the fence).
 #[cfg(feature = "zookeeper")]
 pub use leasehold_zookeeper as zookeeper;
+
+/// The object-store authority: leases as objects in S3, Azure Blob or Google Cloud Storage.
+#[cfg(feature = "object-store")]
+pub use leasehold_object_store as object_store;
