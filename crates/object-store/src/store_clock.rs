@@ -22,7 +22,9 @@
 //! rates differing), and the holder stopped trusting its lease before the takeover. The
 //! takeover itself is a conditional put on the version the contender read, so a renewal that
 //! lands in between makes it fail. No worker's wall clock takes part: a worker whose clock is
-//! wrong by minutes judges the same.
+//! wrong by minutes judges the same. `L` and `C` may be stamped by different machines of the
+//! store: the rule treats them as one clock, so a difference between them comes off the
+//! holder's safety margin.
 //!
 //! # What it costs
 //! The expiry is seen at most one second after `W + ttl` (the truncation of `L`, which the
