@@ -1,7 +1,8 @@
 //! A holder that stops (paused, so it neither renews nor releases) loses its key only when the
 //! store's clock says its lease is over, and its renewal after the takeover is refused without
-//! touching the new holder's lease. Against S3 on moto, started by the harness.
-#![cfg(feature = "aws")]
+//! touching the new holder's lease. Against S3 on moto and Azure Blob on Azurite, each started
+//! by the harness.
+#![cfg(all(feature = "aws", feature = "azure"))]
 
 mod support;
 
@@ -10,7 +11,7 @@ use std::time::Duration;
 use leasehold_conformance::kit::{self, ErrOrFail, OrFail, TestResult};
 use leasehold_conformance::Failure;
 use leasehold_core::{Authority, Instant, LockKey, OwnerToken, Released};
-use leasehold_servers::MotoServer;
+use leasehold_servers::{AzuriteServer, MotoServer};
 
 fn key(name: &str) -> TestResult<LockKey> {
     let run = OwnerToken::generate().or_fail("a run id")?.to_hex();
@@ -22,10 +23,28 @@ fn key(name: &str) -> TestResult<LockKey> {
 /// deadline is before that), and then takes the key with the next fence, within the TTL plus
 /// the declared slack and a poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_holder_loses_its_key_only_when_the_store_clock_says_so() -> TestResult {
+async fn on_s3_a_paused_holder_loses_its_key_only_when_the_store_clock_says_so() -> TestResult {
     let moto = kit::start("moto", MotoServer::start).await?;
     let url = moto.url();
-    let clients = support::Clients::new(move || support::s3(&url), support::config());
+    paused_holder(support::Clients::new(
+        move || support::s3(&url),
+        support::config(),
+    ))
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_azure_a_paused_holder_loses_its_key_only_when_the_store_clock_says_so() -> TestResult {
+    let azurite = kit::start("Azurite", AzuriteServer::start).await?;
+    let port = azurite.port();
+    paused_holder(support::Clients::new(
+        move || support::azure(port),
+        support::config(),
+    ))
+    .await
+}
+
+async fn paused_holder(clients: support::Clients) -> TestResult {
     let (holder, contender) = (clients.authority()?, clients.authority()?);
     let key = key("paused")?;
     let ttl = Duration::from_secs(2);
@@ -80,10 +99,28 @@ async fn a_paused_holder_loses_its_key_only_when_the_store_clock_says_so() -> Te
 /// After a takeover, the former holder's renewal, proclaim and release are refused, and the new
 /// holder's lease, fence and value are as it left them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_renewal_after_a_takeover_is_refused_and_leaves_the_new_holder() -> TestResult {
+async fn on_s3_a_renewal_after_a_takeover_is_refused_and_leaves_the_new_holder() -> TestResult {
     let moto = kit::start("moto", MotoServer::start).await?;
     let url = moto.url();
-    let clients = support::Clients::new(move || support::s3(&url), support::config());
+    refused_after_takeover(support::Clients::new(
+        move || support::s3(&url),
+        support::config(),
+    ))
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_azure_a_renewal_after_a_takeover_is_refused_and_leaves_the_new_holder() -> TestResult {
+    let azurite = kit::start("Azurite", AzuriteServer::start).await?;
+    let port = azurite.port();
+    refused_after_takeover(support::Clients::new(
+        move || support::azure(port),
+        support::config(),
+    ))
+    .await
+}
+
+async fn refused_after_takeover(clients: support::Clients) -> TestResult {
     let (old, new) = (clients.authority()?, clients.authority()?);
     let key = key("refused")?;
     let ttl = Duration::from_secs(2);
