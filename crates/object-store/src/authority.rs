@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_core::backend::{claim_or_give_back, Backoff, SmallestKeys};
+use leasehold_core::backend::{claim_or_give_back, Backoff, Left, SmallestKeys};
 use leasehold_core::time::saturating_add;
 use leasehold_core::{
     Authority, Capabilities, Error, Fence, FenceSafety, Grant, Inspection, Instant, KeyPrefix,
@@ -146,7 +146,11 @@ impl ObjectStoreAuthority {
         let give_up = saturating_add(sent, timeout.saturating_mul(2));
         let request = {
             let (inner, key) = (self.inner.clone(), key.clone());
-            move |_| async move { inner.acquire_step(&key, owner, ttl).await }
+            move |left: Left| async move {
+                inner
+                    .acquire_step(&key, owner, ttl, move || left.get())
+                    .await
+            }
         };
         let give_back = {
             let (inner, key) = (self.inner.clone(), key.clone());
@@ -159,7 +163,7 @@ impl ObjectStoreAuthority {
         };
         let answer = claim_or_give_back(request, give_up, won, give_back)
             .await
-            .map_err(|why| why.into_error(BACKEND, "acquire", timeout))?;
+            .map_err(|why| why.into_error(BACKEND, "acquire", timeout.saturating_mul(2)))?;
         match answer? {
             Step::Held(left) => Ok(Attempt::Held(left)),
             Step::Won(record, version) => {
@@ -235,6 +239,7 @@ impl ObjectStoreAuthority {
                 .await?
             {
                 Put::Done(version) => {
+                    // Counted from this write alone: a renewal to a shorter TTL shortens it.
                     let valid_until = saturating_add(sent, Duration::from_millis(record.ttl_ms));
                     self.inner.remember(
                         grant.key(),
@@ -242,7 +247,7 @@ impl ObjectStoreAuthority {
                         Mine {
                             version,
                             record,
-                            valid_until: valid_until.max(mine.valid_until),
+                            valid_until,
                         },
                     );
                     return Ok(self.inner.config.client.safety_margin.deadline(sent, ttl));
@@ -293,7 +298,17 @@ impl Inner {
     /// by the store's clock, or report it held. A conflict (someone wrote between the read and
     /// the write) is read again; a record naming `owner` is our own write landing (the store's
     /// client may have sent it twice).
-    async fn acquire_step(&self, key: &LockKey, owner: OwnerToken, ttl: Duration) -> Result<Step> {
+    ///
+    /// Once the caller has left (`left()`), it writes nothing more: an attempt nobody waits for
+    /// must not take a key later, after others have come and gone (a write already sent may
+    /// still land, and is given back).
+    async fn acquire_step(
+        &self,
+        key: &LockKey,
+        owner: OwnerToken,
+        ttl: Duration,
+        left: impl Fn() -> bool,
+    ) -> Result<Step> {
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
         for _ in 0..ATTEMPTS {
             let seen = self.objects.read(key).await?;
@@ -320,6 +335,9 @@ impl Inner {
                     (seen.record.taken_by(owner, ttl_ms), Some(seen.version))
                 }
             };
+            if left() {
+                return Ok(Step::Held(Duration::ZERO));
+            }
             if let Put::Done(version) = self.objects.put(key, &record, over.as_ref()).await? {
                 return Ok(Step::Won(record, version));
             }
