@@ -83,6 +83,24 @@ pub async fn start<S: Send + Sync + 'static>(
         .or_fail(format!("{what} must start for these tests"))
 }
 
+/// The server a test runs against: the one `external` names (a URL from the environment, as
+/// [`servers::external`] reads it, e.g. docker compose's), or else one [`start`]ed here. The
+/// address, and the started server, which the caller keeps for as long as it uses the address.
+pub async fn external_or_start<S: Send + Sync + 'static>(
+    external: Option<String>,
+    what: &str,
+    start_server: impl FnOnce() -> servers::Result<S> + Send + 'static,
+    address: impl FnOnce(&S) -> String,
+) -> TestResult<(String, Option<Arc<S>>)> {
+    match external {
+        Some(address) => Ok((address, None)),
+        None => {
+            let server = start(what, start_server).await?;
+            Ok((address(&server), Some(server)))
+        }
+    }
+}
+
 type Connect = dyn Fn(String) -> Pin<Box<dyn Future<Output = Result<Arc<dyn Authority>>> + Send>>
     + Send
     + Sync;
@@ -221,7 +239,8 @@ harness_servers!(
     servers::RedisSentinel,
     servers::ClusterNode,
     servers::PostgresServer,
-    servers::PgBouncer
+    servers::PgBouncer,
+    servers::MariaDbServer
 );
 
 type Revoke = dyn Fn(LockKey) -> Pin<Box<dyn Future<Output = Result<()>> + Send>> + Send + Sync;

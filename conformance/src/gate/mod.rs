@@ -24,16 +24,20 @@ use leasehold_core::Instant;
 
 use leasehold_core::{FencedRegister, FencedResource};
 
-use crate::verdict::{Failure, Line, Outcome};
+use crate::verdict::{Failure, Line, Outcome, Verdict};
 
+mod faults;
 pub mod mutants;
 mod scenarios;
+mod unknown_outcome;
 
+pub use faults::{GateFaults, HeldWrites};
 pub use scenarios::{
     claim_then_older_write_refused, equal_fence_accepted_again, fence_survives_restart,
     racing_writers_in_both_orders, refusal_is_atomic_under_concurrency, stale_fence_refused,
-    unknown_outcome_resolved_by_claim, WRITERS, WRITER_ROUNDS,
+    WRITERS, WRITER_ROUNDS,
 };
+pub use unknown_outcome::unknown_outcome_resolved_by_claim;
 
 /// Reads, from the store, the value a resource holds now: what its last accepted write wrote,
 /// `None` before any write.
@@ -83,18 +87,6 @@ impl GateFactory for InMemoryGates {
             }),
         })
     }
-}
-
-/// Faults of the store behind a gate, where the harness can inject them.
-#[async_trait]
-pub trait GateFaults: Send + Sync {
-    /// Cuts the gate's connections to the store, as a network failure or a store-side kill
-    /// does: requests in flight get no answer (their outcome unknown to the caller), and the
-    /// gate must connect again for the next one.
-    async fn cut_connections(&self) -> leasehold_core::Result<()>;
-
-    /// Restarts the store on its data (a crash and recovery); returns once it serves again.
-    async fn restart(&self) -> leasehold_core::Result<()>;
 }
 
 /// What a gate scenario runs against.
@@ -187,6 +179,14 @@ gate_scenarios![
     fence_survives_restart,
 ];
 
+/// The scenarios that fault the store, which do not apply where the harness has no
+/// [`GateFaults`] for it (an embedded file, an in-memory store): what such a binding names to
+/// [`GateReport::passed_except`].
+pub const NEEDS_FAULTS: [&str; 2] = [
+    "unknown_outcome_resolved_by_claim",
+    "fence_survives_restart",
+];
+
 /// The longest a gate scenario may run before it counts as hung.
 pub const GATE_SCENARIO_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -246,6 +246,38 @@ impl GateReport {
         } else {
             Err(Failure::new(format!("the resource suite failed:\n{self}")))
         }
+    }
+
+    /// An error with the whole report unless every scenario passed but those in `expected`,
+    /// which must each be in the report and not have passed (declared, or not applicable): a
+    /// store's binding names what it is known not to do, and is told both when something else
+    /// stops passing and when a named scenario starts to.
+    pub fn passed_except(&self, expected: &[&str]) -> Result<(), Failure> {
+        self.passed()?;
+        let missing: Vec<&str> = expected
+            .iter()
+            .copied()
+            .filter(|name| !self.lines.iter().any(|l| l.scenario == *name))
+            .collect();
+        let passed = |l: &&Line| l.outcome == Ok(Verdict::Passed);
+        let unexpected: Vec<&str> = self
+            .lines
+            .iter()
+            .filter(|l| passed(l) == expected.contains(&l.scenario))
+            .map(|l| l.scenario)
+            .collect();
+        if missing.is_empty() && unexpected.is_empty() {
+            return Ok(());
+        }
+        Err(Failure::new(format!(
+            "every scenario should pass except {expected:?} (which should not); \
+             not so for {unexpected:?}{}:\n{self}",
+            if missing.is_empty() {
+                String::new()
+            } else {
+                format!(", and {missing:?} did not run")
+            }
+        )))
     }
 }
 

@@ -130,7 +130,8 @@ impl FencedResource for BrokenGate {
     }
 }
 
-/// Makes broken gates and, as their store's faults, forgets (or keeps) what they hold.
+/// Makes broken gates and, as their store's faults, forgets (or keeps) what they hold. It
+/// cannot hold writes: a write to memory is never in flight anywhere a hold could stop it.
 #[derive(Debug)]
 struct BrokenStore {
     mutant: GateMutant,

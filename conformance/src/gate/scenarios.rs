@@ -17,13 +17,15 @@ pub const WRITERS: usize = 8;
 pub const WRITER_ROUNDS: usize = 25;
 
 /// How long a gate may take to serve again after its connections were cut.
-const RECONNECT_WITHIN: Duration = Duration::from_secs(30);
+pub(super) const RECONNECT_WITHIN: Duration = Duration::from_secs(30);
 
-fn fence(n: u64) -> Result<Fence, Failure> {
+pub(super) fn fence(n: u64) -> Result<Fence, Failure> {
     Fence::from_value(n, FenceSafety::Linearizable).or_fail(format!("fence {n}"))
 }
 
-async fn fresh(ctx: &GateContext) -> Result<(Arc<dyn FencedResource>, ValueReader), Failure> {
+pub(super) async fn fresh(
+    ctx: &GateContext,
+) -> Result<(Arc<dyn FencedResource>, ValueReader), Failure> {
     let probed = ctx
         .resources()
         .resource()
@@ -45,7 +47,7 @@ async fn holds(value: &ValueReader, expected: Option<&str>, after: &str) -> Resu
     Ok(())
 }
 
-async fn write(r: &dyn FencedResource, n: u64, value: &str) -> Result<Guarded, Failure> {
+pub(super) async fn write(r: &dyn FencedResource, n: u64, value: &str) -> Result<Guarded, Failure> {
     r.write(fence(n)?, value)
         .await
         .or_fail(format!("write with fence {n}"))
@@ -267,67 +269,6 @@ pub async fn refusal_is_atomic_under_concurrency(ctx: &GateContext) -> Outcome {
         refused,
         took = ?started.elapsed(),
         "concurrent gate calls"
-    );
-    Ok(Verdict::Passed)
-}
-
-/// A holder's write is in flight when the store's connections are cut, so it cannot know
-/// whether the write landed. It resolves that by claiming again with its own fence (accepted
-/// whether or not the write landed); a paused older holder's write is refused afterwards either
-/// way.
-pub async fn unknown_outcome_resolved_by_claim(ctx: &GateContext) -> Outcome {
-    let Some(faults) = ctx.faults() else {
-        return Ok(Verdict::NotApplicable(
-            "the harness cannot cut this store's connections".into(),
-        ));
-    };
-    let (r, value) = fresh(ctx).await?;
-    let first = write(&*r, 20, "before").await?;
-    ensure!(
-        first.is_accepted(),
-        "the first write (fence 20) was refused: {first:?}"
-    );
-    let writer = {
-        let r = r.clone();
-        let fence = fence(21)?;
-        tokio::spawn(async move { r.write(fence, "in flight").await })
-    };
-    faults
-        .cut_connections()
-        .await
-        .or_fail("cut the store's connections")?;
-    // Either answer is possible: the write landed, or it was cut off.
-    let _in_flight = writer.await.or_fail("the writer task")?;
-    let give_up = leasehold_core::time::saturating_add(Instant::now(), RECONNECT_WITHIN);
-    let resolved = loop {
-        match r.claim(fence(21)?).await {
-            Ok(outcome) => break outcome,
-            Err(e) if Instant::now() < give_up && e.is_retryable() => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => {
-                return Err(Failure::new(format!(
-                    "the holder's claim again failed: {e}"
-                )))
-            }
-        }
-    };
-    ensure!(
-        resolved.is_accepted(),
-        "the holder's claim with its own fence 21 after an unknown outcome was refused: \
-         {resolved:?}"
-    );
-    let late = write(&*r, 20, "late").await?;
-    ensure!(
-        late == Guarded::Stale { newest: 21 },
-        "fence 20's write after the holder's claim with 21 was not refused: {late:?}"
-    );
-    let held = value()
-        .await
-        .or_fail("read the value after the late write")?;
-    ensure!(
-        matches!(held.as_deref(), Some("before" | "in flight")),
-        "after the refused late write the store holds {held:?}"
     );
     Ok(Verdict::Passed)
 }

@@ -22,12 +22,14 @@ use serde::Deserialize;
 /// The published libraries whose surface users build on. The CLI, the bench, the workload, the
 /// conformance suite and the test servers are left out: they are programs or test support,
 /// whose Rust API no user is promised.
-const CRATES: [&str; 12] = [
+const CRATES: [&str; 14] = [
     "leasehold",
     "leasehold-core",
     "leasehold-memory",
     "leasehold-sqlite",
     "leasehold-postgres",
+    "leasehold-mysql",
+    "leasehold-sql-common",
     "leasehold-etcd",
     "leasehold-zookeeper",
     "leasehold-redis",

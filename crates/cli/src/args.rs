@@ -33,7 +33,8 @@ const ABOUT: &str = "Run a command while holding a lease on a key: hand it the f
 
 const AFTER_HELP: &str = concat!(
     "The authority is --url URL, else $LEASEHOLD_URL: sqlite:///path/to/locks.db (no server; the \
-     processes of one machine), postgres://, redis://, rediss://, etcd://, etcds://, zk://. With \
+     processes of one machine), postgres://, mysql://, mariadb://, redis://, rediss://, etcd://, \
+     etcds://, zk://. With \
      neither, it is a per-user SQLite file, $XDG_STATE_HOME/leasehold/locks.db (or \
      $HOME/.local/state/leasehold/locks.db; the directory is created, mode 0700): it works with \
      no server and no setup, for the processes of this user on this machine. memory:// is \
@@ -237,7 +238,8 @@ pub const DEFAULT_LIST_LIMIT: usize = 100;
 pub enum Invocation {
     Run(RunArgs),
     Status(StatusArgs),
-    /// `leasehold migrate --url postgres://...`: create the lease table.
+    /// `leasehold migrate --url postgres://...` (or `mysql://`, `mariadb://`): create the lease
+    /// table.
     Migrate {
         url: String,
     },
@@ -305,7 +307,7 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
             url: url.or(env_url).ok_or_else(|| {
                 missing(
                     "migrate",
-                    "migrate needs --url postgres://... (or LEASEHOLD_URL)",
+                    "migrate needs --url postgres://... or mysql://... (or LEASEHOLD_URL)",
                 )
             })?,
         },

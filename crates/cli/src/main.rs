@@ -33,6 +33,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use leasehold::mysql::MysqlAuthority;
 use leasehold::{
     redact_url, Authority, ClientOptions, Error, Instant, Lease, LeaseOptions, LeaseState, LockKey,
 };
@@ -180,10 +181,10 @@ fn tls_may_be_why(e: &Error, url: &str) -> bool {
             && (message.contains("no answer") || message.contains("timed out")))
 }
 
-/// Whether `e` is PostgreSQL's "the lease table does not exist" (SQLSTATE 42P01), as
-/// leasehold-postgres words it.
+/// Whether `e` is "the lease table does not exist" (PostgreSQL's SQLSTATE 42P01, MySQL's
+/// 42S02), as leasehold-postgres and leasehold-mysql word it.
 fn missing_table(e: &Error) -> bool {
-    matches!(e, Error::Backend { backend: "postgres", message, .. }
+    matches!(e, Error::Backend { backend: "postgres" | "mysql", message, .. }
         if message.contains("does not exist") && message.contains("migrate"))
 }
 
@@ -765,7 +766,8 @@ async fn run_unlocked(args: &RunArgs, key: &LockKey, backend: &str) -> u8 {
     128 + stopped_by
 }
 
-/// `leasehold migrate`: creates the PostgreSQL lease table if it is not there.
+/// `leasehold migrate`: creates the lease table of PostgreSQL or MySQL/MariaDB if it is not
+/// there.
 async fn migrate(url: &str) -> u8 {
     if let Err(e) = refuse_in_process(url) {
         say!("leasehold: {e}");
@@ -775,27 +777,39 @@ async fn migrate(url: &str) -> u8 {
         .split_once("://")
         .map(|(s, _)| s.to_ascii_lowercase())
         .unwrap_or_default();
-    if scheme != "postgres" && scheme != "postgresql" {
-        say!(
-            "leasehold: migrate creates PostgreSQL's lease table (postgres://...); `{}` needs \
-             no schema",
-            redact_url(url)
-        );
-        return code::USAGE;
-    }
-    let authority = match PostgresAuthority::connect(url).await {
-        Ok(a) => a,
-        Err(e) => return failed(&e, url, code::UNAVAILABLE),
+    let migrated = match scheme.as_str() {
+        "postgres" | "postgresql" => match PostgresAuthority::connect(url).await {
+            Ok(authority) => {
+                let done = authority.migrate().await;
+                let _ = Authority::close(&authority).await;
+                done
+            }
+            Err(e) => Err(e),
+        },
+        "mysql" | "mariadb" => match MysqlAuthority::connect(url).await {
+            Ok(authority) => {
+                let done = authority.migrate().await;
+                let _ = Authority::close(&authority).await;
+                done
+            }
+            Err(e) => Err(e),
+        },
+        _ => {
+            say!(
+                "leasehold: migrate creates the lease table of PostgreSQL (postgres://...) or \
+                 MySQL/MariaDB (mysql://..., mariadb://...); `{}` needs no schema",
+                redact_url(url)
+            );
+            return code::USAGE;
+        }
     };
-    let status = match authority.migrate().await {
+    match migrated {
         Ok(()) => {
             say!("leasehold: the lease table is ready");
             0
         }
         Err(e) => failed(&e, url, code::UNAVAILABLE),
-    };
-    let _ = Authority::close(&authority).await;
-    status
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! `leasehold run` with the authorities other than Redis, each real: etcd leaves no session lease
-//! behind, `leasehold migrate` makes PostgreSQL's table (and the psql recipe in the docs guards
-//! with the fence), two processes exclude each other through one SQLite file, and a run serves
+//! behind, `leasehold migrate` makes PostgreSQL's and MariaDB's tables (and the psql recipe in
+//! the docs guards with the fence), two processes exclude each other through one SQLite file, and a run serves
 //! its metrics.
 
 use std::process::{Command, Output};
@@ -140,6 +140,45 @@ fn migrate_creates_the_table_and_run_names_it_when_it_is_missing() -> Result {
     // Only PostgreSQL has a schema to create.
     let redis = leasehold(&["migrate", "--url", "redis://127.0.0.1:1"])?;
     assert_eq!(code(&redis), 64, "{}", text(&redis));
+    Ok(())
+}
+
+/// `leasehold migrate` creates MySQL/MariaDB's lease table too (twice is fine); before it,
+/// `run` says which command creates the table, and after it `run` hands the command a fence.
+#[test]
+fn migrate_creates_the_mariadb_table_and_run_names_it_when_it_is_missing() -> Result {
+    let server = leasehold_servers::MariaDbServer::start().or_fail("MariaDB must start")?;
+    let url = server.url();
+    let before = leasehold(&["run", "--url", &url, "--key", "job:my", "--", "true"])?;
+    assert_ne!(code(&before), 0, "{}", text(&before));
+    assert!(
+        stderr(&before).contains("leasehold migrate"),
+        "{}",
+        text(&before)
+    );
+    for _ in 0..2 {
+        let out = leasehold(&["migrate", "--url", &url])?;
+        assert_eq!(code(&out), 0, "{}", text(&out));
+    }
+    let after = leasehold(&[
+        "run",
+        "--url",
+        &url,
+        "--key",
+        "job:my",
+        "--",
+        "sh",
+        "-c",
+        "echo $LEASEHOLD_FENCE",
+    ])?;
+    assert_eq!(code(&after), 0, "{}", text(&after));
+    assert!(
+        String::from_utf8_lossy(&after.stdout)
+            .trim()
+            .parse::<u64>()
+            .or_fail(format!("the fence in {}", text(&after)))?
+            > 0
+    );
     Ok(())
 }
 

@@ -68,13 +68,6 @@ pub fn newest_fence(headers: &HeaderMap) -> Option<u64> {
         .ok()
 }
 
-fn safety_name(safety: FenceSafety) -> &'static str {
-    match safety {
-        FenceSafety::Linearizable => "linearizable",
-        _ => "failover-unsafe",
-    }
-}
-
 /// The status and headers of the answer to a stale fence: `409 Conflict`, with the newest fence.
 pub fn stale_parts(newest: u64) -> (StatusCode, HeaderMap) {
     let mut headers = HeaderMap::new();
@@ -84,9 +77,16 @@ pub fn stale_parts(newest: u64) -> (StatusCode, HeaderMap) {
 
 #[cfg(feature = "client")]
 mod client {
-    use leasehold_core::Fence;
+    use leasehold_core::{Fence, FenceSafety};
 
-    use super::{safety_name, FENCE_HEADER, FENCE_SAFETY_HEADER};
+    use super::{FENCE_HEADER, FENCE_SAFETY_HEADER};
+
+    fn safety_name(safety: FenceSafety) -> &'static str {
+        match safety {
+            FenceSafety::Linearizable => "linearizable",
+            _ => "failover-unsafe",
+        }
+    }
 
     /// Sends a fence with a request (feature `client`).
     pub trait FencedRequest {

@@ -3,18 +3,62 @@
 //! harness.
 #![cfg(feature = "mysql")]
 
-use std::sync::Arc;
+mod support;
+
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_conformance::gate::{run_all, GateContext, GateFactory, GateFaults, Probed};
+use leasehold_conformance::gate::{
+    run_all, GateContext, GateFactory, GateFaults, HeldWrites, Probed,
+};
 use leasehold_conformance::kit::{self, OrFail, TestResult};
-use leasehold_conformance::{harness_call, Failure, Verdict};
+use leasehold_conformance::{harness_call, harness_error};
 use leasehold_core::OwnerToken;
-use leasehold_gate_sql::SqlRegister;
+use leasehold_gate_sql::{map_error, SqlRegister};
+use leasehold_servers::mariadb::MARIADB_DATABASE;
 use leasehold_servers::MariaDbServer;
-use sqlx::mysql::MySqlPoolOptions;
-use sqlx::{MySql, MySqlPool};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::{Connection, MySql, MySqlConnection, MySqlPool};
+
+/// The registers' table.
+const TABLE: &str = "gate_sql_register";
+
+/// Writes held by a transaction of the harness's own (as `root` over the socket, which the cut
+/// leaves alone) that locks every row of the registers' table: reads go on, every claim's
+/// `SELECT ... FOR UPDATE` waits for the row lock. A killed connection's transaction is rolled
+/// back, and sqlx never sends a statement again: a held write is lost for good.
+struct RowsLocked {
+    lock: Mutex<Option<MySqlConnection>>,
+    server: Arc<MariaDbServer>,
+}
+
+#[async_trait]
+impl HeldWrites for RowsLocked {
+    async fn waiting(&self) -> leasehold_core::Result<Option<usize>> {
+        let server = self.server.clone();
+        let waiting = harness_call(move || {
+            server.command(
+                "SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'",
+            )
+        })
+        .await?;
+        let count = waiting
+            .trim()
+            .parse()
+            .map_err(|e| harness_error(format!("the count of lock waits {waiting:?}: {e}")))?;
+        Ok(Some(count))
+    }
+
+    fn cut_loses_held_writes(&self) -> bool {
+        true
+    }
+
+    async fn release(self: Box<Self>) -> leasehold_core::Result<()> {
+        support::roll_back_and_close(&self.lock).await?;
+        Ok(())
+    }
+}
 
 struct Registers {
     pool: MySqlPool,
@@ -25,8 +69,7 @@ struct Registers {
 impl GateFactory for Registers {
     async fn resource(&self) -> leasehold_core::Result<Probed> {
         let id = OwnerToken::generate()?.to_hex();
-        let register =
-            Arc::new(SqlRegister::<MySql>::create(&self.pool, "gate_sql_register", &id).await?);
+        let register = Arc::new(SqlRegister::<MySql>::create(&self.pool, TABLE, &id).await?);
         let read = register.clone();
         Ok(Probed {
             resource: register,
@@ -60,6 +103,22 @@ impl GateFaults for Registers {
         let server = self.server.clone();
         harness_call(move || server.restart()).await
     }
+
+    async fn hold_writes(&self) -> leasehold_core::Result<Box<dyn HeldWrites>> {
+        let options = MySqlConnectOptions::new()
+            .socket(self.server.socket_path())
+            .username("root")
+            .database(MARIADB_DATABASE);
+        let lock = MySqlConnection::connect_with(&options)
+            .await
+            .map_err(map_error)?;
+        let lock =
+            support::begin_holding(lock, format!("SELECT id FROM {TABLE} FOR UPDATE")).await?;
+        Ok(Box::new(RowsLocked {
+            lock,
+            server: self.server.clone(),
+        }))
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,15 +134,6 @@ async fn a_mariadb_table_behind_the_gate_passes_the_resource_suite_with_faults()
     let ctx = GateContext::new(registers.clone()).with_faults(registers);
     let report = run_all("mariadb table (sql gate)", &ctx).await;
     println!("{report}");
-    report.passed()?;
-    if report
-        .lines
-        .iter()
-        .any(|l| l.outcome != Ok(Verdict::Passed))
-    {
-        return Err(Failure::new(format!(
-            "every scenario applies to a managed MariaDB:\n{report}"
-        )));
-    }
-    Ok(())
+    // Every scenario applies to a managed server.
+    report.passed_except(&[])
 }

@@ -2,21 +2,65 @@
 //! registers' connections cut and the server restarted by the harness.
 #![cfg(feature = "postgres")]
 
-use std::sync::Arc;
+mod support;
+
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_conformance::gate::{run_all, GateContext, GateFactory, GateFaults, Probed};
+use leasehold_conformance::gate::{
+    run_all, GateContext, GateFactory, GateFaults, HeldWrites, Probed,
+};
+use leasehold_conformance::harness_call;
 use leasehold_conformance::kit::{self, OrFail, TestResult};
-use leasehold_conformance::{harness_call, Failure, Verdict};
 use leasehold_core::OwnerToken;
 use leasehold_gate_sql::{map_error, SqlRegister};
 use leasehold_servers::PostgresServer;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgPool, Postgres};
+use sqlx::{Connection, PgConnection, PgPool, Postgres};
 
 /// The application name of the registers' connections, by which the cut finds them.
 const REGISTERS: &str = "leasehold-gate-sql-suite";
+
+/// The registers' table.
+const TABLE: &str = "gate_sql_register";
+
+/// Writes held by a transaction of the harness's own that holds the registers' table in
+/// `EXCLUSIVE` mode: reads go on, every claim's `UPDATE` waits for the lock. The cut terminates
+/// the registers' connections only (by application name), so the lock outlives it, and a
+/// terminated backend's transaction is rolled back: a held write is lost for good (sqlx never
+/// sends a statement again).
+struct TableLocked {
+    lock: Mutex<Option<PgConnection>>,
+    admin: PgPool,
+}
+
+#[async_trait]
+impl HeldWrites for TableLocked {
+    async fn waiting(&self) -> leasehold_core::Result<Option<usize>> {
+        // From another connection: pg_stat_activity is read once per transaction, and the
+        // lock's transaction stays open.
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE application_name = $1 AND wait_event_type = 'Lock'",
+        )
+        .bind(REGISTERS)
+        .fetch_one(&self.admin)
+        .await
+        .map_err(map_error)?;
+        Ok(Some(usize::try_from(waiting).unwrap_or(0)))
+    }
+
+    fn cut_loses_held_writes(&self) -> bool {
+        true
+    }
+
+    async fn release(self: Box<Self>) -> leasehold_core::Result<()> {
+        support::roll_back_and_close(&self.lock).await?;
+        self.admin.close().await;
+        Ok(())
+    }
+}
 
 struct Registers {
     pool: PgPool,
@@ -27,8 +71,7 @@ struct Registers {
 impl GateFactory for Registers {
     async fn resource(&self) -> leasehold_core::Result<Probed> {
         let id = OwnerToken::generate()?.to_hex();
-        let register =
-            Arc::new(SqlRegister::<Postgres>::create(&self.pool, "gate_sql_register", &id).await?);
+        let register = Arc::new(SqlRegister::<Postgres>::create(&self.pool, TABLE, &id).await?);
         let read = register.clone();
         Ok(Probed {
             resource: register,
@@ -61,6 +104,20 @@ impl GateFaults for Registers {
         let server = self.server.clone();
         harness_call(move || server.restart()).await
     }
+
+    async fn hold_writes(&self) -> leasehold_core::Result<Box<dyn HeldWrites>> {
+        let lock = PgConnection::connect(&self.server.url())
+            .await
+            .map_err(map_error)?;
+        let lock =
+            support::begin_holding(lock, format!("LOCK TABLE {TABLE} IN EXCLUSIVE MODE")).await?;
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&self.server.url())
+            .await
+            .map_err(map_error)?;
+        Ok(Box::new(TableLocked { lock, admin }))
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -77,15 +134,6 @@ async fn a_postgres_table_behind_the_gate_passes_the_resource_suite_with_faults(
     let ctx = GateContext::new(registers.clone()).with_faults(registers);
     let report = run_all("postgres table (sql gate)", &ctx).await;
     println!("{report}");
-    report.passed()?;
-    if report
-        .lines
-        .iter()
-        .any(|l| l.outcome != Ok(Verdict::Passed))
-    {
-        return Err(Failure::new(format!(
-            "every scenario applies to a managed PostgreSQL:\n{report}"
-        )));
-    }
-    Ok(())
+    // Every scenario applies to a managed server.
+    report.passed_except(&[])
 }

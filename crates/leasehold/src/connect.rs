@@ -10,6 +10,8 @@ const SCHEMES: &[(&str, &str)] = &[
     ("memory", "memory"),
     ("postgres", "postgres"),
     ("postgresql", "postgres"),
+    ("mysql", "mysql"),
+    ("mariadb", "mysql"),
     ("sqlite", "sqlite"),
     ("redis", "redis"),
     ("rediss", "redis"),
@@ -31,6 +33,7 @@ const SCHEMES: &[(&str, &str)] = &[
 /// |---|---|---|
 /// | `memory://` or `memory://name` | in-process reference authority (tests, one process) | `memory` (default) |
 /// | `postgres://user:pass@host/db` | PostgreSQL lease table | `postgres` |
+/// | `mysql://user:pass@host/db`, `mariadb://` | MySQL/MariaDB lease table | `mysql` |
 /// | `sqlite:///abs/path.db`, `sqlite://relative/path.db` | embedded SQLite file, for the processes of one machine | `sqlite` |
 /// | `redis://host:6379`, `rediss://` | Redis | `redis` |
 /// | `redis+sentinel://s1:26379,s2:26379/mymaster` | Redis behind Sentinel (follows failovers) | `redis` |
@@ -62,6 +65,8 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Authority>> {
         "postgres" | "postgresql" => {
             Arc::new(leasehold_postgres::PostgresAuthority::connect(url).await?)
         }
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Arc::new(leasehold_mysql::MysqlAuthority::connect(url).await?),
         #[cfg(feature = "sqlite")]
         "sqlite" => Arc::new(leasehold_sqlite::SqliteAuthority::connect(url).await?),
         #[cfg(feature = "redis")]
@@ -159,6 +164,10 @@ mod tests {
             assert!(err.to_string().contains(says), "{url}: {err}");
         }
         // A known scheme whose backend is not built in names the feature to enable.
+        let err = not_built_in("mariadb", "mariadb://u:hunter2@localhost/db");
+        let shown = format!("{err} {err:?}");
+        assert!(shown.contains("`mysql` feature"), "{shown}");
+        assert!(!shown.contains("hunter2"), "{shown}");
         let err = not_built_in("sqlite", "sqlite:///tmp/x.db");
         assert!(err.to_string().contains("`sqlite` feature"), "{err}");
         let err = not_built_in("rediss", "rediss://:hunter2@localhost");

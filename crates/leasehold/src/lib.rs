@@ -45,11 +45,19 @@
 //! | `memory` (default) | `memory://name` | the in-memory reference: one process, for tests |
 //! | `sqlite` | `sqlite:///path/to/locks.db` | a lease table in one file, for the processes of one machine; no server |
 //! | `postgres` | `postgres://`, `postgresql://` | a lease table; hand-off by LISTEN/NOTIFY |
+//! | `mysql` | `mysql://`, `mariadb://` | a MySQL/MariaDB lease table; waiters poll (declared) |
 //! | `redis` | `redis://`, `rediss://` | `SET NX PX` with an `INCR` fence (failover-unsafe, declared) |
 //! | `etcd` | `etcd://`, `etcds://` | etcd's lock recipe; the create revision as the fence |
 //! | `zookeeper` | `zk://`, `zks://` | Curator's and kazoo's lock recipe; the czxid as the fence |
 //! | `object-store` | `s3://`, `az://`, `gs://` | one object per key in S3, Azure Blob or GCS; conditional puts, expiry by the store's clock |
-//! | `full` | all of the above | every backend |
+//! | `full` | all of the above | every backend, and the SQL and Redis gates |
+//!
+//! Gates, the resource side (`leasehold::gate`, one module per store): `gate-sql-postgres`,
+//! `gate-sql-sqlite`, `gate-sql-mysql`, or `gate-sql` for all three (`gate::sql`); `gate-object`,
+//! with `gate-object-aws`, `gate-object-gcp`, `gate-object-azure` for the clouds' clients
+//! (`gate::object`); `gate-http-client`, `gate-http-server`, or `gate-http` for both
+//! (`gate::http`); and `gate::redis` with `redis`. `full` leaves out the object and HTTP gates:
+//! the HTTP gate brings axum and reqwest, and the object gate serves only those guarding objects.
 //!
 //! [`connect`] with a scheme whose feature is off answers [`Error::InvalidUrl`], naming the
 //! feature to enable.
@@ -58,6 +66,16 @@
 #![forbid(unsafe_code)]
 
 mod connect;
+#[cfg(any(
+    feature = "gate-sql-postgres",
+    feature = "gate-sql-sqlite",
+    feature = "gate-sql-mysql",
+    feature = "gate-object",
+    feature = "gate-http-client",
+    feature = "gate-http-server",
+    feature = "redis"
+))]
+pub mod gate;
 
 pub use connect::connect;
 /// A connection URL with its password (in the user info or a query parameter) masked, for logs.
@@ -79,6 +97,11 @@ pub use leasehold_memory as memory;
 /// The PostgreSQL authority and guarded writes for tables with a `last_fence` column.
 #[cfg(feature = "postgres")]
 pub use leasehold_postgres as postgres;
+
+/// The MySQL/MariaDB authority (waiters poll; fences failover-unsafe on asynchronous
+/// replication, declared).
+#[cfg(feature = "mysql")]
+pub use leasehold_mysql as mysql;
 
 /// The embedded SQLite authority, for the processes of one machine (no server).
 #[cfg(feature = "sqlite")]

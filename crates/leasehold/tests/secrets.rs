@@ -6,6 +6,7 @@
 //! typed error within its timeout (a hang fails the test), no server needed.
 #![cfg(all(
     feature = "postgres",
+    feature = "mysql",
     feature = "redis",
     feature = "etcd",
     feature = "zookeeper",
@@ -17,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold::etcd::EtcdConfig;
+use leasehold::mysql::MysqlConfig;
 use leasehold::postgres::PostgresConfig;
 use leasehold::redis::RedisConfig;
 use leasehold::sqlite::SqliteConfig;
@@ -43,6 +45,10 @@ fn urls(port: u16) -> Vec<String> {
         format!("postgres://u@127.0.0.1:{port}/db?sslpassword={s}&timeout_ms=500"),
         format!("postgres://u:{s}@127.0.0.1:{port}/db?no_such_option=1"),
         format!("postgres://u:{s}@127.0.0.1:{port}/db?password={s}"),
+        format!("mysql://u:{s}@127.0.0.1:{port}/db?timeout_ms=500"),
+        format!("mariadb://u@127.0.0.1:{port}/db?password={s}&timeout_ms=500"),
+        format!("mysql://u:{s}@127.0.0.1:{port}/db?no_such_option=1"),
+        format!("mysql://u:{s}@127.0.0.1:{port}/db?password={s}"),
         format!("redis://u:{s}@127.0.0.1:{port}/?timeout_ms=500"),
         format!("redis://:{s}@127.0.0.1:{port}/?timeout_ms=500"),
         format!("rediss://u:{s}@127.0.0.1:{port}/?timeout_ms=500"),
@@ -109,6 +115,11 @@ fn configurations_hide_their_secrets() -> TestResult {
             _ if url.starts_with("postgres") => PostgresConfig::from_url(&url)
                 .map(|c| format!("{c:?}\n{c:#?}"))
                 .unwrap_or_else(|e| printed(&e)),
+            _ if url.starts_with("mysql") || url.starts_with("mariadb") => {
+                MysqlConfig::from_url(&url)
+                    .map(|c| format!("{c:?}\n{c:#?}"))
+                    .unwrap_or_else(|e| printed(&e))
+            }
             _ if url.starts_with("redis") => RedisConfig::from_url(&url)
                 .map(|c| format!("{c:?}\n{c:#?}"))
                 .unwrap_or_else(|e| printed(&e)),

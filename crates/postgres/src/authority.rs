@@ -20,7 +20,6 @@ use tokio::task::JoinHandle;
 
 use crate::config::{FenceSafetyOption, Pooler, PostgresConfig};
 use crate::errors::{self, BACKEND};
-use crate::lanes::Lanes;
 use crate::notify::{self, LastSeen, ListenConfig, Waiters};
 use crate::statements::{
     add_columns_sql, create_sql, sql, Statements, ADDED, ADDED_COLUMNS, MARK_MAX,
@@ -28,6 +27,7 @@ use crate::statements::{
 use crate::table::TableName;
 use crate::table_version::TableVersion;
 use crate::token::PgFence;
+use leasehold_sql_common::Lanes;
 
 mod acquisition;
 mod sending;
@@ -48,7 +48,7 @@ const UNHEARD_POLL: Duration = Duration::from_millis(250);
 
 struct Inner {
     pool: PgPool,
-    lanes: Lanes,
+    lanes: Lanes<PgConnection>,
     config: PostgresConfig,
     capabilities: Capabilities,
     statements: Statements,
@@ -200,7 +200,7 @@ pub(crate) fn declare(
         FenceSafetyOption::Linearizable => FenceSafety::Linearizable,
         FenceSafetyOption::FailoverUnsafe => FenceSafety::FailoverUnsafe,
         FenceSafetyOption::Auto if waits_for_standby => FenceSafety::Linearizable,
-        FenceSafetyOption::Auto => FenceSafety::FailoverUnsafe,
+        _ => FenceSafety::FailoverUnsafe,
     };
     (safety, true)
 }

@@ -11,6 +11,7 @@ use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use sqlx::postgres::PgConnectOptions;
 
 use crate::table::TableName;
+pub use leasehold_sql_common::FenceSafetyOption;
 
 /// Query parameters handed to the PostgreSQL driver as they are (TLS, application name, ...).
 const DRIVER_PARAMS: &[&str] = &[
@@ -31,35 +32,6 @@ const DRIVER_PARAMS: &[&str] = &[
     "dbname",
     "user",
 ];
-
-/// What the operator says about the fences of the connected server (URL `fence_safety`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum FenceSafetyOption {
-    /// Read the server's replication settings at connect: fences are linearizable only where
-    /// every commit waits for a synchronous standby (`synchronous_standby_names` set and
-    /// `synchronous_commit` `on` or `remote_apply`). The default.
-    #[default]
-    Auto,
-    /// The operator vouches that a failover never loses a commit (for example a managed service
-    /// that replicates storage synchronously, which the server's settings cannot show).
-    Linearizable,
-    /// Declare fences failover-unsafe whatever the server says.
-    FailoverUnsafe,
-}
-
-impl FromStr for FenceSafetyOption {
-    type Err = ();
-
-    fn from_str(s: &str) -> std::result::Result<Self, ()> {
-        match s {
-            "auto" => Ok(FenceSafetyOption::Auto),
-            "linearizable" => Ok(FenceSafetyOption::Linearizable),
-            "failover-unsafe" => Ok(FenceSafetyOption::FailoverUnsafe),
-            _ => Err(()),
-        }
-    }
-}
 
 /// What stands between the authority and PostgreSQL (URL `pooler`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -137,14 +109,7 @@ impl fmt::Debug for PostgresConfig {
     }
 }
 
-/// Text from the driver or a server that may quote the URL: every secret in it masked.
-pub(crate) fn redact_text(text: &str, secrets: &[&str]) -> String {
-    let mut out = redact_url(text);
-    for secret in secrets.iter().filter(|s| !s.is_empty()) {
-        out = out.replace(secret, "***");
-    }
-    out
-}
+pub(crate) use leasehold_sql_common::redact_text;
 
 impl PostgresConfig {
     /// Parses a `postgres://` or `postgresql://` URL.

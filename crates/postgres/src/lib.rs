@@ -25,7 +25,6 @@ mod authority;
 mod config;
 mod errors;
 pub mod guarded;
-mod lanes;
 mod notify;
 mod statements;
 mod table;

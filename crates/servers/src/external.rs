@@ -17,6 +17,17 @@ pub const REDIS_URL_VAR: &str = "LEASEHOLD_REDIS_URL";
 /// A PostgreSQL URL, e.g. `postgres://leasehold@127.0.0.1:5432/postgres`.
 pub const POSTGRES_URL_VAR: &str = "LEASEHOLD_POSTGRES_URL";
 
+/// A MariaDB (or MySQL) URL, e.g. `mysql://leasehold:leasehold@127.0.0.1:3306/leasehold`.
+pub const MARIADB_URL_VAR: &str = "LEASEHOLD_MARIADB_URL";
+
+/// An S3 endpoint with a bucket named [`crate::object_stores::BUCKET`], e.g. moto's
+/// `http://127.0.0.1:5000` (path-style requests, any credentials).
+pub const S3_ENDPOINT_VAR: &str = "LEASEHOLD_S3_ENDPOINT";
+
+/// Azurite's blob endpoint of its development account, with a container named
+/// [`crate::object_stores::BUCKET`], e.g. `http://127.0.0.1:10000/devstoreaccount1`.
+pub const AZURITE_ENDPOINT_VAR: &str = "LEASEHOLD_AZURITE_ENDPOINT";
+
 fn non_empty(var: &str) -> Option<String> {
     std::env::var(var)
         .ok()
@@ -53,4 +64,19 @@ pub fn redis_url() -> Option<String> {
 /// `LEASEHOLD_POSTGRES_URL`: an external PostgreSQL.
 pub fn postgres_url() -> Option<String> {
     non_empty(POSTGRES_URL_VAR)
+}
+
+/// `LEASEHOLD_MARIADB_URL`: an external MariaDB or MySQL.
+pub fn mariadb_url() -> Option<String> {
+    non_empty(MARIADB_URL_VAR)
+}
+
+/// `LEASEHOLD_S3_ENDPOINT`: an external S3 API (moto, say).
+pub fn s3_endpoint() -> Option<String> {
+    non_empty(S3_ENDPOINT_VAR)
+}
+
+/// `LEASEHOLD_AZURITE_ENDPOINT`: an external Azurite's blob endpoint, account included.
+pub fn azurite_endpoint() -> Option<String> {
+    non_empty(AZURITE_ENDPOINT_VAR)
 }

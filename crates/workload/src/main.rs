@@ -40,6 +40,39 @@ azurite://HOST:PORT/CONTAINER.
 --cli-workers (default 1) of each arm's workers take their leases through the `leasehold` command
 ($LEASEHOLD_CLI, else `leasehold` beside this program).";
 
+/// Each history's label in the report: its file name without `.history.jsonl[.gz]`, or where
+/// two files share a name (the same backend run twice into different directories), its
+/// directory and file name, so no run's row or kept history stands in for another's.
+fn run_labels<'a>(paths: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let paths: Vec<&std::path::Path> = paths.map(std::path::Path::new).collect();
+    let name = |p: &std::path::Path| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .map(|n| {
+                n.trim_end_matches(".gz")
+                    .trim_end_matches(".history.jsonl")
+                    .to_string()
+            })
+            .unwrap_or_else(|| p.display().to_string())
+    };
+    let names: Vec<String> = paths.iter().map(|p| name(p)).collect();
+    paths
+        .iter()
+        .zip(&names)
+        .map(|(path, n)| {
+            let shared = names.iter().filter(|other| *other == n).count() > 1;
+            let dir = path
+                .parent()
+                .and_then(|d| d.file_name())
+                .and_then(|d| d.to_str());
+            match (shared, dir) {
+                (true, Some(dir)) => format!("{dir}/{n}"),
+                _ => n.clone(),
+            }
+        })
+        .collect()
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -380,20 +413,11 @@ fn report_command(args: &[String]) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let labels = run_labels(runs.iter().map(|(path, _)| path.as_str()));
     let runs: Vec<ReportRun> = runs
         .into_iter()
-        .map(|(path, history)| ReportRun {
-            label: std::path::Path::new(&path)
-                .file_name()
-                .and_then(|n| n.to_str())
-                .map(|n| {
-                    n.trim_end_matches(".gz")
-                        .trim_end_matches(".history.jsonl")
-                        .to_string()
-                })
-                .unwrap_or(path),
-            history,
-        })
+        .zip(labels)
+        .map(|((_, history), label)| ReportRun { label, history })
         .collect();
     match render(&runs, &how, &out) {
         Ok(()) => {
@@ -404,5 +428,30 @@ fn report_command(args: &[String]) -> ExitCode {
             eprintln!("leasehold-workload: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run_labels;
+
+    #[test]
+    fn histories_that_share_a_file_name_are_told_apart_by_their_directory() {
+        let labels = run_labels(
+            [
+                "wl/etcd/etcd-fenced.history.jsonl",
+                "wl/zookeeper/zookeeper-fenced.history.jsonl",
+                "wl/zk-azurite/zookeeper-fenced.history.jsonl.gz",
+            ]
+            .into_iter(),
+        );
+        assert_eq!(
+            labels,
+            [
+                "etcd-fenced",
+                "zookeeper/zookeeper-fenced",
+                "zk-azurite/zookeeper-fenced"
+            ]
+        );
     }
 }

@@ -116,7 +116,10 @@ fn short_run_for(
     // Cut lengths, and the TTLs asked for, over both arms.
     let (mut cuts, mut ttls) = (Vec::new(), Vec::new());
     for (arm, cli_worker) in [("fenced", 3), ("control", 7)] {
-        let path = out.join(format!("{backend}-{arm}.history.jsonl"));
+        let path = out.join(match resource {
+            Resource::Postgres => format!("{backend}-{arm}.history.jsonl"),
+            other => format!("{backend}-{}-{arm}.history.jsonl", other.name()),
+        });
         let history = History::read_file(&path).expect("the merged history reads back");
         handoff_gaps.extend(release_to_handoff_fault(&history));
         let recorded = history.events().iter().find_map(|e| match &e.what {

@@ -35,7 +35,7 @@ pub(super) enum Sent<T> {
 }
 
 impl Inner {
-    /// Runs `once` on a lane's connection (see [`Lanes`](crate::lanes::Lanes)). A conflict with a concurrent transaction (SQLSTATE
+    /// Runs `once` on a lane's connection (see [`Lanes`](leasehold_sql_common::Lanes)). A conflict with a concurrent transaction (SQLSTATE
     /// 40001 or 40P01, under a `repeatable read` or `serializable` default) changed nothing: it
     /// is run again, with a fresh snapshot, until `give_up`. A connection that broke or reaches
     /// a read-only server is closed, and its lane connects afresh next time; so is one whose

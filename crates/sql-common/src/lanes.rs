@@ -1,9 +1,10 @@
-//! The connections lease statements run on: `pool_size` lanes, each one connection kept for as
-//! long as it works.
+//! The connections the SQL authorities' lease statements run on: `pool_size` lanes, each one
+//! connection kept for as long as it works. Generic over sqlx's connection type, so the
+//! PostgreSQL and MySQL authorities share it.
 //!
 //! Why not sqlx's pool: it pings every connection it takes back (unconditionally, in a task of
 //! its own), so each statement costs a second round trip on the server and the client; measured,
-//! that was a quarter of an uncontended acquire + release (see docs/performance-log.md). A lane is
+//! that was a quarter of an uncontended acquire + release (see docs/performance-log.md in the repository). A lane is
 //! simply locked, used and unlocked. What the pool's ping protects against is handled here:
 //! * a statement in flight owns its connection: it leaves the lane with [`Lane::connection`] and
 //!   comes back with the answer ([`Lane::put_back`]). A statement dropped unanswered (its caller
@@ -13,47 +14,66 @@
 //!   and the lowest free lane is the one taken next: one silent connection stalled every lease
 //!   of the authority until TCP gave up (about 15 minutes);
 //! * a connection that broke is closed when a statement on it fails so (see
-//!   `errors::discards_connection`), and the lane connects again on its next use;
+//!   each backend's `errors::discards_connection`), and the lane connects again on its next use;
 //! * a connection idle for [`PING_AFTER_IDLE`] is pinged before use, within half the time the
 //!   caller has left, and replaced if that fails or stays silent.
 //!
 //! Waiting for a lane is first come, first served (a semaphore with one permit per lane) and
 //! bounded by the caller's own timeout, as every wait is.
 
+use std::fmt;
 use std::time::Duration;
 
 use leasehold_core::time::saturating_add;
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, Connection, PgConnection};
+use sqlx::{ConnectOptions, Connection};
 use tokio::sync::{Mutex, MutexGuard, Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
 /// A lane idle this long is pinged before its next statement.
-pub(crate) const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+pub const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 
-#[derive(Debug)]
-struct Slot {
-    conn: Option<PgConnection>,
+struct Slot<C> {
+    conn: Option<C>,
     last_used: Instant,
 }
 
-/// The lanes of one authority.
-#[derive(Debug)]
-pub(crate) struct Lanes {
-    connect: PgConnectOptions,
+/// The lanes of one authority, each with a connection of type `C` (`sqlx::PgConnection`,
+/// `sqlx::MySqlConnection`).
+pub struct Lanes<C: Connection> {
+    connect: C::Options,
     free: Semaphore,
-    slots: Vec<Mutex<Slot>>,
+    slots: Vec<Mutex<Slot<C>>>,
+}
+
+impl<C: Connection> fmt::Debug for Lanes<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lanes")
+            .field("lanes", &self.slots.len())
+            .field("free", &self.free.available_permits())
+            .finish_non_exhaustive()
+    }
 }
 
 /// One lane, held for one statement (with its retries).
-pub(crate) struct Lane<'a> {
-    slot: MutexGuard<'a, Slot>,
+pub struct Lane<'a, C> {
+    slot: MutexGuard<'a, Slot<C>>,
     _turn: SemaphorePermit<'a>,
 }
 
-impl Lanes {
+impl<C> fmt::Debug for Lane<'_, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lane")
+            .field("connected", &self.slot.conn.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Connection> Lanes<C>
+where
+    C::Options: ConnectOptions<Connection = C>,
+{
     /// `size` lanes (at least one) connecting with `connect`; none connects before it is used.
-    pub(crate) fn new(connect: PgConnectOptions, size: usize) -> Self {
+    pub fn new(connect: C::Options, size: usize) -> Self {
         let size = size.max(1);
         Lanes {
             connect,
@@ -71,7 +91,7 @@ impl Lanes {
 
     /// Waits for a free lane and makes sure it has a working connection; a statement on it is
     /// due by `give_up`.
-    pub(crate) async fn take(&self, give_up: Instant) -> Result<Lane<'_>, sqlx::Error> {
+    pub async fn take(&self, give_up: Instant) -> Result<Lane<'_, C>, sqlx::Error> {
         let turn = self
             .free
             .acquire()
@@ -110,11 +130,11 @@ impl Lanes {
     }
 }
 
-impl Lane<'_> {
+impl<C> Lane<'_, C> {
     /// The lane's connection, for one statement: it stays out of the lane until
     /// [`Lane::put_back`], so a statement dropped before its answer closes it. Always there
     /// after `take`.
-    pub(crate) fn connection(&mut self) -> Result<PgConnection, sqlx::Error> {
+    pub fn connection(&mut self) -> Result<C, sqlx::Error> {
         self.slot
             .conn
             .take()
@@ -124,12 +144,12 @@ impl Lane<'_> {
     /// Returns the connection after its statement was answered. A connection not put back
     /// (it broke, or reaches a server that cannot take writes, or its statement was dropped
     /// unanswered) is closed, and the next statement on this lane connects afresh.
-    pub(crate) fn put_back(&mut self, conn: PgConnection) {
+    pub fn put_back(&mut self, conn: C) {
         self.slot.conn = Some(conn);
     }
 }
 
-impl Drop for Lane<'_> {
+impl<C> Drop for Lane<'_, C> {
     fn drop(&mut self) {
         self.slot.last_used = Instant::now();
     }
