@@ -3,6 +3,8 @@
 //! faults the harness offers.
 #![allow(dead_code)]
 
+pub mod suite;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
