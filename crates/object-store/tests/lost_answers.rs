@@ -11,10 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_conformance::kit::{self, ErrOrFail, OrFail, TestResult};
+use leasehold_conformance::kit::{ErrOrFail, OrFail, TestResult};
 use leasehold_conformance::Failure;
 use leasehold_core::{Authority, LockKey, OwnerToken, Released};
-use leasehold_servers::MotoServer;
 use object_store::ObjectStoreExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -96,7 +95,7 @@ async fn seq_of(store: &dyn object_store::ObjectStore, key: &LockKey) -> TestRes
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_whose_answer_was_lost_is_recognised_as_the_holders_own() -> TestResult {
-    let moto = kit::start("moto", MotoServer::start).await?;
+    let moto = support::shared_moto().await?;
     let lose = Arc::new(AtomicBool::new(false));
     let port = losing_proxy(moto.port(), lose.clone())
         .await
@@ -152,7 +151,7 @@ async fn a_renewal_whose_answer_was_lost_is_recognised_as_the_holders_own() -> T
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquisition_whose_answer_was_lost_holds_until_its_ttl_ends() -> TestResult {
-    let moto = kit::start("moto", MotoServer::start).await?;
+    let moto = support::shared_moto().await?;
     let lose = Arc::new(AtomicBool::new(true));
     let port = losing_proxy(moto.port(), lose.clone())
         .await

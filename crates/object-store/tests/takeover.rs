@@ -1,17 +1,16 @@
 //! A holder that stops (paused, so it neither renews nor releases) loses its key only when the
 //! store's clock says its lease is over, and its renewal after the takeover is refused without
 //! touching the new holder's lease. Against S3 on moto and Azure Blob on Azurite, each started
-//! by the harness.
+//! by the harness, one of each shared by the binary's tests (each on keys of its own).
 #![cfg(all(feature = "aws", feature = "azure"))]
 
 mod support;
 
 use std::time::Duration;
 
-use leasehold_conformance::kit::{self, ErrOrFail, OrFail, TestResult};
+use leasehold_conformance::kit::{ErrOrFail, OrFail, TestResult};
 use leasehold_conformance::Failure;
 use leasehold_core::{Authority, Instant, LockKey, OwnerToken, Released};
-use leasehold_servers::{AzuriteServer, MotoServer};
 
 fn key(name: &str) -> TestResult<LockKey> {
     let run = OwnerToken::generate().or_fail("a run id")?.to_hex();
@@ -24,8 +23,7 @@ fn key(name: &str) -> TestResult<LockKey> {
 /// the declared slack and a poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_s3_a_paused_holder_loses_its_key_only_when_the_store_clock_says_so() -> TestResult {
-    let moto = kit::start("moto", MotoServer::start).await?;
-    let url = moto.url();
+    let url = support::shared_moto().await?.url();
     paused_holder(support::Clients::new(
         move || support::s3(&url),
         support::config(),
@@ -35,8 +33,7 @@ async fn on_s3_a_paused_holder_loses_its_key_only_when_the_store_clock_says_so()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_azure_a_paused_holder_loses_its_key_only_when_the_store_clock_says_so() -> TestResult {
-    let azurite = kit::start("Azurite", AzuriteServer::start).await?;
-    let port = azurite.port();
+    let port = support::shared_azurite().await?.port();
     paused_holder(support::Clients::new(
         move || support::azure(port),
         support::config(),
@@ -100,8 +97,7 @@ async fn paused_holder(clients: support::Clients) -> TestResult {
 /// holder's lease, fence and value are as it left them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_s3_a_renewal_after_a_takeover_is_refused_and_leaves_the_new_holder() -> TestResult {
-    let moto = kit::start("moto", MotoServer::start).await?;
-    let url = moto.url();
+    let url = support::shared_moto().await?.url();
     refused_after_takeover(support::Clients::new(
         move || support::s3(&url),
         support::config(),
@@ -111,8 +107,7 @@ async fn on_s3_a_renewal_after_a_takeover_is_refused_and_leaves_the_new_holder()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_azure_a_renewal_after_a_takeover_is_refused_and_leaves_the_new_holder() -> TestResult {
-    let azurite = kit::start("Azurite", AzuriteServer::start).await?;
-    let port = azurite.port();
+    let port = support::shared_azurite().await?.port();
     refused_after_takeover(support::Clients::new(
         move || support::azure(port),
         support::config(),

@@ -67,6 +67,37 @@ pub fn azure(port: u16) -> TestResult<Arc<dyn ObjectStore>> {
     Ok(Arc::new(store))
 }
 
+/// One moto for every test of a binary that only reads and writes its own keys (none pauses
+/// or restarts it): starting one takes longer than most of these tests. Started off the
+/// runtime's workers; it lives until the test process ends.
+#[cfg(feature = "aws")]
+pub async fn shared_moto() -> TestResult<&'static leasehold_servers::MotoServer> {
+    use std::sync::OnceLock;
+    static MOTO: OnceLock<Result<leasehold_servers::MotoServer, String>> = OnceLock::new();
+    tokio::task::spawn_blocking(|| {
+        MOTO.get_or_init(|| leasehold_servers::MotoServer::start().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| leasehold_conformance::Failure::new(format!("moto must start: {e}")))
+    })
+    .await
+    .or_fail("start the shared moto")?
+}
+
+/// One Azurite for every test of a binary, as [`shared_moto`].
+#[cfg(feature = "azure")]
+pub async fn shared_azurite() -> TestResult<&'static leasehold_servers::AzuriteServer> {
+    use std::sync::OnceLock;
+    static AZURITE: OnceLock<Result<leasehold_servers::AzuriteServer, String>> = OnceLock::new();
+    tokio::task::spawn_blocking(|| {
+        AZURITE
+            .get_or_init(|| leasehold_servers::AzuriteServer::start().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| leasehold_conformance::Failure::new(format!("Azurite must start: {e}")))
+    })
+    .await
+    .or_fail("start the shared Azurite")?
+}
+
 type MakeStore = dyn Fn() -> TestResult<Arc<dyn ObjectStore>> + Send + Sync;
 
 /// New authorities, each on a new store client.
