@@ -462,11 +462,19 @@ async fn creator_only_over_tls(
     let secure = secure_hosts(server)?;
     let with_user = |who: &str| secure.replace("127.0.0.1", &format!("{who}@127.0.0.1"));
     // Alice presents the client certificate (CN=client) and digest credentials.
-    let alice = ZkAuthority::connect(&client_url(
+    // Sessions here are opened while the binary's other tests start JVMs and handshake: the
+    // connects get time for that, as the ACLs, not the timeout, are under test.
+    let patient = |url: String| {
+        url.replace(
+            &format!("timeout_ms={}", TIMEOUT.as_millis()),
+            "timeout_ms=10000",
+        )
+    };
+    let alice = ZkAuthority::connect(&patient(client_url(
         certs,
         &with_user("alice:s3cret-pw"),
         "/tls-acl",
-    ))
+    )))
     .await
     .or_fail("connect as alice")?;
     let k = key("payout:tls")?;
@@ -526,7 +534,7 @@ async fn creator_only_over_tls(
     } else {
         zks(&with_user("mallory:hunter2"), "/tls-acl", &certs.ca(), None)
     };
-    let mallory = ZkAuthority::connect(&mallory_url)
+    let mallory = ZkAuthority::connect(&patient(mallory_url))
         .await
         .or_fail("connect as mallory")?;
     let outcome = mallory.try_acquire(&k, ttl).await;
