@@ -22,7 +22,7 @@ use serde::Deserialize;
 /// The published libraries whose surface users build on. The CLI, the bench, the workload, the
 /// conformance suite and the test servers are left out: they are programs or test support,
 /// whose Rust API no user is promised.
-const CRATES: [&str; 13] = [
+const CRATES: [&str; 14] = [
     "leasehold",
     "leasehold-core",
     "leasehold-memory",
@@ -36,6 +36,7 @@ const CRATES: [&str; 13] = [
     "leasehold-gate-sql",
     "leasehold-gate-http",
     "leasehold-gate-object",
+    "leasehold-object-store",
 ];
 
 /// Set by this program for the copy of itself that cargo runs as `RUSTDOC`: the rustdoc to run.

@@ -44,7 +44,7 @@ fn retryable(error: &object_store::Error) -> bool {
 
 /// Cuts every URL's query string out of `text` (`?` up to the next whitespace): an Azure SAS
 /// token or a presigned signature travels there, and a store's error may quote its URL.
-pub(crate) fn redact(text: &str) -> String {
+pub fn redact(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut in_query = false;
     for c in text.chars() {
@@ -69,16 +69,27 @@ pub(crate) fn redact(text: &str) -> String {
 /// conditional writes). The message has every URL's query string cut out, and the source is not
 /// kept, since its text may quote a signed URL; the message keeps the rest of its text.
 pub fn map_error(error: object_store::Error, operation: &str, path: &str) -> Error {
+    map_error_for(BACKEND, error, operation, path)
+}
+
+/// [`map_error`] for another user of an object store (the object-store authority), whose errors
+/// name it as their `backend`.
+pub fn map_error_for(
+    backend: &'static str,
+    error: object_store::Error,
+    operation: &str,
+    path: &str,
+) -> Error {
     let message = format!("{operation} {path}: {}", redact(&error.to_string()));
     if retryable(&error) {
         Error::Unavailable {
-            backend: BACKEND,
+            backend,
             message,
             source: None,
         }
     } else {
         Error::Backend {
-            backend: BACKEND,
+            backend,
             message,
             retryable: false,
             source: None,

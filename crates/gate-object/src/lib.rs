@@ -67,7 +67,7 @@ mod error;
 mod format;
 mod object;
 
-pub use error::map_error;
+pub use error::{map_error, map_error_for, redact};
 pub use format::FENCE_HEADER;
 pub use object::FencedObject;
 

@@ -21,6 +21,9 @@ const SCHEMES: &[(&str, &str)] = &[
     ("etcds", "etcd"),
     ("zk", "zookeeper"),
     ("zks", "zookeeper"),
+    ("s3", "object-store"),
+    ("az", "object-store"),
+    ("gs", "object-store"),
 ];
 
 /// Connects to the authority a URL names, so an application picks its backend per deployment
@@ -37,6 +40,7 @@ const SCHEMES: &[(&str, &str)] = &[
 /// | `redis+cluster://n1:6379,n2:6379,n3:6379` | Redis Cluster (sharded pub/sub, follows slot moves) | `redis` |
 /// | `etcd://h1:2379,h2:2379`, `etcds://` | etcd | `etcd` |
 /// | `zk://h1:2181,h2:2181/chroot`, `zks://...?tls_ca=ca.pem` | ZooKeeper | `zookeeper` |
+/// | `s3://bucket/prefix`, `az://container/prefix`, `gs://bucket/prefix` | objects in S3, Azure Blob or GCS (credentials from the environment) | `object-store` |
 ///
 /// Every backend understands the common query parameters `epoch` (the deployment epoch in the
 /// top bits of every fence), `safety_margin_ms` and `clock_drift_per_mille` (what a grant's local
@@ -73,6 +77,10 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Authority>> {
         "etcd" | "etcds" => Arc::new(leasehold_etcd::EtcdAuthority::connect(url).await?),
         #[cfg(feature = "zookeeper")]
         "zk" | "zks" => Arc::new(leasehold_zookeeper::ZkAuthority::connect(url).await?),
+        #[cfg(feature = "object-store")]
+        "s3" | "az" | "gs" => {
+            Arc::new(leasehold_object_store::ObjectStoreAuthority::connect(url).await?)
+        }
         other => return Err(not_built_in(other, url)),
     };
     Ok(Arc::new(Instrumented::new(inner)))
@@ -169,10 +177,29 @@ mod tests {
         let err = not_built_in("redis+sentinel", "redis+sentinel://:hunter2@h1,h2/m");
         let shown = format!("{err} {err:?}");
         assert!(shown.contains("`redis` feature"), "{shown}");
+        let err = not_built_in("gs", "gs://bucket/locks");
+        assert!(err.to_string().contains("`object-store` feature"), "{err}");
         let err = not_built_in("redis+cluster", "redis+cluster://:hunter2@h1:7000,h2:7001");
         let shown = format!("{err} {err:?}");
         assert!(shown.contains("`redis` feature"), "{shown}");
         assert!(!shown.contains("hunter2"), "{shown}");
+    }
+
+    /// Object-store URLs reach their backend, which refuses a credential in the URL without
+    /// showing it (no request is made).
+    #[cfg(feature = "object-store")]
+    #[tokio::test]
+    async fn object_store_urls_refuse_credentials() {
+        for url in [
+            "s3://bucket/locks?secret_access_key=hunter2",
+            "az://container/locks?access_key=hunter2",
+        ] {
+            let err = connect(url).await.unwrap_err();
+            let shown = format!("{err} {err:?}");
+            assert!(matches!(err, Error::InvalidUrl { .. }), "{url}: {shown}");
+            assert!(shown.contains("environment"), "{url}: {shown}");
+            assert!(!shown.contains("hunter2"), "{url}: {shown}");
+        }
     }
 
     /// Two clients of one file exclude each other and share its fence counter.

@@ -49,14 +49,15 @@
 //! | `redis` | `redis://`, `rediss://` | `SET NX PX` with an `INCR` fence (failover-unsafe, declared) |
 //! | `etcd` | `etcd://`, `etcds://` | etcd's lock recipe; the create revision as the fence |
 //! | `zookeeper` | `zk://`, `zks://` | Curator's and kazoo's lock recipe; the czxid as the fence |
+//! | `object-store` | `s3://`, `az://`, `gs://` | one object per key in S3, Azure Blob or GCS; conditional puts, expiry by the store's clock |
 //! | `full` | all of the above | every backend, and the SQL and Redis gates |
 //!
 //! Gates, the resource side (`leasehold::gate`, one module per store): `gate-sql-postgres`,
 //! `gate-sql-sqlite`, `gate-sql-mysql`, or `gate-sql` for all three (`gate::sql`); `gate-object`,
 //! with `gate-object-aws`, `gate-object-gcp`, `gate-object-azure` for the clouds' clients
 //! (`gate::object`); `gate-http-client`, `gate-http-server`, or `gate-http` for both
-//! (`gate::http`); and `gate::redis` with `redis`. `full` leaves out the object-store and HTTP
-//! gates: they bring an HTTP client stack, and axum and reqwest, that only their users need.
+//! (`gate::http`); and `gate::redis` with `redis`. `full` leaves out the object and HTTP gates:
+//! the HTTP gate brings axum and reqwest, and the object gate serves only those guarding objects.
 //!
 //! [`connect`] with a scheme whose feature is off answers [`Error::InvalidUrl`], naming the
 //! feature to enable.
@@ -117,3 +118,7 @@ pub use leasehold_etcd as etcd;
 /// The ZooKeeper authority (the contender node's czxid as the fence).
 #[cfg(feature = "zookeeper")]
 pub use leasehold_zookeeper as zookeeper;
+
+/// The object-store authority: leases as objects in S3, Azure Blob or Google Cloud Storage.
+#[cfg(feature = "object-store")]
+pub use leasehold_object_store as object_store;
