@@ -123,6 +123,14 @@ pub enum FaultKind {
     /// The resource server killed and started again on its data (crash recovery); healed when
     /// it accepts connections again.
     RestartResource,
+    /// The authority (one server) stopped (`SIGSTOP`) for a while, then resumed: requests sent
+    /// meanwhile fail at the client or answer late, and leases run out by the authority's clock
+    /// while no holder can renew.
+    PauseAuthority,
+    /// The authority (one server) stopped cleanly and started again on its data, for a store
+    /// whose crash would test the emulator rather than the service it stands for (Azurite keeps
+    /// its metadata in memory between saves); healed when it serves again.
+    RestartAuthority,
 }
 
 /// What happened. Each worker operation is an `*_invoke` followed by exactly one completion,

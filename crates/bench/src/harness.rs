@@ -3,16 +3,19 @@
 
 use std::any::Any;
 
-use leasehold_servers::{EtcdServer, PostgresServer, RedisServer, ZkServer};
+use leasehold_servers::{
+    AzuriteServer, EtcdServer, MariaDbServer, PostgresServer, RedisServer, ZkServer,
+};
 
 use crate::BoxError;
 
 /// A server the bench started: a guard that stops it when dropped, its URL, and its pid (whose
-/// process tree's CPU time the bench reads).
+/// process tree's CPU time the bench reads); for an object store, its endpoint too.
 pub struct Started {
     pub guard: Box<dyn Any>,
     pub url: String,
     pub pid: Option<u32>,
+    pub endpoint: Option<String>,
 }
 
 /// Starts `backend`'s server.
@@ -38,7 +41,35 @@ pub fn start(backend: &str) -> Result<Started, BoxError> {
             let (url, pid) = (format!("zk://{}", s.connect_string()), s.pid());
             (Box::new(s), url, pid)
         }
+        "mysql" => {
+            let s = MariaDbServer::start()?;
+            let (url, pid) = (s.url(), s.pid());
+            (Box::new(s), url, pid)
+        }
+        "object-store" => {
+            use leasehold_servers::object_stores::{AZURITE_ACCOUNT, BUCKET};
+            let s = AzuriteServer::start()?;
+            let endpoint = s.url();
+            let encoded: String =
+                url::form_urlencoded::byte_serialize(endpoint.as_bytes()).collect();
+            let url = format!(
+                "az://{BUCKET}/bench?account_name={AZURITE_ACCOUNT}&endpoint={encoded}\
+                 &allow_http=true"
+            );
+            let pid = s.pid();
+            return Ok(Started {
+                guard: Box::new(s),
+                url,
+                pid,
+                endpoint: Some(endpoint),
+            });
+        }
         other => return Err(format!("no harness server for {other}").into()),
     };
-    Ok(Started { guard, url, pid })
+    Ok(Started {
+        guard,
+        url,
+        pid,
+        endpoint: None,
+    })
 }

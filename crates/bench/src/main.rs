@@ -7,6 +7,8 @@
 //! cargo run --release -p leasehold-bench -- postgres              # starts its own server
 //! cargo run --release -p leasehold-bench -- postgres --url postgres://...
 //! cargo run --release -p leasehold-bench -- redis --runtime multi --only throughput
+//! cargo run --release -p leasehold-bench -- mysql                 # MariaDB from Debian
+//! cargo run --release -p leasehold-bench -- object-store          # Azurite (no --url)
 //! ```
 //!
 //! Measurements (`--only` picks one; all by default):
@@ -35,6 +37,8 @@ mod etcd;
 mod harness;
 mod held;
 mod memory;
+mod mysql;
+mod object_store;
 mod postgres;
 mod redis;
 mod server_cpu;
@@ -218,6 +222,14 @@ fn parse() -> Result<Options, BoxError> {
 
 fn main() -> Result<(), BoxError> {
     let options = parse()?;
+    if options.backend == "object-store" {
+        // Before any thread exists: leasehold's client and the raw one read the store's key
+        // from the environment, never from a URL (Azurite's public development key).
+        use leasehold_servers::object_stores::AZURITE_KEY;
+        if std::env::var_os("AZURE_STORAGE_ACCOUNT_KEY").is_none() {
+            std::env::set_var("AZURE_STORAGE_ACCOUNT_KEY", AZURITE_KEY);
+        }
+    }
     let runtime = if options.multi_thread {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -238,7 +250,19 @@ async fn bench(o: Options) -> Result<(), BoxError> {
     let mut server_pid = None;
     let subject = match backend {
         "memory" => memory::subject().await?,
-        "postgres" | "redis" | "etcd" | "zookeeper" => {
+        "object-store" => {
+            if o.url.is_some() {
+                return Err("object-store measures the Azurite it starts itself (no --url)".into());
+            }
+            let started = harness::start(backend)?;
+            println!("started Azurite for this run: {}", started.url);
+            server_pid = started.pid;
+            let endpoint = started.endpoint.clone().unwrap_or_default();
+            let url = started.url.clone();
+            _server = Some(started.guard);
+            object_store::subject(&url, &endpoint).await?
+        }
+        "postgres" | "mysql" | "redis" | "etcd" | "zookeeper" => {
             let url = match o.url.clone() {
                 Some(url) => url,
                 None => {
@@ -251,6 +275,7 @@ async fn bench(o: Options) -> Result<(), BoxError> {
             };
             match backend {
                 "postgres" => postgres::subject(&url).await?,
+                "mysql" => mysql::subject(&url).await?,
                 "redis" => redis::subject(&url).await?,
                 "etcd" => etcd::subject(&url).await?,
                 _ => zookeeper::subject(&url).await?,
@@ -258,7 +283,8 @@ async fn bench(o: Options) -> Result<(), BoxError> {
         }
         other => {
             return Err(format!(
-                "unknown backend {other}; known: memory, postgres, redis, etcd, zookeeper"
+                "unknown backend {other}; known: memory, postgres, mysql, redis, etcd, \
+                 zookeeper, object-store"
             )
             .into())
         }

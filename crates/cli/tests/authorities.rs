@@ -1,7 +1,7 @@
 //! `leasehold run` with the authorities other than Redis, each real: etcd leaves no session lease
 //! behind, `leasehold migrate` makes PostgreSQL's and MariaDB's tables (and the psql recipe in
-//! the docs guards with the fence), two processes exclude each other through one SQLite file, and a run serves
-//! its metrics.
+//! the docs guards with the fence), two processes exclude each other through one SQLite file and
+//! through an S3 bucket, and a run serves its metrics.
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -403,6 +403,56 @@ fn run_serves_prometheus_metrics_while_the_command_runs() -> Result {
         text(&out).contains("cannot serve metrics"),
         "{}",
         text(&out)
+    );
+    Ok(())
+}
+
+/// `leasehold run` on an S3 bucket (moto's server mode): the command gets a fence, a second run
+/// finds the key held while the first runs (75), and the next run's fence is greater. The
+/// credentials come from the environment, as the URL refuses them.
+#[test]
+fn run_on_an_s3_bucket_hands_out_growing_fences_and_excludes_a_second_run() -> Result {
+    let moto = leasehold_servers::MotoServer::start().or_fail("moto must start")?;
+    let url = format!(
+        "s3://{}/cli?endpoint={}&region=us-east-1&allow_http=true&timeout_ms=3000",
+        leasehold_servers::object_stores::BUCKET,
+        moto.url()
+    );
+    let run = |args: &[&str]| -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+        command
+            .args(["run", "--url", &url, "--key", "job:s3", "--ttl", "10s"])
+            .args(args)
+            .env_remove("LEASEHOLD_URL")
+            .env("AWS_ACCESS_KEY_ID", "leasehold")
+            .env("AWS_SECRET_ACCESS_KEY", "leasehold");
+        command
+    };
+    let dir = leasehold_servers::process::server_dir("cli-s3").or_fail("a scratch directory")?;
+    let (fence_file, done) = (dir.path().join("fence"), dir.path().join("done"));
+    let mut holder = run(&["--", "sh", "-c", &hold_script(&fence_file, &done)])
+        .spawn()
+        .or_fail("start the holder")?;
+    wait_for_file(&fence_file, &mut holder)?;
+    let first = common::read_fence(&fence_file)?;
+    assert!(first > 0, "the first run's fence: {first}");
+
+    let held = run(&["--", "true"]).output().or_fail("run a second")?;
+    assert_eq!(code(&held), 75, "{}", text(&held));
+
+    std::fs::write(&done, b"done").or_fail("let the holder finish")?;
+    assert!(holder.wait().or_fail("wait for the holder")?.success());
+    let next = run(&["--", "sh", "-c", "echo $LEASEHOLD_FENCE"])
+        .output()
+        .or_fail("run a third")?;
+    assert_eq!(code(&next), 0, "{}", text(&next));
+    let fence: u64 = String::from_utf8_lossy(&next.stdout)
+        .trim()
+        .parse()
+        .or_fail(format!("the fence in {}", text(&next)))?;
+    assert!(
+        fence > first,
+        "the next run's fence {fence} must exceed {first}"
     );
     Ok(())
 }

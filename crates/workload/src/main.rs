@@ -19,7 +19,7 @@ use leasehold_conformance::workload::{check_recorded, History};
 use leasehold_workload::broken::IgnoresHolder;
 use leasehold_workload::cli_round::{self, RoundConfig};
 use leasehold_workload::cli_worker::{self, CliWorkerConfig};
-use leasehold_workload::deployment::Backend;
+use leasehold_workload::deployment::{object_store, Backend};
 use leasehold_workload::report::{render, ReportRun};
 use leasehold_workload::resource::{self, ResourceKind};
 use leasehold_workload::runner::{run, Arm, RunOptions};
@@ -27,7 +27,7 @@ use leasehold_workload::worker::{Log, PauseBy, Worker, WorkerConfig};
 
 const USAGE: &str = "usage:
   leasehold-workload run --backend etcd|zookeeper|postgres|postgres-standby|postgres-pgbouncer|
-      redis|redis-sentinel|redis-cluster|sqlite [--nodes N] [--duration 60s]
+      redis|redis-sentinel|redis-cluster|sqlite|mysql|object-store [--nodes N] [--duration 60s]
       [--seed N] [--workers N] [--keys N] [--arms fenced,control] [--url AUTHORITY_URL]
       [--resource postgres|azurite] [--resource-url URL] [--out DIR] [--pause-probability P]
       [--cancel-probability P] [--fault-gap 1s..3s] [--cli-workers N] [--broken ignores-holder]
@@ -75,6 +75,15 @@ fn run_labels<'a>(paths: impl Iterator<Item = &'a str>) -> Vec<String> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if starts_object_store(&args) {
+        // Before any thread exists: the runner's connects and its workers (which inherit the
+        // environment) read the store's key from it, never from a URL.
+        for (name, value) in object_store::ENV {
+            if std::env::var_os(name).is_none() {
+                std::env::set_var(name, value);
+            }
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -106,6 +115,15 @@ fn main() -> ExitCode {
         }
         _ => usage("expected a command"),
     }
+}
+
+/// Whether `args` run the object-store form on an Azurite the runner starts (not one given by
+/// `--url`, whose credentials are the caller's).
+fn starts_object_store(args: &[String]) -> bool {
+    let flag = |name: &str| args.windows(2).find(|w| w[0] == name).map(|w| w[1].as_str());
+    args.first().map(String::as_str) == Some("run")
+        && flag("--backend").and_then(Backend::parse) == Some(Backend::ObjectStore)
+        && flag("--url").is_none()
 }
 
 fn usage(problem: &str) -> ExitCode {

@@ -83,6 +83,16 @@ pub fn version_of(program: &str) -> Option<String> {
                 .map_or(l.clone(), str::to_string)
         }),
         "azurite" => first_line("azurite-blob", &["--version"]),
+        // `mariadbd  Ver 10.11.14-MariaDB-0+deb12u2 for debian-linux-gnu on x86_64 (...)`
+        "mariadb" => {
+            let server = leasehold_servers::mariadb::mariadbd_path().ok()?;
+            first_line(server, &["--version"]).map(|l| {
+                l.split_whitespace()
+                    .skip_while(|w| *w != "Ver")
+                    .nth(1)
+                    .map_or(l.clone(), str::to_string)
+            })
+        }
         "pgbouncer" => first_line("pgbouncer", &["--version"])
             .map(|l| l.trim_start_matches("PgBouncer").trim().to_string()),
         other => first_line(other, &["--version"]),
@@ -123,6 +133,8 @@ pub fn programs(options: &RunOptions) -> Vec<&'static str> {
             Backend::PostgresPgbouncer => &["postgres", "pgbouncer"],
             Backend::Redis | Backend::RedisSentinel | Backend::RedisCluster => &["redis-server"],
             Backend::Sqlite => &[],
+            Backend::MySql => &["mariadb"],
+            Backend::ObjectStore => &["azurite"],
         });
     }
     if options.resource_url.is_none() {

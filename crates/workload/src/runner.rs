@@ -663,6 +663,12 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
             .migrate()
             .await?;
     }
+    if options.backend == Backend::MySql {
+        leasehold::mysql::MysqlAuthority::connect(&url)
+            .await?
+            .migrate()
+            .await?;
+    }
     let probe = connect_retrying(&url, Duration::from_secs(30)).await?;
     let (ttl_min, ttl_max, ttl_step) = ttl_bounds(probe.as_ref());
     let failover_unsafe = probe.capabilities().fence_safety == FenceSafety::FailoverUnsafe

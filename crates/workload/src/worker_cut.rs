@@ -44,16 +44,22 @@ pub fn give_to(path: &Path, uid: u32) -> std::io::Result<()> {
     std::os::unix::fs::chown(path, Some(uid), Some(uid))
 }
 
-/// The TCP ports an authority URL names (`scheme://[user@]host:port[,host:port...][/...][?...]`):
+/// The TCP ports an authority URL names (`scheme://[user@]host:port[,host:port...][/...][?...]`,
+/// or for an object store, whose host is its bucket, the port of its `endpoint` parameter):
 /// what a cut drops. Hosts without a port are left out.
 pub fn authority_ports(url: &str) -> Vec<u16> {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let hosts = rest.split(['/', '?']).next().unwrap_or_default();
     let hosts = hosts.rsplit_once('@').map_or(hosts, |(_, h)| h);
+    let endpoint = url::Url::parse(url).ok().and_then(|u| {
+        let (_, value) = u.query_pairs().find(|(k, _)| k == "endpoint")?;
+        url::Url::parse(&value).ok()?.port_or_known_default()
+    });
     let mut ports: Vec<u16> = hosts
         .split(',')
         .filter_map(|h| h.rsplit_once(':'))
         .filter_map(|(_, p)| p.parse().ok())
+        .chain(endpoint)
         .collect();
     ports.sort_unstable();
     ports.dedup();
@@ -86,6 +92,18 @@ mod tests {
             authority_ports("redis://127.0.0.1:6390?timeout_ms=1000"),
             vec![6390]
         );
+        assert_eq!(
+            authority_ports("mysql://leasehold@127.0.0.1:3307/leasehold"),
+            vec![3307]
+        );
+        assert_eq!(
+            authority_ports(
+                "az://leasehold/workload?account_name=a\
+                 &endpoint=http%3A%2F%2F127.0.0.1%3A10004%2Fa&allow_http=true"
+            ),
+            vec![10004]
+        );
+        assert!(authority_ports("s3://bucket/prefix?region=eu-west-1").is_empty());
         assert!(authority_ports("sqlite:///tmp/x.db").is_empty());
     }
 

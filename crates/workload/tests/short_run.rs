@@ -497,3 +497,28 @@ fn sqlite_one_file() {
         );
     }
 }
+
+/// MySQL/MariaDB, one server killed and restarted on its data.
+#[test]
+fn mysql() {
+    short_run_for(
+        "mysql",
+        "20s",
+        &[FaultKind::KillAuthority],
+        Edges::Landed,
+        Resource::Postgres,
+    );
+}
+
+/// An object store as the authority (Azurite): the store paused while leases run out by its
+/// clock, and stopped and started again on its data; TTLs of 2-3 s, the store's floor.
+#[test]
+fn object_store() {
+    short_run_for(
+        "object-store",
+        "30s",
+        &[FaultKind::PauseAuthority, FaultKind::RestartAuthority],
+        Edges::Landed,
+        Resource::Postgres,
+    );
+}

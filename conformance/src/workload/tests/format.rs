@@ -155,6 +155,8 @@ fn fault_kind() -> impl Strategy<Value = FaultKind> {
         Just(FaultKind::RestartResource),
         Just(FaultKind::PrimaryChanged),
         Just(FaultKind::StallResource),
+        Just(FaultKind::PauseAuthority),
+        Just(FaultKind::RestartAuthority),
     ]
 }
 

@@ -6,7 +6,8 @@
 //! failover promotes ([`postgres_standby`]) or behind PgBouncer in transaction mode
 //! ([`pgbouncer`]), Redis as a primary and a replica behind a forwarder that a failover
 //! switches ([`redis_pair`]), under Sentinel ([`sentinel`]) or as a Cluster
-//! ([`redis_cluster`]), and SQLite, one file that every worker process opens ([`sqlite`]).
+//! ([`redis_cluster`]), SQLite, one file that every worker process opens ([`sqlite`]), MariaDB
+//! alone ([`mysql`]), and an object store, Azurite ([`object_store`]).
 //! Every server is a plain process from Debian's packages (`leasehold-servers`).
 
 use std::path::{Path, PathBuf};
@@ -17,6 +18,8 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 mod consensus;
+mod mysql;
+pub mod object_store;
 mod pgbouncer;
 mod postgres;
 mod postgres_standby;
@@ -46,20 +49,26 @@ pub enum Backend {
     RedisCluster,
     /// SQLite: one file in the run's directory, opened by every worker process.
     Sqlite,
+    /// MySQL/MariaDB: one MariaDB server.
+    MySql,
+    /// An object store: Azurite (Azure Blob), the leases objects in one container.
+    ObjectStore,
 }
 
 impl Backend {
     /// Every backend, in the report's order.
-    pub const ALL: [Backend; 9] = [
+    pub const ALL: [Backend; 11] = [
         Backend::Etcd,
         Backend::Zookeeper,
         Backend::Postgres,
         Backend::PostgresStandby,
         Backend::PostgresPgbouncer,
+        Backend::MySql,
         Backend::Redis,
         Backend::RedisSentinel,
         Backend::RedisCluster,
         Backend::Sqlite,
+        Backend::ObjectStore,
     ];
 
     /// The name on the command line and in reports.
@@ -74,6 +83,8 @@ impl Backend {
             Backend::RedisSentinel => "redis-sentinel",
             Backend::RedisCluster => "redis-cluster",
             Backend::Sqlite => "sqlite",
+            Backend::MySql => "mysql",
+            Backend::ObjectStore => "object-store",
         }
     }
 
@@ -228,6 +239,8 @@ impl Deployment {
             Backend::RedisSentinel => Box::new(sentinel::Sentinel::start().await?),
             Backend::RedisCluster => Box::new(redis_cluster::Cluster::start().await?),
             Backend::Sqlite => Box::new(sqlite::SqliteFile::create(dir)?),
+            Backend::MySql => Box::new(mysql::MySql::start().await?),
+            Backend::ObjectStore => Box::new(object_store::ObjectStoreForm::start().await?),
         };
         Ok(Arc::new(Deployment { backend, form }))
     }

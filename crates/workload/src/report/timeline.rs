@@ -261,6 +261,8 @@ fn server_color(kind: FaultKind) -> RGBColor {
         FaultKind::RestartResource => RGBColor(0x27, 0xae, 0x60),
         FaultKind::StallResource => RGBColor(0x1a, 0xbc, 0x9c),
         FaultKind::PrimaryChanged => RGBColor(0xe8, 0x43, 0x93),
+        FaultKind::PauseAuthority => RGBColor(0xf1, 0xc4, 0x0f),
+        FaultKind::RestartAuthority => RGBColor(0xc0, 0x39, 0x7b),
         _ => RGBColor(0x95, 0xa5, 0xa6),
     }
 }
