@@ -151,10 +151,9 @@ impl ServerOps for Questions {
 
     async fn count(&self) -> Result<u64, BoxError> {
         let mut conn = self.0.lock().await;
-        let (_, value): (String, String) =
-            sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Questions'")
-                .fetch_one(&mut *conn)
-                .await?;
+        let (_, value): (String, String) = sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Questions'")
+            .fetch_one(&mut *conn)
+            .await?;
         Ok(value.parse()?)
     }
 }

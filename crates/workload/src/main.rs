@@ -120,7 +120,11 @@ fn main() -> ExitCode {
 /// Whether `args` run the object-store form on an Azurite the runner starts (not one given by
 /// `--url`, whose credentials are the caller's).
 fn starts_object_store(args: &[String]) -> bool {
-    let flag = |name: &str| args.windows(2).find(|w| w[0] == name).map(|w| w[1].as_str());
+    let flag = |name: &str| {
+        args.windows(2)
+            .find(|w| w[0] == name)
+            .map(|w| w[1].as_str())
+    };
     args.first().map(String::as_str) == Some("run")
         && flag("--backend").and_then(Backend::parse) == Some(Backend::ObjectStore)
         && flag("--url").is_none()
