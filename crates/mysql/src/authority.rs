@@ -11,14 +11,14 @@ use leasehold_core::{
     Authority, Capabilities, Error, Fence, FenceSafety, Grant, Inspection, Instant, KeyPrefix,
     LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange, WaitStrategy,
 };
-use leasehold_sql_common::{FenceSafetyOption, Lanes};
+use leasehold_sql_common::{plain, FenceSafetyOption, Once, Sender};
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool, Row, SqlStr};
 
 use crate::config::MysqlConfig;
+use crate::dialect::Mysql;
 use crate::errors::{self, BACKEND};
 use crate::replication::{declare, Settings, SETTINGS};
-use crate::running::{bounded, Once};
 use crate::statements::{schema_sql, Statements};
 use crate::table::TableName;
 
@@ -37,13 +37,11 @@ const POLL_CAP: Duration = Duration::from_millis(250);
 
 struct Inner {
     pool: MySqlPool,
-    lanes: Lanes<MySqlConnection>,
+    /// The lanes lease statements are sent on.
+    sender: Arc<Sender<Mysql>>,
     config: MysqlConfig,
     capabilities: Capabilities,
     statements: Statements,
-    /// Connections kept open past their caller for an acquisition's late answer (see
-    /// [`Inner::acquire_statement`]): at most one per lane.
-    outliving: Arc<tokio::sync::Semaphore>,
 }
 
 impl Inner {
@@ -51,22 +49,20 @@ impl Inner {
         self.config.client.request_timeout
     }
 
-    /// [`bounded`] on this authority's lanes and table.
+    /// A statement sent on this authority's lanes (see [`Sender::bounded`]), with this
+    /// table's errors.
     async fn bounded<T: Send + 'static>(
         &self,
         what: &str,
         give_up: Instant,
         once: impl for<'c> Fn(&'c mut MySqlConnection) -> Once<'c, T> + Send + Sync + 'static,
     ) -> Result<T> {
-        bounded(
-            &self.lanes,
-            &self.config.table,
-            what,
-            give_up,
-            self.timeout(),
-            Arc::new(once),
-        )
-        .await
+        let table = &self.config.table;
+        self.sender
+            .bounded(what, give_up, self.timeout(), plain(once), |e| {
+                errors::map(e, what, table)
+            })
+            .await
     }
 
     /// An `UPDATE` matched on the grant (`statement` takes `first` before the grant's key,
@@ -106,34 +102,15 @@ impl Inner {
     }
 
     /// Releases a lease nobody was told about (its acquisition was cancelled, or its fence
-    /// could not be used), so that the key is free at once instead of after its TTL. Tried
-    /// until the lease would have ended anyway; a release compares owner and fence, so a try
-    /// that landed unseen makes the next one find nothing.
+    /// could not be used), so that the key is free at once instead of after its TTL (see
+    /// [`leasehold_sql_common::give_back`]).
     async fn give_back(&self, key: String, owner: String, raw: u64, ttl: Duration) {
-        let end = saturating_add(Instant::now(), ttl.max(self.timeout()));
-        let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
-        let released = loop {
-            let give_up = saturating_add(Instant::now(), self.timeout()).min(end);
+        leasehold_sql_common::give_back(ttl, self.timeout(), |give_up| {
             let grant = (key.clone(), owner.clone(), raw);
             let statement = self.statements.release.clone();
-            match self
-                .matched("give back", statement, None, grant, give_up)
-                .await
-            {
-                Err(e) if e.is_retryable() && Instant::now() < end => {
-                    let next = saturating_add(Instant::now(), backoff.next_delay());
-                    tokio::time::sleep_until(next.min(end)).await;
-                }
-                other => break other,
-            }
-        };
-        match released {
-            Ok(true) => tracing::debug!("gave back a lease whose acquisition nobody awaited"),
-            Ok(false) => tracing::trace!("a lease nobody awaited had already ended"),
-            Err(error) => {
-                tracing::debug!(%error, "could not give back a lease nobody awaited; it ends at its TTL")
-            }
-        }
+            self.matched("give back", statement, None, grant, give_up)
+        })
+        .await
     }
 }
 
@@ -227,8 +204,10 @@ impl MysqlAuthority {
         Ok(MysqlAuthority {
             inner: Arc::new(Inner {
                 statements: Statements::new(&config.table),
-                lanes: Lanes::new(config.connect.clone(), config.pool_size as usize),
-                outliving: Arc::new(tokio::sync::Semaphore::new(config.pool_size as usize)),
+                sender: Arc::new(Sender::new(
+                    config.connect.clone(),
+                    config.pool_size as usize,
+                )),
                 pool,
                 config,
                 capabilities,

@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::{FenceSafetyOption, Pooler, PostgresConfig};
+use crate::dialect::Postgres;
 use crate::errors::{self, BACKEND};
 use crate::notify::{self, LastSeen, ListenConfig, Waiters};
 use crate::statements::{
@@ -27,7 +28,7 @@ use crate::statements::{
 use crate::table::TableName;
 use crate::table_version::TableVersion;
 use crate::token::PgFence;
-use leasehold_sql_common::Lanes;
+use leasehold_sql_common::Sender;
 
 mod acquisition;
 mod sending;
@@ -48,7 +49,8 @@ const UNHEARD_POLL: Duration = Duration::from_millis(250);
 
 struct Inner {
     pool: PgPool,
-    lanes: Lanes<PgConnection>,
+    /// The lanes lease statements are sent on, and acquisitions kept for their late answers.
+    sender: Arc<Sender<Postgres>>,
     config: PostgresConfig,
     capabilities: Capabilities,
     statements: Statements,
@@ -59,10 +61,6 @@ struct Inner {
     version: Arc<TableVersion>,
     /// What inspect, attempts and marks last read of each key.
     seen: LastSeen,
-    /// Connections kept open past their caller for an acquisition's late answer (see
-    /// [`Inner::run`]): at most one per lane, so a server that stalls every statement cannot
-    /// make a process open connections without bound.
-    outliving: Arc<tokio::sync::Semaphore>,
 }
 
 impl Drop for Inner {
@@ -318,8 +316,10 @@ impl PostgresAuthority {
         Ok(PostgresAuthority {
             inner: Arc::new(Inner {
                 statements: Statements::new(&config.table),
-                lanes: Lanes::new(config.connect.clone(), config.pool_size as usize),
-                outliving: Arc::new(tokio::sync::Semaphore::new(config.pool_size as usize)),
+                sender: Arc::new(Sender::new(
+                    config.connect.clone(),
+                    config.pool_size as usize,
+                )),
                 pool,
                 config,
                 capabilities,
