@@ -6,13 +6,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::backend::{claim_or_give_back, Backoff, Left};
-use leasehold_core::time::{saturating_add, FOREVER};
+use leasehold_core::time::saturating_add;
 use leasehold_core::{
-    Authority, Capabilities, Error, Fence, FenceSafety, Grant, Inspection, Instant, KeyPrefix,
-    LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange, WaitStrategy,
+    Authority, Capabilities, Error, Fence, Grant, Inspection, Instant, KeyPrefix, LockKey,
+    LostReason, OwnerId, OwnerToken, Released, Result, TtlRange, WaitStrategy,
 };
-use leasehold_sql_common::{plain, FenceSafetyOption, Once, Sender};
-use sqlx::mysql::MySqlPoolOptions;
+use leasehold_sql_common::{open_pool, plain, warn_if_overridden, Once, Sender};
 use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool, Row, SqlStr};
 
 use crate::config::MysqlConfig;
@@ -168,14 +167,7 @@ impl MysqlAuthority {
     /// Connects with a parsed configuration, and reads what the server's settings promise for
     /// fences (see [`Capabilities::fence_safety`] and docs/mysql.md).
     pub async fn with_config(config: MysqlConfig) -> Result<Self> {
-        let timeout = config.client.request_timeout;
-        let give_up = saturating_add(Instant::now(), timeout);
-        let connected = async {
-            let pool = MySqlPoolOptions::new()
-                .max_connections(config.pool_size)
-                .acquire_timeout(timeout.min(FOREVER))
-                .connect_with(config.connect.clone())
-                .await?;
+        let read_settings = |pool: MySqlPool| async move {
             // The text protocol: not every server prepares SHOW.
             let rows = sqlx::raw_sql(AssertSqlSafe(SETTINGS))
                 .fetch_all(&pool)
@@ -184,20 +176,22 @@ impl MysqlAuthority {
             for row in rows {
                 settings.0.push((row.try_get(0)?, row.try_get(1)?));
             }
-            Ok::<_, sqlx::Error>((pool, settings))
+            Ok(settings)
         };
-        let (pool, settings) = tokio::time::timeout_at(give_up, connected)
-            .await
-            .map_err(|_| errors::timed_out("connect", timeout))?
-            .map_err(|e| errors::map(e, "connect", &config.table))?;
+        let (pool, settings) = open_pool::<Mysql, _, _>(
+            &config.connect,
+            config.pool_size,
+            config.client.request_timeout,
+            read_settings,
+            |e| errors::map(e, "connect", &config.table),
+        )
+        .await?;
         let (safety, durable) = declare(&settings, config.fence_safety);
-        if config.fence_safety == FenceSafetyOption::Linearizable
-            && safety != FenceSafety::Linearizable
-        {
-            tracing::warn!(
-                "fence_safety=linearizable is overridden: with innodb_flush_log_at_trx_commit=0 a crash can lose the last commits"
-            );
-        }
+        warn_if_overridden(
+            config.fence_safety,
+            safety,
+            "with innodb_flush_log_at_trx_commit=0 a crash can lose the last commits",
+        );
         tracing::debug!(?settings, ?safety, durable, "fence safety read at connect");
         let capabilities =
             Capabilities::new(BACKEND, safety, durable, TTL).with_wait(WaitStrategy::Polling);

@@ -13,6 +13,8 @@ pub(crate) struct Mysql;
 impl SqlDialect for Mysql {
     type Connection = MySqlConnection;
 
+    type Database = sqlx::MySql;
+
     const BACKEND: &'static str = "mysql";
 
     const SERVER: &'static str = "MySQL";

@@ -8,12 +8,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::backend::redact_url;
 use leasehold_core::backend::{claim_or_give_back, Backoff, Left};
-use leasehold_core::time::{saturating_add, FOREVER};
+use leasehold_core::time::saturating_add;
 use leasehold_core::{
     Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
     KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange, WaitStrategy,
 };
-use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row, SqlStr};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -28,7 +27,7 @@ use crate::statements::{
 use crate::table::TableName;
 use crate::table_version::TableVersion;
 use crate::token::PgFence;
-use leasehold_sql_common::Sender;
+use leasehold_sql_common::{open_pool, warn_if_overridden, Sender};
 
 mod acquisition;
 mod sending;
@@ -270,42 +269,36 @@ impl PostgresAuthority {
                 "the PostgreSQL server is not verified (a local connection)"
             );
         }
-        let timeout = config.client.request_timeout;
-        let give_up = saturating_add(Instant::now(), timeout);
-        let connected = async {
-            let pool = PgPoolOptions::new()
-                .max_connections(config.pool_size)
-                .acquire_timeout(timeout.min(FOREVER))
-                .connect_with(config.connect.clone())
-                .await?;
+        let pooler = config.pooler;
+        let read_settings = |pool: PgPool| async move {
             const SETTINGS: &str = "SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names')";
-            let settings: (String, String) = match config.pooler {
+            match pooler {
                 // The simple protocol through a transaction-pooling proxy: one message, so no
                 // prepared statement whose parse and execution the proxy could split.
                 Pooler::Transaction => {
                     let row = sqlx::raw_sql(AssertSqlSafe(SETTINGS))
                         .fetch_one(&pool)
                         .await?;
-                    (row.try_get(0)?, row.try_get(1)?)
+                    Ok((row.try_get(0)?, row.try_get(1)?))
                 }
-                _ => sqlx::query_as(SETTINGS).fetch_one(&pool).await?,
-            };
-            Ok::<_, sqlx::Error>((pool, settings))
+                _ => sqlx::query_as(SETTINGS).fetch_one(&pool).await,
+            }
         };
-        let (pool, (synchronous_commit, standby_names)) =
-            tokio::time::timeout_at(give_up, connected)
-                .await
-                .map_err(|_| errors::timed_out("connect", timeout))?
-                .map_err(|e| errors::map(e, "connect", &config.table))?;
+        let (pool, (synchronous_commit, standby_names)): (_, (String, String)) =
+            open_pool::<Postgres, _, _>(
+                &config.connect,
+                config.pool_size,
+                config.client.request_timeout,
+                read_settings,
+                |e| errors::map(e, "connect", &config.table),
+            )
+            .await?;
         let (safety, durable) = declare(&synchronous_commit, &standby_names, config.fence_safety);
-        if config.fence_safety == FenceSafetyOption::Linearizable
-            && safety != FenceSafety::Linearizable
-        {
-            tracing::warn!(
-                synchronous_commit = %synchronous_commit,
-                "fence_safety=linearizable is overridden: with synchronous_commit=off a crash can lose the last commits"
-            );
-        }
+        warn_if_overridden(
+            config.fence_safety,
+            safety,
+            "with synchronous_commit=off a crash can lose the last commits",
+        );
         let wait = match (config.pooler, &config.listen_connect) {
             (Pooler::Transaction, None) => WaitStrategy::Polling,
             _ => WaitStrategy::Notification,

@@ -13,6 +13,8 @@ pub(crate) struct Postgres;
 impl SqlDialect for Postgres {
     type Connection = PgConnection;
 
+    type Database = sqlx::Postgres;
+
     const BACKEND: &'static str = "postgres";
 
     const SERVER: &'static str = "PostgreSQL";

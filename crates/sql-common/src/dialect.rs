@@ -10,6 +10,9 @@ pub trait SqlDialect: Send + Sync + 'static {
     /// The driver's connection (`sqlx::PgConnection`, `sqlx::MySqlConnection`).
     type Connection: Connection + 'static;
 
+    /// The driver's database (`sqlx::Postgres`, `sqlx::MySql`).
+    type Database: sqlx::Database<Connection = Self::Connection>;
+
     /// The backend's name in errors and capabilities (`"postgres"`, `"mysql"`).
     const BACKEND: &'static str;
 

@@ -9,6 +9,8 @@
 //! * [`Sender`]: lease statements sent on the lanes, sent again after a conflict, bounded by
 //!   the caller's time, and for an acquisition, kept for a late answer and raced against the
 //!   same acquisition sent again ([`give_back`] frees what such an answer took for nobody);
+//! * [`open_pool`]: the driver's pool for what is not a lease statement, opened and read within
+//!   the request timeout;
 //! * [`parse_url`]: the URL parameters every SQL backend reads, read the same way;
 //! * [`map_error`]: the driver's errors as leasehold's, with each backend's reading of its
 //!   server's errors;
@@ -22,6 +24,7 @@ mod dialect;
 mod errors;
 mod fence_safety;
 mod lanes;
+mod pool;
 mod redact;
 mod sending;
 mod url;
@@ -30,6 +33,7 @@ pub use dialect::SqlDialect;
 pub use errors::{map_error, timed_out, unanswered, ServerError, ServerErrorKind};
 pub use fence_safety::FenceSafetyOption;
 pub use lanes::{Lane, Lanes, PING_AFTER_IDLE};
+pub use pool::{open_pool, warn_if_overridden};
 pub use redact::redact_text;
 pub use sending::{
     give_back, plain, Attempt, Failed, LateStatement, Once, Sender, Sent, Statement,
