@@ -21,13 +21,8 @@ use crate::replication::{declare, Settings, SETTINGS};
 use crate::statements::{schema_sql, Statements};
 use crate::table::TableName;
 
-/// TTLs in whole milliseconds from 1 ms to 30 days: `DATETIME(6)` has microsecond precision,
-/// and a lease longer than a month is a configuration mistake, not a lock.
-const TTL: TtlRange = TtlRange::new(
-    Duration::from_millis(1),
-    Duration::from_secs(30 * 24 * 3600),
-    Duration::from_millis(1),
-);
+/// TTLs as every SQL lease table takes them (`DATETIME(6)` has microsecond precision).
+const TTL: TtlRange = leasehold_sql_common::LEASE_TTL;
 
 /// A waiter's polling delays: the first look again comes soon (a hand-off between processes
 /// has no other signal), later ones back off with jitter so waiters do not arrive together.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_conformance::kit::{
-    run_with_failover, FailoverFaults, FailoverRun, ReplicatedPair, UrlConnector,
+    self, run_with_failover, FailoverFaults, FailoverRun, ReplicatedPair, UrlConnector,
 };
 use leasehold_conformance::{harness_call, Context};
 use leasehold_core::{FenceSafety, Instant, LockKey};
@@ -54,16 +54,13 @@ async fn pair_with(options: &str, replication: Replication) -> Result<(Arc<Pair>
     let primary = start_server().await?;
     let replica = {
         let primary = primary.clone();
-        tokio::task::spawn_blocking(move || match replication {
+        kit::start("the replica", move || match replication {
             Replication::Asynchronous => MariaDbServer::start_replica_of(&primary),
             Replication::SemiSynchronous => {
                 MariaDbServer::start_semi_sync_replica_of(&primary, NEVER)
             }
         })
-        .await
-        .or_fail("the task starting the replica")?
-        .or_fail("the replica must start for this test")
-        .map(Arc::new)?
+        .await?
     };
     let clients = suite::clients("");
     let pair = Arc::new(Pair {
@@ -199,12 +196,10 @@ async fn semi_sync_that_can_fall_back_is_declared_failover_unsafe() -> Result {
     let primary = start_server().await?;
     let _replica = {
         let primary = primary.clone();
-        tokio::task::spawn_blocking(move || {
+        kit::start("the replica", move || {
             MariaDbServer::start_semi_sync_replica_of(&primary, Duration::from_secs(10))
         })
-        .await
-        .or_fail("the task starting the replica")?
-        .or_fail("the replica must start for this test")?
+        .await?
     };
     let a = connect(&format!("{}?timeout_ms=1000", primary.url())).await?;
     let safety = leasehold_core::Authority::capabilities(&a).fence_safety;

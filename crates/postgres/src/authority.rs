@@ -34,13 +34,8 @@ mod sending;
 
 use acquisition::{spawn_give_back, won};
 
-/// TTLs in whole milliseconds from 1 ms to 30 days: `timestamptz` has microsecond precision, and
-/// a lease longer than a month is a configuration mistake, not a lock.
-const TTL: TtlRange = TtlRange::new(
-    Duration::from_millis(1),
-    Duration::from_secs(30 * 24 * 3600),
-    Duration::from_millis(1),
-);
+/// TTLs as every SQL lease table takes them (`timestamptz` has microsecond precision).
+const TTL: TtlRange = leasehold_sql_common::LEASE_TTL;
 
 /// While LISTEN is not in place, how often a [`Authority::wait_for_change`] looks again at
 /// most: as waiters in `acquire` do, instead of waiting for a notification that cannot come.

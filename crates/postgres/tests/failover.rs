@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_conformance::kit::{
-    run_with_failover, FailoverFaults, FailoverRun, ReplicatedPair, UrlConnector,
+    self, run_with_failover, FailoverFaults, FailoverRun, ReplicatedPair, UrlConnector,
 };
 use leasehold_conformance::{harness_call, harness_error, Context};
 use leasehold_core::{Instant, LockKey};
@@ -23,7 +23,7 @@ use common::{connect, start_server, url, Failure, OrFail, Result};
 /// A primary (the harness's server) and a streaming standby of it.
 struct Pair {
     primary: Arc<PostgresServer>,
-    standby: PostgresServer,
+    standby: Arc<PostgresServer>,
     replication: Replication,
     options: String,
 }
@@ -93,10 +93,10 @@ async fn pair_with(options: &str, replication: Replication) -> Result<(Arc<Pair>
         .or_fail("migrate the primary")?;
     let standby = {
         let primary = primary.clone();
-        tokio::task::spawn_blocking(move || PostgresServer::start_standby_of(&primary))
-            .await
-            .or_fail("the task starting the standby")?
-            .or_fail("the standby must start for this test")?
+        kit::start("the standby", move || {
+            PostgresServer::start_standby_of(&primary)
+        })
+        .await?
     };
     let clients = suite::clients("");
     let pair = Arc::new(Pair {

@@ -97,3 +97,75 @@ pub fn timed_out<D: SqlDialect>(what: &str, after: Duration) -> Error {
 pub fn unanswered(why: &str) -> sqlx::Error {
     sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, why))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The driver's own errors mean the same for every backend.
+    #[test]
+    fn the_drivers_errors_are_unavailable_or_refused() {
+        let never = |_: &dyn DatabaseError| -> ServerError { unreachable!("no server error") };
+        let cut = unanswered("no answer in time");
+        let mapped = map_error::<Any>(cut, "acquire", never);
+        assert!(
+            matches!(mapped, Error::Unavailable { backend: "any", .. }) && mapped.is_retryable(),
+            "{mapped:?}"
+        );
+        let mapped = map_error::<Any>(sqlx::Error::PoolTimedOut, "acquire", never);
+        assert!(matches!(mapped, Error::Unavailable { .. }), "{mapped:?}");
+        let bad = sqlx::Error::Configuration("postgres://u:s3cret@h".into());
+        let mapped = map_error::<Any>(bad, "connect", never);
+        assert!(matches!(mapped, Error::InvalidConfig { .. }), "{mapped:?}");
+        assert!(!mapped.to_string().contains("s3cret"), "{mapped}");
+        let mapped = map_error::<Any>(sqlx::Error::RowNotFound, "inspect", never);
+        assert!(
+            matches!(
+                mapped,
+                Error::Backend {
+                    retryable: false,
+                    ..
+                }
+            ),
+            "{mapped:?}"
+        );
+        let timeout = timed_out::<Any>("renew", Duration::from_secs(1));
+        assert!(matches!(timeout, Error::Unavailable { .. }), "{timeout:?}");
+    }
+
+    /// A connection that broke is closed; one that answered a statement's failure is kept.
+    #[test]
+    fn a_broken_connection_is_discarded() {
+        assert!(Any::discards_connection(&unanswered("silent")));
+        assert!(Any::discards_connection(&sqlx::Error::Protocol("x".into())));
+        assert!(!Any::discards_connection(&sqlx::Error::RowNotFound));
+        assert!(!Any::discards_connection(&sqlx::Error::PoolTimedOut));
+    }
+
+    struct Any;
+
+    impl SqlDialect for Any {
+        type Connection = sqlx::PgConnection;
+        type Database = sqlx::Postgres;
+        const BACKEND: &'static str = "any";
+        const SERVER: &'static str = "Any";
+        const SCHEMES: &'static [&'static str] = &["any"];
+        const DRIVER_SCHEME: Option<&'static str> = None;
+        const DRIVER_PARAMS: &'static [&'static str] = &[];
+
+        fn with_password(
+            options: sqlx::postgres::PgConnectOptions,
+            password: &str,
+        ) -> sqlx::postgres::PgConnectOptions {
+            options.password(password)
+        }
+
+        fn is_conflict(_: &sqlx::Error) -> bool {
+            false
+        }
+
+        fn server_discards_connection(_: &dyn DatabaseError) -> bool {
+            true
+        }
+    }
+}

@@ -39,3 +39,12 @@ pub use sending::{
     give_back, plain, Attempt, Failed, LateStatement, Once, Sender, Sent, Statement,
 };
 pub use url::{parse_url, ConnectOptionsOf, SqlUrl, DEFAULT_POOL_SIZE};
+
+/// The TTLs a SQL lease table takes: whole milliseconds from 1 ms to 30 days. Its expiry column
+/// has microsecond precision, and a lease longer than a month is a configuration mistake, not
+/// a lock.
+pub const LEASE_TTL: leasehold_core::TtlRange = leasehold_core::TtlRange::new(
+    std::time::Duration::from_millis(1),
+    std::time::Duration::from_secs(30 * 24 * 3600),
+    std::time::Duration::from_millis(1),
+);

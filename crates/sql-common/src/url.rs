@@ -159,3 +159,109 @@ fn driver_url<D: SqlDialect>(url: &ConnectionUrl, driver_params: &[String]) -> R
     }
     Ok(Secret::new(text))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::error::DatabaseError;
+    use sqlx::postgres::PgConnectOptions;
+
+    /// A dialect of its own schemes on the PostgreSQL driver, which reads only `postgres://`.
+    struct Renamed;
+
+    impl SqlDialect for Renamed {
+        type Connection = sqlx::PgConnection;
+        type Database = sqlx::Postgres;
+        const BACKEND: &'static str = "renamed";
+        const SERVER: &'static str = "Renamed";
+        const SCHEMES: &'static [&'static str] = &["one", "two"];
+        const DRIVER_SCHEME: Option<&'static str> = Some("postgres");
+        const DRIVER_PARAMS: &'static [&'static str] = &["sslmode"];
+
+        fn with_password(options: PgConnectOptions, password: &str) -> PgConnectOptions {
+            options.password(password)
+        }
+
+        fn is_conflict(_: &sqlx::Error) -> bool {
+            false
+        }
+
+        fn server_discards_connection(_: &dyn DatabaseError) -> bool {
+            false
+        }
+    }
+
+    fn parse(url: &str) -> Result<SqlUrl<Renamed, Option<String>, Option<String>>> {
+        parse_url::<Renamed, _, _>(
+            url,
+            |t| Ok(t.map(str::to_string)),
+            |url| Ok(url.params().take("own")),
+        )
+    }
+
+    #[test]
+    fn both_schemes_reach_the_driver_under_its_own() -> Result<()> {
+        for scheme in ["one", "two"] {
+            let url = parse(&format!(
+                "{scheme}://u:s3cret@db:5433/app?table=t&pool_size=3&own=x&sslmode=disable&fence_safety=failover-unsafe"
+            ))?;
+            assert_eq!(url.connect.get_host(), "db");
+            assert_eq!(url.connect.get_port(), 5433);
+            assert_eq!(url.connect.get_database(), Some("app"));
+            assert_eq!(url.table.as_deref(), Some("t"));
+            assert_eq!(url.own.as_deref(), Some("x"));
+            assert_eq!(url.pool_size, 3);
+            assert_eq!(url.fence_safety, FenceSafetyOption::FailoverUnsafe);
+            assert!(!format!("{url:?}").contains("s3cret"));
+        }
+        let url = parse("one://u@db/app")?;
+        assert_eq!(url.pool_size, DEFAULT_POOL_SIZE);
+        assert_eq!(url.fence_safety, FenceSafetyOption::Auto);
+        assert_eq!((url.table, url.own), (None, None));
+        Ok(())
+    }
+
+    #[test]
+    fn what_is_wrong_is_refused_without_the_secrets() {
+        let refused = [
+            (
+                "postgres://u:s3cret@db/app",
+                "expected a one:// or two:// URL",
+            ),
+            ("one://u:s3cret@db/app?password=x", "given twice"),
+            ("one://u:s3cret@db/app?pool_size=0", "pool_size 0"),
+            ("one://u:s3cret@db/app?pool_size=1001", "pool_size 1001"),
+            (
+                "one://u:s3cret@db/app?fence_safety=maybe",
+                "fence_safety `maybe`",
+            ),
+            ("one://u:s3cret@db/app?unknown=1", "unknown"),
+            ("one://u:s3cret@a,b/app", "Renamed is reached at one host"),
+            (
+                "one://u:s3cret@db/app?sslmode=sometimes",
+                "the Renamed driver rejected it",
+            ),
+        ];
+        for (url, why) in refused {
+            match parse(url) {
+                Ok(_) => panic!("{url} was accepted"),
+                Err(e) => {
+                    let shown = format!("{e} {e:?}");
+                    assert!(!shown.contains("s3cret"), "{shown}");
+                    assert!(shown.contains(why), "{url}: {shown}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_query_password_reaches_the_driver() -> Result<()> {
+        let url = parse("two://u@db/app?password=p%40ss")?;
+        let seen = sqlx::ConnectOptions::to_url_lossy(&url.connect);
+        let password = seen
+            .password()
+            .and_then(leasehold_core::backend::percent_decode);
+        assert_eq!(password.as_deref(), Some("p@ss"));
+        Ok(())
+    }
+}
