@@ -15,7 +15,7 @@ use tokio::sync::Semaphore;
 
 use crate::errors::{timed_out, unanswered};
 use crate::url::ConnectOptionsOf;
-use crate::{Lanes, SqlDialect};
+use crate::{Lane, Lanes, SqlDialect};
 
 /// One try at a lease statement on one connection, with the driver's error.
 pub type Once<'c, T> =
@@ -132,26 +132,11 @@ where
         loop {
             let mut lane = self.lanes.take(give_up).await?;
             let mut conn = lane.connection()?;
-            match statement(&mut conn).await {
-                Ok(v) => {
-                    lane.put_back(conn);
-                    return Ok(v);
-                }
-                Err(Failed::Statement(e)) if D::is_conflict(&e) && Instant::now() < give_up => {
-                    lane.put_back(conn);
-                    drop(lane);
-                    let next = saturating_add(Instant::now(), backoff.next_delay());
-                    tokio::time::sleep_until(next.min(give_up)).await;
-                }
-                Err(Failed::Statement(e)) => {
-                    if !D::discards_connection(&e) {
-                        lane.put_back(conn);
-                    }
-                    return Err(e);
-                }
-                // Its outcome is not known, which is an error for everything but an
-                // acquisition (see `Sender::send`).
-                Err(Failed::Commit { error, .. }) => return Err(error),
+            let answer = statement(&mut conn).await;
+            if let Some(settled) = settle::<D, T>(lane, conn, answer, give_up, &mut backoff).await {
+                // An unconfirmed outcome is an error for everything but an acquisition (see
+                // `Sender::send`).
+                return settled.map_err(Failed::into_error);
             }
         }
     }
@@ -222,24 +207,8 @@ where
                     return Sent::Late(Box::pin(async move { sending.await.1 }));
                 }
             };
-            match answer {
-                Ok(v) => {
-                    lane.put_back(conn);
-                    return Sent::Answered(Ok(v));
-                }
-                Err(Failed::Statement(e)) if D::is_conflict(&e) && Instant::now() < give_up => {
-                    lane.put_back(conn);
-                    drop(lane);
-                    let next = saturating_add(Instant::now(), backoff.next_delay());
-                    tokio::time::sleep_until(next.min(give_up)).await;
-                }
-                Err(Failed::Statement(e)) => {
-                    if !D::discards_connection(&e) {
-                        lane.put_back(conn);
-                    }
-                    return Sent::Answered(Err(Failed::Statement(e)));
-                }
-                Err(unconfirmed) => return Sent::Answered(Err(unconfirmed)),
+            if let Some(settled) = settle::<D, T>(lane, conn, answer, give_up, &mut backoff).await {
+                return Sent::Answered(settled);
             }
         }
     }
@@ -330,6 +299,39 @@ where
             runtime.spawn(async move { loser(other.await, kept).await });
         }
         answer
+    }
+}
+
+/// A statement's answer on `lane`'s connection: the connection goes back to the lane unless the
+/// answer says it broke or reaches a server that takes no writes (or the outcome is not known),
+/// and the answer is the statement's. A conflict with a concurrent transaction changed nothing:
+/// while there is time, after a short pause, `None` says to send the statement again.
+async fn settle<D: SqlDialect, T>(
+    mut lane: Lane<'_, D::Connection>,
+    conn: D::Connection,
+    answer: std::result::Result<T, Failed<T>>,
+    give_up: Instant,
+    backoff: &mut Backoff,
+) -> Option<std::result::Result<T, Failed<T>>> {
+    match answer {
+        Ok(v) => {
+            lane.put_back(conn);
+            Some(Ok(v))
+        }
+        Err(Failed::Statement(e)) if D::is_conflict(&e) && Instant::now() < give_up => {
+            lane.put_back(conn);
+            drop(lane);
+            let next = saturating_add(Instant::now(), backoff.next_delay());
+            tokio::time::sleep_until(next.min(give_up)).await;
+            None
+        }
+        Err(Failed::Statement(e)) => {
+            if !D::discards_connection(&e) {
+                lane.put_back(conn);
+            }
+            Some(Err(Failed::Statement(e)))
+        }
+        Err(unconfirmed) => Some(Err(unconfirmed)),
     }
 }
 
