@@ -44,6 +44,17 @@ use crate::verdict::Failure;
 
 pub use crate::verdict::OrFail;
 
+mod lease_table;
+mod replicated;
+mod runs;
+
+pub use lease_table::{
+    a_timed_out_acquisition_is_given_back_when_it_lands,
+    cancelled_acquisitions_leave_no_lease_behind, LeaseTable, LockedRow,
+};
+pub use replicated::{run_with_failover, FailoverFaults, FailoverRun, ReplicatedPair};
+pub use runs::{passes_all_but_failover, stale_writes_are_refused};
+
 /// What a test returns: `Ok`, or the [`Failure`] that says what failed.
 pub type TestResult<T = ()> = std::result::Result<T, Failure>;
 

@@ -6,29 +6,23 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::backend::{claim_or_give_back, Backoff, Left};
-use leasehold_core::time::{saturating_add, FOREVER};
+use leasehold_core::time::saturating_add;
 use leasehold_core::{
-    Authority, Capabilities, Error, Fence, FenceSafety, Grant, Inspection, Instant, KeyPrefix,
-    LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange, WaitStrategy,
+    Authority, Capabilities, Error, Fence, Grant, Inspection, Instant, KeyPrefix, LockKey,
+    LostReason, OwnerId, OwnerToken, Released, Result, TtlRange, WaitStrategy,
 };
-use leasehold_sql_common::{FenceSafetyOption, Lanes};
-use sqlx::mysql::MySqlPoolOptions;
+use leasehold_sql_common::{open_pool, plain, warn_if_overridden, Once, Sender};
 use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool, Row, SqlStr};
 
 use crate::config::MysqlConfig;
+use crate::dialect::Mysql;
 use crate::errors::{self, BACKEND};
 use crate::replication::{declare, Settings, SETTINGS};
-use crate::running::{bounded, Once};
 use crate::statements::{schema_sql, Statements};
 use crate::table::TableName;
 
-/// TTLs in whole milliseconds from 1 ms to 30 days: `DATETIME(6)` has microsecond precision,
-/// and a lease longer than a month is a configuration mistake, not a lock.
-const TTL: TtlRange = TtlRange::new(
-    Duration::from_millis(1),
-    Duration::from_secs(30 * 24 * 3600),
-    Duration::from_millis(1),
-);
+/// TTLs as every SQL lease table takes them (`DATETIME(6)` has microsecond precision).
+const TTL: TtlRange = leasehold_sql_common::LEASE_TTL;
 
 /// A waiter's polling delays: the first look again comes soon (a hand-off between processes
 /// has no other signal), later ones back off with jitter so waiters do not arrive together.
@@ -37,13 +31,11 @@ const POLL_CAP: Duration = Duration::from_millis(250);
 
 struct Inner {
     pool: MySqlPool,
-    lanes: Lanes<MySqlConnection>,
+    /// The lanes lease statements are sent on.
+    sender: Arc<Sender<Mysql>>,
     config: MysqlConfig,
     capabilities: Capabilities,
     statements: Statements,
-    /// Connections kept open past their caller for an acquisition's late answer (see
-    /// [`Inner::acquire_statement`]): at most one per lane.
-    outliving: Arc<tokio::sync::Semaphore>,
 }
 
 impl Inner {
@@ -51,22 +43,20 @@ impl Inner {
         self.config.client.request_timeout
     }
 
-    /// [`bounded`] on this authority's lanes and table.
+    /// A statement sent on this authority's lanes (see [`Sender::bounded`]), with this
+    /// table's errors.
     async fn bounded<T: Send + 'static>(
         &self,
         what: &str,
         give_up: Instant,
         once: impl for<'c> Fn(&'c mut MySqlConnection) -> Once<'c, T> + Send + Sync + 'static,
     ) -> Result<T> {
-        bounded(
-            &self.lanes,
-            &self.config.table,
-            what,
-            give_up,
-            self.timeout(),
-            Arc::new(once),
-        )
-        .await
+        let table = &self.config.table;
+        self.sender
+            .bounded(what, give_up, self.timeout(), plain(once), |e| {
+                errors::map(e, what, table)
+            })
+            .await
     }
 
     /// An `UPDATE` matched on the grant (`statement` takes `first` before the grant's key,
@@ -106,34 +96,15 @@ impl Inner {
     }
 
     /// Releases a lease nobody was told about (its acquisition was cancelled, or its fence
-    /// could not be used), so that the key is free at once instead of after its TTL. Tried
-    /// until the lease would have ended anyway; a release compares owner and fence, so a try
-    /// that landed unseen makes the next one find nothing.
+    /// could not be used), so that the key is free at once instead of after its TTL (see
+    /// [`leasehold_sql_common::give_back`]).
     async fn give_back(&self, key: String, owner: String, raw: u64, ttl: Duration) {
-        let end = saturating_add(Instant::now(), ttl.max(self.timeout()));
-        let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
-        let released = loop {
-            let give_up = saturating_add(Instant::now(), self.timeout()).min(end);
+        leasehold_sql_common::give_back(ttl, self.timeout(), |give_up| {
             let grant = (key.clone(), owner.clone(), raw);
             let statement = self.statements.release.clone();
-            match self
-                .matched("give back", statement, None, grant, give_up)
-                .await
-            {
-                Err(e) if e.is_retryable() && Instant::now() < end => {
-                    let next = saturating_add(Instant::now(), backoff.next_delay());
-                    tokio::time::sleep_until(next.min(end)).await;
-                }
-                other => break other,
-            }
-        };
-        match released {
-            Ok(true) => tracing::debug!("gave back a lease whose acquisition nobody awaited"),
-            Ok(false) => tracing::trace!("a lease nobody awaited had already ended"),
-            Err(error) => {
-                tracing::debug!(%error, "could not give back a lease nobody awaited; it ends at its TTL")
-            }
-        }
+            self.matched("give back", statement, None, grant, give_up)
+        })
+        .await
     }
 }
 
@@ -191,14 +162,7 @@ impl MysqlAuthority {
     /// Connects with a parsed configuration, and reads what the server's settings promise for
     /// fences (see [`Capabilities::fence_safety`] and docs/mysql.md).
     pub async fn with_config(config: MysqlConfig) -> Result<Self> {
-        let timeout = config.client.request_timeout;
-        let give_up = saturating_add(Instant::now(), timeout);
-        let connected = async {
-            let pool = MySqlPoolOptions::new()
-                .max_connections(config.pool_size)
-                .acquire_timeout(timeout.min(FOREVER))
-                .connect_with(config.connect.clone())
-                .await?;
+        let read_settings = |pool: MySqlPool| async move {
             // The text protocol: not every server prepares SHOW.
             let rows = sqlx::raw_sql(AssertSqlSafe(SETTINGS))
                 .fetch_all(&pool)
@@ -207,28 +171,32 @@ impl MysqlAuthority {
             for row in rows {
                 settings.0.push((row.try_get(0)?, row.try_get(1)?));
             }
-            Ok::<_, sqlx::Error>((pool, settings))
+            Ok(settings)
         };
-        let (pool, settings) = tokio::time::timeout_at(give_up, connected)
-            .await
-            .map_err(|_| errors::timed_out("connect", timeout))?
-            .map_err(|e| errors::map(e, "connect", &config.table))?;
+        let (pool, settings) = open_pool::<Mysql, _, _>(
+            &config.connect,
+            config.pool_size,
+            config.client.request_timeout,
+            read_settings,
+            |e| errors::map(e, "connect", &config.table),
+        )
+        .await?;
         let (safety, durable) = declare(&settings, config.fence_safety);
-        if config.fence_safety == FenceSafetyOption::Linearizable
-            && safety != FenceSafety::Linearizable
-        {
-            tracing::warn!(
-                "fence_safety=linearizable is overridden: with innodb_flush_log_at_trx_commit=0 a crash can lose the last commits"
-            );
-        }
+        warn_if_overridden(
+            config.fence_safety,
+            safety,
+            "with innodb_flush_log_at_trx_commit=0 a crash can lose the last commits",
+        );
         tracing::debug!(?settings, ?safety, durable, "fence safety read at connect");
         let capabilities =
             Capabilities::new(BACKEND, safety, durable, TTL).with_wait(WaitStrategy::Polling);
         Ok(MysqlAuthority {
             inner: Arc::new(Inner {
                 statements: Statements::new(&config.table),
-                lanes: Lanes::new(config.connect.clone(), config.pool_size as usize),
-                outliving: Arc::new(tokio::sync::Semaphore::new(config.pool_size as usize)),
+                sender: Arc::new(Sender::new(
+                    config.connect.clone(),
+                    config.pool_size as usize,
+                )),
                 pool,
                 config,
                 capabilities,

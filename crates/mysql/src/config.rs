@@ -1,31 +1,13 @@
 //! What a `mysql://` or `mariadb://` URL configures.
 
 use std::fmt;
-use std::str::FromStr;
 
-use leasehold_core::backend::{redact_url, ConnectionUrl, Secret};
-use leasehold_core::{ClientOptions, Error, Result};
-use leasehold_sql_common::{redact_text, FenceSafetyOption};
-use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+use leasehold_core::{ClientOptions, Result};
+use leasehold_sql_common::{parse_url, FenceSafetyOption};
 use sqlx::mysql::MySqlConnectOptions;
 
+use crate::dialect::Mysql;
 use crate::table::TableName;
-
-/// Query parameters handed to the MySQL driver as they are (TLS, character set, ...).
-const DRIVER_PARAMS: &[&str] = &[
-    "sslmode",
-    "ssl-mode",
-    "sslca",
-    "ssl-ca",
-    "sslcert",
-    "ssl-cert",
-    "sslkey",
-    "ssl-key",
-    "charset",
-    "collation",
-    "statement-cache-capacity",
-    "socket",
-];
 
 /// Settings of a MySQL/MariaDB authority.
 ///
@@ -57,69 +39,18 @@ impl fmt::Debug for MysqlConfig {
 }
 
 impl MysqlConfig {
-    /// Parses a `mysql://` or `mariadb://` URL.
+    /// Parses a `mysql://` or `mariadb://` URL (the parameters every SQL backend reads; see
+    /// [`leasehold_sql_common::parse_url`]).
     pub fn from_url(url: &str) -> Result<Self> {
-        if !matches!(
-            ConnectionUrl::scheme_of(url).as_deref(),
-            Some("mysql" | "mariadb")
-        ) {
-            return Err(Error::InvalidUrl {
-                url: redact_url(url),
-                reason: "expected a mysql:// or mariadb:// URL".into(),
-            });
-        }
-        let mut url = ConnectionUrl::parse(url)?;
-        let password = url.params().take_secret("password")?;
-        if password.is_some() && url.password().is_some() {
-            return Err(
-                url.invalid("the password is given twice: in the user info and as `password=`")
-            );
-        }
-        let client = url.params().take_client_options()?;
-        let table = match url.params().take("table") {
-            Some(t) => TableName::new(&t)?,
-            None => TableName::default(),
-        };
-        let pool_size = url.params().take_parsed::<u32>("pool_size")?.unwrap_or(10);
-        if pool_size == 0 || pool_size > 1000 {
-            return Err(url.invalid(format!("pool_size {pool_size} is not in 1..=1000")));
-        }
-        let fence_safety = match url.params().take("fence_safety") {
-            None => FenceSafetyOption::Auto,
-            Some(v) => v.parse().map_err(|()| {
-                url.invalid(format!(
-                    "fence_safety `{v}` is not one of auto, linearizable, failover-unsafe"
-                ))
-            })?,
-        };
-        let mut driver = Vec::new();
-        for name in DRIVER_PARAMS {
-            if let Some(v) = url.params().take(name) {
-                driver.push(format!("{name}={v}"));
-            }
-        }
-        url.finish_params()?;
-        let driver_url = driver_url(&url, &driver)?;
-        let secrets = [
-            password.as_ref().map(Secret::expose).unwrap_or(""),
-            url.password().map(Secret::expose).unwrap_or(""),
-        ];
-        let mut connect = MySqlConnectOptions::from_str(driver_url.expose()).map_err(|e| {
-            url.invalid(format!(
-                "the MySQL driver rejected it: {}",
-                redact_text(&e.to_string(), &secrets)
-            ))
-        })?;
-        if let Some(password) = &password {
-            connect = connect.password(password.expose());
-        }
+        let table = |t: Option<&str>| t.map_or_else(|| Ok(TableName::default()), TableName::new);
+        let url = parse_url::<Mysql, _, ()>(url, table, |_| Ok(()))?;
         Ok(MysqlConfig {
-            connect,
-            redacted_url: url.redacted().to_string(),
-            table,
-            pool_size,
-            fence_safety,
-            client,
+            connect: url.connect,
+            redacted_url: url.redacted_url,
+            table: url.table,
+            pool_size: url.pool_size,
+            fence_safety: url.fence_safety,
+            client: url.client,
         })
     }
 
@@ -150,35 +81,6 @@ impl MysqlConfig {
     pub fn table(&self) -> &TableName {
         &self.table
     }
-}
-
-/// The URL the driver reads (always `mysql://`, which is all it knows): the user info, the
-/// host, the database and the driver's own parameters, without ours. It holds the password,
-/// so it is a [`Secret`].
-fn driver_url(url: &ConnectionUrl, driver_params: &[String]) -> Result<Secret> {
-    let encode = |s: &str| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string();
-    let user_info = match (url.user(), url.password()) {
-        (None, _) => String::new(),
-        (Some(user), None) => format!("{}@", encode(user)),
-        (Some(user), Some(password)) => {
-            format!("{}:{}@", encode(user), encode(password.expose()))
-        }
-    };
-    let host = match url.hosts() {
-        [] => String::new(),
-        [host] => host.to_string(),
-        _ => {
-            return Err(
-                url.invalid("MySQL is reached at one host; a list of hosts is not supported")
-            )
-        }
-    };
-    let mut text = format!("mysql://{user_info}{host}{}", url.path());
-    if !driver_params.is_empty() {
-        text.push('?');
-        text.push_str(&driver_params.join("&"));
-    }
-    Ok(Secret::new(text))
 }
 
 #[cfg(test)]

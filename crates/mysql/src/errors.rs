@@ -1,20 +1,22 @@
-//! From the driver's errors to leasehold's, keeping "unreachable" apart from "refused".
+//! Which of the server's errors mean what: MySQL's error numbers, for the mapping every SQL
+//! backend shares ([`leasehold_sql_common::map_error`]).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::backend::redact_url;
 use leasehold_core::Error;
+use leasehold_sql_common::{map_error, ServerErrorKind};
+use sqlx::error::DatabaseError;
 
+use crate::dialect::Mysql;
 use crate::table::TableName;
 
-pub(crate) const BACKEND: &str = "mysql";
+pub(crate) const BACKEND: &str = <Mysql as leasehold_sql_common::SqlDialect>::BACKEND;
 
-/// The server's error number of a driver error from the server, if it is one.
-fn number(error: &sqlx::Error) -> Option<u16> {
+/// The server's error number of an error from the server.
+fn number(error: &dyn DatabaseError) -> Option<u16> {
     error
-        .as_database_error()
-        .and_then(|db| db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
         .map(|db| db.number())
 }
 
@@ -22,7 +24,10 @@ fn number(error: &sqlx::Error) -> Option<u16> {
 /// concurrent transaction (a caller's own transaction on the lease table); it changed nothing
 /// and may be run again.
 pub(crate) fn is_conflict(error: &sqlx::Error) -> bool {
-    matches!(number(error), Some(1213 | 1205))
+    matches!(
+        error.as_database_error().and_then(number),
+        Some(1213 | 1205)
+    )
 }
 
 /// The server does not take writes: started `--read-only` (ER_OPTION_PREVENTS_STATEMENT), a
@@ -58,92 +63,36 @@ fn is_outage(n: u16) -> bool {
     )
 }
 
-/// An error after which this connection should not be reused: it is broken, or it reaches a
-/// server that takes no writes (a new connection may reach the new primary).
-pub(crate) fn discards_connection(error: &sqlx::Error) -> bool {
-    match number(error) {
-        Some(n) => is_read_only(n) || is_outage(n),
-        None => matches!(
-            error,
-            sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_)
-        ),
-    }
+/// A server error after which its connection should not be reused: it is going away, or it
+/// reaches a server that takes no writes (a new connection may reach the new primary).
+pub(crate) fn server_discards_connection(error: &dyn DatabaseError) -> bool {
+    number(error).is_some_and(|n| is_read_only(n) || is_outage(n))
 }
 
 /// Maps a driver error met while doing `what` on the lease table `table`.
 pub(crate) fn map(error: sqlx::Error, what: &str, table: &TableName) -> Error {
-    if let Some(n) = number(&error) {
-        let db_message = error
-            .as_database_error()
-            .map(|db| db.message().to_string())
-            .unwrap_or_default();
-        let message = redact_url(&format!("{what}: {db_message} (error {n})"));
-        let source: Option<Arc<dyn std::error::Error + Send + Sync>> = Some(Arc::new(error));
-        return match n {
+    map_error::<Mysql>(error, what, |db| {
+        let n = number(db).unwrap_or_default();
+        let message = redact_url(&format!("{what}: {} (error {n})", db.message()));
+        match n {
             // access denied (user, database, table, command)
-            1044 | 1045 | 1142 | 1143 | 1227 | 1698 => Error::Unauthorized {
-                backend: BACKEND,
-                message,
-                source,
-            },
+            1044 | 1045 | 1142 | 1143 | 1227 | 1698 => (ServerErrorKind::Unauthorized, message),
             // no such table
-            1146 => Error::Backend {
-                backend: BACKEND,
-                message: format!(
+            1146 => (
+                ServerErrorKind::Refused,
+                format!(
                     "{what}: the lease table {} does not exist; run migrate() or apply the SQL in docs/mysql.md",
                     table.plain()
                 ),
-                retryable: false,
-                source,
-            },
-            n if is_read_only(n) || is_outage(n) => Error::Unavailable {
-                backend: BACKEND,
-                message,
-                source,
-            },
-            1213 | 1205 => Error::Backend {
-                backend: BACKEND,
-                message,
-                retryable: true,
-                source,
-            },
-            _ => Error::Backend {
-                backend: BACKEND,
-                message,
-                retryable: false,
-                source,
-            },
-        };
-    }
-    let message = redact_url(&format!("{what}: {error}"));
-    match error {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Protocol(_) => Error::Unavailable {
-            backend: BACKEND,
-            message,
-            source: Some(Arc::new(error)),
-        },
-        sqlx::Error::Configuration(_) => Error::InvalidConfig { reason: message },
-        _ => Error::Backend {
-            backend: BACKEND,
-            message,
-            retryable: false,
-            source: Some(Arc::new(error)),
-        },
-    }
+            ),
+            n if is_read_only(n) || is_outage(n) => (ServerErrorKind::Unavailable, message),
+            1213 | 1205 => (ServerErrorKind::Retryable, message),
+            _ => (ServerErrorKind::Refused, message),
+        }
+    })
 }
 
 /// The request got no answer within the timeout.
 pub(crate) fn timed_out(what: &str, after: Duration) -> Error {
-    Error::request_timeout(BACKEND, what, after)
-}
-
-/// A statement given up without its answer: its connection is closed, which is an outage as
-/// the caller sees it (retryable).
-pub(crate) fn unanswered(why: &str) -> sqlx::Error {
-    sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, why))
+    leasehold_sql_common::timed_out::<Mysql>(what, after)
 }

@@ -19,9 +19,9 @@
 
 mod authority;
 mod config;
+mod dialect;
 mod errors;
 mod replication;
-mod running;
 mod statements;
 mod table;
 

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use leasehold_conformance::scenarios::{self, run_all, run_selected};
-use leasehold_conformance::{Context, ResourceFactory, Verdict};
+use leasehold_conformance::kit;
+use leasehold_conformance::{Context, ResourceFactory};
 use leasehold_core::{FencedResource, OwnerToken};
 use leasehold_gate_sql::SqlRegister;
 use sqlx::{MySql, MySqlPool};
@@ -27,21 +27,8 @@ async fn passes_the_conformance_suite_with_faults() -> Result {
         .or_fail("the suite's context")?
         .with_residue(Arc::new(suite::LiveRows(url.clone())))
         .with_faults(Arc::new(suite::faults(server, url)));
-    let report = run_all("mysql (MariaDB)", &ctx).await;
-    println!("{report}");
-    report.assert_passed();
-    for line in &report.lines {
-        // Only failover needs a replica, which failover.rs runs.
-        if line.scenario != "fences_survive_failover" {
-            assert_eq!(
-                line.outcome,
-                Ok(Verdict::Passed),
-                "{}:\n{report}",
-                line.scenario
-            );
-        }
-    }
-    Ok(())
+    // Only failover needs a replica, which failover.rs runs.
+    kit::passes_all_but_failover("mysql (MariaDB)", &ctx).await
 }
 
 /// Registers in the lease table's database, each a row whose fence the SQL gate claims in the
@@ -68,19 +55,5 @@ async fn stale_writes_are_refused_by_a_mysql_resource() -> Result {
         .await
         .or_fail("the suite's context")?
         .with_resources(Arc::new(Registers(admin.pool().clone())));
-    let selected: Vec<_> = scenarios::all()
-        .into_iter()
-        .filter(|s| s.name.starts_with("stale_write") || s.name == "contention")
-        .collect();
-    assert_eq!(selected.len(), 3);
-    let report = run_selected("mysql, resource in MariaDB", &ctx, &selected).await;
-    println!("{report}");
-    assert!(
-        report
-            .lines
-            .iter()
-            .all(|l| l.outcome == Ok(Verdict::Passed)),
-        "{report}"
-    );
-    Ok(())
+    kit::stale_writes_are_refused("mysql, resource in MariaDB", &ctx).await
 }

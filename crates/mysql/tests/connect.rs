@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use leasehold_conformance::kit;
 use leasehold_core::{Authority, Error};
 use leasehold_mysql::MysqlAuthority;
 use leasehold_servers::MariaDbServer;
@@ -87,10 +88,10 @@ async fn a_read_only_replica_refuses_leases_as_unavailable() -> Result {
         .or_fail("migrate the primary")?;
     let replica = {
         let primary = primary.clone();
-        tokio::task::spawn_blocking(move || MariaDbServer::start_replica_of(&primary))
-            .await
-            .or_fail("the harness task")?
-            .or_fail("the replica must start")?
+        kit::start("the replica", move || {
+            MariaDbServer::start_replica_of(&primary)
+        })
+        .await?
     };
     {
         let replica_wait = Duration::from_secs(10);

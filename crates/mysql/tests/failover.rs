@@ -4,14 +4,14 @@
 //! same setup); a semi-synchronous replica whose primary never stops waiting for it keeps
 //! fences growing, and is declared so at connect.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_conformance::kit::{SharedUrl, UrlConnector};
-use leasehold_conformance::scenarios::{self, run_all, run_selected};
-use leasehold_conformance::{harness_call, Context, Faults, Verdict};
+use leasehold_conformance::kit::{
+    self, run_with_failover, FailoverFaults, FailoverRun, ReplicatedPair, UrlConnector,
+};
+use leasehold_conformance::{harness_call, Context};
 use leasehold_core::{FenceSafety, Instant, LockKey};
 use leasehold_servers::MariaDbServer;
 
@@ -37,31 +37,14 @@ const NEVER: Duration = Duration::from_millis(4_294_967_295);
 /// A primary and a replica of it.
 struct Pair {
     primary: Arc<MariaDbServer>,
-    replica: MariaDbServer,
-    /// Where clients connect: the primary until the failover completes.
-    url: SharedUrl,
-    /// Whether the replica was promoted: then it is the server the other faults act on.
-    failed_over: AtomicBool,
+    replica: Arc<MariaDbServer>,
     replication: Replication,
     options: String,
 }
 
 impl Pair {
-    /// The server clients reach now: the primary, or the replica once promoted.
-    fn current(&self) -> &MariaDbServer {
-        if self.failed_over.load(Ordering::Acquire) {
-            &self.replica
-        } else {
-            &self.primary
-        }
-    }
-
     fn primary_url(&self) -> String {
         format!("{}?timeout_ms=1000{}", self.primary.url(), self.options)
-    }
-
-    fn replica_url(&self) -> String {
-        format!("{}?timeout_ms=1000{}", self.replica.url(), self.options)
     }
 }
 
@@ -71,26 +54,22 @@ async fn pair_with(options: &str, replication: Replication) -> Result<(Arc<Pair>
     let primary = start_server().await?;
     let replica = {
         let primary = primary.clone();
-        tokio::task::spawn_blocking(move || match replication {
+        kit::start("the replica", move || match replication {
             Replication::Asynchronous => MariaDbServer::start_replica_of(&primary),
             Replication::SemiSynchronous => {
                 MariaDbServer::start_semi_sync_replica_of(&primary, NEVER)
             }
         })
-        .await
-        .or_fail("the task starting the replica")?
-        .or_fail("the replica must start for this test")?
+        .await?
     };
     let clients = suite::clients("");
     let pair = Arc::new(Pair {
-        url: clients.url(),
-        failed_over: AtomicBool::new(false),
         replication,
         primary,
         replica,
         options: options.to_string(),
     });
-    pair.url.set(pair.primary_url());
+    clients.url().set(pair.primary_url());
     // The table reaches the replica through replication, as a DBA's migration would.
     connect(&pair.primary_url())
         .await?
@@ -100,134 +79,84 @@ async fn pair_with(options: &str, replication: Replication) -> Result<(Arc<Pair>
     Ok((pair, clients))
 }
 
-struct Failover(Arc<Pair>);
-
-impl Failover {
-    async fn on_current(
-        &self,
-        f: impl FnOnce(&MariaDbServer) -> leasehold_servers::Result<()> + Send + 'static,
-    ) -> leasehold_core::Result<()> {
-        let pair = self.0.clone();
-        harness_call(move || f(pair.current())).await
-    }
-}
-
-/// Every fault of the suite acts on the server clients reach now (the primary, then the
-/// promoted replica), so the whole suite runs on the replicated deployment.
+/// The replica is promoted by hand.
 #[async_trait]
-impl Faults for Failover {
-    /// A restart is over when the deployment takes writes again: with a semi-synchronous
-    /// replica, when the replica acknowledges again (until then every commit waits for it,
-    /// as it would in production).
-    async fn restart(&self) -> leasehold_core::Result<()> {
-        self.on_current(|s| s.restart()).await?;
-        if self.0.replication == Replication::SemiSynchronous
-            && !self.0.failed_over.load(Ordering::Acquire)
-        {
-            let pair = self.0.clone();
-            harness_call(move || {
-                let started = Instant::now();
-                while !pair.primary.semi_sync_active()? {
-                    if started.elapsed() > Duration::from_secs(20) {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Ok(())
-            })
-            .await?;
+impl ReplicatedPair for Pair {
+    type Server = MariaDbServer;
+
+    fn primary(&self) -> &MariaDbServer {
+        &self.primary
+    }
+
+    fn replica(&self) -> &MariaDbServer {
+        &self.replica
+    }
+
+    fn replica_url(&self) -> String {
+        format!("{}?timeout_ms=1000{}", self.replica.url(), self.options)
+    }
+
+    /// With a semi-synchronous replica, the deployment takes writes again when the replica
+    /// acknowledges again (until then every commit waits for it).
+    async fn primary_restarted(&self) -> leasehold_core::Result<()> {
+        if self.replication != Replication::SemiSynchronous {
+            return Ok(());
         }
-        Ok(())
+        let primary = self.primary.clone();
+        harness_call(move || {
+            let started = Instant::now();
+            while !primary.semi_sync_active()? {
+                if started.elapsed() > Duration::from_secs(20) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(())
+        })
+        .await
     }
 
-    async fn pause(&self) -> leasehold_core::Result<()> {
-        self.on_current(|s| s.pause()).await
-    }
-
-    async fn resume(&self) -> leasehold_core::Result<()> {
-        self.on_current(|s| s.resume()).await
-    }
-
-    /// An operator ends the lease by hand (keeping the row and its fence counter).
-    async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<()> {
-        suite::revoke(&self.0.url.get(), key).await
+    async fn revoke(&self, url: &str, key: &LockKey) -> leasehold_core::Result<()> {
+        suite::revoke(url, key).await
     }
 
     /// Lets the replica catch up, then stops its replication: the primary (asynchronous) still
     /// commits, and the replica never sees it; a semi-synchronous primary waits.
-    async fn begin_failover(&self) -> leasehold_core::Result<()> {
-        let pair = self.0.clone();
+    async fn cut_replication(&self) -> leasehold_core::Result<()> {
+        let replica = self.replica.clone();
         harness_call(move || {
-            pair.replica.wait_caught_up(Duration::from_secs(10))?;
-            pair.replica.command("STOP SLAVE").map(drop)
+            replica.wait_caught_up(Duration::from_secs(10))?;
+            replica.command("STOP SLAVE").map(drop)
         })
         .await
     }
 
-    /// The old primary dies; the replica is promoted by hand and clients connect to it.
-    async fn complete_failover(&self) -> leasehold_core::Result<()> {
-        let pair = self.0.clone();
+    /// The old primary dies; the replica is promoted by hand.
+    async fn promote_replica(&self) -> leasehold_core::Result<()> {
+        let (primary, replica) = (self.primary.clone(), self.replica.clone());
         harness_call(move || {
-            pair.primary.kill()?;
-            pair.replica.promote()
+            primary.kill()?;
+            replica.promote()
         })
-        .await?;
-        self.0.url.set(self.0.replica_url());
-        self.0.failed_over.store(true, Ordering::Release);
-        Ok(())
+        .await
     }
 }
 
-/// What a run on the pair found: the declared fence safety, the report's failures, and the
-/// failover scenario's outcome.
-type Found = (
-    FenceSafety,
-    Vec<String>,
-    std::result::Result<Verdict, String>,
-);
-
 /// The whole suite (or only the failover scenario) on a primary with a replica of the given
 /// kind, the replica's promotion as the failover fault.
-async fn run_on_pair(replication: Replication, options: &str, whole: bool) -> Result<Found> {
+async fn run_on_pair(replication: Replication, options: &str, whole: bool) -> Result<FailoverRun> {
     let (pair, clients) = pair_with(options, replication).await?;
+    let faults = FailoverFaults::new(pair, clients.url());
     let ctx = Context::new(Arc::new(clients))
         .await
         .or_fail("the suite's context")?
-        .with_faults(Arc::new(Failover(pair.clone())));
-    let title = format!("mysql, {replication:?} replica{options}");
-    let report = if whole {
-        run_all(&title, &ctx).await
-    } else {
-        let selected: Vec<_> = scenarios::all()
-            .into_iter()
-            .filter(|s| s.name == "fences_survive_failover")
-            .collect();
-        if selected.len() != 1 {
-            return Err(format!("{} failover scenarios, one expected", selected.len()).into());
-        }
-        run_selected(&title, &ctx, &selected).await
-    };
-    println!("{report}");
-    let failures = report
-        .lines
-        .iter()
-        .filter(|l| l.scenario != "fences_survive_failover")
-        .filter_map(|l| {
-            l.outcome
-                .as_ref()
-                .err()
-                .map(|f| format!("{}: {f}", l.scenario))
-        })
-        .collect();
-    let failover = report
-        .lines
-        .iter()
-        .find(|l| l.scenario == "fences_survive_failover")
-        .or_fail("the suite's failover scenario")?
-        .outcome
-        .clone()
-        .map_err(|f| f.to_string());
-    Ok((ctx.capabilities().fence_safety, failures, failover))
+        .with_faults(Arc::new(faults));
+    run_with_failover(
+        &format!("mysql, {replication:?} replica{options}"),
+        &ctx,
+        whole,
+    )
+    .await
 }
 
 /// The whole suite on a primary with an asynchronous replica: everything passes, and the
@@ -235,32 +164,16 @@ async fn run_on_pair(replication: Replication, options: &str, whole: bool) -> Re
 /// weakness it is. The same setup declared linearizable (an overclaim) is caught.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_to_an_async_replica_reissues_a_fence_as_declared() -> Result {
-    let (safety, failures, outcome) = run_on_pair(Replication::Asynchronous, "", true).await?;
-    if safety != FenceSafety::FailoverUnsafe {
-        return Err(format!("declared {safety:?} with an asynchronous replica").into());
-    }
-    if !failures.is_empty() {
-        return Err(format!("conformance failed: {failures:#?}").into());
-    }
-    if !matches!(outcome, Ok(Verdict::Declared(_))) {
-        return Err(format!(
-            "the failover must reissue a fence, and it must be declared: {outcome:?}"
-        )
-        .into());
-    }
-    let (safety, _, outcome) = run_on_pair(
+    run_on_pair(Replication::Asynchronous, "", true)
+        .await?
+        .reissue_declared("an asynchronous replica")?;
+    run_on_pair(
         Replication::Asynchronous,
         "&fence_safety=linearizable",
         false,
     )
-    .await?;
-    if safety != FenceSafety::Linearizable {
-        return Err(format!("declared {safety:?} with fence_safety=linearizable").into());
-    }
-    if outcome.is_ok() {
-        return Err(format!("an overclaim must fail: {outcome:?}").into());
-    }
-    Ok(())
+    .await?
+    .overclaim_caught()
 }
 
 /// With a semi-synchronous replica that the primary never stops waiting for, every
@@ -271,20 +184,9 @@ async fn a_failover_to_an_async_replica_reissues_a_fence_as_declared() -> Result
 /// out.) The whole suite runs on the pair.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_to_a_semi_sync_replica_keeps_fences_growing() -> Result {
-    let (safety, failures, outcome) = run_on_pair(Replication::SemiSynchronous, "", true).await?;
-    if safety != FenceSafety::Linearizable {
-        return Err(format!("declared {safety:?} with a semi-synchronous replica").into());
-    }
-    if !failures.is_empty() {
-        return Err(format!("conformance failed: {failures:#?}").into());
-    }
-    if !matches!(outcome, Ok(Verdict::Passed)) {
-        return Err(format!(
-            "fences must survive a failover to a semi-synchronous replica: {outcome:?}"
-        )
-        .into());
-    }
-    Ok(())
+    run_on_pair(Replication::SemiSynchronous, "", true)
+        .await?
+        .fences_survived("a semi-synchronous replica")
 }
 
 /// Semi-synchronous replication with MariaDB's default timeout falls back to asynchronous
@@ -294,12 +196,10 @@ async fn semi_sync_that_can_fall_back_is_declared_failover_unsafe() -> Result {
     let primary = start_server().await?;
     let _replica = {
         let primary = primary.clone();
-        tokio::task::spawn_blocking(move || {
+        kit::start("the replica", move || {
             MariaDbServer::start_semi_sync_replica_of(&primary, Duration::from_secs(10))
         })
-        .await
-        .or_fail("the task starting the replica")?
-        .or_fail("the replica must start for this test")?
+        .await?
     };
     let a = connect(&format!("{}?timeout_ms=1000", primary.url())).await?;
     let safety = leasehold_core::Authority::capabilities(&a).fence_safety;

@@ -8,17 +8,17 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::backend::redact_url;
 use leasehold_core::backend::{claim_or_give_back, Backoff, Left};
-use leasehold_core::time::{saturating_add, FOREVER};
+use leasehold_core::time::saturating_add;
 use leasehold_core::{
     Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
     KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange, WaitStrategy,
 };
-use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row, SqlStr};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::{FenceSafetyOption, Pooler, PostgresConfig};
+use crate::dialect::Postgres;
 use crate::errors::{self, BACKEND};
 use crate::notify::{self, LastSeen, ListenConfig, Waiters};
 use crate::statements::{
@@ -27,20 +27,15 @@ use crate::statements::{
 use crate::table::TableName;
 use crate::table_version::TableVersion;
 use crate::token::PgFence;
-use leasehold_sql_common::Lanes;
+use leasehold_sql_common::{open_pool, warn_if_overridden, Sender};
 
 mod acquisition;
 mod sending;
 
 use acquisition::{spawn_give_back, won};
 
-/// TTLs in whole milliseconds from 1 ms to 30 days: `timestamptz` has microsecond precision, and
-/// a lease longer than a month is a configuration mistake, not a lock.
-const TTL: TtlRange = TtlRange::new(
-    Duration::from_millis(1),
-    Duration::from_secs(30 * 24 * 3600),
-    Duration::from_millis(1),
-);
+/// TTLs as every SQL lease table takes them (`timestamptz` has microsecond precision).
+const TTL: TtlRange = leasehold_sql_common::LEASE_TTL;
 
 /// While LISTEN is not in place, how often a [`Authority::wait_for_change`] looks again at
 /// most: as waiters in `acquire` do, instead of waiting for a notification that cannot come.
@@ -48,7 +43,8 @@ const UNHEARD_POLL: Duration = Duration::from_millis(250);
 
 struct Inner {
     pool: PgPool,
-    lanes: Lanes<PgConnection>,
+    /// The lanes lease statements are sent on, and acquisitions kept for their late answers.
+    sender: Arc<Sender<Postgres>>,
     config: PostgresConfig,
     capabilities: Capabilities,
     statements: Statements,
@@ -59,10 +55,6 @@ struct Inner {
     version: Arc<TableVersion>,
     /// What inspect, attempts and marks last read of each key.
     seen: LastSeen,
-    /// Connections kept open past their caller for an acquisition's late answer (see
-    /// [`Inner::run`]): at most one per lane, so a server that stalls every statement cannot
-    /// make a process open connections without bound.
-    outliving: Arc<tokio::sync::Semaphore>,
 }
 
 impl Drop for Inner {
@@ -272,42 +264,36 @@ impl PostgresAuthority {
                 "the PostgreSQL server is not verified (a local connection)"
             );
         }
-        let timeout = config.client.request_timeout;
-        let give_up = saturating_add(Instant::now(), timeout);
-        let connected = async {
-            let pool = PgPoolOptions::new()
-                .max_connections(config.pool_size)
-                .acquire_timeout(timeout.min(FOREVER))
-                .connect_with(config.connect.clone())
-                .await?;
+        let pooler = config.pooler;
+        let read_settings = |pool: PgPool| async move {
             const SETTINGS: &str = "SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names')";
-            let settings: (String, String) = match config.pooler {
+            match pooler {
                 // The simple protocol through a transaction-pooling proxy: one message, so no
                 // prepared statement whose parse and execution the proxy could split.
                 Pooler::Transaction => {
                     let row = sqlx::raw_sql(AssertSqlSafe(SETTINGS))
                         .fetch_one(&pool)
                         .await?;
-                    (row.try_get(0)?, row.try_get(1)?)
+                    Ok((row.try_get(0)?, row.try_get(1)?))
                 }
-                _ => sqlx::query_as(SETTINGS).fetch_one(&pool).await?,
-            };
-            Ok::<_, sqlx::Error>((pool, settings))
+                _ => sqlx::query_as(SETTINGS).fetch_one(&pool).await,
+            }
         };
-        let (pool, (synchronous_commit, standby_names)) =
-            tokio::time::timeout_at(give_up, connected)
-                .await
-                .map_err(|_| errors::timed_out("connect", timeout))?
-                .map_err(|e| errors::map(e, "connect", &config.table))?;
+        let (pool, (synchronous_commit, standby_names)): (_, (String, String)) =
+            open_pool::<Postgres, _, _>(
+                &config.connect,
+                config.pool_size,
+                config.client.request_timeout,
+                read_settings,
+                |e| errors::map(e, "connect", &config.table),
+            )
+            .await?;
         let (safety, durable) = declare(&synchronous_commit, &standby_names, config.fence_safety);
-        if config.fence_safety == FenceSafetyOption::Linearizable
-            && safety != FenceSafety::Linearizable
-        {
-            tracing::warn!(
-                synchronous_commit = %synchronous_commit,
-                "fence_safety=linearizable is overridden: with synchronous_commit=off a crash can lose the last commits"
-            );
-        }
+        warn_if_overridden(
+            config.fence_safety,
+            safety,
+            "with synchronous_commit=off a crash can lose the last commits",
+        );
         let wait = match (config.pooler, &config.listen_connect) {
             (Pooler::Transaction, None) => WaitStrategy::Polling,
             _ => WaitStrategy::Notification,
@@ -318,8 +304,10 @@ impl PostgresAuthority {
         Ok(PostgresAuthority {
             inner: Arc::new(Inner {
                 statements: Statements::new(&config.table),
-                lanes: Lanes::new(config.connect.clone(), config.pool_size as usize),
-                outliving: Arc::new(tokio::sync::Semaphore::new(config.pool_size as usize)),
+                sender: Arc::new(Sender::new(
+                    config.connect.clone(),
+                    config.pool_size as usize,
+                )),
                 pool,
                 config,
                 capabilities,

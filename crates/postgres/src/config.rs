@@ -5,33 +5,13 @@ use std::str::FromStr;
 
 use std::time::Duration;
 
-use leasehold_core::backend::{redact_url, ConnectionUrl, Secret};
-use leasehold_core::{ClientOptions, Error, Result};
-use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+use leasehold_core::{ClientOptions, Result};
+use leasehold_sql_common::parse_url;
 use sqlx::postgres::PgConnectOptions;
 
+use crate::dialect::Postgres;
 use crate::table::TableName;
 pub use leasehold_sql_common::FenceSafetyOption;
-
-/// Query parameters handed to the PostgreSQL driver as they are (TLS, application name, ...).
-const DRIVER_PARAMS: &[&str] = &[
-    "sslmode",
-    "ssl-mode",
-    "sslrootcert",
-    "ssl-root-cert",
-    "ssl-ca",
-    "sslcert",
-    "ssl-cert",
-    "sslkey",
-    "ssl-key",
-    "application_name",
-    "options",
-    "statement-cache-capacity",
-    "host",
-    "port",
-    "dbname",
-    "user",
-];
 
 /// What stands between the authority and PostgreSQL (URL `pooler`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -109,80 +89,32 @@ impl fmt::Debug for PostgresConfig {
     }
 }
 
-pub(crate) use leasehold_sql_common::redact_text;
-
 impl PostgresConfig {
-    /// Parses a `postgres://` or `postgresql://` URL.
+    /// Parses a `postgres://` or `postgresql://` URL (the parameters every SQL backend
+    /// reads, see [`leasehold_sql_common::parse_url`], and `listen_check_ms`, `pooler`,
+    /// `listen_host`, `listen_port`).
     pub fn from_url(url: &str) -> Result<Self> {
-        if !matches!(
-            ConnectionUrl::scheme_of(url).as_deref(),
-            Some("postgres" | "postgresql")
-        ) {
-            return Err(Error::InvalidUrl {
-                url: redact_url(url),
-                reason: "expected a postgres:// or postgresql:// URL".into(),
-            });
-        }
-        let mut url = ConnectionUrl::parse(url)?;
-        let password = url.params().take_secret("password")?;
-        if password.is_some() && url.password().is_some() {
-            return Err(
-                url.invalid("the password is given twice: in the user info and as `password=`")
-            );
-        }
-        let client = url.params().take_client_options()?;
-        let table = match url.params().take("table") {
-            Some(t) => TableName::new(&t)?,
-            None => TableName::default(),
-        };
-        let pool_size = url.params().take_parsed::<u32>("pool_size")?.unwrap_or(10);
-        if pool_size == 0 || pool_size > 1000 {
-            return Err(url.invalid(format!("pool_size {pool_size} is not in 1..=1000")));
-        }
-        let listen_check = match url.params().take_parsed::<u64>("listen_check_ms")? {
-            None => LISTEN_CHECK,
-            Some(0) => return Err(url.invalid("listen_check_ms must be greater than zero")),
-            Some(ms) => Duration::from_millis(ms),
-        };
-        let fence_safety = match url.params().take("fence_safety") {
-            None => FenceSafetyOption::Auto,
-            Some(v) => v.parse().map_err(|()| {
-                url.invalid(format!(
-                    "fence_safety `{v}` is not one of auto, linearizable, failover-unsafe"
-                ))
-            })?,
-        };
-        let pooler = match url.params().take("pooler") {
-            None => Pooler::None,
-            Some(v) => v.parse().map_err(|()| {
-                url.invalid(format!(
-                    "pooler `{v}` is not one of none, session, transaction"
-                ))
-            })?,
-        };
-        let listen_host = url.params().take("listen_host");
-        let listen_port = url.params().take_parsed::<u16>("listen_port")?;
-        let mut driver = Vec::new();
-        for name in DRIVER_PARAMS {
-            if let Some(v) = url.params().take(name) {
-                driver.push(format!("{name}={v}"));
-            }
-        }
-        url.finish_params()?;
-        let driver_url = driver_url(&url, &driver)?;
-        let secrets = [
-            password.as_ref().map(Secret::expose).unwrap_or(""),
-            url.password().map(Secret::expose).unwrap_or(""),
-        ];
-        let mut connect = PgConnectOptions::from_str(driver_url.expose()).map_err(|e| {
-            url.invalid(format!(
-                "the PostgreSQL driver rejected it: {}",
-                redact_text(&e.to_string(), &secrets)
-            ))
+        let table = |t: Option<&str>| t.map_or_else(|| Ok(TableName::default()), TableName::new);
+        let url = parse_url::<Postgres, _, _>(url, table, |url| {
+            let listen_check = match url.params().take_parsed::<u64>("listen_check_ms")? {
+                None => LISTEN_CHECK,
+                Some(0) => return Err(url.invalid("listen_check_ms must be greater than zero")),
+                Some(ms) => Duration::from_millis(ms),
+            };
+            let pooler = match url.params().take("pooler") {
+                None => Pooler::None,
+                Some(v) => v.parse().map_err(|()| {
+                    url.invalid(format!(
+                        "pooler `{v}` is not one of none, session, transaction"
+                    ))
+                })?,
+            };
+            let listen_host = url.params().take("listen_host");
+            let listen_port = url.params().take_parsed::<u16>("listen_port")?;
+            Ok((listen_check, pooler, listen_host, listen_port))
         })?;
-        if let Some(password) = &password {
-            connect = connect.password(password.expose());
-        }
+        let (listen_check, pooler, listen_host, listen_port) = url.own;
+        let connect = url.connect;
         // The same user, password, database and TLS settings, at another address.
         let listen_connect = match (&listen_host, listen_port) {
             (None, None) => None,
@@ -199,14 +131,14 @@ impl PostgresConfig {
         };
         Ok(PostgresConfig {
             connect,
-            redacted_url: url.redacted().to_string(),
-            table,
-            pool_size,
+            redacted_url: url.redacted_url,
+            table: url.table,
+            pool_size: url.pool_size,
             listen_check,
-            fence_safety,
+            fence_safety: url.fence_safety,
             pooler,
             listen_connect,
-            client,
+            client: url.client,
         })
     }
 
@@ -252,36 +184,6 @@ impl PostgresConfig {
     }
 }
 
-/// The URL the driver reads: the user info, the host, the database and the driver's own
-/// parameters, without ours. The user info's password is written back into it (so that, as
-/// with the URL as given, the driver looks in `~/.pgpass` only when there is none), so it is a
-/// [`Secret`].
-fn driver_url(url: &ConnectionUrl, driver_params: &[String]) -> Result<Secret> {
-    let encode = |s: &str| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string();
-    let user_info = match (url.user(), url.password()) {
-        (None, _) => String::new(),
-        (Some(user), None) => format!("{}@", encode(user)),
-        (Some(user), Some(password)) => {
-            format!("{}:{}@", encode(user), encode(password.expose()))
-        }
-    };
-    let host = match url.hosts() {
-        [] => String::new(),
-        [host] => host.to_string(),
-        _ => {
-            return Err(
-                url.invalid("PostgreSQL is reached at one host; a list of hosts is not supported")
-            )
-        }
-    };
-    let mut text = format!("{}://{user_info}{host}{}", url.scheme(), url.path());
-    if !driver_params.is_empty() {
-        text.push('?');
-        text.push_str(&driver_params.join("&"));
-    }
-    Ok(Secret::new(text))
-}
-
 /// Whether a connection made with these options is unverified: its server is not proven to be
 /// the one named (anything below `sslmode=verify-full`: no TLS, TLS without checking the
 /// certificate, or a certificate checked without its host name). `None` when verified, or when
@@ -313,6 +215,8 @@ pub(crate) fn unverified_tls(options: &PgConnectOptions) -> Option<&'static str>
 mod tests {
     use super::*;
     use leasehold_core::backend::percent_decode;
+    use leasehold_core::backend::redact_url;
+    use leasehold_core::Error;
     use sqlx::ConnectOptions;
 
     /// A connection over a network that does not verify its server is reported, so

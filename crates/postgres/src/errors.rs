@@ -1,14 +1,17 @@
-//! From the driver's errors to leasehold's, keeping "unreachable" apart from "refused".
+//! Which of the server's errors mean what: PostgreSQL's SQLSTATEs, for the mapping every SQL
+//! backend shares ([`leasehold_sql_common::map_error`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::Error;
+use leasehold_sql_common::{map_error, ServerErrorKind, SqlDialect};
+use sqlx::error::DatabaseError;
 
+use crate::dialect::Postgres;
 use crate::table::TableName;
-use leasehold_core::backend::redact_url;
 
-pub(crate) const BACKEND: &str = "postgres";
+pub(crate) const BACKEND: &str = <Postgres as SqlDialect>::BACKEND;
 
 /// SQLSTATE read_only_sql_transaction.
 const READ_ONLY: &str = "25006";
@@ -27,17 +30,13 @@ pub(crate) fn is_conflict(error: &sqlx::Error) -> bool {
     matches!(sqlstate(error).as_deref(), Some("40001" | "40P01"))
 }
 
-/// An error after which this connection should not be reused: it is broken, or it reaches a
-/// server that no longer takes writes (a demoted primary; a new connection may reach the new
-/// one).
-pub(crate) fn discards_connection(error: &sqlx::Error) -> bool {
-    match sqlstate(error) {
-        Some(code) => code == READ_ONLY || code.starts_with("08") || code.starts_with("57"),
-        None => matches!(
-            error,
-            sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_)
-        ),
-    }
+/// A server error after which its connection should not be reused: the connection is going
+/// away (connection exception, operator intervention), or it reaches a server that no longer
+/// takes writes (a demoted primary; a new connection may reach the new one).
+pub(crate) fn server_discards_connection(error: &dyn DatabaseError) -> bool {
+    error
+        .code()
+        .is_some_and(|code| code == READ_ONLY || code.starts_with("08") || code.starts_with("57"))
 }
 
 /// SQLSTATE undefined_column.
@@ -75,44 +74,32 @@ pub(crate) fn map_lease(error: sqlx::Error, what: &str, table: &TableName) -> Er
 
 /// Maps a driver error met while doing `what`.
 pub(crate) fn map(error: sqlx::Error, what: &str, table: &TableName) -> Error {
-    if let Some(db) = error.as_database_error() {
+    map_error::<Postgres>(error, what, |db| {
         let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
         let message = format!("{what}: {} (SQLSTATE {code})", db.message());
-        return match code.as_str() {
+        match code.as_str() {
             // invalid_authorization_specification, invalid_password
-            "28000" | "28P01" => Error::Unauthorized {
-                backend: BACKEND,
-                message,
-                source: Some(Arc::new(error)),
-            },
+            "28000" | "28P01" => (ServerErrorKind::Unauthorized, message),
             // invalid_sql_statement_name, duplicate_prepared_statement: a statement prepared
             // under a name on this connection is missing at the server, or another client's is
             // there under the same name. A transaction-pooling proxy does that to named
             // statements, which the authority only prepares when not told about one.
-            "26000" | "42P05" => Error::Backend {
-                backend: BACKEND,
-                message: format!(
+            "26000" | "42P05" => (
+                ServerErrorKind::Refused,
+                format!(
                     "{message}: a transaction-pooling proxy (such as PgBouncer with pool_mode = transaction) seems to be between this client and PostgreSQL; declare it with pooler=transaction in the URL (see docs/postgres.md)"
                 ),
-                retryable: false,
-                source: Some(Arc::new(error)),
-            },
+            ),
             // undefined_table
-            "42P01" => Error::Backend {
-                backend: BACKEND,
-                message: format!(
+            "42P01" => (
+                ServerErrorKind::Refused,
+                format!(
                     "{what}: the lease table {} does not exist; run migrate() or apply the SQL in docs/postgres.md",
                     table.plain()
                 ),
-                retryable: false,
-                source: Some(Arc::new(error)),
-            },
+            ),
             // insufficient_privilege
-            "42501" => Error::Unauthorized {
-                backend: BACKEND,
-                message,
-                source: Some(Arc::new(error)),
-            },
+            "42501" => (ServerErrorKind::Unauthorized, message),
             // connection exceptions, operator intervention (shutdown, crash recovery, cannot
             // connect now), insufficient resources: the server is not serving us right now.
             // read_only_sql_transaction: a primary demoted to a standby (or a server put in
@@ -123,50 +110,16 @@ pub(crate) fn map(error: sqlx::Error, what: &str, table: &TableName) -> Error {
                 || c.starts_with("53")
                 || c == READ_ONLY =>
             {
-                Error::Unavailable {
-                    backend: BACKEND,
-                    message,
-                    source: Some(Arc::new(error)),
-                }
+                (ServerErrorKind::Unavailable, message)
             }
             // serialization failure, deadlock, lock not available: try again.
-            "40001" | "40P01" | "55P03" => Error::Backend {
-                backend: BACKEND,
-                message,
-                retryable: true,
-                source: Some(Arc::new(error)),
-            },
-            _ => Error::Backend {
-                backend: BACKEND,
-                message,
-                retryable: false,
-                source: Some(Arc::new(error)),
-            },
-        };
-    }
-    let message = redact_url(&format!("{what}: {error}"));
-    match error {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Protocol(_) => Error::Unavailable {
-            backend: BACKEND,
-            message,
-            source: Some(Arc::new(error)),
-        },
-        sqlx::Error::Configuration(_) => Error::InvalidConfig { reason: message },
-        _ => Error::Backend {
-            backend: BACKEND,
-            message,
-            retryable: false,
-            source: Some(Arc::new(error)),
-        },
-    }
+            "40001" | "40P01" | "55P03" => (ServerErrorKind::Retryable, message),
+            _ => (ServerErrorKind::Refused, message),
+        }
+    })
 }
 
 /// The request got no answer within the timeout.
 pub(crate) fn timed_out(what: &str, after: Duration) -> Error {
-    Error::request_timeout(BACKEND, what, after)
+    leasehold_sql_common::timed_out::<Postgres>(what, after)
 }

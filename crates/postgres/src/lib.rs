@@ -23,6 +23,7 @@
 
 mod authority;
 mod config;
+mod dialect;
 mod errors;
 pub mod guarded;
 mod notify;

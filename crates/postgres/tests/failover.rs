@@ -3,15 +3,15 @@
 //! scenario shows as declared (and as a failure when linearizable fences are claimed for the same
 //! setup); a synchronous standby keeps fences growing.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_conformance::kit::{SharedUrl, UrlConnector};
-use leasehold_conformance::scenarios::{self, run_all, run_selected};
-use leasehold_conformance::{harness_call, harness_error, Context, Faults, Verdict};
-use leasehold_core::{FenceSafety, Instant, LockKey};
+use leasehold_conformance::kit::{
+    self, run_with_failover, FailoverFaults, FailoverRun, ReplicatedPair, UrlConnector,
+};
+use leasehold_conformance::{harness_call, harness_error, Context};
+use leasehold_core::{Instant, LockKey};
 use leasehold_postgres::PostgresAuthority;
 use leasehold_servers::PostgresServer;
 
@@ -23,11 +23,7 @@ use common::{connect, start_server, url, Failure, OrFail, Result};
 /// A primary (the harness's server) and a streaming standby of it.
 struct Pair {
     primary: Arc<PostgresServer>,
-    standby: PostgresServer,
-    /// Where clients connect: the primary until the failover completes.
-    url: SharedUrl,
-    /// Whether the standby was promoted: then it is the server the other faults act on.
-    failed_over: AtomicBool,
+    standby: Arc<PostgresServer>,
     replication: Replication,
     options: String,
 }
@@ -60,15 +56,6 @@ impl Pair {
         }
         p.close().await;
         Ok(())
-    }
-
-    /// The server clients reach now: the primary, or the standby once promoted.
-    fn current(&self) -> &PostgresServer {
-        if self.failed_over.load(Ordering::Acquire) {
-            &self.standby
-        } else {
-            &self.primary
-        }
     }
 
     fn primary_url(&self) -> String {
@@ -106,15 +93,13 @@ async fn pair_with(options: &str, replication: Replication) -> Result<(Arc<Pair>
         .or_fail("migrate the primary")?;
     let standby = {
         let primary = primary.clone();
-        tokio::task::spawn_blocking(move || PostgresServer::start_standby_of(&primary))
-            .await
-            .or_fail("the task starting the standby")?
-            .or_fail("the standby must start for this test")?
+        kit::start("the standby", move || {
+            PostgresServer::start_standby_of(&primary)
+        })
+        .await?
     };
     let clients = suite::clients("");
     let pair = Arc::new(Pair {
-        url: clients.url(),
-        failed_over: AtomicBool::new(false),
         replication,
         primary,
         standby,
@@ -135,7 +120,7 @@ async fn pair_with(options: &str, replication: Replication) -> Result<(Arc<Pair>
             .await
             .or_fail("on the primary")?;
     }
-    pair.url.set(pair.primary_url());
+    clients.url().set(pair.primary_url());
     // The standby serves reads once it is consistent.
     let started = Instant::now();
     while PostgresAuthority::connect(&pair.standby_url())
@@ -178,53 +163,40 @@ async fn sql_on(url: &str, statement: &str) -> leasehold_core::Result<()> {
     Ok(())
 }
 
-struct Failover(Arc<Pair>);
-
-impl Failover {
-    async fn on_current(
-        &self,
-        f: impl FnOnce(&PostgresServer) -> leasehold_servers::Result<()> + Send + 'static,
-    ) -> leasehold_core::Result<()> {
-        let pair = self.0.clone();
-        harness_call(move || f(pair.current())).await
-    }
-}
-
-/// Every fault of the suite acts on the server clients reach now (the primary, then the
-/// promoted standby), so the whole suite runs on the replicated deployment, not only the
-/// failover scenario.
+/// The standby is promoted with `pg_promote()`.
 #[async_trait]
-impl Faults for Failover {
-    /// A restart is over when the deployment takes writes again: with a synchronous
-    /// standby, that is when the standby streams from the restarted primary once more (until
-    /// then every commit waits for it, as it would in production).
-    async fn restart(&self) -> leasehold_core::Result<()> {
-        self.on_current(|s| s.restart()).await?;
-        if self.0.replication == Replication::Synchronous
-            && !self.0.failed_over.load(Ordering::Acquire)
-        {
-            self.0.wait_for_sync_standby().await?;
+impl ReplicatedPair for Pair {
+    type Server = PostgresServer;
+
+    fn primary(&self) -> &PostgresServer {
+        &self.primary
+    }
+
+    fn replica(&self) -> &PostgresServer {
+        &self.standby
+    }
+
+    fn replica_url(&self) -> String {
+        self.standby_url()
+    }
+
+    /// With a synchronous standby, the deployment takes writes again when the standby streams
+    /// from the restarted primary once more.
+    async fn primary_restarted(&self) -> leasehold_core::Result<()> {
+        if self.replication == Replication::Synchronous {
+            self.wait_for_sync_standby().await?;
         }
         Ok(())
     }
 
-    async fn pause(&self) -> leasehold_core::Result<()> {
-        self.on_current(|s| s.pause()).await
-    }
-
-    async fn resume(&self) -> leasehold_core::Result<()> {
-        self.on_current(|s| s.resume()).await
-    }
-
-    /// An operator ends the lease by hand (keeping the row and its fence counter).
-    async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<()> {
-        suite::revoke(&self.0.url.get(), key).await
+    async fn revoke(&self, url: &str, key: &LockKey) -> leasehold_core::Result<()> {
+        suite::revoke(url, key).await
     }
 
     /// Lets the standby catch up, then cuts its replication: the primary (asynchronous)
     /// still commits, and the standby never sees it.
-    async fn begin_failover(&self) -> leasehold_core::Result<()> {
-        let (primary, standby) = (self.0.primary_url(), self.0.standby_url());
+    async fn cut_replication(&self) -> leasehold_core::Result<()> {
+        let (primary, standby) = (self.primary_url(), self.standby_url());
         let p = sqlx::PgPool::connect(without_params(&primary))
             .await
             .map_err(harness_error)?;
@@ -279,81 +251,29 @@ impl Faults for Failover {
         Ok(())
     }
 
-    /// The old primary dies; the standby is promoted and clients connect to it.
-    async fn complete_failover(&self) -> leasehold_core::Result<()> {
-        let primary = self.0.primary.clone();
+    /// The old primary dies; the standby is promoted.
+    async fn promote_replica(&self) -> leasehold_core::Result<()> {
+        let primary = self.primary.clone();
         harness_call(move || primary.kill()).await?;
-        sql_on(&self.0.standby_url(), "SELECT pg_promote()").await?;
-        self.0.url.set(self.0.standby_url());
-        self.0.failed_over.store(true, Ordering::Release);
-        Ok(())
+        sql_on(&self.standby_url(), "SELECT pg_promote()").await
     }
 }
 
-/// The whole suite on a primary with a standby of the given kind, the standby's promotion
-/// as the failover fault; returns the declared fence safety, the report's failures, and the
-/// failover scenario's outcome.
-async fn whole_suite_with(
-    replication: Replication,
-) -> Result<(FenceSafety, Vec<String>, Result<Verdict, String>)> {
-    let (pair, clients) = pair_with("", replication).await?;
-    let ctx = Context::new(Arc::new(clients))
-        .await
-        .or_fail("the suite's context")?
-        .with_faults(Arc::new(Failover(pair.clone())));
-    let report = run_all(&format!("postgres, {replication:?} standby"), &ctx).await;
-    println!("{report}");
-    let failures = report
-        .lines
-        .iter()
-        .filter_map(|l| {
-            l.outcome
-                .as_ref()
-                .err()
-                .map(|f| format!("{}: {f}", l.scenario))
-        })
-        .collect();
-    let failover = report
-        .lines
-        .iter()
-        .find(|l| l.scenario == "fences_survive_failover")
-        .or_fail("the suite's failover scenario")?
-        .outcome
-        .clone()
-        .map_err(|f| f.to_string());
-    Ok((ctx.capabilities().fence_safety, failures, failover))
-}
-
-async fn failover_verdict(options: &str) -> Result<(FenceSafety, Result<Verdict, String>)> {
-    failover_verdict_with(options, Replication::Asynchronous).await
-}
-
-async fn failover_verdict_with(
-    options: &str,
-    replication: Replication,
-) -> Result<(FenceSafety, Result<Verdict, String>)> {
+/// The whole suite (or only the failover scenario) on a primary with a standby of the given
+/// kind, the standby's promotion as the failover fault.
+async fn run_on_pair(replication: Replication, options: &str, whole: bool) -> Result<FailoverRun> {
     let (pair, clients) = pair_with(options, replication).await?;
+    let faults = FailoverFaults::new(pair, clients.url());
     let ctx = Context::new(Arc::new(clients))
         .await
         .or_fail("the suite's context")?
-        .with_faults(Arc::new(Failover(pair.clone())));
-    let selected: Vec<_> = scenarios::all()
-        .into_iter()
-        .filter(|s| s.name == "fences_survive_failover")
-        .collect();
-    if selected.len() != 1 {
-        return Err(format!("{} failover scenarios, one expected", selected.len()).into());
-    }
-    let report = run_selected("postgres failover", &ctx, &selected).await;
-    println!("{report}");
-    let outcome = report
-        .lines
-        .first()
-        .or_fail("the failover scenario's line")?
-        .outcome
-        .clone()
-        .map_err(|f| f.to_string());
-    Ok((ctx.capabilities().fence_safety, outcome))
+        .with_faults(Arc::new(faults));
+    let title = if whole {
+        format!("postgres, {replication:?} standby")
+    } else {
+        "postgres failover".to_string()
+    };
+    run_with_failover(&title, &ctx, whole).await
 }
 
 /// With a synchronous standby, every acquisition the primary confirmed is on the
@@ -365,46 +285,24 @@ async fn failover_verdict_with(
 /// The whole suite runs on the pair, every other fault acting on the server clients reach.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_to_a_synchronous_standby_keeps_fences_growing() -> Result {
-    let (safety, failures, outcome) = whole_suite_with(Replication::Synchronous).await?;
-    if safety != FenceSafety::Linearizable {
-        return Err(format!("declared {safety:?} with a synchronous standby").into());
-    }
-    if !failures.is_empty() {
-        return Err(format!("conformance failed: {failures:#?}").into());
-    }
-    if !matches!(outcome, Ok(Verdict::Passed)) {
-        return Err(format!(
-            "fences must survive a failover to a synchronous standby: {outcome:?}"
-        )
-        .into());
-    }
-    Ok(())
+    run_on_pair(Replication::Synchronous, "", true)
+        .await?
+        .fences_survived("a synchronous standby")
 }
 
 /// The whole suite on a primary with an asynchronous standby: everything passes, and the
-/// failover, which reissues a fence, shows as the declared weakness it is.
+/// failover, which reissues a fence, shows as the declared weakness it is. The same setup
+/// declared linearizable (an overclaim) is caught.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_to_an_async_standby_reissues_a_fence_as_declared() -> Result {
-    let (safety, failures, outcome) = whole_suite_with(Replication::Asynchronous).await?;
-    if safety != FenceSafety::FailoverUnsafe {
-        return Err(format!("declared {safety:?} with an asynchronous standby").into());
-    }
-    if !failures.is_empty() {
-        return Err(format!("conformance failed: {failures:#?}").into());
-    }
-    if !matches!(outcome, Ok(Verdict::Declared(_))) {
-        return Err(format!(
-            "the failover must reissue a fence, and it must be declared: {outcome:?}"
-        )
-        .into());
-    }
-    // The same setup, declared linearizable (an overclaim): caught.
-    let (safety, outcome) = failover_verdict("&fence_safety=linearizable").await?;
-    if safety != FenceSafety::Linearizable {
-        return Err(format!("declared {safety:?} with fence_safety=linearizable").into());
-    }
-    if outcome.is_ok() {
-        return Err(format!("an overclaim must fail: {outcome:?}").into());
-    }
-    Ok(())
+    run_on_pair(Replication::Asynchronous, "", true)
+        .await?
+        .reissue_declared("an asynchronous standby")?;
+    run_on_pair(
+        Replication::Asynchronous,
+        "&fence_safety=linearizable",
+        false,
+    )
+    .await?
+    .overclaim_caught()
 }

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_conformance::scenarios::{self, run_all, run_selected};
-use leasehold_conformance::{Context, ResourceFactory, Verdict};
+use leasehold_conformance::kit;
+use leasehold_conformance::scenarios::run_all;
+use leasehold_conformance::{Context, ResourceFactory};
 use leasehold_core::{
     Authority, Error, FencedResource, Instant, Lease, LeaseOptions, LostReason, OwnerToken,
 };
@@ -60,21 +61,8 @@ async fn passes_the_conformance_suite_with_faults() -> Result {
         .or_fail("the suite's context")?
         .with_residue(Arc::new(suite::LiveRows(url.clone())))
         .with_faults(Arc::new(suite::faults(server, url)));
-    let report = run_all("postgres", &ctx).await;
-    println!("{report}");
-    report.assert_passed();
-    for line in &report.lines {
-        // Only failover needs a standby this harness does not run for PostgreSQL.
-        if line.scenario != "fences_survive_failover" {
-            assert_eq!(
-                line.outcome,
-                Ok(Verdict::Passed),
-                "{}:\n{report}",
-                line.scenario
-            );
-        }
-    }
-    Ok(())
+    // Only failover needs a standby, which failover.rs runs.
+    kit::passes_all_but_failover("postgres", &ctx).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -87,21 +75,7 @@ async fn stale_writes_are_refused_by_a_postgres_resource() -> Result {
         .await
         .or_fail("the suite's context")?
         .with_resources(Arc::new(PgRegisters(admin.pool().clone())));
-    let selected: Vec<_> = scenarios::all()
-        .into_iter()
-        .filter(|s| s.name.starts_with("stale_write") || s.name == "contention")
-        .collect();
-    assert_eq!(selected.len(), 3);
-    let report = run_selected("postgres, resource in postgres", &ctx, &selected).await;
-    println!("{report}");
-    assert!(
-        report
-            .lines
-            .iter()
-            .all(|l| l.outcome == Ok(Verdict::Passed)),
-        "{report}"
-    );
-    Ok(())
+    kit::stale_writes_are_refused("postgres, resource in postgres", &ctx).await
 }
 
 /// Kill PostgreSQL while a lease is held: the holder's renewal fails and `lost()` fires by its

@@ -1,27 +1,20 @@
 //! The acquisition statement: sent, sent again once when its connection goes silent, and its
 //! lease given back when nobody was told about it.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::time::saturating_add;
 use leasehold_core::Instant;
-use sqlx::SqlStr;
+use leasehold_sql_common::{plain, Failed, LateStatement, Sent, Statement};
+use sqlx::{MySqlConnection, SqlStr};
 
 use super::{ttl_us, Inner};
-use crate::errors;
-use crate::running::{send, LateStatement, Sent, Statement};
 
 /// What an acquisition statement returns: the fence it took (0: the key is held).
 pub(super) type Acquired = std::result::Result<u64, sqlx::Error>;
 
-/// An acquisition statement on its way, for [`Inner::race`].
-type Pending = Pin<Box<dyn Future<Output = Acquired> + Send>>;
-
 /// Whose acquisition a statement is: what a give-back needs.
-#[derive(Clone)]
 struct Claim {
     key: String,
     owner: String,
@@ -36,12 +29,10 @@ impl Inner {
     ///
     /// A statement still unanswered after half the caller's time (nothing tells a silent
     /// connection from a slow server) is sent again, on a fresh connection, with the same owner
-    /// token, and the two race: the first answer is the acquisition's. The second form
-    /// (`acquire_again`) leaves a key held under its own owner token as it is and answers its
-    /// fence, so whichever lands second finds the first one's lease and reports that same
-    /// grant. The loser keeps waiting for its answer on its own connection, and a lease it took
-    /// that is not the one the acquisition answered (the key was released or ran out between
-    /// the two) is given back.
+    /// token, and the two race (see [`Sender::race`](leasehold_sql_common::Sender::race)). The
+    /// second form (`acquire_again`) leaves a key held under its own owner token as it is and
+    /// answers its fence, so whichever lands second finds the first one's lease and reports
+    /// that same grant.
     ///
     /// A statement unanswered at `give_up` keeps its connection open for the late answer (its
     /// lane goes back, to connect afresh): a frozen server that wakes runs what it had
@@ -58,11 +49,11 @@ impl Inner {
         let outlive = saturating_add(give_up, ttl.max(self.timeout()));
         let first = self.acquire_form(self.statements.acquire.clone(), &key, &owner, ttl);
         let again = self.acquire_form(self.statements.acquire_again.clone(), &key, &owner, ttl);
-        match send(&self.lanes, give_up, true, first).await {
-            Sent::Answered(answer) => answer,
+        match self.sender.send(give_up, true, first).await {
+            Sent::Answered(answer) => answer.map_err(Failed::into_error),
             Sent::Late(first) => {
                 let to = Claim { key, owner, ttl };
-                self.race(first, again, give_up, outlive, to).await
+                self.race(first, again, (give_up, outlive), to).await
             }
         }
     }
@@ -74,9 +65,9 @@ impl Inner {
         key: &str,
         owner: &str,
         ttl: Duration,
-    ) -> Statement<u64> {
+    ) -> Statement<MySqlConnection, u64> {
         let (key, owner) = (key.to_string(), owner.to_string());
-        Arc::new(move |c| {
+        plain(move |c: &mut MySqlConnection| {
             let (statement, key, owner) = (statement.clone(), key.clone(), owner.clone());
             Box::pin(async move {
                 sqlx::query(statement)
@@ -90,65 +81,29 @@ impl Inner {
         })
     }
 
-    /// The first statement, unanswered at half the caller's time, against `again` sent now.
+    /// The first statement, unanswered at half the caller's time, against `again` sent now;
+    /// a lease the loser took that is not the one answered is given back.
     async fn race(
         self: &Arc<Self>,
         first: LateStatement<u64>,
-        again: Statement<u64>,
-        give_up: Instant,
-        outlive: Instant,
+        again: Statement<MySqlConnection, u64>,
+        until: (Instant, Instant),
         to: Claim,
     ) -> Acquired {
         let inner = self.clone();
-        let mut first: Pending = Box::pin(async move { inner.outlive(first, outlive).await });
-        let inner = self.clone();
-        let mut again: Pending = Box::pin(async move {
-            match send(&inner.lanes, give_up, false, again).await {
-                Sent::Answered(answer) => answer,
-                Sent::Late(late) => inner.outlive(late, outlive).await,
-            }
-        });
-        // An answer that says nothing (no answer in time, a broken connection) waits for the
-        // other one.
-        let (answer, loser) = tokio::select! {
-            answer = &mut first => {
-                if answer.is_ok() { (answer, Some(again)) } else { (again.await, None) }
-            }
-            answer = &mut again => {
-                if answer.is_ok() { (answer, Some(first)) } else { (first.await, None) }
-            }
+        let kept = |answer: &std::result::Result<u64, Failed<u64>>| {
+            answer.as_ref().ok().copied().filter(|raw| *raw > 0)
         };
-        let kept = answer.as_ref().ok().copied().filter(|raw| *raw > 0);
-        if let (Some(loser), Ok(runtime)) = (loser, tokio::runtime::Handle::try_current()) {
-            let inner = self.clone();
-            runtime.spawn(async move {
-                if let Ok(raw) = loser.await {
-                    if raw > 0 && Some(raw) != kept {
-                        inner.give_back(to.key, to.owner, raw, to.ttl).await;
-                    }
+        let loser = move |answer: std::result::Result<u64, Failed<u64>>, kept: Option<u64>| async move {
+            if let Ok(raw) = answer {
+                if raw > 0 && Some(raw) != kept {
+                    inner.give_back(to.key, to.owner, raw, to.ttl).await;
                 }
-            });
-        }
-        answer
-    }
-
-    /// Waits for a late statement's answer on its own connection until `until`; past that,
-    /// its connection is closed, and a lease it took ends at its TTL. At most one such wait per
-    /// lane goes on at a time: with as many already waiting as there are lanes, the connection
-    /// is closed now, so a server that stalls every statement cannot make a process open
-    /// connections without bound.
-    async fn outlive(&self, late: LateStatement<u64>, until: Instant) -> Acquired {
-        let Ok(_kept) = self.outliving.clone().try_acquire_owned() else {
-            return Err(errors::unanswered(
-                "no answer in time, and as many abandoned acquisitions as lanes already wait for theirs",
-            ));
+            }
         };
-        tokio::time::timeout_at(until, late)
+        self.sender
+            .race(first, again, until, kept, loser)
             .await
-            .unwrap_or_else(|_| {
-                Err(errors::unanswered(
-                    "no answer before the lease would have ended",
-                ))
-            })
+            .map_err(Failed::into_error)
     }
 }

@@ -4,20 +4,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::backend::Backoff;
 use leasehold_core::time::saturating_add;
 use leasehold_core::{Instant, Result};
 use sqlx::{PgConnection, SqlStr};
 
-use super::sending::{Failed, LateStatement, Sent, Statement};
+use leasehold_sql_common::{Failed, LateStatement, Sent, Statement};
+
 use super::{release_once, ttl_ms, Inner};
 use crate::errors;
 use crate::token::StrictBigint;
 
-/// An acquisition statement on its way, for [`Inner::race`].
-type Pending = std::pin::Pin<
-    Box<dyn std::future::Future<Output = std::result::Result<Answer, Failed<Answer>>> + Send>,
->;
+/// An acquisition statement, as it is sent.
+type AcquireStatement = Statement<PgConnection, Answer>;
 
 /// Whose acquisition a statement is: what a give-back needs.
 #[derive(Clone)]
@@ -62,9 +60,9 @@ impl Inner {
         // long: nothing is left to give back worth keeping a connection open for.
         let outlive = saturating_add(give_up, ttl.max(self.timeout()));
         let named = self.named();
-        let plain = |statement: SqlStr| -> Statement<Answer> {
+        let plain = |statement: SqlStr| -> AcquireStatement {
             let (key, owner) = (key.clone(), owner.clone());
-            Arc::new(move |c| {
+            self.statement(move |c| {
                 let (statement, key, owner) = (statement.clone(), key.clone(), owner.clone());
                 Box::pin(async move {
                     // The fence is read strictly (see StrictBigint): it becomes a grant.
@@ -90,10 +88,10 @@ impl Inner {
             )
         };
         let to = Claim { key, owner, ttl };
-        match self.send(give_up, true, first).await {
+        match self.sender.send(give_up, true, first).await {
             // Nothing changed: sent again, alone, with a fresh snapshot.
             Sent::Answered(Err(Failed::Statement(e))) if errors::is_conflict(&e) => {
-                let answer = self.sent_to_end(give_up, again, outlive).await;
+                let answer = self.sender.send_to_end(give_up, again, outlive).await;
                 self.confirmed(answer, &to, None)
             }
             Sent::Answered(answer) => self.confirmed(answer, &to, None),
@@ -101,64 +99,35 @@ impl Inner {
         }
     }
 
-    /// `again` sent until `give_up`, and waited on past it until `outlive` if unanswered (the
-    /// caller, gone by then, gives back a lease it took: see
-    /// [`claim_or_give_back`](leasehold_core::backend::claim_or_give_back)).
-    async fn sent_to_end(
-        self: &Arc<Self>,
-        give_up: Instant,
-        again: Statement<Answer>,
-        outlive: Instant,
-    ) -> std::result::Result<Answer, Failed<Answer>> {
-        match self.send(give_up, false, again).await {
-            Sent::Answered(answer) => answer,
-            Sent::Late(late) => self.outlive(late, outlive).await,
-        }
-    }
-
-    /// The first statement, unanswered at half the caller's time, against `again` sent now:
-    /// see [`Inner::acquire_statement`].
+    /// The first statement, unanswered at half the caller's time, against `again` sent now
+    /// (see [`Sender::race`](leasehold_sql_common::Sender::race)): a lease the loser took
+    /// that is not the one the acquisition answered is given back.
     async fn race(
         self: &Arc<Self>,
         first: LateStatement<Answer>,
-        again: Statement<Answer>,
+        again: AcquireStatement,
         give_up: Instant,
         outlive: Instant,
         to: Claim,
     ) -> Acquired {
-        let inner = self.clone();
-        let mut first: Pending = Box::pin(async move { inner.outlive(first, outlive).await });
-        let inner = self.clone();
-        let mut again: Pending =
-            Box::pin(async move { inner.sent_to_end(give_up, again, outlive).await });
-        // An answer that says nothing (no answer in time, a broken connection) waits for the
-        // other one.
-        let says = |answer: &std::result::Result<Answer, Failed<Answer>>| {
-            !matches!(answer, Err(Failed::Statement(_)))
-        };
-        let (answer, loser) = tokio::select! {
-            answer = &mut first => {
-                if says(&answer) { (answer, Some(again)) } else { (again.await, None) }
-            }
-            answer = &mut again => {
-                if says(&answer) { (answer, Some(first)) } else { (first.await, None) }
-            }
-        };
-        let kept = match &answer {
+        let kept = |answer: &std::result::Result<Answer, Failed<Answer>>| match answer {
             Ok((fence, _)) => *fence,
             Err(_) => None,
         };
-        if let (Some(loser), Ok(runtime)) = (loser, tokio::runtime::Handle::try_current()) {
-            let (inner, to) = (self.clone(), to.clone());
-            runtime.spawn(async move {
-                let answer = loser.await;
-                if let Some(raw) = won(&inner.confirmed(answer, &to, kept)) {
-                    if Some(raw) != kept {
-                        inner.give_back(to.key, to.owner, raw, to.ttl, false).await;
-                    }
+        let (inner, claim) = (self.clone(), to.clone());
+        let loser = move |answer, kept: Option<i64>| async move {
+            if let Some(raw) = won(&inner.confirmed(answer, &claim, kept)) {
+                if Some(raw) != kept {
+                    inner
+                        .give_back(claim.key, claim.owner, raw, claim.ttl, false)
+                        .await;
                 }
-            });
-        }
+            }
+        };
+        let answer = self
+            .sender
+            .race(first, again, (give_up, outlive), kept, loser)
+            .await;
         self.confirmed(answer, &to, None)
     }
 
@@ -183,20 +152,20 @@ impl Inner {
         }
     }
 
-    /// The waiting form of the acquisition statement, for [`Inner::send`].
+    /// The waiting form of the acquisition statement, as it is sent.
     pub(super) fn waiting_form(
         &self,
         key: String,
         owner: String,
         ttl: Duration,
-    ) -> Statement<Answer> {
+    ) -> AcquireStatement {
         let named = self.named();
         let (current, before) = (
             self.statements.acquire_or_remaining.clone(),
             self.statements.previous.acquire_or_remaining.clone(),
         );
         let (version, table) = (self.version.clone(), self.config.table.plain());
-        Arc::new(move |c| {
+        self.statement(move |c| {
             let (current, before, key, owner, version, table) = (
                 current.clone(),
                 before.clone(),
@@ -244,35 +213,20 @@ impl Inner {
         ttl: Duration,
         unconfirmed: bool,
     ) {
-        // Tried until the lease would have ended anyway, each try bounded by the request
-        // timeout: a try that gets no answer lets its lane go (the lane connects afresh), instead
-        // of holding it for a whole TTL. A release compares owner and fence, so a try that
-        // landed unseen makes the next one find nothing.
-        let end = saturating_add(Instant::now(), ttl.max(self.timeout()));
-        let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
-        let released = loop {
-            let give_up = saturating_add(Instant::now(), self.timeout()).min(end);
+        // See `leasehold_sql_common::give_back`: tried until the lease would have ended
+        // anyway, each try bounded by the request timeout.
+        leasehold_sql_common::give_back(ttl, self.timeout(), |give_up| {
             let args = (key.clone(), owner.clone(), raw);
-            let released = if unconfirmed {
-                self.give_back_unconfirmed(args, give_up).await
-            } else {
-                self.release_statement("give back", args, give_up).await
-            };
-            match released {
-                Err(e) if e.is_retryable() && Instant::now() < end => {
-                    let next = saturating_add(Instant::now(), backoff.next_delay());
-                    tokio::time::sleep_until(next.min(end)).await;
-                }
-                other => break other,
+            async move {
+                let released = if unconfirmed {
+                    self.give_back_unconfirmed(args, give_up).await
+                } else {
+                    self.release_statement("give back", args, give_up).await
+                };
+                released.map(|n| n > 0)
             }
-        };
-        match released {
-            Ok(n) if n > 0 => tracing::debug!("gave back a lease whose acquisition nobody awaited"),
-            Ok(_) => tracing::trace!("a lease nobody awaited had already ended"),
-            Err(error) => {
-                tracing::debug!(%error, "could not give back a lease nobody awaited; it ends at its TTL")
-            }
-        }
+        })
+        .await
     }
 
     /// The release of an acquisition whose COMMIT went unanswered: an upsert, because an
