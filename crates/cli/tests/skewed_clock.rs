@@ -77,7 +77,10 @@ fn offset_under(skew: &str) -> Result<i64> {
 fn wall_clocks_wrong_by_minutes_change_nothing_the_store_decides() -> Result {
     // The preload works here: a process under it reads a clock ten minutes off.
     let ahead = offset_under(&format!("+{SKEW}"))?;
-    assert!((590..=610).contains(&ahead), "the clock under +{SKEW} is {ahead} s off");
+    assert!(
+        (590..=610).contains(&ahead),
+        "the clock under +{SKEW} is {ahead} s off"
+    );
 
     let moto = leasehold_servers::MotoServer::start().or_fail("moto must start")?;
     let url = format!(
@@ -112,7 +115,10 @@ fn wall_clocks_wrong_by_minutes_change_nothing_the_store_decides() -> Result {
         );
     }
     assert!(
-        ahead_holder.try_wait().or_fail("look at the holder")?.is_none(),
+        ahead_holder
+            .try_wait()
+            .or_fail("look at the holder")?
+            .is_none(),
         "the holder whose clock is ahead gave its lease up"
     );
 
