@@ -2,26 +2,26 @@
 //!
 //! Each deployment *form* lives in a file of its own and answers the same questions (its URL,
 //! its faults, how to inject and heal each): etcd and ZooKeeper as 3-member clusters or single
-//! servers ([`consensus`]), PostgreSQL alone ([`postgres`]), with an asynchronous standby that a
+//! servers ([`consensus`]), PostgreSQL alone ([`one_server`]), with an asynchronous standby that a
 //! failover promotes ([`postgres_standby`]) or behind PgBouncer in transaction mode
 //! ([`pgbouncer`]), Redis as a primary and a replica behind a forwarder that a failover
 //! switches ([`redis_pair`]), under Sentinel ([`sentinel`]) or as a Cluster
 //! ([`redis_cluster`]), SQLite, one file that every worker process opens ([`sqlite`]), MariaDB
-//! alone ([`mysql`]), and an object store, Azurite ([`object_store`]).
+//! alone ([`one_server`] too), and an object store, Azurite ([`object_store`]).
 //! Every server is a plain process from Debian's packages (`leasehold-servers`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use leasehold_conformance::workload::FaultKind;
+use leasehold_servers::{MariaDbServer, PostgresServer};
 use rand::rngs::StdRng;
 use rand::Rng;
 
 mod consensus;
-mod mysql;
 pub mod object_store;
+mod one_server;
 mod pgbouncer;
-mod postgres;
 mod postgres_standby;
 mod redis_cluster;
 mod redis_pair;
@@ -232,14 +232,14 @@ impl Deployment {
         let form: Box<dyn Form> = match backend {
             Backend::Etcd => Box::new(consensus::Consensus::start_etcd(nodes).await?),
             Backend::Zookeeper => Box::new(consensus::Consensus::start_zookeeper(nodes).await?),
-            Backend::Postgres => Box::new(postgres::Postgres::start().await?),
+            Backend::Postgres => Box::new(one_server::OneServer::<PostgresServer>::start().await?),
             Backend::Redis => Box::new(redis_pair::RedisPair::start().await?),
             Backend::PostgresPgbouncer => Box::new(pgbouncer::BehindPooler::start().await?),
             Backend::PostgresStandby => Box::new(postgres_standby::PostgresStandby::start().await?),
             Backend::RedisSentinel => Box::new(sentinel::Sentinel::start().await?),
             Backend::RedisCluster => Box::new(redis_cluster::Cluster::start().await?),
             Backend::Sqlite => Box::new(sqlite::SqliteFile::create(dir)?),
-            Backend::MySql => Box::new(mysql::MySql::start().await?),
+            Backend::MySql => Box::new(one_server::OneServer::<MariaDbServer>::start().await?),
             Backend::ObjectStore => Box::new(object_store::ObjectStoreForm::start().await?),
         };
         Ok(Arc::new(Deployment { backend, form }))
