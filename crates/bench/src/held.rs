@@ -60,7 +60,7 @@ impl Authority for Counting {
     async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
         self.inner.proclaim(grant, value).await
     }
-    async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<leasehold_core::Revoked> {
+    async fn revoke(&self, key: &LockKey) -> leasehold::Result<leasehold::Revoked> {
         self.inner.revoke(key).await
     }
     async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
