@@ -94,7 +94,7 @@ fn revoke_ends_a_run_on_redis() -> Result {
 #[test]
 fn revoke_ends_a_run_on_postgres() -> Result {
     let server = leasehold_servers::PostgresServer::start().or_fail("PostgreSQL must start")?;
-    let url = format!("{}?timeout_ms=3000", server.url());
+    let url = format!("{}?timeout_ms=1000", server.url());
     let out = leasehold(&["migrate", "--url", &url])?;
     assert_eq!(code(&out), 0, "{}", text(&out));
     revoke_ends_a_run(&url, "cli-revoke-postgres")
