@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::{
     Authority, Capabilities, ClientOptions, Error, Fence, FenceSafety, Grant, Inspection, Instant,
-    KeyPrefix, LockKey, OwnerToken, Released, Result,
+    KeyPrefix, LockKey, OwnerToken, Released, Result, Revoked,
 };
 use leasehold_memory::{MemoryAuthority, MemoryServer};
 
@@ -54,11 +54,15 @@ pub enum Mutant {
     /// The fence counter is cleaned up when a key sits idle (a container parent reaped), so
     /// fences restart after a quiet period.
     FenceRestartsAfterIdle,
+    /// Revoke ends the holder's lease but the next grant on the key reuses the revoked fence
+    /// (a revoke that deletes the fence counter along with the lease): the revoked holder's
+    /// late writes then pass every gate.
+    RevokeReusesFence,
 }
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 13] = [
+    pub const ALL: [Mutant; 14] = [
         Mutant::UnconditionalRelease,
         Mutant::AcquireIgnoresHolder,
         Mutant::FenceRestartsAfterRelease,
@@ -72,6 +76,7 @@ impl Mutant {
         Mutant::CancelledAttemptKeepsKey,
         Mutant::ReleaseComparesClientOnly,
         Mutant::FenceRestartsAfterIdle,
+        Mutant::RevokeReusesFence,
     ];
 
     /// The scenarios written to catch this mutant. The suite has teeth for a rule only if one of
@@ -97,6 +102,7 @@ impl Mutant {
             Mutant::CancelledAttemptKeepsKey => &["cancelled_try_acquire_leaves_nothing"],
             Mutant::ReleaseComparesClientOnly => &["stale_release_after_reacquire_keeps_new_grant"],
             Mutant::FenceRestartsAfterIdle => &["fences_grow_after_idle_cleanup"],
+            Mutant::RevokeReusesFence => &["revoke_ends_the_holder_and_fences_it_out"],
         }
     }
 }
@@ -115,6 +121,9 @@ pub struct Mutated {
     counters: Arc<Mutex<HashMap<LockKey, u64>>>,
     /// Per-key (counter, last release) for [`Mutant::FenceRestartsAfterIdle`].
     idle: Arc<Mutex<HashMap<LockKey, (u64, Instant)>>>,
+    /// The fence a revoke ended, per key, handed to the next grant by
+    /// [`Mutant::RevokeReusesFence`]; shared by all clients.
+    revoked: Arc<Mutex<HashMap<LockKey, Fence>>>,
     /// This client's latest grant per key, for [`Mutant::ReleaseComparesClientOnly`].
     latest: Mutex<HashMap<LockKey, Grant>>,
     capabilities: Capabilities,
@@ -165,6 +174,10 @@ impl Mutated {
             lock(&self.latest).insert(grant.key().clone(), grant.clone());
         }
         match self.mutant {
+            Mutant::RevokeReusesFence => match lock(&self.revoked).remove(grant.key()) {
+                Some(fence) => Ok(self.rewrap(&grant, fence, grant.deadline())),
+                None => Ok(grant),
+            },
             Mutant::FenceRestartsAfterIdle => {
                 let n = {
                     let mut idle = lock(&self.idle);
@@ -354,6 +367,14 @@ impl Authority for Mutated {
         self.inner.list_keys(prefix, limit).await
     }
 
+    async fn revoke(&self, key: &LockKey) -> Result<Revoked> {
+        let revoked = self.inner.revoke(key).await?;
+        if let (Mutant::RevokeReusesFence, Revoked::Revoked { fence }) = (self.mutant, revoked) {
+            lock(&self.revoked).insert(key.clone(), fence);
+        }
+        Ok(revoked)
+    }
+
     async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
         self.inner.proclaim(original(grant), value).await
     }
@@ -401,6 +422,7 @@ pub struct MutantConnector {
     server: MemoryServer,
     counters: Arc<Mutex<HashMap<LockKey, u64>>>,
     idle: Arc<Mutex<HashMap<LockKey, (u64, Instant)>>>,
+    revoked: Arc<Mutex<HashMap<LockKey, Fence>>>,
 }
 
 impl MutantConnector {
@@ -411,6 +433,7 @@ impl MutantConnector {
             server,
             counters: Arc::default(),
             idle: Arc::default(),
+            revoked: Arc::default(),
         }
     }
 }
@@ -425,6 +448,7 @@ impl Connector for MutantConnector {
             inner,
             counters: self.counters.clone(),
             idle: self.idle.clone(),
+            revoked: self.revoked.clone(),
             latest: Mutex::default(),
             capabilities,
         }))

@@ -144,8 +144,8 @@ impl fmt::Display for Report {
         let c = &self.capabilities;
         writeln!(
             f,
-            "conformance of {}: fences {}, {} across restart, leases {}, waits by {:?}, TTL \
-             {:?}..={:?} step {:?}",
+            "conformance of {}: fences {}, {} across restart, leases {}, waits by {:?}, revocation \
+             {:?}, TTL {:?}..={:?} step {:?}",
             self.subject,
             c.fence_safety,
             if c.durable_fences {
@@ -155,6 +155,7 @@ impl fmt::Display for Report {
             },
             c.exclusion,
             c.wait,
+            c.revocation,
             c.ttl.min,
             c.ttl.max,
             c.ttl.granularity

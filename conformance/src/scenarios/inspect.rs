@@ -249,6 +249,9 @@ mod tests {
         async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
             self.0.proclaim(grant, value).await
         }
+        async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<leasehold_core::Revoked> {
+            self.0.revoke(key).await
+        }
         async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
             self.0.wait_for_change(key, max_wait).await
         }

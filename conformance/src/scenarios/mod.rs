@@ -27,6 +27,7 @@ mod listing;
 mod outage;
 mod release;
 mod renew;
+mod revoke;
 mod schedule;
 mod semaphore;
 mod stale_write;
@@ -68,6 +69,7 @@ pub use renew::{
     lease_renews_past_ttl, lost_fires_at_deadline, lost_fires_on_refused_renewal,
     renew_after_expiry_is_refused, renewal_refusal_loses_only_that_lease,
 };
+pub use revoke::revoke_ends_the_holder_and_fences_it_out;
 pub use schedule::claim_period_claims_every_period;
 pub use semaphore::{
     semaphore_cancelled_acquire_leaves_no_slot, semaphore_never_exceeds_its_permits,
@@ -134,6 +136,7 @@ scenarios![
     lost_fires_at_deadline,
     lost_fires_on_refused_renewal,
     renewal_refusal_loses_only_that_lease,
+    revoke_ends_the_holder_and_fences_it_out,
     vanished_holder_frees_within_ttl,
     fences_increase,
     fences_grow_after_idle_cleanup,

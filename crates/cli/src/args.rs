@@ -87,6 +87,18 @@ const STATUS_AFTER_HELP: &str = "\
 Exit status: 0 free (none held), 1 held (some held); 64 bad usage or input; 69 the authority is \
 unreachable or answered too late; 77 the authority refused the credentials.";
 
+const REVOKE_ABOUT: &str = "\
+Ends the lease of whoever holds KEY now, as an operator taking a key away from a stuck holder: \
+prints the fence of the lease it ended, or that the key was free (then nothing changed). Safe \
+because of fences: the holder learns it at once or at its next renewal, the next holder's fence \
+is greater, and the resource refuses the revoked holder's late writes once the next fence has \
+reached it. The authority's own permissions decide who may revoke (see docs/revocation.md).";
+
+const REVOKE_AFTER_HELP: &str = "\
+Exit status: 0 revoked, 1 the key was free (nothing to revoke); 64 bad usage or input; 69 the \
+authority is unreachable or answered too late; 77 the authority refused the credentials or the \
+permission.";
+
 const MIGRATE_ABOUT: &str = "\
 Creates the lease table in the PostgreSQL database at --url (or $LEASEHOLD_URL) if it is not \
 there yet (safe to run again, and concurrently). Other backends need no schema.";
@@ -117,6 +129,16 @@ enum Sub {
     /// Say whether KEY (or each key under a prefix) is held or free, as the authority tells
     #[command(long_about = STATUS_ABOUT, after_help = STATUS_AFTER_HELP)]
     Status(StatusCli),
+    /// End the lease of whoever holds KEY now; its fence keeps the holder's late writes out
+    #[command(long_about = REVOKE_ABOUT, after_help = REVOKE_AFTER_HELP)]
+    Revoke {
+        /// The authority [default: $LEASEHOLD_URL, else the per-user SQLite file]
+        #[arg(long, value_name = "URL", allow_hyphen_values = true)]
+        url: Option<String>,
+        /// The key whose holder loses its lease
+        #[arg(long, value_name = "KEY", allow_hyphen_values = true)]
+        key: String,
+    },
     /// Create PostgreSQL's lease table (other backends need no schema)
     #[command(long_about = MIGRATE_ABOUT)]
     Migrate {
@@ -131,7 +153,7 @@ enum Sub {
     },
     /// Print the manual page (roff) of leasehold, or of one subcommand, on stdout
     Man {
-        #[arg(value_parser = ["run", "status", "migrate", "completions", "man"])]
+        #[arg(value_parser = ["run", "status", "revoke", "migrate", "completions", "man"])]
         subcommand: Option<String>,
     },
 }
@@ -238,6 +260,11 @@ pub const DEFAULT_LIST_LIMIT: usize = 100;
 pub enum Invocation {
     Run(RunArgs),
     Status(StatusArgs),
+    /// `leasehold revoke --key K [--url URL]`: end the current holder's lease.
+    Revoke {
+        url: Option<String>,
+        key: String,
+    },
     /// `leasehold migrate --url postgres://...` (or `mysql://`, `mariadb://`): create the lease
     /// table.
     Migrate {
@@ -302,6 +329,10 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
                 json: status.json,
             })
         }
+        Sub::Revoke { url, key } => Invocation::Revoke {
+            url: url.or(env_url),
+            key,
+        },
         // Only PostgreSQL has a schema: there is no default to migrate.
         Sub::Migrate { url } => Invocation::Migrate {
             url: url.or(env_url).ok_or_else(|| {
@@ -593,6 +624,14 @@ mod tests {
             parsed(&["migrate"], Some("postgres://h")),
             Ok(Invocation::Migrate {
                 url: "postgres://h".into(),
+            }),
+        )?;
+        same(
+            "revoke",
+            parsed(&["revoke", "--key", "k"], Some("e")),
+            Ok(Invocation::Revoke {
+                url: Some("e".into()),
+                key: "k".into(),
             }),
         )?;
         same(

@@ -23,6 +23,7 @@ mod child;
 mod descendants;
 mod duration;
 mod logging;
+mod revoke;
 mod state;
 mod status;
 mod terminal;
@@ -49,6 +50,8 @@ use crate::duration::human;
 mod code {
     /// `status`: the key is held.
     pub const HELD: u8 = 1;
+    /// `revoke`: the key was free, nothing was revoked.
+    pub const WAS_FREE: u8 = 1;
     pub const USAGE: u8 = 64;
     pub const UNAVAILABLE: u8 = 69;
     pub const LOST: u8 = 76;
@@ -92,6 +95,7 @@ fn main() -> ExitCode {
         match invocation {
             Invocation::Run(args) => run(args).await,
             Invocation::Status(args) => status::status(args).await,
+            Invocation::Revoke { url, key } => revoke::revoke(url.as_deref(), &key).await,
             Invocation::Migrate { url } => migrate(&url).await,
             Invocation::Completions(_) | Invocation::Man(_) | Invocation::WatchGroup(_) => 0,
         }

@@ -121,7 +121,7 @@ async fn inspect_all(
 }
 
 /// Awaits one request within `backstop`; a failure is printed and becomes the exit status.
-async fn bounded<T>(
+pub(crate) async fn bounded<T>(
     backstop: Duration,
     url: &str,
     request: impl Future<Output = leasehold::Result<T>>,

@@ -22,8 +22,8 @@ pub(crate) mod owner;
 pub(crate) mod resource;
 pub(crate) mod ttl;
 
-pub use authority::{Authority, Released, MAX_VALUE_LEN};
-pub use capabilities::{Capabilities, WaitStrategy};
+pub use authority::{Authority, Released, Revoked, MAX_VALUE_LEN};
+pub use capabilities::{Capabilities, RevocationNotice, WaitStrategy};
 pub use client_options::ClientOptions;
 pub use error::{ArcError, BoxError, Error, Result};
 pub use exclusion::ExclusionSafety;

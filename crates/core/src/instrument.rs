@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::contract::authority::{Authority, Released};
+use crate::contract::authority::{Authority, Released, Revoked};
 use crate::contract::capabilities::Capabilities;
 use crate::contract::error::{Error, Result};
 use crate::contract::grant::Grant;
@@ -169,6 +169,26 @@ impl Authority for Instrumented {
         result
     }
 
+    /// An operator's act, so logged at info with the fence it ended.
+    async fn revoke(&self, key: &LockKey) -> Result<Revoked> {
+        let span = tracing::info_span!(
+            "leasehold.revoke",
+            backend = self.inner.capabilities().backend,
+            %key,
+            fence = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let result = self.inner.revoke(key).instrument(span.clone()).await;
+        match &result {
+            Ok(Revoked::Revoked { fence }) => span
+                .record("fence", fence.value())
+                .record("outcome", "revoked"),
+            Ok(_) => span.record("outcome", "was_free"),
+            Err(e) => span.record("outcome", e.kind()),
+        };
+        result
+    }
+
     async fn list_keys(&self, prefix: &KeyPrefix, limit: usize) -> Result<Vec<LockKey>> {
         let span = tracing::debug_span!(
             "leasehold.list_keys",
@@ -292,6 +312,9 @@ mod tests {
         }
         async fn wait_for_change(&self, _: &LockKey, _: Duration) -> Result<()> {
             Ok(())
+        }
+        async fn revoke(&self, _: &LockKey) -> Result<Revoked> {
+            Ok(Revoked::WasFree)
         }
     }
 

@@ -43,8 +43,8 @@ pub mod time;
 pub use contract::{
     ArcError, Authority, BoxError, Capabilities, ClientOptions, Epoch, Error, ExclusionSafety,
     Fence, FenceSafety, FencedRegister, FencedResource, FencingToken, Grant, Guarded, Inspection,
-    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, SafetyMargin, TtlRange,
-    WaitStrategy, MAX_KEY_LEN, MAX_VALUE_LEN,
+    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, RevocationNotice,
+    Revoked, SafetyMargin, TtlRange, WaitStrategy, MAX_KEY_LEN, MAX_VALUE_LEN,
 };
 pub use instrument::Instrumented;
 pub use lease::{Lease, LeaseOptions, LeaseState, LeaseWatch, LossSignal};

@@ -13,8 +13,8 @@ use leasehold_core::backend::{check_proclaimed, SmallestKeys};
 use leasehold_core::time::{deadline_in, saturating_add};
 use leasehold_core::{
     Authority, Capabilities, Error, ExclusionSafety, FenceSafety, FencingToken, Grant, Inspection,
-    Instant, KeyPrefix, LockKey, LossSignal, LostReason, OwnerToken, Released, Result, TtlRange,
-    WaitStrategy,
+    Instant, KeyPrefix, LockKey, LossSignal, LostReason, OwnerToken, Released, Result,
+    RevocationNotice, Revoked, TtlRange, WaitStrategy,
 };
 use tokio::sync::{oneshot, watch};
 
@@ -27,6 +27,8 @@ use crate::session::{delete_contender, lease_gone, Registry, Session, SessionSet
 use crate::stored;
 use crate::token::EtcdRevision;
 use crate::wait::{self, Change, Seen, Turn};
+
+mod revocation;
 
 /// etcd's longest lease TTL (`MaxLeaseTTL` in its lessor): about 285 years.
 const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
@@ -163,6 +165,7 @@ impl EtcdAuthority {
             .with_wait(WaitStrategy::Notification)
             .with_renew_with_other_ttl(false)
             .with_batch_renewal(true)
+            .with_revocation(RevocationNotice::Pushed)
             .with_expiry_slack(EXPIRY_SLACK);
         let (closing, closed) = watch::channel(());
         let client = Arc::new(client);
@@ -1008,6 +1011,11 @@ impl Authority for EtcdAuthority {
             .with_last_fence(Some(fence))
             .with_remaining(remaining)
             .with_value(value))
+    }
+
+    /// See [`EtcdAuthority::revoke_holder`].
+    async fn revoke(&self, key: &LockKey) -> Result<Revoked> {
+        self.revoke_holder(key).await
     }
 
     /// etcd's `Election.Proclaim`: one transaction that rewrites our contender key only if it

@@ -86,8 +86,9 @@ pub use leasehold_core::{
     Fence, FenceSafety, FencedRegister, FencedResource, FencingToken, Grant, Guarded,
     IfUnavailable, Inspection, Instant, Instrumented, KeyPrefix, Leader, Leadership, Lease,
     LeaseOptions, LeaseState, LeaseWatch, LockKey, LossSignal, LostReason, Observer, OwnerId,
-    OwnerToken, Permit, Released, Result, SafetyMargin, Semaphore, TtlRange, Unlocked,
-    WaitStrategy, DEFAULT_OBSERVE_INTERVAL, MAX_KEY_LEN, MAX_PERMITS, MAX_VALUE_LEN,
+    OwnerToken, Permit, Released, Result, RevocationNotice, Revoked, SafetyMargin, Semaphore,
+    TtlRange, Unlocked, WaitStrategy, DEFAULT_OBSERVE_INTERVAL, MAX_KEY_LEN, MAX_PERMITS,
+    MAX_VALUE_LEN,
 };
 
 /// The in-memory reference authority, for tests and single-process use.

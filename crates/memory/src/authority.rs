@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use leasehold_core::backend::SmallestKeys;
 use leasehold_core::{
     Authority, Capabilities, ClientOptions, Error, Fence, FenceSafety, Grant, Inspection, Instant,
-    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange,
+    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, Revoked, TtlRange,
 };
 
 use crate::server::{MemoryServer, BACKEND};
@@ -288,6 +288,28 @@ impl Authority for MemoryAuthority {
             _ = tokio::time::sleep_until(until) => {}
         }
         Ok(())
+    }
+
+    /// Removes the live entry of `key`, whoever holds it, in the same request that reads it:
+    /// nothing can arrive in between. The fence counter is the server's and untouched, so the
+    /// next grant's fence is greater.
+    async fn revoke(&self, key: &LockKey) -> Result<Revoked> {
+        let ended = self
+            .server
+            .request(&self.options, "revoke", |state, now| {
+                let fence = state.live(key, now).map(|e| e.fence);
+                if fence.is_some() {
+                    state.remove(key);
+                }
+                fence
+            })
+            .await?;
+        Ok(match ended {
+            Some(raw) => Revoked::Revoked {
+                fence: self.fence(raw)?,
+            },
+            None => Revoked::WasFree,
+        })
     }
 
     /// The keys with a live lease, as one request: the server forgets a key when its lease

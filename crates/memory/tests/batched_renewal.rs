@@ -62,6 +62,9 @@ impl Authority for Counted {
     async fn proclaim(&self, grant: &Grant, value: &[u8]) -> Result<()> {
         self.inner.proclaim(grant, value).await
     }
+    async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<leasehold_core::Revoked> {
+        self.inner.revoke(key).await
+    }
     async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
         self.inner.wait_for_change(key, max_wait).await
     }

@@ -122,6 +122,9 @@ where
     async fn proclaim(&self, grant: &Grant, value: &[u8]) -> leasehold_core::Result<()> {
         self.inner.proclaim(grant, value).await
     }
+    async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<leasehold_core::Revoked> {
+        self.inner.revoke(key).await
+    }
     async fn wait_for_change(
         &self,
         key: &LockKey,

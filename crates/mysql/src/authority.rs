@@ -9,7 +9,7 @@ use leasehold_core::backend::{claim_or_give_back, Backoff, Left};
 use leasehold_core::time::saturating_add;
 use leasehold_core::{
     Authority, Capabilities, Error, Fence, Grant, Inspection, Instant, KeyPrefix, LockKey,
-    LostReason, OwnerId, OwnerToken, Released, Result, TtlRange, WaitStrategy,
+    LostReason, OwnerId, OwnerToken, Released, Result, Revoked, TtlRange, WaitStrategy,
 };
 use leasehold_sql_common::{open_pool, plain, warn_if_overridden, Once, Sender};
 use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool, Row, SqlStr};
@@ -408,6 +408,40 @@ impl Authority for MysqlAuthority {
             return Err(Error::lease_lost(grant.key().as_str(), LostReason::Refused));
         }
         Ok(())
+    }
+
+    /// One `UPDATE` (see the statement) that expires the live row and answers its fence; the
+    /// holder's next renewal finds it expired and is refused.
+    async fn revoke(&self, key: &LockKey) -> Result<Revoked> {
+        let statement = self.inner.statements.revoke.clone();
+        let name = key.as_str().to_string();
+        let (found, raw) = self
+            .inner
+            .bounded(
+                "revoke",
+                saturating_add(Instant::now(), self.inner.timeout()),
+                move |c| {
+                    let (statement, name) = (statement.clone(), name.clone());
+                    Box::pin(async move {
+                        sqlx::query(statement)
+                            .bind(name)
+                            .execute(c)
+                            .await
+                            .map(|done| (done.rows_affected(), done.last_insert_id()))
+                    })
+                },
+            )
+            .await?;
+        if found != 1 {
+            return Ok(Revoked::WasFree);
+        }
+        let fence = Fence::compose(
+            BACKEND,
+            self.inner.config.client.epoch,
+            raw,
+            self.inner.capabilities.fence_safety,
+        )?;
+        Ok(Revoked::Revoked { fence })
     }
 
     /// Polling: nothing announces a change, so this sleeps one jittered poll interval (at most

@@ -21,6 +21,7 @@ pub(crate) struct Statements {
     pub(crate) renew: SqlStr,
     pub(crate) release: SqlStr,
     pub(crate) proclaim: SqlStr,
+    pub(crate) revoke: SqlStr,
     pub(crate) inspect: SqlStr,
     pub(crate) list_keys: SqlStr,
 }
@@ -86,6 +87,14 @@ impl Statements {
             // grant raises the fence, so the value stops counting without acquire touching it.
             proclaim: sql(format!(
                 "UPDATE {t} SET value = ?, value_fence = fence WHERE {ours}"
+            )),
+            // ?1 the key. An operator's revoke: the live row, whoever holds it, expires now, in
+            // one statement (the row's exclusive lock orders it among the key's acquisitions).
+            // The holder's fence comes back as the reply's `last_insert_id`, as acquire's does;
+            // the row stays, so the next grant's fence is one more.
+            revoke: sql(format!(
+                "UPDATE {t} SET fence = LAST_INSERT_ID(fence), expires_at = UTC_TIMESTAMP(6) \
+                 WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6)"
             )),
             // A plain (consistent, non-locking) read: never waits for, nor delays, a holder.
             // The remaining time in whole milliseconds rounded up, so a live lease never shows 0.

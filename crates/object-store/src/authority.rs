@@ -10,7 +10,7 @@ use leasehold_core::backend::{claim_or_give_back, Backoff, Left, SmallestKeys};
 use leasehold_core::time::saturating_add;
 use leasehold_core::{
     Authority, Capabilities, Error, Fence, FenceSafety, Grant, Inspection, Instant, KeyPrefix,
-    LockKey, LostReason, OwnerId, OwnerToken, Released, Result, WaitStrategy,
+    LockKey, LostReason, OwnerId, OwnerToken, Released, Result, Revoked, WaitStrategy,
 };
 use object_store::{ObjectStore, UpdateVersion};
 use tokio::sync::Notify;
@@ -511,6 +511,34 @@ impl Authority for ObjectStoreAuthority {
         ))
         .with_last_fence(last)
         .with_value(seen.record.value_bytes()))
+    }
+
+    /// Reads the object and, while it is held, the store's clock (as inspect does); a live
+    /// holder's object is then rewritten free as its own release would (a conditional put on
+    /// the version read, sent again only while the same owner and fence hold it), so a holder
+    /// that arrived in between is never freed. The fence stays in the object, so the next
+    /// grant's is greater; the holder's next renewal (a conditional put) is refused.
+    async fn revoke(&self, key: &LockKey) -> Result<Revoked> {
+        let objects = &self.inner.objects;
+        let Some(seen) = objects.read(key).await? else {
+            return Ok(Revoked::WasFree);
+        };
+        if seen.record.state == State::Free {
+            return Ok(Revoked::WasFree);
+        }
+        let now = objects.store_now(key).await?;
+        if expired(seen.last_modified, seen.record.ttl_ms, now) {
+            return Ok(Revoked::WasFree);
+        }
+        let fence = self.fence(seen.record.fence)?;
+        match self
+            .inner
+            .release_over(key, &seen.record, seen.version)
+            .await?
+        {
+            Released::Released => Ok(Revoked::Revoked { fence }),
+            Released::AlreadyGone => Ok(Revoked::WasFree),
+        }
     }
 
     /// Lists the lease objects under the prefix (every key ever taken: objects outlive

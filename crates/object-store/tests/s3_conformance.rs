@@ -19,7 +19,7 @@ use leasehold_conformance::{Failure, Verdict};
 use leasehold_servers::MotoServer;
 
 /// The scenarios run on moto, each for what it proves of S3 in particular.
-const ON_S3: [&str; 18] = [
+const ON_S3: [&str; 19] = [
     // Conditional puts: one holder at a time, a fence that only rises, and a write on a version
     // someone else has replaced refused.
     "exclusion",
@@ -30,6 +30,8 @@ const ON_S3: [&str; 18] = [
     "renew_after_expiry_is_refused",
     "lost_fires_on_refused_renewal",
     "renewal_refusal_loses_only_that_lease",
+    // A revoke: the holder's object rewritten free with `If-Match` on the version it read.
+    "revoke_ends_the_holder_and_fences_it_out",
     "cancelled_try_acquire_leaves_nothing",
     "semaphore_never_exceeds_its_permits",
     "election_one_leader_at_a_time",

@@ -11,7 +11,8 @@ use leasehold_core::backend::{claim_or_give_back, Backoff, Left};
 use leasehold_core::time::saturating_add;
 use leasehold_core::{
     Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
-    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange, WaitStrategy,
+    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, Revoked, TtlRange,
+    WaitStrategy,
 };
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row, SqlStr};
 use tokio::sync::watch;
@@ -734,6 +735,40 @@ impl Authority for PostgresAuthority {
             return Err(Error::lease_lost(grant.key().as_str(), LostReason::Refused));
         }
         Ok(())
+    }
+
+    /// One conditional `UPDATE` (see the statement): the live row expires now and its fence is
+    /// returned; the holder's next renewal finds it expired and is refused.
+    async fn revoke(&self, key: &LockKey) -> Result<Revoked> {
+        let statement = self.inner.statements.revoke.clone();
+        let named = self.inner.named();
+        let table = self.inner.config.table.plain();
+        let name = key.as_str().to_string();
+        let row: Option<(i64, bool)> = self
+            .inner
+            .bounded(
+                "revoke",
+                saturating_add(Instant::now(), self.inner.timeout()),
+                move |c| {
+                    let (statement, name, table) = (statement.clone(), name.clone(), table.clone());
+                    Box::pin(async move {
+                        sqlx::query_as(statement)
+                            .persistent(named)
+                            .bind(name)
+                            .bind(table)
+                            .fetch_optional(c)
+                            .await
+                    })
+                },
+            )
+            .await?;
+        let Some((raw, _)) = row else {
+            return Ok(Revoked::WasFree);
+        };
+        self.inner.waiters.wake(key.as_str());
+        let fence = PgFence::from_column(raw, self.inner.capabilities.fence_safety)?
+            .to_fence(BACKEND, self.inner.config.client.epoch)?;
+        Ok(Revoked::Revoked { fence })
     }
 
     /// Woken by the key's release and proclaim notifications through the authority's one

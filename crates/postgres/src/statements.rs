@@ -31,6 +31,7 @@ pub(crate) struct Statements {
     pub(crate) give_back_unconfirmed: SqlStr,
     pub(crate) mark_waited: SqlStr,
     pub(crate) proclaim: SqlStr,
+    pub(crate) revoke: SqlStr,
     /// The forms of `acquire_or_remaining` and `release` for a table `migrate` has not upgraded
     /// yet (no `waited_until`): waiters mark nothing and every release notifies.
     pub(crate) previous: Previous,
@@ -181,6 +182,15 @@ impl Statements {
                    WHERE lock_key = $1 AND owner = $2 AND fence = $3 AND expires_at > statement_timestamp() \
                    RETURNING lock_key) \
                  SELECT count(*) FROM (SELECT pg_notify('{channel}', $5 || ' ' || lock_key) FROM proclaimed) n"
+            )),
+            // An operator's revoke: the live row, whoever holds it, expires now, in one
+            // statement (its row lock means no holder can arrive between the check and the
+            // update). The row stays, so the next grant's fence is one more. Always announced:
+            // a revoke is rare, and its waiters should not wait for the expiry timer.
+            revoke: sql(format!(
+                "UPDATE {t} SET expires_at = statement_timestamp() \
+                 WHERE lock_key = $1 AND expires_at > statement_timestamp() \
+                 RETURNING fence, pg_notify('{channel}', $2 || ' ' || lock_key) IS NULL"
             )),
             // A plain read: under MVCC it takes no row lock, so it never waits for, nor delays,
             // an acquire, renew or release. The remaining time is counted on the database's

@@ -12,7 +12,7 @@ use leasehold_core::backend::{Backoff, SmallestKeys};
 use leasehold_core::time::{deadline_in, saturating_add};
 use leasehold_core::{
     Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
-    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange,
+    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, Revoked, TtlRange,
 };
 use redis::{AsyncConnectionConfig, Client, ProtocolVersion, RedisResult, TlsCertificates};
 
@@ -805,6 +805,57 @@ impl Authority for RedisAuthority {
         // Waiters of this authority need not wait for the announcement to come back.
         self.inner.subscription.waiters().wake(&lock_key);
         Ok(Released::Released)
+    }
+
+    /// Two steps: `GET` the holder's owner token, then the revoke script, which deletes the
+    /// lock key only if it still holds that token (see [`crate::scripts`]). A key held by a
+    /// client that is not leasehold's (a plain `SET NX` peer) has no fence that a resource
+    /// could refuse, so it is not revoked.
+    async fn revoke(&self, key: &LockKey) -> Result<Revoked> {
+        let lock_key = self.inner.config.layout.lock_key(key);
+        let fence_key = KeyLayout::fence_key_of(&lock_key);
+        let value_key = KeyLayout::value_key_of(&lock_key);
+        let holder: Option<Vec<u8>> = self
+            .request("revoke", |mut con| {
+                let lock_key = lock_key.clone();
+                async move { redis::cmd("GET").arg(&lock_key).query_async(&mut con).await }
+            })
+            .await?;
+        let Some(holder) = holder else {
+            return Ok(Revoked::WasFree);
+        };
+        let Some(token) = std::str::from_utf8(&holder)
+            .ok()
+            .filter(|v| v.parse::<OwnerToken>().is_ok())
+        else {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                operation: format!(
+                    "revoking {key}: its holder is not a leasehold client, and has no fence a \
+                     resource could refuse"
+                ),
+            });
+        };
+        let channel = self.inner.channel_of(&lock_key);
+        let Int(ended) = self
+            .script(
+                "revoke",
+                &self.inner.scripts.revoke,
+                &[&lock_key, &value_key, &fence_key],
+                &[token, channel.as_str()],
+            )
+            .await?;
+        if ended == 0 {
+            // The holder it read went meanwhile (released or expired).
+            return Ok(Revoked::WasFree);
+        }
+        if ended < 0 {
+            self.announcement_refused();
+        }
+        self.inner.subscription.waiters().wake(&lock_key);
+        let fence = RedisFence::from_reply(ended.saturating_abs())?
+            .to_fence(BACKEND, self.inner.config.client.epoch)?;
+        Ok(Revoked::Revoked { fence })
     }
 
     /// One round trip, one atomic read: `MULTI GET <lock key> PTTL <lock key> GET <counter>

@@ -85,6 +85,16 @@ pub(crate) fn is_refused(error: &RedisError) -> bool {
         error.kind(),
         ErrorKind::AuthenticationFailed | ErrorKind::Server(ServerErrorKind::NoPerm)
     ) || matches!(error.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+        || refused_in_a_script(error)
+}
+
+/// Whether the ACL refused a command or a key inside one of our scripts: Redis answers that
+/// with a plain error whose text says so, not with `NOPERM`. The script stopped at that
+/// command, so what it would have written after it was not written.
+fn refused_in_a_script(error: &RedisError) -> bool {
+    error
+        .detail()
+        .is_some_and(|d| d.contains("The user executing the script can't"))
 }
 
 /// Maps a client error met while doing `what`.
@@ -115,6 +125,7 @@ pub(crate) fn map(error: RedisError, what: &str) -> Error {
         (ErrorKind::AuthenticationFailed, _)
         | (ErrorKind::Server(ServerErrorKind::NoPerm), _)
         | (_, "NOAUTH" | "WRONGPASS" | "NOPERM") => unauthorized(message, error),
+        _ if refused_in_a_script(&error) => unauthorized(message, error),
         // Not reachable, or not serving writes right now: loading a dataset after a restart,
         // a replica (READONLY: this connection reaches a node that is no longer the primary),
         // a cluster in flux. Nobody knows who holds the lock.

@@ -117,6 +117,30 @@ end
 return 0
 "#;
 
+/// Revoke: an operator ends the lease of the holder it read, only if the lock key still holds
+/// that holder's owner token (a client that sends the script again after a repaired connection
+/// cannot end a later holder), and announces it as [`RELEASE`] does. The fence counter is left
+/// as it is, so the next grant's fence is greater. `KEYS[1]` the lock key, `KEYS[2]` the value
+/// key, `KEYS[3]` the fence counter; `ARGV[1]` the holder's owner token, `ARGV[2]` the channel.
+///
+/// Returns the holder's fence (deleted and announced), its negation (deleted, the announcement
+/// refused), or 0 (that holder is gone: nothing changed).
+pub(crate) const REVOKE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  local fence = tonumber(redis.call('GET', KEYS[3]))
+  if fence == nil then
+    return redis.error_reply('the fence counter is not an integer')
+  end
+  redis.call('DEL', KEYS[1], KEYS[2])
+  local announced = redis.pcall('PUBLISH', ARGV[2], KEYS[1])
+  if type(announced) == 'table' and announced.err then
+    return -fence
+  end
+  return fence
+end
+return 0
+"#;
+
 /// What [`RELEASE`] and [`PROCLAIM`] answer.
 pub(crate) mod released {
     /// The key was ours; it is deleted (or its value stored) and that announced.
@@ -241,6 +265,7 @@ pub(crate) struct Scripts {
     pub(crate) renew_many: LuaScript,
     pub(crate) release: LuaScript,
     pub(crate) proclaim: LuaScript,
+    pub(crate) revoke: LuaScript,
 }
 
 impl Scripts {
@@ -260,6 +285,7 @@ impl Scripts {
             renew_many: LuaScript::new(RENEW_MANY),
             release: announcing(RELEASE),
             proclaim: announcing(PROCLAIM),
+            revoke: announcing(REVOKE),
         }
     }
 }

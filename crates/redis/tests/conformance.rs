@@ -257,6 +257,10 @@ impl Authority for Liar {
         self.inner.proclaim(grant, value).await
     }
 
+    async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<leasehold_core::Revoked> {
+        self.inner.revoke(key).await
+    }
+
     async fn wait_for_change(
         &self,
         key: &LockKey,

@@ -12,7 +12,8 @@ use leasehold_core::backend::{claim_or_give_back, Backoff, Left};
 use leasehold_core::time::{saturating_add, FOREVER};
 use leasehold_core::{
     Authority, Capabilities, Error, FenceSafety, FencingToken, Grant, Inspection, Instant,
-    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, TtlRange, WaitStrategy,
+    KeyPrefix, LockKey, LostReason, OwnerId, OwnerToken, Released, Result, Revoked, TtlRange,
+    WaitStrategy,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -968,6 +969,65 @@ impl Authority for SqliteAuthority {
             Inspection::free(BACKEND, key.clone())
         };
         Ok(seen.with_last_fence(Some(fence)))
+    }
+
+    /// Reads the holder as inspect does, then ends that holder's lease as its own release
+    /// would (matched on its owner and fence, in `BEGIN IMMEDIATE`): a holder that arrived in
+    /// between has another fence and is left alone. A live row written under another boot
+    /// (a file shared with another machine) does not match this boot's release, and is
+    /// refused rather than misreported.
+    async fn revoke(&self, key: &LockKey) -> Result<Revoked> {
+        let inner = &self.inner;
+        type Row = (
+            String,
+            i64,
+            Option<Vec<u8>>,
+            String,
+            i64,
+            Option<i64>,
+            Option<i64>,
+        );
+        let row: Option<Row> = inner
+            .bounded(
+                "revoke",
+                saturating_add(Instant::now(), inner.timeout()),
+                sqlx::query_as(inner.statements.inspect.clone())
+                    .bind(key.as_str())
+                    .fetch_optional(&inner.lease_pool),
+            )
+            .await?;
+        let Some((owner, raw, _, boot, expires_ns, written, expires_unix)) = row else {
+            return Ok(Revoked::WasFree);
+        };
+        let left = inner.left(
+            &(boot.clone(), expires_ns, written, expires_unix),
+            inner.clock.now(),
+        );
+        if left == Duration::ZERO {
+            return Ok(Revoked::WasFree);
+        }
+        let ended = inner
+            .bounded(
+                "revoke",
+                saturating_add(Instant::now(), inner.timeout()),
+                inner.conditional(key.as_str(), &owner, raw, Step::Release),
+            )
+            .await?;
+        if ended == 0 {
+            if boot != inner.clock.boot_id {
+                return Err(Error::Unsupported {
+                    backend: BACKEND,
+                    operation: format!(
+                        "revoking {key}: its lease was written under another boot ({boot})"
+                    ),
+                });
+            }
+            // The holder it read ended by itself meanwhile.
+            return Ok(Revoked::WasFree);
+        }
+        inner.changed.notify_waiters();
+        let fence = SqliteFence::from_column(raw)?.to_fence(BACKEND, inner.config.client.epoch)?;
+        Ok(Revoked::Revoked { fence })
     }
 
     /// One read of the table's keys in the prefix's range, outside any transaction (as

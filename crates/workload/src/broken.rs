@@ -117,6 +117,10 @@ impl Authority for IgnoresHolder {
         self.inner.proclaim(Self::inner_grant(grant), value).await
     }
 
+    async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<leasehold_core::Revoked> {
+        self.inner.revoke(key).await
+    }
+
     async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
         self.inner.wait_for_change(key, max_wait).await
     }

@@ -110,6 +110,11 @@ impl Authority for Freezable {
         self.inner.proclaim(grant, value).await
     }
 
+    async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<leasehold_core::Revoked> {
+        self.thawed().await;
+        self.inner.revoke(key).await
+    }
+
     async fn wait_for_change(
         &self,
         key: &LockKey,

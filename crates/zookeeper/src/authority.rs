@@ -11,7 +11,8 @@ use leasehold_core::backend::SmallestKeys;
 use leasehold_core::time::saturating_add;
 use leasehold_core::{
     Authority, Capabilities, Error, ExclusionSafety, FenceSafety, FencingToken, Grant, Inspection,
-    Instant, KeyPrefix, LockKey, LostReason, OwnerToken, Released, Result, TtlRange, WaitStrategy,
+    Instant, KeyPrefix, LockKey, LostReason, OwnerToken, Released, Result, Revoked, TtlRange,
+    WaitStrategy,
 };
 use zookeeper_client::{Error as ZkError, Stat};
 
@@ -750,6 +751,34 @@ impl Authority for ZkAuthority {
             source: None,
         })
     }
+    /// Reads the holder as inspect does (the lowest sequence under the key's parent, after a
+    /// `sync`), then deletes that node by its path, which names one grant only (its UUID and
+    /// sequence): a holder that arrived in between has another node and is spared. The
+    /// holder's session lives on; its next renewal finds its node gone. The next contender's
+    /// node was created later, so its czxid (its fence) is greater.
+    async fn revoke(&self, key: &LockKey) -> Result<Revoked> {
+        let session = self.reading_session().await?;
+        let parent = self.lock_path(key);
+        let client = &session.client;
+        let timeout = self.inner.config.client.request_timeout;
+        let children = synced_children(&self.inner.config, client, &parent, "revoke").await?;
+        let Some(first) = names::queue(&children).into_iter().next() else {
+            return Ok(Revoked::WasFree);
+        };
+        let path = format!("{parent}/{first}");
+        let Some((stat, _)) = read_holder(&self.inner.config, client, &path, false).await? else {
+            return Ok(Revoked::WasFree);
+        };
+        let fence = Czxid::new(stat.czxid)?.to_fence(BACKEND, self.inner.config.client.epoch)?;
+        match tokio::time::timeout(timeout, client.delete(&path, None)).await {
+            Ok(Ok(())) => Ok(Revoked::Revoked { fence }),
+            // The holder it read went meanwhile (released, or its session ended).
+            Ok(Err(ZkError::NoNode)) => Ok(Revoked::WasFree),
+            Ok(Err(e)) => Err(errors::map(e, "revoke")),
+            Err(_) => Err(errors::timed_out("revoke", timeout)),
+        }
+    }
+
     /// Lists the lock parents under the chroot (after a `sync`, as inspect), and maps each
     /// name back to its key. A parent outlives its last contender until something deletes it
     /// (ZooKeeper keeps it; Curator's reaper or a container node may remove it), so free keys

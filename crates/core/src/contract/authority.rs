@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use crate::contract::capabilities::Capabilities;
 use crate::contract::error::Error;
 use crate::contract::error::Result;
+use crate::contract::fence::Fence;
 use crate::contract::grant::Grant;
 use crate::contract::inspection::Inspection;
 use crate::contract::key::LockKey;
@@ -41,6 +42,22 @@ pub enum Released {
     /// The lease was no longer ours (it expired, or was already released, and may now belong to
     /// someone else, who still holds it). Nothing was changed.
     AlreadyGone,
+}
+
+/// What [`Authority::revoke`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+#[must_use]
+pub enum Revoked {
+    /// The key had a live holder, whose lease is now ended: this was its fence. The next grant
+    /// on the key carries a greater one, so the resource refuses the revoked holder's late
+    /// writes once the next holder's fence has reached it.
+    Revoked {
+        /// The revoked holder's fence.
+        fence: Fence,
+    },
+    /// Nobody held the key (it was free, or its lease had expired). Nothing was changed.
+    WasFree,
 }
 
 /// A service that grants time-limited, fenced leases on keys: etcd, ZooKeeper, PostgreSQL, Redis,
@@ -197,6 +214,27 @@ pub trait Authority: Send + Sync + fmt::Debug {
     ///   its releases notify until the mark runs out).
     /// * A backend without notification sleeps for `max_wait` (polling).
     async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()>;
+
+    /// Ends the lease of whoever holds `key` now, for an operator taking a key away from a
+    /// stuck holder. Safe only because of fences: the revoked holder may not have noticed yet
+    /// and may still write, and its writes are refused once the next holder's fence has
+    /// reached the resource. See docs/revocation.md.
+    ///
+    /// # Contract
+    /// * Conditional on the holder it ends: one atomic step at the authority, or a compare
+    ///   against the holder it read (its fence, its node or key), so a holder that arrived in
+    ///   between is never ended. Never an unconditional delete.
+    /// * [`Revoked::Revoked`] carries the ended holder's fence; [`Revoked::WasFree`] means
+    ///   nobody held the key, and nothing changed.
+    /// * The next grant's fence on the key is greater than the revoked one's.
+    /// * The holder learns of it as [`Capabilities::revocation`] declares: at once where the
+    ///   backend pushes the loss, at its next renewal elsewhere; its renewals are refused from
+    ///   the moment revoke returns.
+    /// * Waiters are woken where the backend waits by notification.
+    /// * The authority's own permissions decide who may revoke: a client without them gets
+    ///   the authority's error (not retryable), and the holder keeps its lease.
+    /// * A backend that cannot revoke answers [`Error::Unsupported`].
+    async fn revoke(&self, key: &LockKey) -> Result<Revoked>;
 
     /// Ends what this client keeps at the authority on behalf of all its leases (an etcd
     /// session lease, say), and waits for the answer. Call it before a process exits: dropping

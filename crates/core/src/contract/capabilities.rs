@@ -17,6 +17,18 @@ pub enum WaitStrategy {
     Polling,
 }
 
+/// How a holder learns that its lease was revoked ([`crate::Authority::revoke`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RevocationNotice {
+    /// The authority pushes it (an etcd watch on the holder's key): the holder's
+    /// [`crate::Lease::lost`] fires within a round trip.
+    Pushed,
+    /// The holder finds out when its next renewal is refused: within one renewal period
+    /// ([`crate::LeaseOptions::with_renew_fraction`] of the TTL).
+    NextRenewal,
+}
+
 /// A backend's declared behaviour.
 ///
 /// The conformance suite reads it to decide which scenarios apply and what they may expect, and
@@ -47,6 +59,8 @@ pub struct Capabilities {
     /// Whether [`crate::Authority::renew_many`] renews many grants in one request. When it
     /// does, [`crate::Lease`]s on one authority renew together, a batch per renewal tick.
     pub batch_renewal: bool,
+    /// How a revoked holder learns of it.
+    pub revocation: RevocationNotice,
 }
 
 impl Capabilities {
@@ -68,6 +82,7 @@ impl Capabilities {
             renew_with_other_ttl: true,
             expiry_slack: Duration::ZERO,
             batch_renewal: false,
+            revocation: RevocationNotice::NextRenewal,
         }
     }
 
@@ -92,6 +107,12 @@ impl Capabilities {
     /// Declares that `renew_many` renews a batch in one request.
     pub fn with_batch_renewal(mut self, yes: bool) -> Self {
         self.batch_renewal = yes;
+        self
+    }
+
+    /// Sets how a revoked holder learns of it.
+    pub fn with_revocation(mut self, notice: RevocationNotice) -> Self {
+        self.revocation = notice;
         self
     }
 

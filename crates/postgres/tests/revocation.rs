@@ -1,0 +1,64 @@
+//! Who may revoke: a role that may only read the lease table gets PostgreSQL's permission
+//! error, and the holder keeps its lease; granted UPDATE, the same role revokes it.
+
+use std::time::Duration;
+
+use leasehold_core::{Authority, Error, Revoked};
+
+mod common;
+
+use common::{connect, exec, key, start_server, url, OrFail, Result};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_update_cannot_revoke_and_the_holder_keeps_its_lease() -> Result {
+    let server = start_server().await?;
+    let admin = connect(&url(&server)).await?;
+    admin.migrate().await.or_fail("migrate")?;
+    exec(&admin, "CREATE ROLE lease_reader LOGIN").await?;
+    exec(&admin, "GRANT SELECT ON leasehold_leases TO lease_reader").await?;
+    let reader = connect(&format!(
+        "postgres://lease_reader@127.0.0.1:{}/postgres?timeout_ms=1000",
+        server.port()
+    ))
+    .await?;
+    let k = key("revoke-denied")?;
+    let ttl = Duration::from_secs(10);
+    let grant = admin
+        .try_acquire(&k, ttl)
+        .await
+        .or_fail("the holder acquires")?
+        .or_fail("the key must be free")?;
+
+    let refused = reader.revoke(&k).await;
+    match &refused {
+        Err(e @ Error::Unauthorized { .. }) => {
+            assert!(!e.is_retryable(), "{e}");
+            assert!(e.to_string().contains("permission denied"), "{e}");
+        }
+        other => panic!("a role with SELECT only revoked: {other:?}"),
+    }
+    admin
+        .renew(&grant, ttl)
+        .await
+        .or_fail("the holder renews after the refused revoke")?;
+    let seen = reader.inspect(&k).await.or_fail("inspect")?;
+    assert!(
+        seen.held && seen.fence == Some(grant.fence()),
+        "after a refused revoke the key is {seen:?}"
+    );
+
+    exec(&admin, "GRANT UPDATE ON leasehold_leases TO lease_reader").await?;
+    let revoked = reader.revoke(&k).await.or_fail("revoke with UPDATE")?;
+    assert_eq!(
+        revoked,
+        Revoked::Revoked {
+            fence: grant.fence()
+        }
+    );
+    let renewed = admin.renew(&grant, ttl).await;
+    assert!(
+        matches!(renewed, Err(Error::LeaseLost { .. })),
+        "the revoked holder renewed: {renewed:?}"
+    );
+    Ok(())
+}
