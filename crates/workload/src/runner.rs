@@ -849,6 +849,10 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
     }
     schedule.shuffle(&mut nemesis.rng);
     schedule.reverse();
+    // The entries aimed at the CLI workers' trees go first (the schedule is taken from its
+    // end): they land only while a worker runs a round unpaused, and once the random draws
+    // begin, a CLI worker may spend most of a short run paused past its TTL.
+    schedule.sort_by_key(|&(_, _, trees)| trees);
     let gap = |rng: &mut StdRng| {
         let (lo, hi) = options.fault_gap;
         Duration::from_millis(rng.random_range(lo.as_millis() as u64..=hi.as_millis() as u64))
