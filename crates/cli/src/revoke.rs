@@ -2,11 +2,9 @@
 
 use std::time::Duration;
 
-use leasehold::{redact_url, LockKey, Revoked};
-use leasehold_core::backend::UrlParams;
-
 use crate::status::bounded;
-use crate::{authority_url, code, failed};
+use crate::{code, failed};
+use leasehold::{redact_url, LockKey, Revoked};
 
 /// Revokes the key's holder and prints what happened: 0 when a lease was ended, 1 when the key
 /// was free; an error's status as for `status` (a refused permission is 77).
@@ -15,17 +13,9 @@ pub async fn revoke(url: Option<&str>, key: &str) -> u8 {
         Ok(key) => key,
         Err(e) => return failed(&e, "", code::USAGE),
     };
-    let url = match authority_url(url) {
-        Ok(url) => url,
+    let (url, timeout, authority) = match crate::status::open(url).await {
+        Ok(opened) => opened,
         Err(code) => return code,
-    };
-    let timeout = match UrlParams::parse(&url).and_then(|mut p| p.take_client_options()) {
-        Ok(options) => options.request_timeout,
-        Err(e) => return failed(&e, &url, code::USAGE),
-    };
-    let authority = match leasehold::connect(&url).await {
-        Ok(a) => a,
-        Err(e) => return failed(&e, &url, code::UNAVAILABLE),
     };
     // A revoke may read the holder before it ends its lease: two requests, each bounded by the
     // URL's timeout in the backend; this is a backstop.

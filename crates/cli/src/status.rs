@@ -11,6 +11,22 @@ use crate::args::{StatusArgs, StatusTarget};
 use crate::duration::human;
 use crate::{authority_url, code, failed};
 
+/// The authority a one-shot command (`status`, `revoke`) asks: its URL (given or the default),
+/// the URL's request timeout, and a client; an error is said and becomes the exit status.
+pub(crate) async fn open(
+    given: Option<&str>,
+) -> Result<(String, Duration, std::sync::Arc<dyn Authority>), u8> {
+    let url = authority_url(given)?;
+    let timeout = match UrlParams::parse(&url).and_then(|mut p| p.take_client_options()) {
+        Ok(options) => options.request_timeout,
+        Err(e) => return Err(failed(&e, &url, code::USAGE)),
+    };
+    match leasehold::connect(&url).await {
+        Ok(authority) => Ok((url, timeout, authority)),
+        Err(e) => Err(failed(&e, &url, code::UNAVAILABLE)),
+    }
+}
+
 /// What to inspect, checked before anything connects.
 enum Target {
     Key(LockKey),
@@ -30,17 +46,9 @@ pub async fn status(args: StatusArgs) -> u8 {
         Ok(t) => t,
         Err(e) => return failed(&e, "", code::USAGE),
     };
-    let url = match authority_url(args.url.as_deref()) {
-        Ok(url) => url,
+    let (url, timeout, authority) = match open(args.url.as_deref()).await {
+        Ok(opened) => opened,
         Err(code) => return code,
-    };
-    let timeout = match UrlParams::parse(&url).and_then(|mut p| p.take_client_options()) {
-        Ok(options) => options.request_timeout,
-        Err(e) => return failed(&e, &url, code::USAGE),
-    };
-    let authority = match leasehold::connect(&url).await {
-        Ok(a) => a,
-        Err(e) => return failed(&e, &url, code::UNAVAILABLE),
     };
     // The backend bounds each request by the URL's timeout; this is a backstop.
     let backstop = timeout
