@@ -98,6 +98,10 @@ pub struct Inspection {
     pub owner: Option<OwnerId>,
     /// The value the holder proclaimed ([`crate::Authority::proclaim`]), when held and one was.
     pub value: Option<Vec<u8>>,
+    /// How many contenders wait for the key, where the backend can count them (those that queue
+    /// in the authority, as etcd's and ZooKeeper's lock recipes do); `None` where waiting leaves
+    /// no trace in the authority (polling or notification on a free key).
+    pub waiters: Option<u32>,
 }
 
 impl Inspection {
@@ -112,6 +116,7 @@ impl Inspection {
             last_fence: None,
             owner: None,
             value: None,
+            waiters: None,
         }
     }
 
@@ -142,6 +147,12 @@ impl Inspection {
         self
     }
 
+    /// Sets how many contenders wait for the key.
+    pub fn with_waiters(mut self, waiters: Option<u32>) -> Self {
+        self.waiters = waiters;
+        self
+    }
+
     /// Sets the last fence issued for the key.
     pub fn with_last_fence(mut self, last: Option<Fence>) -> Self {
         self.last_fence = last;
@@ -165,6 +176,9 @@ impl fmt::Display for Inspection {
             }
         } else {
             f.write_str("free")?;
+        }
+        if let Some(waiters) = self.waiters {
+            write!(f, ", {waiters} waiting")?;
         }
         if let Some(last) = self.last_fence {
             write!(f, " (last fence {last})")?;
