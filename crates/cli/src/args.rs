@@ -99,6 +99,20 @@ Exit status: 0 revoked, 1 the key was free (nothing to revoke); 64 bad usage or 
 authority is unreachable or answered too late; 77 the authority refused the credentials or the \
 permission.";
 
+const CONSOLE_ABOUT: &str = "\
+Serves a web page that shows the keys under a prefix, refreshed live: each key's holder, fence, \
+time left and waiters, the hand-offs and losses seen since the console started, a page per key \
+with its fence history, and the process's metrics at /metrics. It prints `leasehold console: \
+http://ADDR/` once it listens. It binds to loopback unless --listen says otherwise, which needs a \
+token (--token-file, or $LEASEHOLD_CONSOLE_TOKEN): anyone who can reach the page sees the keys. \
+Revoke buttons appear only with --allow-revoke; each asks for confirmation and is refused if the \
+holder changed since the page showed it (see docs/console.md).";
+
+const CONSOLE_AFTER_HELP: &str = "\
+Exit status: 0 stopped by SIGINT or SIGTERM; 64 bad usage or input (a non-loopback --listen \
+without a token); 69 the authority or the address is unavailable; 77 the authority refused the \
+credentials.";
+
 const MIGRATE_ABOUT: &str = "\
 Creates the lease table in the PostgreSQL database at --url (or $LEASEHOLD_URL) if it is not \
 there yet (safe to run again, and concurrently). Other backends need no schema.";
@@ -139,6 +153,9 @@ enum Sub {
         #[arg(long, value_name = "KEY", allow_hyphen_values = true)]
         key: String,
     },
+    /// Serve a live web page of the keys under a prefix (holders, fences, hand-offs; revoke)
+    #[command(long_about = CONSOLE_ABOUT, after_help = CONSOLE_AFTER_HELP)]
+    Console(ConsoleArgs),
     /// Create PostgreSQL's lease table (other backends need no schema)
     #[command(long_about = MIGRATE_ABOUT)]
     Migrate {
@@ -153,7 +170,7 @@ enum Sub {
     },
     /// Print the manual page (roff) of leasehold, or of one subcommand, on stdout
     Man {
-        #[arg(value_parser = ["run", "status", "revoke", "migrate", "completions", "man"])]
+        #[arg(value_parser = ["run", "status", "revoke", "console", "migrate", "completions", "man"])]
         subcommand: Option<String>,
     },
 }
@@ -196,6 +213,33 @@ pub struct RunArgs {
     /// The command to run and its arguments, after `--`
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
+}
+
+/// What `leasehold console` was asked to do.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct ConsoleArgs {
+    /// The authority [default: $LEASEHOLD_URL, else the per-user SQLite file]
+    #[arg(long, value_name = "URL", allow_hyphen_values = true)]
+    pub url: Option<String>,
+    /// Show the keys that start with P (a plain prefix; empty: every key)
+    #[arg(long, value_name = "P", default_value = "", allow_hyphen_values = true)]
+    pub prefix: String,
+    /// Show at most the first N keys, in byte order
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_LIST_LIMIT, value_parser = key_count)]
+    pub limit: usize,
+    /// Time between two looks at the authority
+    #[arg(long, value_name = "D", default_value = "500ms", value_parser = duration::parse)]
+    pub interval: Duration,
+    /// The address and port to serve on (port 0: any free one)
+    #[arg(long, value_name = "A", default_value = "127.0.0.1:0", value_parser = socket_addr)]
+    pub listen: SocketAddr,
+    /// Show revoke buttons, and accept the revocations they ask for
+    #[arg(long)]
+    pub allow_revoke: bool,
+    /// A file whose first line is the token every request must carry [default:
+    /// $LEASEHOLD_CONSOLE_TOKEN; none: no token asked]
+    #[arg(long, value_name = "F")]
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// `--if-unavailable`: what `run` does when the authority cannot be reached.
@@ -260,6 +304,8 @@ pub const DEFAULT_LIST_LIMIT: usize = 100;
 pub enum Invocation {
     Run(RunArgs),
     Status(StatusArgs),
+    /// `leasehold console ...`: the web console.
+    Console(ConsoleArgs),
     /// `leasehold revoke --key K [--url URL]`: end the current holder's lease.
     Revoke {
         url: Option<String>,
@@ -329,6 +375,10 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
                 json: status.json,
             })
         }
+        Sub::Console(console) => Invocation::Console(ConsoleArgs {
+            url: console.url.or(env_url),
+            ..console
+        }),
         Sub::Revoke { url, key } => Invocation::Revoke {
             url: url.or(env_url),
             key,

@@ -20,12 +20,14 @@ macro_rules! say {
 
 mod args;
 mod child;
+mod console;
 mod descendants;
 mod duration;
 mod logging;
 mod revoke;
 mod state;
 mod status;
+mod survey;
 mod terminal;
 mod watcher;
 
@@ -95,6 +97,7 @@ fn main() -> ExitCode {
         match invocation {
             Invocation::Run(args) => run(args).await,
             Invocation::Status(args) => status::status(args).await,
+            Invocation::Console(args) => console::console(args).await,
             Invocation::Revoke { url, key } => revoke::revoke(url.as_deref(), &key).await,
             Invocation::Migrate { url } => migrate(&url).await,
             Invocation::Completions(_) | Invocation::Man(_) | Invocation::WatchGroup(_) => 0,

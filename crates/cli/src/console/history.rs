@@ -1,0 +1,147 @@
+//! What the console has seen since it started: the keys as the last look found them, the last
+//! look's error, the hand-offs and losses newest first, each key's fence history, and the longest
+//! time left seen for each holder (the full length of its time-left bar).
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, SystemTime};
+
+use leasehold::{Inspection, LockKey};
+
+use crate::survey::{Change, ChangeKind, Look};
+
+/// How many hand-offs and losses the index page keeps.
+const LOG_LIMIT: usize = 100;
+/// How many changes each key's page keeps (the oldest go first).
+const KEY_HISTORY_LIMIT: usize = 500;
+/// How many keys' histories are kept: keys that come and go under a busy prefix must not grow
+/// the console's memory without bound; past this, the key changed least recently is forgotten.
+const KEYS_REMEMBERED: usize = 4096;
+
+/// One change the survey saw, as the pages show it.
+#[derive(Debug, Clone)]
+pub(crate) struct Seen {
+    pub at: SystemTime,
+    pub key: LockKey,
+    /// `taken`, `handed off`, `expired` or `ended`.
+    pub what: &'static str,
+    /// The fence the key had after the change (the new holder's), or the one that ended.
+    pub fence: Option<u64>,
+    /// The survey's one-line description.
+    pub line: String,
+}
+
+impl Seen {
+    fn of(change: &Change) -> Seen {
+        let (what, fence) = match &change.kind {
+            ChangeKind::Taken { fence, .. } => ("taken", fence),
+            ChangeKind::HandedOff { fence, .. } => ("handed off", fence),
+            ChangeKind::Expired { fence, .. } => ("expired", fence),
+            ChangeKind::Ended { fence, .. } => ("ended", fence),
+        };
+        Seen {
+            at: change.at,
+            key: change.key.clone(),
+            what,
+            fence: fence.map(|f| f.value()),
+            line: change.describe(),
+        }
+    }
+
+    /// Whether a holder lost the key (rather than one taking it).
+    pub fn is_loss(&self) -> bool {
+        matches!(self.what, "expired" | "ended")
+    }
+}
+
+/// The console's memory of the authority.
+#[derive(Debug, Default)]
+pub(crate) struct History {
+    /// When the last successful look was made; `None` before the first.
+    pub at: Option<SystemTime>,
+    /// The keys the last successful look found, in order.
+    pub keys: Vec<Inspection>,
+    /// Whether there were more keys than the limit.
+    pub more: bool,
+    /// The last look's error (its text, secrets redacted), cleared by a successful look.
+    pub error: Option<String>,
+    /// Every change seen (takes, hand-offs and losses), newest first.
+    pub log: VecDeque<Seen>,
+    /// Every change seen on each key, oldest first, and when it last changed.
+    per_key: HashMap<LockKey, (SystemTime, VecDeque<Seen>)>,
+    /// The longest time left seen for each (key, holder, fence): the full length of its bar.
+    longest: HashMap<(LockKey, Option<u64>), Duration>,
+}
+
+impl History {
+    /// Takes in a successful look.
+    pub fn seen(&mut self, look: Look) {
+        for change in &look.changes {
+            let seen = Seen::of(change);
+            self.log.push_front(seen.clone());
+            self.log.truncate(LOG_LIMIT);
+            self.remember(seen);
+        }
+        // Only the holders shown now keep their bar's length.
+        let mut longest = HashMap::with_capacity(look.keys.len());
+        for key in look.keys.iter().filter(|k| k.held) {
+            let id = (key.key.clone(), key.fence.map(|f| f.value()));
+            let before = self.longest.get(&id).copied().unwrap_or_default();
+            longest.insert(id, before.max(key.remaining.unwrap_or_default()));
+        }
+        self.longest = longest;
+        self.at = Some(look.at);
+        self.keys = look.keys;
+        self.more = look.more;
+        self.error = None;
+    }
+
+    /// Takes in a failed look: the banner says why; what was seen before stays shown.
+    pub fn failed(&mut self, why: String) {
+        self.error = Some(why);
+    }
+
+    fn remember(&mut self, seen: Seen) {
+        if !self.per_key.contains_key(&seen.key) && self.per_key.len() >= KEYS_REMEMBERED {
+            let stalest = self
+                .per_key
+                .iter()
+                .min_by_key(|(_, (last, _))| *last)
+                .map(|(key, _)| key.clone());
+            if let Some(key) = stalest {
+                self.per_key.remove(&key);
+            }
+        }
+        let (last, changes) = self
+            .per_key
+            .entry(seen.key.clone())
+            .or_insert_with(|| (seen.at, VecDeque::new()));
+        *last = seen.at;
+        changes.push_back(seen);
+        if changes.len() > KEY_HISTORY_LIMIT {
+            changes.pop_front();
+        }
+    }
+
+    /// The changes seen on `key` since the console started, oldest first.
+    pub fn of_key(&self, key: &LockKey) -> impl Iterator<Item = &Seen> {
+        self.per_key
+            .get(key)
+            .into_iter()
+            .flat_map(|(_, changes)| changes.iter())
+    }
+
+    /// `key` as the last look found it, if it was listed.
+    pub fn key(&self, key: &LockKey) -> Option<&Inspection> {
+        self.keys.iter().find(|k| &k.key == key)
+    }
+
+    /// The full length of `seen`'s time-left bar: the longest time left seen for its holder.
+    pub fn bar_length(&self, seen: &Inspection) -> Option<Duration> {
+        let id = (seen.key.clone(), seen.fence.map(|f| f.value()));
+        self.longest
+            .get(&id)
+            .copied()
+            .or(seen.remaining)
+            .filter(|d| !d.is_zero())
+    }
+}
