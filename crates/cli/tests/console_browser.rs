@@ -181,9 +181,10 @@ impl Browser {
         }
     }
 
-    /// Saves a PNG of the window as `name` in `$LEASEHOLD_CONSOLE_SCREENSHOTS`, if set.
-    fn screenshot(&self, name: &str) -> Result {
-        let Some(dir) = std::env::var_os("LEASEHOLD_CONSOLE_SCREENSHOTS") else {
+    /// Saves a PNG of the window as `name` in `$LEASEHOLD_CONSOLE_SCREENSHOTS`, if set and
+    /// `shoot` (one backend's run makes the pictures).
+    fn screenshot(&self, shoot: bool, name: &str) -> Result {
+        let Some(dir) = std::env::var_os("LEASEHOLD_CONSOLE_SCREENSHOTS").filter(|_| shoot) else {
             return Ok(());
         };
         let client = self.client()?;
@@ -229,7 +230,7 @@ fn cell(key: &str, class: &str) -> String {
 /// a second of its command starting, without a reload; when the holder exits and a waiting
 /// second one takes the key, the row shows the greater fence and the log the hand-off; the
 /// key's page lists both fences.
-fn shows_a_take_and_a_hand_off(url: &str, name: &str) -> Result {
+fn shows_a_take_and_a_hand_off(url: &str, name: &str, shoot: bool) -> Result {
     let Some(browser) = Browser::open()? else {
         return Ok(());
     };
@@ -279,7 +280,7 @@ fn shows_a_take_and_a_hand_off(url: &str, name: &str) -> Result {
         handed,
         "a hand-off from fence {fence} to {next} in the log: {log}"
     );
-    browser.screenshot("index.png")?;
+    browser.screenshot(shoot, "index.png")?;
 
     browser.goto(&format!("{}/key/{}", console.base(), encoded(key)))?;
     let history = browser.wait_for("table.history", Duration::from_secs(2), |t| {
@@ -291,7 +292,7 @@ fn shows_a_take_and_a_hand_off(url: &str, name: &str) -> Result {
             "fence {f} in the key's history: {history}"
         );
     }
-    browser.screenshot("key.png")?;
+    browser.screenshot(shoot, "key.png")?;
     assert_eq!(second.finish()?, Some(0));
     Ok(())
 }
@@ -299,18 +300,22 @@ fn shows_a_take_and_a_hand_off(url: &str, name: &str) -> Result {
 #[test]
 fn a_take_and_a_hand_off_show_on_sqlite() -> Result {
     let dir = scratch("console-browser-sqlite")?;
-    shows_a_take_and_a_hand_off(&sqlite_url(dir.path()), "console-browser-handoff-sqlite")
+    shows_a_take_and_a_hand_off(
+        &sqlite_url(dir.path()),
+        "console-browser-handoff-sqlite",
+        false,
+    )
 }
 
 #[test]
 fn a_take_and_a_hand_off_show_on_redis() -> Result {
     let server = common::redis()?;
-    shows_a_take_and_a_hand_off(&common::url(&server), "console-browser-handoff-redis")
+    shows_a_take_and_a_hand_off(&common::url(&server), "console-browser-handoff-redis", true)
 }
 
 /// (c): with `--allow-revoke`, Revoke leads to a confirmation with the holder's fence; once
 /// confirmed, the run exits with the lost status (76), and the next holder's fence is greater.
-fn revokes_through_the_page(url: &str, name: &str) -> Result {
+fn revokes_through_the_page(url: &str, name: &str, shoot: bool) -> Result {
     let Some(browser) = Browser::open()? else {
         return Ok(());
     };
@@ -329,7 +334,7 @@ fn revokes_through_the_page(url: &str, name: &str) -> Result {
         "the confirmation shows fence {}: {asked}",
         holder.fence
     );
-    browser.screenshot("revoke.png")?;
+    browser.screenshot(shoot, "revoke.png")?;
     browser.click("#confirm-revoke")?;
     browser.wait_for("main", Duration::from_secs(10), |t| {
         t.contains(&format!("Revoked the lease with fence {}", holder.fence))
@@ -357,13 +362,17 @@ fn revokes_through_the_page(url: &str, name: &str) -> Result {
 #[test]
 fn a_revoke_through_the_page_ends_the_run_on_sqlite() -> Result {
     let dir = scratch("console-browser-revoke-sqlite")?;
-    revokes_through_the_page(&sqlite_url(dir.path()), "console-browser-revoke-sqlite-run")
+    revokes_through_the_page(
+        &sqlite_url(dir.path()),
+        "console-browser-revoke-sqlite-run",
+        false,
+    )
 }
 
 #[test]
 fn a_revoke_through_the_page_ends_the_run_on_redis() -> Result {
     let server = common::redis()?;
-    revokes_through_the_page(&common::url(&server), "console-browser-revoke-redis")
+    revokes_through_the_page(&common::url(&server), "console-browser-revoke-redis", true)
 }
 
 /// (d): without `--allow-revoke` the page has no revoke button and says revocation is off;
