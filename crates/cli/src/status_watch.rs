@@ -274,4 +274,40 @@ mod tests {
         assert_eq!(clock(SystemTime::UNIX_EPOCH), "00:00:00");
         Ok(())
     }
+
+    #[test]
+    fn the_screen_shows_each_key_in_a_row_and_the_latest_changes_below() -> Result<(), String> {
+        let key = LockKey::new("job:a").map_err(|e| e.to_string())?;
+        let fence = Fence::compose("t", Epoch::ZERO, 7, FenceSafety::Linearizable).ok();
+        let look = Look {
+            at: SystemTime::UNIX_EPOCH,
+            keys: vec![
+                Inspection::held("etcd", key.clone(), OwnerId::peer("x"))
+                    .with_fence(fence)
+                    .with_remaining(Some(Duration::from_micros(2_500_900)))
+                    .with_waiters(Some(2))
+                    .with_last_fence(fence),
+                Inspection::free("etcd", LockKey::new("job:b").map_err(|e| e.to_string())?),
+            ],
+            more: true,
+            changes: Vec::new(),
+        };
+        let scrollback = VecDeque::from(["00:00:00 job:a taken by peer:x (fence 7)".to_string()]);
+        let text = screen(&look, "etcd://h:2379", &scrollback);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "\x1b[H\x1b[2J2 keys at etcd://h:2379 (etcd), 00:00:00 UTC, more than shown: raise --limit",
+                "",
+                "KEY                      HOLDER       FENCE    LEFT     WAITING  LAST FENCE",
+                "job:a                    peer:x       7        2.5s     2        7",
+                "job:b                    free         -        -        -        -",
+                "",
+                "latest changes:",
+                "00:00:00 job:a taken by peer:x (fence 7)",
+            ]
+        );
+        Ok(())
+    }
 }
