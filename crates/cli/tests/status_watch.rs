@@ -247,14 +247,6 @@ fn zookeeper_watch_sees_a_holder_and_its_release() -> Result {
 #[test]
 fn object_store_watch_sees_a_holder_and_its_release() -> Result {
     let moto = leasehold_servers::MotoServer::start().or_fail("moto must start")?;
-    let url = format!(
-        "s3://{}/watch?endpoint={}&region=us-east-1&allow_http=true&timeout_ms=3000",
-        leasehold_servers::object_stores::BUCKET,
-        moto.url()
-    );
-    let env = [
-        ("AWS_ACCESS_KEY_ID", "leasehold"),
-        ("AWS_SECRET_ACCESS_KEY", "leasehold"),
-    ];
-    sees_a_holder_then_its_release(&url, &env)
+    let url = common::s3_url(&moto, "watch");
+    sees_a_holder_then_its_release(&url, &common::S3_CREDENTIALS)
 }
