@@ -271,9 +271,16 @@ struct StatusCli {
     /// With --prefix: show at most the first N keys, in byte order [default: 100]
     #[arg(long, value_name = "N", requires = "prefix", conflicts_with = "key", value_parser = key_count)]
     limit: Option<usize>,
-    /// One JSON object on one line (per key) instead of the line for people
+    /// One JSON object on one line (per key) instead of the line for people; with --watch, one
+    /// per key at the start and one per change after
     #[arg(long)]
     json: bool,
+    /// Keep looking until interrupted: the keys refreshed live, each hand-off and loss below
+    #[arg(long)]
+    watch: bool,
+    /// With --watch: how long from one look to the next
+    #[arg(long, value_name = "D", default_value = "1s", requires = "watch", value_parser = duration::parse)]
+    interval: Duration,
 }
 
 /// What `leasehold status` was asked to do.
@@ -285,6 +292,8 @@ pub struct StatusArgs {
     pub target: StatusTarget,
     /// One JSON object (per key) instead of the line for people.
     pub json: bool,
+    /// `--watch`: look again every this long until interrupted.
+    pub watch: Option<Duration>,
 }
 
 /// Which keys `leasehold status` reports.
@@ -373,6 +382,7 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Invocation,
                 url: status.url.or(env_url),
                 target,
                 json: status.json,
+                watch: status.watch.then_some(status.interval),
             })
         }
         Sub::Console(console) => Invocation::Console(ConsoleArgs {
@@ -691,6 +701,7 @@ mod tests {
                 url: None,
                 target: StatusTarget::Key("k".into()),
                 json: true,
+                watch: None,
             })),
         )?;
         same(
@@ -700,6 +711,7 @@ mod tests {
                 url: Some("u".into()),
                 target: StatusTarget::Key("k".into()),
                 json: false,
+                watch: None,
             })),
         )?;
         same(
@@ -712,6 +724,7 @@ mod tests {
                     limit: 3,
                 },
                 json: false,
+                watch: None,
             })),
         )?;
         same(
@@ -724,9 +737,38 @@ mod tests {
                     limit: DEFAULT_LIST_LIMIT,
                 },
                 json: false,
+                watch: None,
+            })),
+        )?;
+        same(
+            "status --watch --interval 250ms",
+            parsed(
+                &[
+                    "status",
+                    "--prefix",
+                    "job:",
+                    "--watch",
+                    "--interval",
+                    "250ms",
+                ],
+                None,
+            ),
+            Ok(Invocation::Status(StatusArgs {
+                url: None,
+                target: StatusTarget::Prefix {
+                    prefix: "job:".into(),
+                    limit: DEFAULT_LIST_LIMIT,
+                },
+                json: false,
+                watch: Some(Duration::from_millis(250)),
             })),
         )?;
         let kind = |line: &[&str]| parse(args(line), None).map_err(|e| e.kind());
+        same(
+            "--interval without --watch",
+            kind(&["status", "--key", "k", "--interval", "1s"]),
+            Err(ErrorKind::MissingRequiredArgument),
+        )?;
         same(
             "--version",
             kind(&["--version"]),

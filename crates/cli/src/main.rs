@@ -27,6 +27,8 @@ mod logging;
 mod revoke;
 mod state;
 mod status;
+mod status_watch;
+mod stop;
 mod survey;
 mod terminal;
 mod watcher;

@@ -9,6 +9,7 @@ use leasehold_core::backend::UrlParams;
 
 use crate::args::{StatusArgs, StatusTarget};
 use crate::duration::human;
+use crate::survey::Survey;
 use crate::{authority_url, code, failed};
 
 /// The authority a one-shot command (`status`, `revoke`) asks: its URL (given or the default),
@@ -54,6 +55,13 @@ pub async fn status(args: StatusArgs) -> u8 {
     let backstop = timeout
         .saturating_mul(2)
         .saturating_add(Duration::from_secs(1));
+    if let Some(interval) = args.watch {
+        let survey = match target {
+            Target::Key(key) => Survey::one(authority, key, backstop),
+            Target::Prefix(prefix, limit) => Survey::new(authority, prefix, limit, backstop),
+        };
+        return crate::status_watch::watch(survey, &url, args.json, interval).await;
+    }
     let asked = match &target {
         Target::Key(key) => bounded(backstop, &url, authority.inspect(key))
             .await
@@ -149,12 +157,12 @@ pub(crate) async fn bounded<T>(
 }
 
 /// To the millisecond: the authority's microseconds are noise.
-fn millis(d: Duration) -> u64 {
+pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// `nightly: held by 1a2b3c4d, fence 7, 8.2s left, last fence 7 (sqlite at sqlite:///...)`.
-fn line(seen: &Inspection, url: &str) -> String {
+/// `nightly: held by 1a2b3c4d, fence 7, 8.2s left, 2 waiting, last fence 7 (sqlite at ...)`.
+pub(crate) fn line(seen: &Inspection, url: &str) -> String {
     let mut parts = Vec::new();
     if seen.held {
         parts.push(match &seen.owner {
@@ -173,6 +181,9 @@ fn line(seen: &Inspection, url: &str) -> String {
     } else {
         parts.push("free".to_string());
     }
+    if let Some(waiters) = seen.waiters {
+        parts.push(format!("{waiters} waiting"));
+    }
     if let Some(last) = seen.last_fence {
         parts.push(format!("last fence {}", last.value()));
     }
@@ -187,26 +198,32 @@ fn line(seen: &Inspection, url: &str) -> String {
 
 /// One JSON object; the field names are documented in docs/cli.md and do not change.
 fn json(seen: &Inspection, url: &str) -> String {
+    format!("{{{}}}", json_fields(seen, url))
+}
+
+/// The fields of [`json`], without the braces, for objects that add their own.
+pub(crate) fn json_fields(seen: &Inspection, url: &str) -> String {
     let number = |n: Option<u64>| n.map_or_else(|| "null".to_string(), |n| n.to_string());
     let owner = seen
         .owner
         .as_ref()
         .map_or_else(|| "null".to_string(), |o| string(o.as_str()));
     format!(
-        "{{\"key\":{},\"held\":{},\"owner\":{},\"fence\":{},\"last_fence\":{},\"remaining_ms\":{},\"backend\":{},\"url\":{}}}",
+        "\"key\":{},\"held\":{},\"owner\":{},\"fence\":{},\"last_fence\":{},\"remaining_ms\":{},\"waiters\":{},\"backend\":{},\"url\":{}",
         string(seen.key.as_str()),
         seen.held,
         owner,
         number(seen.fence.map(|f| f.value())),
         number(seen.last_fence.map(|f| f.value())),
         number(seen.remaining.map(millis)),
+        number(seen.waiters.map(u64::from)),
         string(seen.backend),
         string(&redact_url(url)),
     )
 }
 
 /// A JSON string literal.
-fn string(text: &str) -> String {
+pub(crate) fn string(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 2);
     out.push('"');
     for c in text.chars() {
@@ -246,12 +263,12 @@ mod tests {
             )
         );
         let j = json(&held, url);
-        assert!(j.starts_with(r#"{"key":"job:\"1\"","held":true,"owner":"peer:kazoo","fence":7,"last_fence":7,"remaining_ms":8200,"backend":"redis","url":""#), "{j}");
+        assert!(j.starts_with(r#"{"key":"job:\"1\"","held":true,"owner":"peer:kazoo","fence":7,"last_fence":7,"remaining_ms":8200,"waiters":null,"backend":"redis","url":""#), "{j}");
         assert!(!j.contains("hunter2"), "{j}");
         let free = Inspection::free("sqlite", key);
         assert_eq!(
             json(&free, "sqlite:///x"),
-            r#"{"key":"job:\"1\"","held":false,"owner":null,"fence":null,"last_fence":null,"remaining_ms":null,"backend":"sqlite","url":"sqlite:///x"}"#
+            r#"{"key":"job:\"1\"","held":false,"owner":null,"fence":null,"last_fence":null,"remaining_ms":null,"waiters":null,"backend":"sqlite","url":"sqlite:///x"}"#
         );
         assert_eq!(
             line(&free, "sqlite:///x"),

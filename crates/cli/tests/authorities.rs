@@ -413,19 +413,14 @@ fn run_serves_prometheus_metrics_while_the_command_runs() -> Result {
 #[test]
 fn run_on_an_s3_bucket_hands_out_growing_fences_and_excludes_a_second_run() -> Result {
     let moto = leasehold_servers::MotoServer::start().or_fail("moto must start")?;
-    let url = format!(
-        "s3://{}/cli?endpoint={}&region=us-east-1&allow_http=true&timeout_ms=3000",
-        leasehold_servers::object_stores::BUCKET,
-        moto.url()
-    );
+    let url = common::s3_url(&moto, "cli");
     let run = |args: &[&str]| -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_leasehold"));
         command
             .args(["run", "--url", &url, "--key", "job:s3", "--ttl", "10s"])
             .args(args)
             .env_remove("LEASEHOLD_URL")
-            .env("AWS_ACCESS_KEY_ID", "leasehold")
-            .env("AWS_SECRET_ACCESS_KEY", "leasehold");
+            .envs(common::S3_CREDENTIALS);
         command
     };
     let dir = leasehold_servers::process::server_dir("cli-s3").or_fail("a scratch directory")?;

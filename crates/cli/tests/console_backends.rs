@@ -87,14 +87,6 @@ fn zookeeper() -> Result {
 #[test]
 fn s3() -> Result {
     let moto = leasehold_servers::MotoServer::start().or_fail("moto must start")?;
-    let url = format!(
-        "s3://{}/console?endpoint={}&region=us-east-1&allow_http=true&timeout_ms=3000",
-        leasehold_servers::object_stores::BUCKET,
-        moto.url()
-    );
-    let env = [
-        ("AWS_ACCESS_KEY_ID", "leasehold"),
-        ("AWS_SECRET_ACCESS_KEY", "leasehold"),
-    ];
-    lists_a_held_key(&url, "console-be-s3", &env)
+    let url = common::s3_url(&moto, "console");
+    lists_a_held_key(&url, "console-be-s3", &common::S3_CREDENTIALS)
 }

@@ -43,8 +43,7 @@ fn run(url: &str, skew: Option<&str>, args: &[&str]) -> Result<Command> {
         .arg(format!("{}s", TTL.as_secs()))
         .args(args)
         .env_remove("LEASEHOLD_URL")
-        .env("AWS_ACCESS_KEY_ID", "leasehold")
-        .env("AWS_SECRET_ACCESS_KEY", "leasehold");
+        .envs(common::S3_CREDENTIALS);
     if let Some(skew) = skew {
         command
             .env("LD_PRELOAD", libfaketime()?)
@@ -83,11 +82,7 @@ fn wall_clocks_wrong_by_minutes_change_nothing_the_store_decides() -> Result {
     );
 
     let moto = leasehold_servers::MotoServer::start().or_fail("moto must start")?;
-    let url = format!(
-        "s3://{}/skew?endpoint={}&region=us-east-1&allow_http=true&timeout_ms=3000",
-        leasehold_servers::object_stores::BUCKET,
-        moto.url()
-    );
+    let url = common::s3_url(&moto, "skew");
     let dir = leasehold_servers::process::server_dir("cli-skew").or_fail("a scratch directory")?;
     let (fence_file, done) = (dir.path().join("fence"), dir.path().join("done"));
 

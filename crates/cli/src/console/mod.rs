@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 
 use leasehold::{redact_url, KeyPrefix};
 use metrics_exporter_prometheus::PrometheusBuilder;
-use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
 use crate::args::ConsoleArgs;
+use crate::stop::StopSignals;
 use crate::survey::Survey;
 use crate::{code, failed};
 use routes::Shared;
@@ -28,7 +28,7 @@ use routes::Shared;
 /// How long the server has, once asked to stop, to finish the requests under way.
 const DRAIN: Duration = Duration::from_secs(2);
 
-/// Serves the console until SIGINT or SIGTERM; 0 then, or the status of what kept it from
+/// Serves the console until SIGINT, SIGTERM or SIGHUP; 0 then, or the status of what kept it from
 /// starting.
 pub async fn console(args: ConsoleArgs) -> u8 {
     let prefix = match KeyPrefix::new(&args.prefix) {
@@ -68,10 +68,7 @@ pub async fn console(args: ConsoleArgs) -> u8 {
     leasehold::telemetry::describe();
     describe_metrics();
     // Before anything is served, so that a stop asked as soon as the address is printed counts.
-    let (Ok(mut interrupt), Ok(mut terminate)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
+    let Some(mut signals) = StopSignals::watch() else {
         say!("leasehold: cannot watch for signals");
         return code::UNAVAILABLE;
     };
@@ -130,10 +127,7 @@ pub async fn console(args: ConsoleArgs) -> u8 {
         .into_future();
     let serving = tokio::spawn(server);
     let _ = crate::print_out(&format!("leasehold console: http://{addr}/"));
-    tokio::select! {
-        _ = interrupt.recv() => {}
-        _ = terminate.recv() => {}
-    }
+    signals.stopped().await;
     let _ = stop.send(true);
     looking.abort();
     match tokio::time::timeout(DRAIN, serving).await {

@@ -83,3 +83,18 @@ pub use leasehold_conformance::Failure;
 
 /// A test's outcome, and what its helpers return: the value, or the [`Failure`] that ends it.
 pub type Result<T = (), E = Failure> = std::result::Result<T, E>;
+
+/// The URL of a prefix `under` in moto's bucket; its credentials are [`S3_CREDENTIALS`].
+pub fn s3_url(moto: &leasehold_servers::MotoServer, under: &str) -> String {
+    format!(
+        "s3://{}/{under}?endpoint={}&region=us-east-1&allow_http=true&timeout_ms=3000",
+        leasehold_servers::object_stores::BUCKET,
+        moto.url()
+    )
+}
+
+/// The environment that gives a run moto's credentials (an object store URL refuses them).
+pub const S3_CREDENTIALS: [(&str, &str); 2] = [
+    ("AWS_ACCESS_KEY_ID", "leasehold"),
+    ("AWS_SECRET_ACCESS_KEY", "leasehold"),
+];
