@@ -285,3 +285,24 @@ fn keys_with_markup_are_escaped() -> Result {
     }
     Ok(())
 }
+
+/// A key the console does not list (another prefix, or past --limit) is inspected when its
+/// page is asked for: the page shows its holder's fence.
+#[test]
+fn a_key_it_does_not_list_is_inspected_on_its_page() -> Result {
+    let dir = scratch("console-unlisted")?;
+    let url = sqlite_url(dir.path());
+    let holder = Holder::start(&url, "job:x", "5s", &[], dir.path(), "x", &[])?;
+    let console = Console::start(&url, &["--prefix", "other:"], &[])?;
+    let page = console.get("/key/job%3Ax", &[])?;
+    assert_eq!(page.status, 200, "{page:?}");
+    assert!(
+        page.body
+            .contains(&format!("<td class=\"fence\">{}</td>", holder.fence)),
+        "{}",
+        page.body
+    );
+    let index = console.get("/", &[])?;
+    assert!(!index.body.contains("job:x"), "{}", index.body);
+    Ok(())
+}

@@ -145,3 +145,103 @@ impl History {
             .filter(|d| !d.is_zero())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leasehold::{Epoch, Fence, FenceSafety, OwnerId};
+
+    fn fence(n: u64) -> Fence {
+        Fence::compose("t", Epoch::ZERO, n, FenceSafety::Linearizable).unwrap()
+    }
+
+    fn held(key: &LockKey, n: u64, left_ms: u64) -> Inspection {
+        Inspection::held("redis", key.clone(), OwnerId::peer("p"))
+            .with_fence(Some(fence(n)))
+            .with_remaining(Some(Duration::from_millis(left_ms)))
+    }
+
+    fn look(keys: Vec<Inspection>, changes: Vec<Change>) -> Look {
+        Look {
+            at: SystemTime::now(),
+            keys,
+            more: false,
+            changes,
+        }
+    }
+
+    #[test]
+    fn the_bar_is_the_longest_time_left_of_the_same_holder() {
+        let key = LockKey::new("job:a").unwrap();
+        let mut history = History::default();
+        history.seen(look(vec![held(&key, 1, 9_000)], vec![]));
+        history.seen(look(vec![held(&key, 1, 4_000)], vec![]));
+        let now = held(&key, 1, 4_000);
+        assert_eq!(history.bar_length(&now), Some(Duration::from_secs(9)));
+        // Another holder (another fence) starts a bar of its own.
+        history.seen(look(vec![held(&key, 2, 3_000)], vec![]));
+        assert_eq!(
+            history.bar_length(&held(&key, 2, 3_000)),
+            Some(Duration::from_secs(3))
+        );
+    }
+
+    #[test]
+    fn changes_go_to_the_log_newest_first_and_to_the_key() {
+        let key = LockKey::new("job:a").unwrap();
+        let other = LockKey::new("job:b").unwrap();
+        let change = |key: &LockKey, kind| Change {
+            at: SystemTime::now(),
+            key: key.clone(),
+            kind,
+        };
+        let mut history = History::default();
+        history.failed("down".into());
+        let taken = ChangeKind::Taken {
+            owner: None,
+            fence: Some(fence(1)),
+        };
+        let handed = ChangeKind::HandedOff {
+            from: None,
+            from_fence: Some(fence(1)),
+            to: None,
+            fence: Some(fence(2)),
+        };
+        history.seen(look(vec![], vec![change(&key, taken)]));
+        assert_eq!(history.error, None, "a look that works clears the banner");
+        history.seen(look(
+            vec![],
+            vec![
+                change(&key, handed),
+                change(
+                    &other,
+                    ChangeKind::Ended {
+                        owner: None,
+                        fence: None,
+                    },
+                ),
+            ],
+        ));
+        let log: Vec<_> = history.log.iter().map(|s| (s.what, s.fence)).collect();
+        assert_eq!(
+            log,
+            [("ended", None), ("handed off", Some(2)), ("taken", Some(1))]
+        );
+        let fences: Vec<_> = history.of_key(&key).map(|s| s.fence).collect();
+        assert_eq!(fences, [Some(1), Some(2)]);
+        for _ in 0..LOG_LIMIT {
+            history.seen(look(
+                vec![],
+                vec![change(
+                    &other,
+                    ChangeKind::Ended {
+                        owner: None,
+                        fence: None,
+                    },
+                )],
+            ));
+        }
+        assert_eq!(history.log.len(), LOG_LIMIT);
+        assert_eq!(history.of_key(&other).count(), LOG_LIMIT + 1);
+    }
+}

@@ -109,10 +109,13 @@ async fn key_page(State(shared): State<Arc<Shared>>, Path(key): Path<String>) ->
         Err(e) => return (StatusCode::NOT_FOUND, e.to_string()).into_response(),
     };
     let events = format!("/events?key={}", &pages::key_path(&key)["/key/".len()..]);
-    let live = {
-        let history = shared.history();
-        pages::key_live(&history, &key, history.key(&key), shared.allow_revoke)
+    let listed = shared.history().key(&key).cloned();
+    // A key the survey does not list (past --limit, or free and forgotten) is asked about now.
+    let now = match listed {
+        Some(seen) => Some(seen),
+        None => shared.inspect(&key).await.ok(),
     };
+    let live = pages::key_live(&shared.history(), &key, now.as_ref(), shared.allow_revoke);
     shared.page(key.as_str(), pages::live(&events, live))
 }
 
