@@ -22,7 +22,7 @@ const KEYS_REMEMBERED: usize = 4096;
 pub(crate) struct Seen {
     pub at: SystemTime,
     pub key: LockKey,
-    /// `taken`, `handed off`, `expired` or `ended`.
+    /// `held` (at the first look), `taken`, `handed off`, `expired`, `ended` or `revoked`.
     pub what: &'static str,
     /// The fence the key had after the change (the new holder's), or the one that ended.
     pub fence: Option<u64>,
@@ -47,9 +47,34 @@ impl Seen {
         }
     }
 
-    /// Whether a holder lost the key (rather than one taking it).
+    /// Whether a holder lost the key without letting it go: its lease ran out, or this console
+    /// revoked it. (A key freed early may have been released, which is no loss.)
     pub fn is_loss(&self) -> bool {
-        matches!(self.what, "expired" | "ended")
+        matches!(self.what, "expired" | "revoked")
+    }
+
+    /// A holder the first look found, so that a key's page starts from what the console saw
+    /// first.
+    fn at_start(at: SystemTime, key: &Inspection) -> Seen {
+        let who = key
+            .owner
+            .as_ref()
+            .map_or_else(|| "a holder".to_string(), |o| o.to_string());
+        let fence = key.fence.map(|f| f.value());
+        let line = match fence {
+            Some(n) => format!(
+                "{} held by {who} (fence {n}) when the console started",
+                key.key
+            ),
+            None => format!("{} held by {who} when the console started", key.key),
+        };
+        Seen {
+            at,
+            key: key.key.clone(),
+            what: "held",
+            fence,
+            line,
+        }
     }
 }
 
@@ -75,6 +100,11 @@ pub(crate) struct History {
 impl History {
     /// Takes in a successful look.
     pub fn seen(&mut self, look: Look) {
+        if self.at.is_none() {
+            for key in look.keys.iter().filter(|k| k.held) {
+                self.remember(Seen::at_start(look.at, key));
+            }
+        }
         for change in &look.changes {
             let seen = Seen::of(change);
             self.log.push_front(seen.clone());
@@ -93,6 +123,20 @@ impl History {
         self.keys = look.keys;
         self.more = look.more;
         self.error = None;
+    }
+
+    /// Takes in a revoke this console made: the survey would see only a key freed early.
+    pub fn revoked(&mut self, at: SystemTime, key: &LockKey, fence: u64) {
+        let seen = Seen {
+            at,
+            key: key.clone(),
+            what: "revoked",
+            fence: Some(fence),
+            line: format!("{key} revoked by this console (fence {fence})"),
+        };
+        self.log.push_front(seen.clone());
+        self.log.truncate(LOG_LIMIT);
+        self.remember(seen);
     }
 
     /// Takes in a failed look: the banner says why; what was seen before stays shown.
@@ -243,5 +287,29 @@ mod tests {
         }
         assert_eq!(history.log.len(), LOG_LIMIT);
         assert_eq!(history.of_key(&other).count(), LOG_LIMIT + 1);
+    }
+
+    #[test]
+    fn a_key_page_starts_from_the_first_look_and_a_revoke_is_a_loss() {
+        let key = LockKey::new("job:a").unwrap();
+        let mut history = History::default();
+        history.seen(look(vec![held(&key, 3, 1_000)], vec![]));
+        history.seen(look(vec![held(&key, 3, 900)], vec![]));
+        let first: Vec<_> = history.of_key(&key).map(|s| (s.what, s.fence)).collect();
+        assert_eq!(first, [("held", Some(3))], "only the first look seeds it");
+        assert!(history.log.is_empty(), "a holder at start is no change");
+        history.revoked(SystemTime::now(), &key, 3);
+        let newest = history.log.front().unwrap();
+        assert_eq!((newest.what, newest.fence), ("revoked", Some(3)));
+        assert!(newest.is_loss());
+        let ended = Seen::of(&Change {
+            at: SystemTime::now(),
+            key: key.clone(),
+            kind: ChangeKind::Ended {
+                owner: None,
+                fence: None,
+            },
+        });
+        assert!(!ended.is_loss(), "a key freed early may have been released");
     }
 }

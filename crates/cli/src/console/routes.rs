@@ -259,6 +259,9 @@ async fn revoke(
         Ok(Ok(Revoked::Revoked { fence })) => {
             tracing::info!(key = %key, fence = fence.value(), "console: revoked");
             metrics::counter!("leasehold_console_revocations_total").increment(1);
+            shared
+                .history()
+                .revoked(std::time::SystemTime::now(), &key, fence.value());
             let said = format!(
                 "Revoked the lease with fence {} on {key}; the next holder's fence is greater.",
                 fence.value()
