@@ -1,7 +1,7 @@
 //! Grants waiting for their key's watch to open.
 //!
 //! A grant's key is watched so that its loss is pushed to the holder at once
-//! ([`crate::wait::watch_held`]). Most grants on a hot path are released within milliseconds,
+//! (see [`crate::held_watch_stream`]). Most grants on a hot path are released within milliseconds,
 //! so the watch opens only after a twentieth of the session's TTL (at most 250 ms); nothing is
 //! missed meanwhile, because the watch starts from the key's creation and replays a deletion
 //! that happened before it opened. Until then a grant waits in this queue, which the session's

@@ -55,6 +55,7 @@ mod config;
 mod contenders;
 mod errors;
 pub mod guarded;
+mod held_watch_stream;
 mod held_watches;
 mod keys;
 mod server_version;

@@ -26,8 +26,8 @@ use tokio::time::Instant;
 
 use crate::contenders::{Contenders, Withdrawal};
 use crate::errors::{self, BACKEND};
+use crate::held_watch_stream::{HeldWatch, HeldWatchStream};
 use crate::held_watches::{HeldWatches, PendingWatch};
-use crate::wait;
 
 /// What the session knows about its lease.
 #[derive(Clone, Copy, Debug)]
@@ -56,6 +56,11 @@ impl Session {
     /// The lease id.
     pub fn lease(&self) -> i64 {
         self.lease
+    }
+
+    /// The lease's TTL.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
     }
 
     /// Until when the lease lasts, by our clock.
@@ -407,6 +412,8 @@ impl SessionTask {
         );
         let mut next_keep_alive = deadline_in(interval);
         let mut liveness = self.session.subscribe();
+        // Opened with the first grant whose key is watched; it ends with the session.
+        let mut held_stream: Option<HeldWatchStream> = None;
         loop {
             if self.session.is_ended() {
                 // Ended by a request that found the lease gone.
@@ -442,14 +449,16 @@ impl SessionTask {
                 let live = held
                     .revision
                     .is_some_and(|r| self.session.contenders.is_held(&held.name, r));
-                if live && loss.fired().is_none() {
-                    tokio::spawn(wait::watch_held(
-                        self.settings.client.clone(),
-                        self.session.clone(),
-                        held,
-                        loss,
-                        timeout,
-                    ));
+                if let Some(watch) = HeldWatch::new(held, loss).filter(|_| live) {
+                    held_stream
+                        .get_or_insert_with(|| {
+                            HeldWatchStream::start(
+                                self.settings.client.clone(),
+                                self.session.clone(),
+                                timeout,
+                            )
+                        })
+                        .watch(watch);
                 }
             }
             let mut wake_at = next_keep_alive.min(deadline);

@@ -2,7 +2,7 @@
 //! change of a lock ([`changed`]), for observers of an election and waiters of a semaphore.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use etcd_client::{
@@ -10,13 +10,12 @@ use etcd_client::{
     WatchFilterType, WatchOptions,
 };
 use leasehold_core::backend::Backoff;
-use leasehold_core::{LossSignal, LostReason, Result};
+use leasehold_core::Result;
 use tokio::time::Instant;
 
 use crate::authority::{delete_orphan, is_orphan};
-use crate::contenders::Withdrawal;
 use crate::errors;
-use crate::session::{lease_gone, Session};
+use crate::session::Session;
 
 /// How a wait ended.
 #[derive(Debug)]
@@ -184,78 +183,6 @@ async fn deleted(
             Err(e) if errors::is_compacted(&e) => return Ok(false),
             Err(e) => return Err(errors::map(e, "watch the key ahead")),
         }
-    }
-}
-
-/// Watches a held contender key so that its loss is pushed to the grant at once instead of
-/// waiting for the next renewal (TTL/3 later): etcd's `Session.Done()`, for every grant.
-///
-/// When the key is deleted while the session still books it as held, it was deleted behind our
-/// back: by an operator (`etcdctl del`; this grant alone is lost, `Refused`), or with the whole
-/// session lease (revoked or expired; the session ends and every grant on it is lost). Our own
-/// deletes (release, the session withdrawing an unrenewed grant) change the booking first, so
-/// they are never mistaken for a loss. The watch ends with the key, the grant's loss, or the
-/// session. The session's task starts it a little after the grant (see [`crate::held_watches`]).
-pub(crate) async fn watch_held(
-    client: Arc<Client>,
-    session: Arc<Session>,
-    held: Withdrawal,
-    loss: LossSignal,
-    timeout: Duration,
-) {
-    let Some(revision) = held.revision else {
-        return;
-    };
-    let mut liveness = session.subscribe();
-    let mut pause = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
-    let mut from = revision + 1;
-    loop {
-        if loss.fired().is_some() || !session.contenders.is_held(&held.name, revision) {
-            return;
-        }
-        let outcome = tokio::select! {
-            biased;
-            _ = liveness.wait_for(|l| l.ended) => return,
-            _ = loss.wait() => return,
-            d = deleted(&client, held.name.clone().into_bytes(), from, timeout) => d,
-        };
-        let gone = match outcome {
-            Ok(true) => true,
-            // The watch broke (a member died, a compaction): look at the key itself, then watch
-            // again from that read on.
-            Ok(false) | Err(_) => {
-                tokio::time::sleep(pause.next_delay()).await;
-                let read = errors::read_with_retry("look at a held key", timeout, || {
-                    let (mut kv, name) = (client.kv_client(), held.name.clone());
-                    async move { kv.get(name, None).await }
-                });
-                match read.await {
-                    Ok(found) => {
-                        from = found.header().map_or(from, |h| h.revision() + 1);
-                        found
-                            .kvs()
-                            .first()
-                            .is_none_or(|kv| kv.create_revision() != revision)
-                    }
-                    Err(_) => false,
-                }
-            }
-        };
-        if !gone {
-            continue;
-        }
-        if !session.contenders.is_held(&held.name, revision) {
-            // Released or withdrawn by us.
-            return;
-        }
-        if lease_gone(&client, session.lease(), timeout).await {
-            // Fires every held key's signal, this one's included.
-            session.end();
-        } else {
-            loss.fire(LostReason::Refused);
-        }
-        session.contenders.forget(&held.name, held.owner);
-        return;
     }
 }
 

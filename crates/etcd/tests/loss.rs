@@ -1,12 +1,15 @@
 //! Losing a lease on etcd, against a real single-node etcd started by the harness: a revoked
 //! session loses every lease on it, the loss pushed to every grant within a second; a key deleted
 //! behind our back loses that grant alone; grants start no task of their own, yet their watches
-//! open; and a grant that is not renewed ends at its TTL while the session lives.
+//! open, all on one stream per session that routes each deletion and outlives a restart; and a
+//! grant that is not renewed ends at its TTL while the session lives.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{Authority, Error, Instant, Lease, LeaseOptions, LostReason, Released};
+use leasehold_core::{
+    Authority, Error, Grant, Instant, Lease, LeaseOptions, LossSignal, LostReason, Released,
+};
 use leasehold_etcd::guarded::contender_key;
 
 mod common;
@@ -308,6 +311,77 @@ async fn grants_start_no_task_of_their_own_and_their_watches_still_open() -> Res
             a.release(grant).await.or_fail("release")?,
             Released::Released
         );
+    }
+    Ok(())
+}
+
+/// Every held key of a session is watched on one shared stream: with many grants held, a key
+/// deleted behind our back loses exactly that grant. After etcd restarts (the stream breaks),
+/// the watches open again and a key deleted at once is still lost within a few request
+/// timeouts, while the other grants stay valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_watch_stream_routes_each_deletion_and_survives_a_restart() -> Result {
+    let server = start().await?;
+    let a = connect(&url(&server)).await?;
+    let ttl = Duration::from_secs(9);
+    let mut grants = Vec::new();
+    for i in 0..20 {
+        grants.push(
+            a.try_acquire(&key(&format!("shared/{i}"))?, ttl)
+                .await
+                .or_fail("a grant")?
+                .or_fail("a fresh key was held")?,
+        );
+    }
+    // Past the delay after which a grant's watch opens.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let delete = |grant: &Grant| -> Result<Vec<u8>> {
+        Ok(contender_key(grant)
+            .or_fail("the contender key")?
+            .as_bytes()
+            .to_vec())
+    };
+    fn signal(grant: &Grant) -> Result<&LossSignal> {
+        grant
+            .loss_signal()
+            .or_fail("etcd grants carry a loss signal")
+    }
+    let raw = raw_client(&server).await?;
+    raw.kv_client()
+        .delete(delete(&grants[7])?, None)
+        .await
+        .or_fail("delete one holder's key")?;
+    tokio::time::timeout(ttl / 9, signal(&grants[7])?.wait())
+        .await
+        .or_fail("the deleted grant's loss was not pushed within a second")?;
+
+    let restarted = server.clone();
+    tokio::task::spawn_blocking(move || restarted.restart())
+        .await
+        .or_fail("the harness task")?
+        .or_fail("etcd must restart")?;
+    let raw = raw_client(&server).await?;
+    raw.kv_client()
+        .delete(delete(&grants[13])?, None)
+        .await
+        .or_fail("delete another holder's key after the restart")?;
+    let bound = REQUEST_TIMEOUT * 3 + Duration::from_secs(1);
+    tokio::time::timeout(bound, signal(&grants[13])?.wait())
+        .await
+        .or_fail(format!(
+            "after the restart, the deletion was not pushed within {bound:?}"
+        ))?;
+    for (i, grant) in grants.iter().enumerate() {
+        if i == 7 || i == 13 {
+            continue;
+        }
+        assert!(
+            signal(grant)?.fired().is_none(),
+            "grant {i} was lost though its key lives"
+        );
+        a.renew(grant, ttl)
+            .await
+            .or_fail(format!("grant {i} is still held"))?;
     }
     Ok(())
 }
