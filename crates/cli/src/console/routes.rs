@@ -262,10 +262,20 @@ async fn revoke(
             shared
                 .history()
                 .revoked(std::time::SystemTime::now(), &key, fence.value());
-            let said = format!(
-                "Revoked the lease with fence {} on {key}; the next holder's fence is greater.",
-                fence.value()
-            );
+            // The check above and the revoke are two requests: a holder that arrived in the
+            // instant between them is the one revoked, and the operator must hear of it.
+            let said = if fence.value() == form.fence {
+                format!(
+                    "Revoked the lease with fence {} on {key}; the next holder's fence is greater.",
+                    fence.value()
+                )
+            } else {
+                format!(
+                    "The key changed hands just before the revoke: revoked the lease with fence                      {}, not the fence {} you saw (that holder had already gone). The next                      holder's fence is greater.",
+                    fence.value(),
+                    form.fence
+                )
+            };
             shared.page("Revoked", pages::outcome("Revoked", &said, Some(&key)))
         }
         Ok(Ok(_)) => shared.page(
