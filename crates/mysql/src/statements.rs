@@ -19,12 +19,19 @@ pub(crate) struct Statements {
     pub(crate) acquire: SqlStr,
     pub(crate) acquire_again: SqlStr,
     pub(crate) renew: SqlStr,
+    pub(crate) renew_many: SqlStr,
+    pub(crate) live_of_batch: SqlStr,
     pub(crate) release: SqlStr,
     pub(crate) proclaim: SqlStr,
     pub(crate) revoke: SqlStr,
     pub(crate) inspect: SqlStr,
     pub(crate) list_keys: SqlStr,
 }
+
+/// A renewal batch (one JSON array parameter) as a table.
+const BATCH: &str = "JSON_TABLE(?, '$[*]' COLUMNS (\
+    lock_key VARBINARY(800) PATH '$[0]', owner VARBINARY(64) PATH '$[1]', \
+    fence BIGINT UNSIGNED PATH '$[2]', ttl_us BIGINT UNSIGNED PATH '$[3]'))";
 
 fn sql(s: String) -> SqlStr {
     // Built from constants and a `TableName`, validated to `[A-Za-z_][A-Za-z0-9_]*` and quoted:
@@ -78,6 +85,21 @@ impl Statements {
             // ?1 TTL in microseconds, then the grant. Found rows: 1 when renewed.
             renew: sql(format!(
                 "UPDATE {t} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE {ours}"
+            )),
+            // ?1 the batch, a JSON array of [key, owner, fence, TTL in microseconds]: each row
+            // matched as `renew` matches it.
+            renew_many: sql(format!(
+                "UPDATE {t} AS l JOIN {BATCH} AS r \
+                   ON l.lock_key = r.lock_key AND l.owner = r.owner AND l.fence = r.fence \
+                 SET l.expires_at = UTC_TIMESTAMP(6) + INTERVAL r.ttl_us MICROSECOND \
+                 WHERE l.expires_at > UTC_TIMESTAMP(6)"
+            )),
+            // ?1 the same batch, right after `renew_many`: the rows it renewed (see
+            // `authority::batch_renewal`).
+            live_of_batch: sql(format!(
+                "SELECT l.lock_key, l.fence FROM {t} AS l JOIN {BATCH} AS r \
+                   ON l.lock_key = r.lock_key AND l.owner = r.owner AND l.fence = r.fence \
+                 WHERE l.expires_at > UTC_TIMESTAMP(6)"
             )),
             // Expires the row instead of deleting it, so the fence counter never restarts.
             release: sql(format!(

@@ -135,3 +135,63 @@ async fn expiry_and_the_remaining_time_are_the_servers() -> Result {
     assert!(next.fence() > grant.fence());
     Ok(())
 }
+
+/// A batch renewal larger than one statement's share (1,000 grants) renews every live grant in
+/// two statements per share; a grant revoked meanwhile, and one whose key another client took
+/// after its revoke, are refused by name while the rest renew; keys that differ only in case
+/// are told apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_renewal_names_exactly_the_grants_it_renewed() -> Result {
+    let server = start_server().await?;
+    let a = connect(&url(&server)).await?;
+    a.migrate().await.or_fail("migrate")?;
+    let b = connect(&url(&server)).await?;
+    let ttl = Duration::from_secs(30);
+    let mut grants = Vec::new();
+    for i in 0..1_500 {
+        let name = if i == 1_200 {
+            "batch-Case".to_string()
+        } else {
+            format!("batch-{i}")
+        };
+        grants.push(
+            a.try_acquire(&key(&name)?, ttl)
+                .await
+                .or_fail("a grant")?
+                .or_fail("a fresh key was held")?,
+        );
+    }
+    let lower = a
+        .try_acquire(&key("batch-case")?, ttl)
+        .await
+        .or_fail("the lower-case key")?
+        .or_fail("a key differing only in case was held")?;
+    for (i, answer) in a.renew_many(&grants).await.into_iter().enumerate() {
+        answer.or_fail(format!("grant {i} was not renewed"))?;
+    }
+    let (revoked, taken) = (300, 1_200);
+    for i in [revoked, taken] {
+        a.revoke(grants[i].key()).await.or_fail("revoke")?;
+    }
+    let newer = b
+        .try_acquire(grants[taken].key(), ttl)
+        .await
+        .or_fail("the other client's acquisition")?
+        .or_fail("a revoked key was still held")?;
+    let answers = a.renew_many(&grants).await;
+    assert_eq!(answers.len(), grants.len());
+    for (i, answer) in answers.into_iter().enumerate() {
+        match (i == revoked || i == taken, answer) {
+            (false, Ok(_)) => {}
+            (true, Err(e)) if e.is_lease_lost() => {}
+            (_, other) => return Err(format!("grant {i}: {other:?}").into()),
+        }
+    }
+    a.renew(&lower, ttl)
+        .await
+        .or_fail("the key differing in case stays its holder's")?;
+    b.renew(&newer, ttl)
+        .await
+        .or_fail("the other client's grant is untouched")?;
+    Ok(())
+}
