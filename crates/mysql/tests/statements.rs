@@ -171,7 +171,11 @@ async fn a_batch_renewal_names_exactly_the_grants_it_renewed() -> Result {
     }
     let (revoked, taken) = (300, 1_200);
     for i in [revoked, taken] {
-        a.revoke(grants[i].key()).await.or_fail("revoke")?;
+        let ended = a.revoke(grants[i].key()).await.or_fail("revoke")?;
+        assert!(
+            matches!(ended, leasehold_core::Revoked::Revoked { .. }),
+            "grant {i}: {ended:?}"
+        );
     }
     let newer = b
         .try_acquire(grants[taken].key(), ttl)
