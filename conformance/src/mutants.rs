@@ -58,11 +58,16 @@ pub enum Mutant {
     /// (a revoke that deletes the fence counter along with the lease): the revoked holder's
     /// late writes then pass every gate.
     RevokeReusesFence,
+    /// A renewal that asks for another TTL extends the lease by the TTL it was granted with
+    /// (a renew script that reuses the stored TTL), while answering with the deadline asked
+    /// for: a permit extended by hand runs out at the authority long before its holder's
+    /// deadline.
+    RenewKeepsTheFirstTtl,
 }
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 14] = [
+    pub const ALL: [Mutant; 15] = [
         Mutant::UnconditionalRelease,
         Mutant::AcquireIgnoresHolder,
         Mutant::FenceRestartsAfterRelease,
@@ -77,6 +82,7 @@ impl Mutant {
         Mutant::ReleaseComparesClientOnly,
         Mutant::FenceRestartsAfterIdle,
         Mutant::RevokeReusesFence,
+        Mutant::RenewKeepsTheFirstTtl,
     ];
 
     /// The scenarios written to catch this mutant. The suite has teeth for a rule only if one of
@@ -102,7 +108,11 @@ impl Mutant {
             Mutant::CancelledAttemptKeepsKey => &["cancelled_try_acquire_leaves_nothing"],
             Mutant::ReleaseComparesClientOnly => &["stale_release_after_reacquire_keeps_new_grant"],
             Mutant::FenceRestartsAfterIdle => &["fences_grow_after_idle_cleanup"],
-            Mutant::RevokeReusesFence => &["revoke_ends_the_holder_and_fences_it_out"],
+            Mutant::RevokeReusesFence => &[
+                "revoke_ends_the_holder_and_fences_it_out",
+                "semaphore_revoked_permit_is_lost_and_fenced_out",
+            ],
+            Mutant::RenewKeepsTheFirstTtl => &["semaphore_permit_lease_renews_by_hand"],
         }
     }
 }
@@ -272,6 +282,12 @@ impl Authority for Mutated {
             self.capabilities.ttl.check(ttl)?;
             let sent = Instant::now();
             self.inner.server().unchecked().extend(grant.key(), ttl);
+            return Ok(self.options().safety_margin.deadline(sent, ttl));
+        }
+        if self.mutant == Mutant::RenewKeepsTheFirstTtl {
+            self.capabilities.ttl.check(ttl)?;
+            let sent = Instant::now();
+            self.inner.renew(original(grant), grant.ttl()).await?;
             return Ok(self.options().safety_margin.deadline(sent, ttl));
         }
         if self.mutant == Mutant::RenewalDeadlineAfterResponse {

@@ -87,3 +87,34 @@ async fn a_declared_failover_weakness_is_reported_not_failed() {
     let declared: Vec<_> = report.declared().iter().map(|l| l.scenario).collect();
     assert_eq!(declared, ["fences_survive_failover"], "{report}");
 }
+
+/// Broken variants of the recipes, each run through the scenario written for its rule, fail
+/// it: a scheduled claim counted from when its late tick fired (the next period skips), a
+/// leader that resigns instead of yielding (a third candidate slips in), a follower that learns
+/// epochs only from commands (a deposed leader's command passes).
+#[tokio::test(start_paused = true)]
+async fn broken_recipe_variants_fail_their_scenarios() {
+    use leasehold_conformance::scenarios;
+    let ctx = reference(Replication::Synchronous).await;
+    let outcomes = [
+        (
+            "schedule_late_timer_anchored_at_firing",
+            scenarios::schedule_late_timer_anchored_at_firing(&ctx).await,
+        ),
+        (
+            "election_resign_leaves_a_gap_for_a_third",
+            scenarios::election_resign_leaves_a_gap_for_a_third(&ctx).await,
+        ),
+        (
+            "election_follower_without_watching_admits_a_deposed_leader",
+            scenarios::election_follower_without_watching_admits_a_deposed_leader(&ctx).await,
+        ),
+    ];
+    for (name, outcome) in outcomes {
+        println!("{name}: {outcome:?}");
+        assert!(
+            outcome.is_err(),
+            "the broken variant {name} passed: {outcome:?}"
+        );
+    }
+}

@@ -17,6 +17,7 @@ mod batch_renewal;
 mod cancellation;
 mod clock;
 mod election;
+mod election_extras;
 mod exclusion;
 mod expiry;
 mod fences;
@@ -29,7 +30,9 @@ mod release;
 mod renew;
 mod revoke;
 mod schedule;
+mod schedule_options;
 mod semaphore;
+mod semaphore_extras;
 mod stale_write;
 mod suspension;
 mod telemetry;
@@ -51,6 +54,11 @@ pub use election::{
     election_epochs_grow_across_resign_expiry_and_crash, election_epochs_survive_restart,
     election_observers_see_every_change, election_one_leader_at_a_time,
 };
+pub use election_extras::{
+    election_follower_guard_refuses_a_deposed_leader,
+    election_follower_without_watching_admits_a_deposed_leader,
+    election_resign_leaves_a_gap_for_a_third, election_yield_hands_over_to_the_named_candidate,
+};
 pub use exclusion::{contention, exclusion, CONTENDERS, ROUNDS};
 pub use expiry::vanished_holder_frees_within_ttl;
 pub use fences::{
@@ -71,9 +79,18 @@ pub use renew::{
 };
 pub use revoke::revoke_ends_the_holder_and_fences_it_out;
 pub use schedule::claim_period_claims_every_period;
+pub use schedule_options::{
+    schedule_at_least_keeps_a_fast_run_and_waits_are_bounded,
+    schedule_at_most_ends_a_hung_run_and_fences_it, schedule_late_timer_anchored_at_firing,
+    schedule_late_timer_does_not_skip_the_next_period,
+};
 pub use semaphore::{
     semaphore_cancelled_acquire_leaves_no_slot, semaphore_never_exceeds_its_permits,
     semaphore_permits_must_agree, semaphore_waits_by_notification,
+};
+pub use semaphore_extras::{
+    semaphore_inspect_counts_free_permits_and_holders, semaphore_permit_lease_renews_by_hand,
+    semaphore_revoked_permit_is_lost_and_fenced_out,
 };
 pub use stale_write::{
     stale_write_first_is_accepted_without_claim, stale_write_refused_after_claim,
@@ -156,12 +173,20 @@ scenarios![
     semaphore_permits_must_agree,
     semaphore_cancelled_acquire_leaves_no_slot,
     semaphore_waits_by_notification,
+    semaphore_inspect_counts_free_permits_and_holders,
+    semaphore_permit_lease_renews_by_hand,
+    semaphore_revoked_permit_is_lost_and_fenced_out,
     claim_period_claims_every_period,
+    schedule_late_timer_does_not_skip_the_next_period,
+    schedule_at_most_ends_a_hung_run_and_fences_it,
+    schedule_at_least_keeps_a_fast_run_and_waits_are_bounded,
     election_one_leader_at_a_time,
     election_epochs_grow_across_resign_expiry_and_crash,
     election_observers_see_every_change,
     election_deposed_leader_is_refused,
     election_cancelled_campaign_leaves_nothing,
+    election_yield_hands_over_to_the_named_candidate,
+    election_follower_guard_refuses_a_deposed_leader,
     short_outage_suspends_then_holds,
     long_outage_loses_at_the_deadline,
     fences_survive_restart,

@@ -127,6 +127,7 @@ pub struct Lease {
     state: Arc<watch::Sender<Published>>,
     task: Option<JoinHandle<()>>,
     release_on_drop: bool,
+    auto_renew: bool,
 }
 
 impl Lease {
@@ -188,6 +189,7 @@ impl Lease {
             state,
             task: Some(task),
             release_on_drop: options.release_on_drop,
+            auto_renew: options.auto_renew,
         }
     }
 
@@ -310,6 +312,64 @@ impl Lease {
     /// Whether the lease is lost (reported, or its deadline passed, or its session ended).
     pub fn is_lost(&self) -> bool {
         self.lost_now().is_some()
+    }
+
+    /// Extends the lease to `ttl` from now, by hand: for a lease that does not renew in the
+    /// background ([`LeaseOptions::with_auto_renew`] false), whose holder decides when it needs
+    /// more time (a permit with its own lease time). Returns the new local deadline, counted
+    /// from before the request, which may also be sooner than the old one (a shorter `ttl`).
+    ///
+    /// * Conditional on still holding the lease, as every renewal is: a lease that is lost
+    ///   (expired, revoked, released) gets [`Error::LeaseLost`] and stays lost.
+    /// * A `ttl` other than the grant's is [`Error::InvalidTtl`] where the backend cannot change
+    ///   it ([`crate::Capabilities::renew_with_other_ttl`]).
+    /// * A lease renewed in the background is [`Error::InvalidConfig`]: two renewers would race
+    ///   over which deadline the authority kept.
+    /// * An error that leaves the outcome unknown keeps the old deadline (the authority may
+    ///   have extended the lease; it cannot have shortened it below the old one unless asked
+    ///   for a shorter `ttl`, so ask again before relying on a shorter one).
+    pub async fn renew(&mut self, ttl: Duration) -> Result<Instant> {
+        if self.auto_renew {
+            return Err(Error::InvalidConfig {
+                reason: format!(
+                    "the lease on `{}` renews in the background; renew by hand only a lease \
+                     made with auto-renew off",
+                    self.grant.key()
+                ),
+            });
+        }
+        self.ensure_valid()?;
+        let answer = self.authority.renew(&self.grant, ttl).await;
+        let key = self.grant.key().as_str();
+        match answer {
+            Ok(deadline) => {
+                if let Some(reason) = self.lost_now() {
+                    // Answered after the old deadline passed here: the loss was final then.
+                    let _ = self.authority.release(&self.grant).await;
+                    return Err(Error::lease_lost(key, reason));
+                }
+                let kept = self.state.send_if_modified(|p| {
+                    if p.state.is_lost() {
+                        false
+                    } else {
+                        p.deadline = deadline;
+                        true
+                    }
+                });
+                match (kept, self.lost_now()) {
+                    (true, None) => Ok(deadline),
+                    (_, reason) => Err(Error::lease_lost(
+                        key,
+                        reason.unwrap_or(LostReason::DeadlinePassed),
+                    )),
+                }
+            }
+            Err(Error::LeaseLost { reason, .. }) => {
+                mark_lost(&self.state, reason.clone());
+                Err(Error::lease_lost(key, reason))
+            }
+            Err(other) => Err(other),
+        }
     }
 
     /// Stops renewing and releases the lease at the authority (compare-and-release).
@@ -484,6 +544,20 @@ async fn renew_until_lost(
             }
         }
         let may_renew = options.auto_renew && hold_until.is_none_or(|until| next < until);
+        if !options.auto_renew {
+            // Renewed by hand only ([`Lease::renew`]): wait for the deadline, unless a renewal
+            // moves it first.
+            let mut rx = state.subscribe();
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {}
+                changed = rx.wait_for(|p| p.deadline != deadline || p.state.is_lost()) => {
+                    if changed.map_or(true, |p| p.state.is_lost()) {
+                        return;
+                    }
+                    continue;
+                }
+            }
+        }
         if !may_renew || next >= deadline {
             tokio::time::sleep_until(deadline).await;
             let reason = if options.auto_renew && !may_renew {

@@ -49,9 +49,9 @@ pub use contract::{
 pub use instrument::Instrumented;
 pub use lease::{Lease, LeaseOptions, LeaseState, LeaseWatch, LossSignal};
 pub use recipes::{
-    acquire_or, claim_period, claim_ttl, is_unavailable, Admission, Election, IfUnavailable,
-    Leader, Leadership, Observer, Permit, Semaphore, Unlocked, DEFAULT_OBSERVE_INTERVAL,
-    MAX_PERMITS,
+    acquire_or, claim_period, claim_ttl, is_unavailable, Admission, Claim, Election, EpochGuard,
+    IfUnavailable, Leader, Leadership, Observer, Permit, PermitHolder, Schedule, ScheduledRun,
+    Semaphore, SemaphoreStatus, Unlocked, WhenHeld, DEFAULT_OBSERVE_INTERVAL, MAX_PERMITS,
 };
 
 /// Re-exported so backends and tests use the same monotonic clock type (tokio's, which

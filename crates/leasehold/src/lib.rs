@@ -82,13 +82,13 @@ pub use connect::connect;
 pub use leasehold_core::backend::redact_url;
 pub use leasehold_core::{
     acquire_or, claim_period, claim_ttl, is_unavailable, telemetry, time, Admission, ArcError,
-    Authority, BoxError, Capabilities, ClientOptions, Election, Epoch, Error, ExclusionSafety,
-    Fence, FenceSafety, FencedRegister, FencedResource, FencingToken, Grant, Guarded,
-    IfUnavailable, Inspection, Instant, Instrumented, KeyPrefix, Leader, Leadership, Lease,
-    LeaseOptions, LeaseState, LeaseWatch, LockKey, LossSignal, LostReason, Observer, OwnerId,
-    OwnerToken, Permit, Released, Result, RevocationNotice, Revoked, SafetyMargin, Semaphore,
-    TtlRange, Unlocked, WaitStrategy, DEFAULT_OBSERVE_INTERVAL, MAX_KEY_LEN, MAX_PERMITS,
-    MAX_VALUE_LEN,
+    Authority, BoxError, Capabilities, Claim, ClientOptions, Election, Epoch, EpochGuard, Error,
+    ExclusionSafety, Fence, FenceSafety, FencedRegister, FencedResource, FencingToken, Grant,
+    Guarded, IfUnavailable, Inspection, Instant, Instrumented, KeyPrefix, Leader, Leadership,
+    Lease, LeaseOptions, LeaseState, LeaseWatch, LockKey, LossSignal, LostReason, Observer,
+    OwnerId, OwnerToken, Permit, PermitHolder, Released, Result, RevocationNotice, Revoked,
+    SafetyMargin, Schedule, ScheduledRun, Semaphore, SemaphoreStatus, TtlRange, Unlocked,
+    WaitStrategy, WhenHeld, DEFAULT_OBSERVE_INTERVAL, MAX_KEY_LEN, MAX_PERMITS, MAX_VALUE_LEN,
 };
 
 /// The in-memory reference authority, for tests and single-process use.
@@ -123,3 +123,8 @@ pub use leasehold_zookeeper as zookeeper;
 /// The object-store authority: leases as objects in S3, Azure Blob or Google Cloud Storage.
 #[cfg(feature = "object-store")]
 pub use leasehold_object_store as object_store;
+
+/// docs/recipes.md, whose examples run as doctests on the in-memory backend.
+#[cfg(all(doctest, feature = "memory"))]
+#[doc = include_str!("../../../docs/recipes.md")]
+pub struct RecipesDoc;

@@ -9,6 +9,10 @@
 //! it has accepted ([`crate::FencedRegister`], or any [`crate::FencedResource`]) and refuses
 //! commands with an older one.
 //!
+//! A leader can hand leadership to a named candidate ([`Leadership::yield_to`], in
+//! `election_handoff`), and a follower can keep the newest epoch it has seen in an
+//! [`crate::EpochGuard`].
+//!
 //! Observers ([`Election::observe`]) read the leader's epoch and the value it proclaimed (an
 //! address, say) and are told of changes by notification where the backend has it
 //! ([`Authority::wait_for_change`]), with a timer as the fallback.
@@ -20,13 +24,17 @@ use std::time::Duration;
 
 use futures_util::Stream;
 
+use tokio::time::Instant;
+
 use crate::contract::authority::{check_proclaimed, Authority, Released};
-use crate::contract::error::Result;
+use crate::contract::error::{Error, Result};
 use crate::contract::fence::Fence;
 use crate::contract::inspection::{Inspection, OwnerId};
 use crate::contract::key::LockKey;
 use crate::contract::lost::LostReason;
 use crate::lease::{Lease, LeaseOptions};
+use crate::recipes::election_handoff::{pending_for_other, HANDOFF_POLL};
+use crate::time::saturating_add;
 
 /// How often an observer reads the leader when no notification comes: the timer fallback that
 /// notices a leader whose lease simply ran out.
@@ -38,6 +46,7 @@ pub struct Election {
     authority: Arc<dyn Authority>,
     key: LockKey,
     value: Option<Vec<u8>>,
+    name: Option<String>,
     options: LeaseOptions,
 }
 
@@ -165,8 +174,17 @@ impl Election {
             authority,
             key: key.clone(),
             value: None,
+            name: None,
             options: LeaseOptions::default(),
         }
+    }
+
+    /// This candidate's name, by which a leader can hand leadership to it
+    /// ([`Leadership::yield_to`]). Without one, a candidate never receives a hand-off (and
+    /// waits out every hand-off window).
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
     }
 
     /// The value this candidate proclaims when elected (at most [`crate::MAX_VALUE_LEN`] bytes).
@@ -194,29 +212,66 @@ impl Election {
     /// Waits at most `max_wait` to be elected, then proclaims this candidate's value.
     ///
     /// Waits as [`Authority::acquire`] does (by notification where the backend has it), and
-    /// fails with [`crate::Error::Timeout`] when another leader stayed. If the value cannot be
-    /// proclaimed, the leadership is given back and the error returned. Dropping the future
-    /// leaves nothing behind: a leadership won but not yet returned is released.
+    /// fails with [`crate::Error::Timeout`] when another leader stayed. While a leader's
+    /// hand-off ([`Leadership::yield_to`]) names another candidate, it waits that out too, and
+    /// gives back at once a key it won inside such a window. If the value cannot be proclaimed,
+    /// the leadership is given back and the error returned. Dropping the future leaves nothing
+    /// behind: a leadership won but not yet returned is released.
     pub async fn campaign(&self, ttl: Duration, max_wait: Duration) -> Result<Leadership> {
-        let lease = Lease::acquire(
-            self.authority.clone(),
-            &self.key,
-            ttl,
-            max_wait,
-            self.options.clone(),
-        )
-        .await?;
-        self.proclaimed(lease).await
+        let started = Instant::now();
+        let give_up = saturating_add(started, max_wait);
+        loop {
+            let now = Instant::now();
+            if let Some(left) = self.handoff_to_another().await? {
+                if now >= give_up {
+                    return Err(Error::Timeout {
+                        key: self.key.to_string(),
+                        waited: now - started,
+                    });
+                }
+                let pause = left.min(HANDOFF_POLL).min(give_up - now);
+                self.authority.wait_for_change(&self.key, pause).await?;
+                continue;
+            }
+            let lease = Lease::acquire(
+                self.authority.clone(),
+                &self.key,
+                ttl,
+                give_up.saturating_duration_since(now),
+                self.options.clone(),
+            )
+            .await?;
+            if self.handoff_to_another().await?.is_some() {
+                // Won in another candidate's hand-off window: give the key back at once.
+                let _ = lease.release().await;
+                continue;
+            }
+            return self.proclaimed(lease).await;
+        }
     }
 
-    /// Tries once to be elected: `Ok(None)` when someone else leads.
+    /// Tries once to be elected: `Ok(None)` when someone else leads, or a hand-off window names
+    /// another candidate.
     pub async fn try_campaign(&self, ttl: Duration) -> Result<Option<Leadership>> {
+        if self.handoff_to_another().await?.is_some() {
+            return Ok(None);
+        }
         match Lease::try_acquire(self.authority.clone(), &self.key, ttl, self.options.clone())
             .await?
         {
-            Some(lease) => Ok(Some(self.proclaimed(lease).await?)),
+            Some(lease) => {
+                if self.handoff_to_another().await?.is_some() {
+                    let _ = lease.release().await;
+                    return Ok(None);
+                }
+                Ok(Some(self.proclaimed(lease).await?))
+            }
             None => Ok(None),
         }
+    }
+
+    async fn handoff_to_another(&self) -> Result<Option<Duration>> {
+        pending_for_other(&*self.authority, &self.key, self.name.as_deref()).await
     }
 
     async fn proclaimed(&self, lease: Lease) -> Result<Leadership> {

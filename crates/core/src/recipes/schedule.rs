@@ -14,6 +14,13 @@
 //! the next tick finds it over as long as this one fired and claimed within that tenth, and an
 //! instance whose timer fires up to nine tenths of a period late still finds it held.
 //!
+//! That tenth is counted from the moment of the call, so a timer that fires more than a tenth
+//! of a period late still holds the claim when the next period's tick comes, and that period
+//! is skipped. [`crate::Schedule::claim`] takes the instant the tick was due instead and ends
+//! the claim before the next period whatever the timer did; it also has ShedLock's options
+//! (`at_most`, `at_least`, waiting when held). `claim_period` is its shortcut for a timer that
+//! fires on time.
+//!
 //! What the claim cannot do: make the job's effects happen once. A job that outlives its claim
 //! loses exclusivity then (another instance may start the next run), and a paused instance may
 //! act late. So send the fence with every write the job makes, check

@@ -23,7 +23,7 @@ use std::time::Duration;
 use rand::seq::SliceRandom;
 
 use crate::backend::backoff::Backoff;
-use crate::contract::authority::{Authority, Released};
+use crate::contract::authority::{Authority, Released, Revoked};
 use crate::contract::capabilities::WaitStrategy;
 use crate::contract::error::{Error, Result};
 use crate::contract::fence::Fence;
@@ -31,6 +31,7 @@ use crate::contract::key::LockKey;
 use crate::contract::key_prefix::KeyPrefix;
 use crate::contract::lost::LostReason;
 use crate::lease::{Lease, LeaseOptions};
+use crate::recipes::semaphore_status::SemaphoreStatus;
 use crate::time::saturating_add;
 
 /// The most permits a semaphore may have: each try looks at every slot.
@@ -86,7 +87,15 @@ impl Permit {
         self.lease.lost()
     }
 
-    /// Gives the permit back.
+    /// Extends the permit's own lease to `ttl` from now, for permits made with auto-renew off
+    /// ([`Semaphore::with_lease_options`]): a permit with a lease time of its own, which its
+    /// holder extends when it needs longer (see [`Lease::renew`] for what is refused: a lost
+    /// permit, another TTL where the backend's is fixed). Returns the new local deadline.
+    pub async fn renew(&mut self, ttl: Duration) -> Result<tokio::time::Instant> {
+        self.lease.renew(ttl).await
+    }
+
+    /// Gives the permit back before its lease ends: the slot is free at once.
     pub async fn release(self) -> Result<Released> {
         self.lease.release().await
     }
@@ -127,6 +136,39 @@ impl Semaphore {
     /// The slot keys, slot 0 first.
     pub fn slots(&self) -> &[LockKey] {
         &self.slots
+    }
+
+    /// Every slot as the authority sees it now: how many permits are free, and each holder's
+    /// owner id, fence and time left ([`SemaphoreStatus`]). One [`Authority::inspect`] per
+    /// slot; read-only; a snapshot, never a reason to act.
+    pub async fn inspect(&self) -> Result<SemaphoreStatus> {
+        let mut slots = Vec::with_capacity(self.slots.len());
+        for key in &self.slots {
+            slots.push(self.authority.inspect(key).await?);
+        }
+        Ok(SemaphoreStatus {
+            permits: self.permits,
+            slots,
+        })
+    }
+
+    /// Ends whoever holds permit `slot` now, through [`Authority::revoke`] of the slot's key
+    /// (an operator freeing a stuck permit; see docs/revocation.md). The holder loses its
+    /// permit (at once or at its next renewal, as the backend declares), and the next permit
+    /// on that slot carries a greater fence, so a resource keyed by the slot refuses the
+    /// revoked holder's late writes once the next holder has reached it.
+    pub async fn revoke(&self, slot: u32) -> Result<Revoked> {
+        let key = self
+            .slots
+            .get(slot as usize)
+            .ok_or_else(|| Error::InvalidConfig {
+                reason: format!(
+                    "semaphore `{}` has slots 0 to {}, not {slot}",
+                    self.name,
+                    self.permits.saturating_sub(1)
+                ),
+            })?;
+        self.authority.revoke(key).await
     }
 
     /// Takes a free slot for `ttl` if there is one now; `Ok(None)` when all N are held.
