@@ -37,6 +37,7 @@ mod stale_write;
 mod suspension;
 mod telemetry;
 mod unavailable;
+mod waiters;
 mod waiting;
 
 pub use bad_input::bad_input_is_refused_without_side_effects;
@@ -98,6 +99,7 @@ pub use stale_write::{
 pub use suspension::{long_outage_loses_at_the_deadline, short_outage_suspends_then_holds};
 pub use telemetry::metrics_count_what_happened;
 pub use unavailable::fail_open_and_closed_are_explicit;
+pub use waiters::inspect_counts_waiters;
 pub use waiting::{acquire_times_out, acquire_waits_for_release, cancelled_waiter_leaves_no_trace};
 
 type ScenarioFuture<'a> = Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
@@ -141,6 +143,7 @@ scenarios![
     dropped_lease_releases,
     inspect_reports_holder_and_fence,
     inspect_changes_nothing,
+    inspect_counts_waiters,
     list_keys_finds_held_keys_under_a_prefix,
     metrics_count_what_happened,
     renew_after_expiry_is_refused,

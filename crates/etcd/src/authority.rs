@@ -166,6 +166,7 @@ impl EtcdAuthority {
             .with_renew_with_other_ttl(false)
             .with_batch_renewal(true)
             .with_revocation(RevocationNotice::Pushed)
+            .with_counts_waiters(true)
             .with_expiry_slack(EXPIRY_SLACK);
         let (closing, closed) = watch::channel(());
         let client = Arc::new(client);
@@ -973,8 +974,11 @@ impl Authority for EtcdAuthority {
             self.inner.seen.record(&prefix, header.revision());
         }
         let Some(holder) = found.kvs().first() else {
-            return Ok(Inspection::free(BACKEND, key.clone()));
+            return Ok(Inspection::free(BACKEND, key.clone()).with_waiters(Some(0)));
         };
+        // The range's count ignores the limit: every key under the prefix, the holder (the
+        // oldest) and the contenders created after it, which wait.
+        let waiters = u32::try_from(found.count().saturating_sub(1).max(0)).unwrap_or(u32::MAX);
         let fence = EtcdRevision::from_revision(holder.create_revision())?
             .to_fence(BACKEND, self.inner.config.client.epoch)?;
         let stored::Decoded { owner, value } = stored::decode(holder.value());
@@ -1010,7 +1014,8 @@ impl Authority for EtcdAuthority {
             .with_fence(Some(fence))
             .with_last_fence(Some(fence))
             .with_remaining(remaining)
-            .with_value(value))
+            .with_value(value)
+            .with_waiters(Some(waiters)))
     }
 
     /// See [`EtcdAuthority::revoke_holder`].

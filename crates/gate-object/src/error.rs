@@ -42,6 +42,26 @@ fn retryable(error: &object_store::Error) -> bool {
     transport
 }
 
+/// Whether the store refused the credentials or their permissions: object_store's typed
+/// `PermissionDenied`/`Unauthenticated`, or a 401 or 403 answer it left generic.
+fn refused(error: &object_store::Error) -> bool {
+    use object_store::Error as E;
+    match error {
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => true,
+        E::Generic { .. } => {
+            let mut cause: Option<&(dyn StdError + 'static)> = Some(error);
+            while let Some(c) = cause {
+                if let Some(status) = status_in(&c.to_string()) {
+                    return matches!(status, 401 | 403);
+                }
+                cause = c.source();
+            }
+            false
+        }
+        _ => false,
+    }
+}
+
 /// Cuts every URL's query string out of `text` (`?` up to the next whitespace): an Azure SAS
 /// token or a presigned signature travels there, and a store's error may quote its URL.
 pub fn redact(text: &str) -> String {
@@ -64,8 +84,9 @@ pub fn redact(text: &str) -> String {
 }
 
 /// A store error from `operation` on `path` as leasehold's [`Error`]: [`Error::Unavailable`]
-/// when [retryable](Error::is_retryable) (nobody knows whether a write landed), else a
-/// permanent [`Error::Backend`] (refused credentials, a missing bucket, a store that cannot do
+/// when [retryable](Error::is_retryable) (nobody knows whether a write landed),
+/// [`Error::Unauthorized`] when the store refused the credentials or their permissions (a 401 or
+/// 403), else a permanent [`Error::Backend`] (a missing bucket, a store that cannot do
 /// conditional writes). The message has every URL's query string cut out, and the source is not
 /// kept, since its text may quote a signed URL; the message keeps the rest of its text.
 pub fn map_error(error: object_store::Error, operation: &str, path: &str) -> Error {
@@ -81,7 +102,13 @@ pub fn map_error_for(
     path: &str,
 ) -> Error {
     let message = format!("{operation} {path}: {}", redact(&error.to_string()));
-    if retryable(&error) {
+    if refused(&error) {
+        Error::Unauthorized {
+            backend,
+            message,
+            source: None,
+        }
+    } else if retryable(&error) {
         Error::Unavailable {
             backend,
             message,
@@ -121,6 +148,7 @@ mod tests {
             "p",
         );
         assert!(!refused.is_retryable(), "{refused}");
+        assert!(matches!(refused, Error::Unauthorized { .. }), "{refused:?}");
         let io = map_error(
             object_store::Error::Generic {
                 store: "S3",
@@ -156,6 +184,11 @@ mod tests {
                 "p",
             );
             assert_eq!(mapped.is_retryable(), retry, "{mapped}");
+            assert_eq!(
+                matches!(mapped, Error::Unauthorized { .. }),
+                status == 403,
+                "{mapped:?}"
+            );
         }
     }
 }

@@ -595,8 +595,9 @@ impl SqliteAuthority {
     /// `InvalidConfig` when the file's directory does not exist or is on a filesystem not known
     /// to be local to this kernel (NFS, SMB/CIFS, GFS2, FUSE, 9p, virtiofs, ...: see
     /// docs/sqlite.md), naming its type and the override `allow_network_fs=true`; `Unsupported` off Linux (no boot id);
-    /// `Unavailable` when another process keeps the file locked past the timeout; `Backend` for
-    /// a file that is not a database or cannot be written.
+    /// `Unavailable` when another process keeps the file locked past the timeout;
+    /// `Unauthorized` for a file this process may only read; `Backend` for a file that is not a
+    /// database or cannot be opened.
     pub async fn with_config(config: SqliteConfig) -> Result<Self> {
         let mounts_table = std::fs::read_to_string("/proc/self/mounts").ok();
         let path = checked_path(&config, mounts_table.as_deref())?;

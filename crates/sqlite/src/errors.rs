@@ -71,7 +71,16 @@ pub(crate) fn map(error: sqlx::Error, what: &str, path: &str) -> Error {
                 retryable: true,
                 source: Some(Arc::new(error)),
             },
-            SQLITE_PERM | SQLITE_READONLY | SQLITE_CANTOPEN => Error::Backend {
+            // This process may read the file but not write it (file or directory mode, a
+            // read-only mount): a permission, as a server's refused grant is.
+            SQLITE_PERM | SQLITE_READONLY => Error::Unauthorized {
+                backend: BACKEND,
+                message: format!(
+                    "{message}: the database is read-only to this process; it needs write access to the file and its directory"
+                ),
+                source: Some(Arc::new(error)),
+            },
+            SQLITE_CANTOPEN => Error::Backend {
                 backend: BACKEND,
                 message: format!("{message}: check the file's and its directory's permissions"),
                 retryable: false,

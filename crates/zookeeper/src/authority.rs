@@ -11,8 +11,8 @@ use leasehold_core::backend::SmallestKeys;
 use leasehold_core::time::saturating_add;
 use leasehold_core::{
     Authority, Capabilities, Error, ExclusionSafety, FenceSafety, FencingToken, Grant, Inspection,
-    Instant, KeyPrefix, LockKey, LostReason, OwnerToken, Released, Result, Revoked, TtlRange,
-    WaitStrategy,
+    Instant, KeyPrefix, LockKey, LostReason, OwnerToken, Released, Result, RevocationNotice,
+    Revoked, TtlRange, WaitStrategy,
 };
 use zookeeper_client::{Error as ZkError, Stat};
 
@@ -171,6 +171,8 @@ impl ZkAuthority {
             .with_wait(WaitStrategy::Notification)
             .with_renew_with_other_ttl(false)
             .with_batch_renewal(true)
+            .with_revocation(RevocationNotice::Pushed)
+            .with_counts_waiters(true)
             .with_expiry_slack(tick);
         let config = Arc::new(config);
         Ok(ZkAuthority {
@@ -719,9 +721,12 @@ impl Authority for ZkAuthority {
         // The holder may leave between the listing and the read of its node: look again.
         for _ in 0..INSPECT_TRIES {
             let children = synced_children(&self.inner.config, client, &parent, "inspect").await?;
-            let Some(first) = names::queue(&children).into_iter().next() else {
+            let queue = names::queue(&children);
+            // Everyone queued behind the holder, whatever recipe queued them (peers too).
+            let waiters = u32::try_from(queue.len().saturating_sub(1)).unwrap_or(u32::MAX);
+            let Some(first) = queue.into_iter().next() else {
                 self.inner.note_seen(&parent, Seen::default());
-                return Ok(Inspection::free(BACKEND, key.clone()));
+                return Ok(Inspection::free(BACKEND, key.clone()).with_waiters(Some(0)));
             };
             let path = format!("{parent}/{first}");
             let owner = names::owner_of(&first);
@@ -743,7 +748,8 @@ impl Authority for ZkAuthority {
             return Ok(Inspection::held(BACKEND, key.clone(), owner)
                 .with_fence(Some(fence))
                 .with_last_fence(Some(fence))
-                .with_value(value));
+                .with_value(value)
+                .with_waiters(Some(waiters)));
         }
         Err(Error::Unavailable {
             backend: BACKEND,

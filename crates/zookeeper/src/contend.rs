@@ -16,6 +16,7 @@ use crate::config::ZkConfig;
 use crate::errors::{self, is_definite, is_session_end, BACKEND};
 use crate::held::Held;
 use crate::names::{self, Position};
+use crate::node_watch;
 use crate::session::{self, Active, Session};
 use crate::tenure::Tenures;
 use crate::token::Czxid;
@@ -394,6 +395,7 @@ impl Contender {
             saturating_add(sent, ttl),
         );
         tenures.watch(&held, saturating_add(sent, ttl));
+        let loss = node_watch::watch(held.clone(), &self.session);
         self.armed = false;
         if self.uncertain {
             // A late duplicate may still appear: sweep for it, keeping my node.
@@ -405,7 +407,7 @@ impl Contender {
         Ok(
             Grant::new(self.key.clone(), self.owner, fence, ttl, deadline)
                 .with_backend_state(held)
-                .with_loss_signal(self.session.loss.clone()),
+                .with_loss_signal(loss),
         )
     }
 

@@ -52,6 +52,7 @@ mod contend;
 mod errors;
 mod held;
 pub mod names;
+mod node_watch;
 mod session;
 mod tenure;
 mod tick;

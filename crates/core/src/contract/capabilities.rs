@@ -21,7 +21,8 @@ pub enum WaitStrategy {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum RevocationNotice {
-    /// The authority pushes it (an etcd watch on the holder's key): the holder's
+    /// The authority pushes it (an etcd watch on the holder's key, a ZooKeeper watch on the
+    /// holder's node): the holder's
     /// [`crate::Lease::lost`] fires within a round trip.
     Pushed,
     /// The holder finds out when its next renewal is refused: within one renewal period
@@ -61,6 +62,10 @@ pub struct Capabilities {
     pub batch_renewal: bool,
     /// How a revoked holder learns of it.
     pub revocation: RevocationNotice,
+    /// Whether [`crate::Authority::inspect`] counts the contenders waiting for a held key
+    /// ([`crate::Inspection::waiters`]): true where waiters queue in the authority itself
+    /// (etcd keys, ZooKeeper nodes), so the count is read, not guessed.
+    pub counts_waiters: bool,
 }
 
 impl Capabilities {
@@ -83,6 +88,7 @@ impl Capabilities {
             expiry_slack: Duration::ZERO,
             batch_renewal: false,
             revocation: RevocationNotice::NextRenewal,
+            counts_waiters: false,
         }
     }
 
@@ -113,6 +119,12 @@ impl Capabilities {
     /// Sets how a revoked holder learns of it.
     pub fn with_revocation(mut self, notice: RevocationNotice) -> Self {
         self.revocation = notice;
+        self
+    }
+
+    /// Declares that `inspect` counts a held key's waiters.
+    pub fn with_counts_waiters(mut self, yes: bool) -> Self {
+        self.counts_waiters = yes;
         self
     }
 
