@@ -372,6 +372,9 @@ pub fn invisible_to_the_workload(mutant: Mutant) -> Option<&'static str> {
              not a holder (the scenario revoke_ends_the_holder_and_fences_it_out catches it \
              every time)",
         ),
+        Mutant::RenewKeepsTheFirstTtl => Some(
+            "its defect shows only when a renewal asks for another TTL than the grant's, which no              worker does: a lease renews with its own TTL (the scenario              semaphore_permit_lease_renews_by_hand catches it every time)",
+        ),
         _ => None,
     }
 }
