@@ -395,7 +395,7 @@ impl Contender {
             saturating_add(sent, ttl),
         );
         tenures.watch(&held, saturating_add(sent, ttl));
-        let loss = node_watch::watch(held.clone(), &self.session);
+        let loss = node_watch::watch(held.clone(), &self.session, ttl);
         self.armed = false;
         if self.uncertain {
             // A late duplicate may still appear: sweep for it, keeping my node.
