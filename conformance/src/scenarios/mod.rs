@@ -24,10 +24,12 @@ mod forever;
 mod helpers;
 mod inspect;
 mod listing;
+pub(crate) mod multi_key;
 mod outage;
 mod release;
 mod renew;
 mod revoke;
+pub(crate) mod rw_lock;
 mod schedule;
 mod semaphore;
 mod stale_write;
@@ -60,6 +62,7 @@ pub use fences::{
 pub use forever::duration_max_means_no_limit;
 pub use inspect::{inspect_changes_nothing, inspect_reports_holder_and_fence};
 pub use listing::list_keys_finds_held_keys_under_a_prefix;
+pub use multi_key::{acquire_all_failure_leaves_no_key, acquire_all_never_deadlocks_or_overlaps};
 pub use outage::unresponsive_authority;
 pub use release::{
     dropped_lease_releases, release_after_expiry_keeps_new_holder, release_frees_at_once,
@@ -70,6 +73,11 @@ pub use renew::{
     renew_after_expiry_is_refused, renewal_refusal_loses_only_that_lease,
 };
 pub use revoke::revoke_ends_the_holder_and_fences_it_out;
+pub use rw_lock::{
+    rw_lock_cancelled_writer_leaves_nothing, rw_lock_fences_grow_across_modes,
+    rw_lock_never_writer_beside_anyone, rw_lock_readers_share,
+    rw_lock_waiting_writer_blocks_new_readers,
+};
 pub use schedule::claim_period_claims_every_period;
 pub use semaphore::{
     semaphore_cancelled_acquire_leaves_no_slot, semaphore_never_exceeds_its_permits,
@@ -156,6 +164,13 @@ scenarios![
     semaphore_permits_must_agree,
     semaphore_cancelled_acquire_leaves_no_slot,
     semaphore_waits_by_notification,
+    rw_lock_never_writer_beside_anyone,
+    rw_lock_readers_share,
+    rw_lock_waiting_writer_blocks_new_readers,
+    rw_lock_fences_grow_across_modes,
+    rw_lock_cancelled_writer_leaves_nothing,
+    acquire_all_never_deadlocks_or_overlaps,
+    acquire_all_failure_leaves_no_key,
     claim_period_claims_every_period,
     election_one_leader_at_a_time,
     election_epochs_grow_across_resign_expiry_and_crash,
