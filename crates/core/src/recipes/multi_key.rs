@@ -127,3 +127,25 @@ impl MultiLease {
         release_all(self.leases).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(names: &[&str]) -> Vec<LockKey> {
+        names.iter().filter_map(|n| LockKey::new(*n).ok()).collect()
+    }
+
+    #[test]
+    fn every_caller_gets_one_order_whatever_it_names() {
+        let a = canonical(&keys(&["b", "a", "c", "a"])).map_err(|e| e.to_string());
+        let b = canonical(&keys(&["c", "b", "a"])).map_err(|e| e.to_string());
+        assert_eq!(a, b);
+        assert_eq!(a, Ok(keys(&["a", "b", "c"])));
+    }
+
+    #[test]
+    fn an_empty_set_is_refused() {
+        assert!(matches!(canonical(&[]), Err(Error::InvalidConfig { .. })));
+    }
+}
