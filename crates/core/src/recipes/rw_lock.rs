@@ -208,7 +208,9 @@ impl UpgradeableRead {
         else {
             return Err(missing());
         };
-        let _ = slot.release().await?;
+        // The write hold stands whatever this answer: a slot whose release is lost runs out
+        // within its TTL, and until then it only delays the next writer, never admits anyone.
+        let _ = slot.release().await;
         Ok(WriteGuard { gate, upgrade })
     }
 
