@@ -134,7 +134,7 @@ fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Six tasks on their own clients take the lock four times each, a third of the times to write,
-/// holding it a moment: a shared checker never sees a writer beside a reader or another writer,
+/// holding it a moment (a reader a few times as long as one read hold takes to get): a shared checker never sees a writer beside a reader or another writer,
 /// some readers do share, and every writer's fence is greater than every fence granted before it.
 pub async fn rw_lock_never_writer_beside_anyone(ctx: &Context) -> Outcome {
     never_writer_beside_anyone_with(ctx, recipe).await
@@ -146,6 +146,13 @@ pub async fn never_writer_beside_anyone_with(ctx: &Context, make: RwMaker) -> Ou
     let ttl = ctx.ttl();
     let checker: Arc<Mutex<Checker>> = Arc::default();
     let most_readers = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    // Readers hold for a few times what one read hold takes to get and give back, so that on a
+    // store with slow requests the next reader still arrives while one holds.
+    let probe = make(ctx.connect().await?, &name).or_fail("a reader-writer lock")?;
+    let started = Instant::now();
+    let hold = probe.read(ttl, ttl * 10).await.or_fail("a first reader")?;
+    hold.release().await.or_fail("the first reader releases")?;
+    let reading = (started.elapsed() * 2).clamp(Duration::from_millis(20), ttl / 2);
     let mut tasks = Vec::new();
     for task in 0..6u32 {
         let lock = make(ctx.connect().await?, &name).or_fail("a reader-writer lock")?;
@@ -153,17 +160,24 @@ pub async fn never_writer_beside_anyone_with(ctx: &Context, make: RwMaker) -> Ou
         tasks.push(tokio::spawn(async move {
             for round in 0..4u32 {
                 let write = (task + round) % 3 == 0;
+                // Writers queue behind each other and behind readers held a while: on a slow
+                // store the last of them waits for many holds in turn.
                 let hold = if write {
-                    lock.write(ttl, ttl * 10).await?
+                    lock.write(ttl, ttl * 30).await?
                 } else {
-                    lock.read(ttl, ttl * 10).await?
+                    lock.read(ttl, ttl * 30).await?
                 };
                 {
                     let mut c = locked(&checker);
                     c.enter(write, hold.fence());
                     most_readers.fetch_max(c.readers, std::sync::atomic::Ordering::SeqCst);
                 }
-                tokio::time::sleep(Duration::from_millis(if write { 5 } else { 20 })).await;
+                let holding = if write {
+                    Duration::from_millis(5)
+                } else {
+                    reading
+                };
+                tokio::time::sleep(holding).await;
                 hold.ensure_valid()?;
                 locked(&checker).leave(write);
                 hold.release().await?;
@@ -398,14 +412,17 @@ pub async fn cancelled_writer_leaves_nothing_with(ctx: &Context, make: RwMaker) 
         .await
         .or_fail("a reader right after a writer was dropped while it waited")?;
     second.release().await.or_fail("release")?;
-    let started = Instant::now();
     if let Ok(h) = writer.write(ttl, Duration::ZERO).await {
         let _ = h.release().await;
         return Err(Failure::new("a writer got in beside a reader"));
     }
+    let checker = ctx.connect().await?;
+    let started = Instant::now();
+    let _ = checker.inspect(&name).await.or_fail("inspect")?;
     let rtt = started.elapsed().max(Duration::from_micros(100));
     for _ in 0..100 {
-        let cut = super::cancellation::cut_short(writer.write(ttl, ttl * 5), rtt * 3).await;
+        // A write's steps are a few requests each: the drops land anywhere among the first few.
+        let cut = super::cancellation::cut_short(writer.write(ttl, ttl * 5), rtt * 8).await;
         if let Some(Ok(h)) = cut {
             let _ = h.release().await;
             return Err(Failure::new("a writer got in beside a reader"));
@@ -424,7 +441,6 @@ pub async fn cancelled_writer_leaves_nothing_with(ctx: &Context, make: RwMaker) 
         .await
         .or_fail("a writer after the dropped writers")?;
     write.release().await.or_fail("release")?;
-    let checker = ctx.connect().await?;
     let gate = RwLock::new(checker.clone(), &name).or_fail("a lock")?;
     let seen = checker
         .inspect(gate.gate())
