@@ -37,6 +37,7 @@ pub mod gate;
 pub mod kit;
 pub mod memory;
 pub mod mutants;
+pub mod recipe_mutants;
 pub mod recorded;
 pub mod resource;
 pub mod scenarios;

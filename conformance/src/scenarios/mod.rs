@@ -25,10 +25,12 @@ mod forever;
 mod helpers;
 mod inspect;
 mod listing;
+pub(crate) mod multi_key;
 mod outage;
 mod release;
 mod renew;
 mod revoke;
+pub(crate) mod rw_lock;
 mod schedule;
 mod schedule_options;
 mod semaphore;
@@ -69,6 +71,7 @@ pub use fences::{
 pub use forever::duration_max_means_no_limit;
 pub use inspect::{inspect_changes_nothing, inspect_reports_holder_and_fence};
 pub use listing::list_keys_finds_held_keys_under_a_prefix;
+pub use multi_key::{acquire_all_failure_leaves_no_key, acquire_all_never_deadlocks_or_overlaps};
 pub use outage::unresponsive_authority;
 pub use release::{
     dropped_lease_releases, release_after_expiry_keeps_new_holder, release_frees_at_once,
@@ -79,6 +82,11 @@ pub use renew::{
     renew_after_expiry_is_refused, renewal_refusal_loses_only_that_lease,
 };
 pub use revoke::revoke_ends_the_holder_and_fences_it_out;
+pub use rw_lock::{
+    rw_lock_cancelled_writer_leaves_nothing, rw_lock_fences_grow_across_modes,
+    rw_lock_never_writer_beside_anyone, rw_lock_readers_share,
+    rw_lock_waiting_writer_blocks_new_readers,
+};
 pub use schedule::claim_period_claims_every_period;
 pub use schedule_options::{
     schedule_at_least_keeps_a_fast_run_and_waits_are_bounded,
@@ -179,6 +187,13 @@ scenarios![
     semaphore_inspect_counts_free_permits_and_holders,
     semaphore_permit_lease_renews_by_hand,
     semaphore_revoked_permit_is_lost_and_fenced_out,
+    rw_lock_never_writer_beside_anyone,
+    rw_lock_readers_share,
+    rw_lock_waiting_writer_blocks_new_readers,
+    rw_lock_fences_grow_across_modes,
+    rw_lock_cancelled_writer_leaves_nothing,
+    acquire_all_never_deadlocks_or_overlaps,
+    acquire_all_failure_leaves_no_key,
     claim_period_claims_every_period,
     schedule_late_timer_does_not_skip_the_next_period,
     schedule_at_most_ends_a_hung_run_and_fences_it,

@@ -22,8 +22,9 @@
 //!   deployment [`Epoch`].
 //! * [`FencedResource`] and [`FencedRegister`]: the resource side, which refuses stale writes.
 //! * Patterns built on leases, for every backend: [`Election`] (a leader whose epoch is its
-//!   fence), [`Semaphore`] (N fenced slots), [`claim_period`] (scheduled work), [`acquire_or`]
-//!   (failing open or closed, declared).
+//!   fence), [`Semaphore`] (N fenced slots), [`RwLock`] (readers or a writer, one fence order),
+//!   [`acquire_all`] (several keys, all or nothing), [`claim_period`] (scheduled work),
+//!   [`acquire_or`] (failing open or closed, declared).
 //! * [`Capabilities`]: what a backend promises, read by the conformance suite.
 //! * [`Error`]: one `#[non_exhaustive]` enum that separates bad input, contention and outages.
 //!
@@ -49,9 +50,11 @@ pub use contract::{
 pub use instrument::Instrumented;
 pub use lease::{Lease, LeaseOptions, LeaseState, LeaseWatch, LossSignal};
 pub use recipes::{
-    acquire_or, claim_period, claim_ttl, is_unavailable, Admission, Claim, Election, EpochGuard,
-    IfUnavailable, Leader, Leadership, Observer, Permit, PermitHolder, Schedule, ScheduledRun,
-    Semaphore, SemaphoreStatus, Unlocked, WhenHeld, DEFAULT_OBSERVE_INTERVAL, MAX_PERMITS,
+    acquire_all, acquire_or, canonical, claim_period, claim_ttl, is_unavailable, Admission, Claim,
+    Election, EpochGuard, IfUnavailable, Leader, Leadership, MultiLease, Observer, Permit,
+    PermitHolder, ReadGuard, RwLock, Schedule, ScheduledRun, Semaphore, SemaphoreStatus, Unlocked,
+    UpgradeableRead, WhenHeld, WriteGuard, DEFAULT_MAX_READERS, DEFAULT_OBSERVE_INTERVAL, MAX_KEYS,
+    MAX_PERMITS, MAX_READERS,
 };
 
 /// Re-exported so backends and tests use the same monotonic clock type (tokio's, which

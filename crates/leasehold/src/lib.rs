@@ -90,6 +90,62 @@ pub use leasehold_core::{
     SafetyMargin, Schedule, ScheduledRun, Semaphore, SemaphoreStatus, TtlRange, Unlocked,
     WaitStrategy, WhenHeld, DEFAULT_OBSERVE_INTERVAL, MAX_KEY_LEN, MAX_PERMITS, MAX_VALUE_LEN,
 };
+pub use leasehold_core::{
+    canonical, MultiLease, ReadGuard, UpgradeableRead, WriteGuard, DEFAULT_MAX_READERS, MAX_KEYS,
+    MAX_READERS,
+};
+
+/// Many readers or one writer on a name, writer-preferring, with one fence order for both
+/// modes (docs/recipes.md).
+///
+/// ```
+/// use std::time::Duration;
+/// use leasehold::{connect, FencedRegister, FencedResource, LockKey, RwLock};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> leasehold::Result<()> {
+/// let (ttl, max_wait) = (Duration::from_secs(10), Duration::from_secs(5));
+/// let config = RwLock::new(connect("memory://rw-doc").await?, &LockKey::new("config")?)?;
+/// let store = FencedRegister::new();                    // keeps the last writer's fence
+///
+/// let writer = config.write(ttl, max_wait).await?;     // waits for readers to leave
+/// store.claim(writer.fence()).await?;
+/// writer.ensure_valid()?;
+/// assert!(store.write(writer.fence(), "v2").await?.is_accepted());
+/// writer.release().await?;
+///
+/// let a = config.read(ttl, max_wait).await?;           // readers share
+/// let b = config.read(ttl, max_wait).await?;
+/// let (_, last_writer) = store.read();
+/// assert!(a.fence().value() > last_writer);            // a read older than it is refusable
+/// a.ensure_valid()?;
+/// a.release().await?;
+/// b.release().await?;
+/// # Ok(()) }
+/// ```
+pub use leasehold_core::RwLock;
+
+/// Several keys, all or nothing, taken in one canonical order so overlapping sets cannot
+/// deadlock; one fence per key (docs/recipes.md).
+///
+/// ```
+/// use std::time::Duration;
+/// use leasehold::{acquire_all, connect, LeaseOptions, LockKey};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> leasehold::Result<()> {
+/// let authority = connect("memory://multi-doc").await?;
+/// let from = LockKey::new("account:alice")?;
+/// let to = LockKey::new("account:bob")?;
+/// let both = acquire_all(authority, &[to.clone(), from.clone()], Duration::from_secs(10),
+///                        Duration::from_secs(5), LeaseOptions::default()).await?;
+/// both.ensure_valid()?;                                  // before the transfer
+/// let (debit, credit) = (both.fence(&from), both.fence(&to)); // one fence per account
+/// assert!(debit.is_some() && credit.is_some());
+/// both.release().await?;                                 // both keys at once
+/// # Ok(()) }
+/// ```
+pub use leasehold_core::acquire_all;
 
 /// The in-memory reference authority, for tests and single-process use.
 #[cfg(feature = "memory")]
