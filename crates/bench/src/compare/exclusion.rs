@@ -20,10 +20,7 @@ impl Hold {
     /// The line a worker prints for it: `r KEY FENCE|- ACQUIRED RELEASED`.
     pub fn to_line(self) -> String {
         let fence = self.fence.map_or("-".to_string(), |f| f.to_string());
-        format!(
-            "r {} {fence} {} {}",
-            self.key, self.acquired, self.released
-        )
+        format!("r {} {fence} {} {}", self.key, self.acquired, self.released)
     }
 
     /// Reads a worker's line back (`None` for any other line).
@@ -107,7 +104,10 @@ mod tests {
         for h in [hold(3, Some(17), 10, 20), hold(0, None, 5, 6)] {
             let back = Hold::from_line(&h.to_line());
             if back != Some(h) {
-                return Err(format!("{h:?} printed as {} read back as {back:?}", h.to_line()));
+                return Err(format!(
+                    "{h:?} printed as {} read back as {back:?}",
+                    h.to_line()
+                ));
             }
         }
         if Hold::from_line("e 1 refused").is_some() {
@@ -124,7 +124,11 @@ mod tests {
             hold(2, Some(1), 15, 35),
         ];
         let v = check(&mut holds, 0, 100);
-        if v != (Verdict { proven: 3, overlaps: 0, fence_disorder: 0 }) {
+        if v != (Verdict {
+            proven: 3,
+            overlaps: 0,
+            fence_disorder: 0,
+        }) {
             return Err(format!("expected all three proven, got {v:?}"));
         }
         Ok(())
@@ -141,15 +145,25 @@ mod tests {
             hold(2, Some(4), 30, 40),
         ];
         let v = check(&mut holds, 0, 100);
-        if v != (Verdict { proven: 2, overlaps: 1, fence_disorder: 1 }) {
-            return Err(format!("expected 2 proven, 1 overlap, 1 disorder, got {v:?}"));
+        if v != (Verdict {
+            proven: 2,
+            overlaps: 1,
+            fence_disorder: 1,
+        }) {
+            return Err(format!(
+                "expected 2 proven, 1 overlap, 1 disorder, got {v:?}"
+            ));
         }
         Ok(())
     }
 
     #[test]
     fn only_holds_that_began_inside_the_window_count() -> Result<(), String> {
-        let mut holds = vec![hold(1, None, 5, 6), hold(1, None, 10, 11), hold(1, None, 20, 21)];
+        let mut holds = vec![
+            hold(1, None, 5, 6),
+            hold(1, None, 10, 11),
+            hold(1, None, 20, 21),
+        ];
         let v = check(&mut holds, 10, 20);
         if v.proven != 1 {
             return Err(format!("expected one hold in [10, 20), got {v:?}"));

@@ -15,6 +15,10 @@ use super::{sides, CompareOptions};
 use crate::stats::Samples;
 use crate::{harness, BoxError, Instant, ORDER_SEED};
 
+/// A side with its two connections: the pair and the hand-off's holder use the first, the
+/// hand-off's waiter the second.
+type Connected = (Side, Arc<dyn Locker>, Arc<dyn Locker>);
+
 /// The short TTL both sides get in the matched loss-detection run.
 pub const LOSS_TTL: Duration = Duration::from_secs(2);
 
@@ -78,12 +82,14 @@ pub async fn backend(backend: &str, o: &CompareOptions) -> Result<Vec<Row>, BoxE
         for &workers in &grid.workers {
             for side in sides(round) {
                 let prefix = format!("{run}/tp-{}-{workers}-{keys}", side.as_str());
-                let row = throughput(backend, side, &url, workers, keys, grid.window, &prefix).await?;
+                let row =
+                    throughput(backend, side, &url, workers, keys, grid.window, &prefix).await?;
                 println!(
                     "throughput {:<34} {workers:>2} procs x {keys:>3} keys: {:>8.0}/s proven \
-                     ({} holds, {} overlaps, {} fences out of order, {} errors{})",
+                     (busiest worker {:.0} %, {} holds, {} overlaps, {} fences out of order, {} errors{})",
                     row.contestant,
                     row.per_second.unwrap_or(0.0),
+                    row.busiest_share.unwrap_or(f64::NAN),
                     row.samples,
                     row.overlaps,
                     row.fence_disorder,
@@ -133,7 +139,9 @@ fn micros(d: Duration) -> f64 {
 /// Each side's settings for the loss-detection run, with the label the table shows: leasehold
 /// with the short TTL, the peer at the same TTL where it has one, and at its own default.
 fn loss_settings(backend: &str) -> Vec<(Side, Setting, String)> {
-    let matched = Setting { ttl: Some(LOSS_TTL) };
+    let matched = Setting {
+        ttl: Some(LOSS_TTL),
+    };
     let ttl_label = format!("TTL {} s", LOSS_TTL.as_secs());
     let mut settings = vec![(Side::Leasehold, matched, ttl_label.clone())];
     match backend {
@@ -154,12 +162,9 @@ fn loss_settings(backend: &str) -> Vec<(Side, Setting, String)> {
                 "peer default (etcdctl lock's 10 s lease)".into(),
             ));
         }
-        // Advisory locks have no TTL: they end with the holder's connection.
-        _ => settings.push((
-            Side::Peer,
-            Setting { ttl: None },
-            format!("{ttl_label} (peer: ends with its connection)"),
-        )),
+        // Advisory locks have no TTL: they end with the holder's connection, which the
+        // kernel closes when the process dies.
+        _ => settings.push((Side::Peer, Setting { ttl: None }, ttl_label)),
     }
     settings
 }
@@ -168,7 +173,7 @@ fn loss_settings(backend: &str) -> Vec<(Side, Setting, String)> {
 /// after an untimed one of the same side, as the bench's `pair` measurement times them.
 async fn pairs(
     backend: &str,
-    lockers: &[(Side, Arc<dyn Locker>, Arc<dyn Locker>)],
+    lockers: &[Connected],
     run: &str,
     iterations: usize,
 ) -> Result<Vec<Row>, BoxError> {
@@ -288,8 +293,14 @@ async fn throughput(
         .map(|w| tokio::spawn(w.report()))
         .collect();
     let (mut holds, mut errors, mut first_error) = (Vec::new(), 0, String::new());
+    let mut busiest = 0;
     for r in reports {
         let (h, e, first) = r.await??;
+        let in_window = h
+            .iter()
+            .filter(|h| (start..end).contains(&h.acquired))
+            .count();
+        busiest = busiest.max(in_window);
         holds.extend(h);
         errors += e;
         if first_error.is_empty() {
@@ -297,6 +308,10 @@ async fn throughput(
         }
     }
     let total = holds.len() as u64;
+    let in_window = holds
+        .iter()
+        .filter(|h| (start..end).contains(&h.acquired))
+        .count();
     let verdict = exclusion::check(&mut holds, start, end);
     let mut row = Row::new(
         backend,
@@ -311,6 +326,7 @@ async fn throughput(
     row.workers = Some(workers);
     row.keys = Some(keys);
     row.per_second = Some(verdict.proven as f64 / window.as_secs_f64());
+    row.busiest_share = (in_window > 0).then(|| 100.0 * busiest as f64 / in_window as f64);
     row.samples = total;
     row.overlaps = verdict.overlaps;
     row.fence_disorder = verdict.fence_disorder;

@@ -157,7 +157,10 @@ pub async fn run(o: CompareOptions) -> Result<(), BoxError> {
         }
     );
     for backend in &o.backends {
-        println!("== {backend}: leasehold against {}", locker::peer_name(backend));
+        println!(
+            "== {backend}: leasehold against {}",
+            locker::peer_name(backend)
+        );
         let rows = measure::backend(backend, &o).await?;
         report.rows.extend(rows);
     }
@@ -165,7 +168,10 @@ pub async fn run(o: CompareOptions) -> Result<(), BoxError> {
     let dir = out_dir();
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join("compare.csv"), report.csv())?;
-    std::fs::write(dir.join("compare.json"), serde_json::to_string_pretty(&report)?)?;
+    std::fs::write(
+        dir.join("compare.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
     std::fs::write(dir.join("compare.md"), report.markdown())?;
     let throughput = plot::throughput(&report)?;
     let handoff = plot::handoff(&report)?;
@@ -192,16 +198,17 @@ pub async fn run(o: CompareOptions) -> Result<(), BoxError> {
     println!(
         "written: {} (csv, json, md, svg){}",
         dir.display(),
-        o.plots
-            .as_ref()
-            .map_or(String::new(), |p| format!("; charts also in {}", p.display()))
+        o.plots.as_ref().map_or(String::new(), |p| format!(
+            "; charts also in {}",
+            p.display()
+        ))
     );
     Ok(())
 }
 
 /// `Side` for each measurement, in an order that alternates who goes first.
 fn sides(round: usize) -> [Side; 2] {
-    if round % 2 == 0 {
+    if round.is_multiple_of(2) {
         [Side::Leasehold, Side::Peer]
     } else {
         [Side::Peer, Side::Leasehold]
@@ -238,7 +245,11 @@ mod tests {
 
     #[test]
     fn an_unknown_backend_or_argument_is_refused() -> Result<(), BoxError> {
-        for bad in [&["--backends", "mysql"][..], &["--backends", ""], &["--fast"]] {
+        for bad in [
+            &["--backends", "mysql"][..],
+            &["--backends", ""],
+            &["--fast"],
+        ] {
             if CompareOptions::parse(&args(bad)).is_ok() {
                 return Err(format!("{bad:?} was accepted").into());
             }

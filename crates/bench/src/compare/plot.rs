@@ -59,13 +59,15 @@ pub fn throughput(report: &Report) -> Result<String, BoxError> {
                 .margin(12)
                 .x_label_area_size(32)
                 .y_label_area_size(56)
-                .build_cartesian_2d((1.6f64..40f64).log_scale(), 0f64..top)?;
+                // x is log2 of the worker count, so 2, 8 and 32 sit evenly apart.
+                .build_cartesian_2d(0.5f64..5.5f64, 0f64..top)?;
             chart
                 .configure_mesh()
                 .disable_x_mesh()
                 .light_line_style(WHITE)
                 .x_desc("worker processes")
-                .x_label_formatter(&|x| format!("{x:.0}"))
+                .x_labels(6)
+                .x_label_formatter(&|x| format!("{:.0}", x.exp2()))
                 .y_label_formatter(&|y| format!("{y:.0}"))
                 .label_style((FONT, 12))
                 .draw()?;
@@ -77,7 +79,7 @@ pub fn throughput(report: &Report) -> Result<String, BoxError> {
                     let line: Vec<(f64, f64)> = points
                         .iter()
                         .filter(|r| r.side == side && r.keys == Some(k))
-                        .filter_map(|r| Some((f64::from(r.workers?), r.per_second?)))
+                        .filter_map(|r| Some((f64::from(r.workers?).log2(), r.per_second?)))
                         .collect();
                     if line.is_empty() {
                         continue;
@@ -98,10 +100,7 @@ pub fn throughput(report: &Report) -> Result<String, BoxError> {
                         .legend(move |(x, y)| {
                             PathElement::new(vec![(x, y), (x + 18, y)], colour.stroke_width(2))
                         });
-                    chart.draw_series(
-                        line.iter()
-                            .map(|&p| Circle::new(p, 3, colour.filled())),
-                    )?;
+                    chart.draw_series(line.iter().map(|&p| Circle::new(p, 3, colour.filled())))?;
                 }
             }
             chart
@@ -129,7 +128,7 @@ pub fn handoff(report: &Report) -> Result<String, BoxError> {
         .iter()
         .filter_map(|(_, r)| r.p99_us)
         .fold(10.0f64, f64::max)
-        * 3.0;
+        * 20.0;
     let bottom = 10.0f64;
     let mut buf = String::new();
     {
@@ -144,7 +143,10 @@ pub fn handoff(report: &Report) -> Result<String, BoxError> {
             .margin(12)
             .x_label_area_size(32)
             .y_label_area_size(64)
-            .build_cartesian_2d(0f64..backends.len().max(1) as f64, (bottom..top).log_scale())?;
+            .build_cartesian_2d(
+                0f64..backends.len().max(1) as f64,
+                (bottom..top).log_scale(),
+            )?;
         chart
             .configure_mesh()
             .disable_x_mesh()
@@ -153,7 +155,10 @@ pub fn handoff(report: &Report) -> Result<String, BoxError> {
             .x_label_formatter(&|x| {
                 let centre = x - 0.5;
                 if (centre - centre.round()).abs() < 0.01 && centre >= 0.0 {
-                    names.get(centre.round() as usize).cloned().unwrap_or_default()
+                    names
+                        .get(centre.round() as usize)
+                        .cloned()
+                        .unwrap_or_default()
                 } else {
                     String::new()
                 }
@@ -173,7 +178,10 @@ pub fn handoff(report: &Report) -> Result<String, BoxError> {
                 .collect();
             let p99 = mine.iter().filter_map(|&(x, r)| {
                 let v = r.p99_us?.max(bottom);
-                Some(Rectangle::new([(x + 0.2, bottom), (x + 0.38, v)], light.filled()))
+                Some(Rectangle::new(
+                    [(x + 0.2, bottom), (x + 0.38, v)],
+                    light.filled(),
+                ))
             });
             chart.draw_series(p99)?;
             let p50 = mine.iter().filter_map(|&(x, r)| {
@@ -187,12 +195,14 @@ pub fn handoff(report: &Report) -> Result<String, BoxError> {
                 } else {
                     "the backend's peer recipe".to_string()
                 })
-                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], solid.filled()));
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 14, y + 5)], solid.filled())
+                });
             let labels = mine.iter().filter_map(|&(x, r)| {
                 let v = r.p50_us?;
                 Some(Text::new(
                     label(v),
-                    (x, v.max(bottom) * 1.15),
+                    (x, v.max(bottom) * 1.6),
                     (FONT, 11).into_font().color(&BLACK),
                 ))
             });

@@ -43,6 +43,9 @@ pub struct Row {
     pub p99_us: Option<f64>,
     /// Proven acquisitions per second (throughput).
     pub per_second: Option<f64>,
+    /// The busiest worker's share of the window's acquisitions, in percent (throughput): 100
+    /// divided by the workers is fair, 100 is one worker taking every turn.
+    pub busiest_share: Option<f64>,
     pub samples: u64,
     /// Holds that overlapped another hold of the same key (a broken exclusion).
     pub overlaps: u64,
@@ -65,6 +68,7 @@ impl Row {
             p50_us: None,
             p99_us: None,
             per_second: None,
+            busiest_share: None,
             samples: 0,
             overlaps: 0,
             fence_disorder: 0,
@@ -95,7 +99,11 @@ impl Row {
                 duration(self.p50_us.unwrap_or(f64::NAN)),
                 duration(self.p99_us.unwrap_or(f64::NAN))
             ),
-            Measure::Throughput => format!("{:.0}/s", self.per_second.unwrap_or(0.0)),
+            Measure::Throughput => format!(
+                "{:.0}/s (busiest {:.0} %)",
+                self.per_second.unwrap_or(0.0),
+                self.busiest_share.unwrap_or(f64::NAN)
+            ),
             Measure::Loss => format!(
                 "{} (max {})",
                 duration(self.p50_us.unwrap_or(f64::NAN)),
@@ -209,8 +217,9 @@ impl Report {
 
     /// The summary as a Markdown table.
     pub fn markdown(&self) -> String {
-        let mut out =
-            String::from("| backend | measure | leasehold | peer | peer recipe |\n|---|---|---|---|---|\n");
+        let mut out = String::from(
+            "| backend | measure | leasehold | peer | peer recipe |\n|---|---|---|---|---|\n",
+        );
         for l in self.summary() {
             let _ = writeln!(
                 out,
@@ -225,7 +234,7 @@ impl Report {
     pub fn csv(&self) -> String {
         let mut out = String::from(
             "backend,measure,side,contestant,setting,workers,keys,p50_us,p99_us,per_second,\
-             samples,overlaps,fence_disorder,errors,note\n",
+             busiest_share,samples,overlaps,fence_disorder,errors,note\n",
         );
         let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.1}"));
         let count = |v: Option<u32>| v.map_or(String::new(), |v| v.to_string());
@@ -241,6 +250,7 @@ impl Report {
                 opt(r.p50_us),
                 opt(r.p99_us),
                 opt(r.per_second),
+                opt(r.busiest_share),
                 r.samples.to_string(),
                 r.overlaps.to_string(),
                 r.fence_disorder.to_string(),
@@ -278,6 +288,7 @@ mod tests {
         tp.workers = Some(8);
         tp.keys = Some(1);
         tp.per_second = Some(1234.4);
+        tp.busiest_share = Some(62.5);
         tp.overlaps = 2;
         tp.note = "window 3 s, \"best\" of one".into();
         Report {
@@ -297,7 +308,11 @@ mod tests {
             return Err(format!("the pair line reads {pair:?}"));
         }
         let tp = &lines[1];
-        if tp.leasehold_cell != "-" || !tp.peer_cell.starts_with("1234/s EXCLUSION BROKEN: 2") {
+        if tp.leasehold_cell != "-"
+            || !tp
+                .peer_cell
+                .starts_with("1234/s (busiest 62 %) EXCLUSION BROKEN: 2")
+        {
             return Err(format!("the throughput line reads {tp:?}"));
         }
         let table = sample().table();
@@ -315,10 +330,10 @@ mod tests {
         if lines.len() != 4 {
             return Err(format!("expected a header and 3 rows:\n{csv}"));
         }
-        if !lines[3].ends_with(",8,1,,,1234.4,0,2,0,0,\"window 3 s, \"\"best\"\" of one\"") {
+        if !lines[3].ends_with(",8,1,,,1234.4,62.5,0,2,0,0,\"window 3 s, \"\"best\"\" of one\"") {
             return Err(format!("the throughput row reads {}", lines[3]));
         }
-        // Split outside quotes: every line has the header's 15 fields.
+        // Split outside quotes: every line has the header's 16 fields.
         for line in &lines {
             let mut fields = 1;
             let mut quoted = false;
@@ -329,7 +344,7 @@ mod tests {
                     _ => {}
                 }
             }
-            if fields != 15 {
+            if fields != 16 {
                 return Err(format!("{fields} fields in {line}"));
             }
         }
@@ -338,7 +353,11 @@ mod tests {
 
     #[test]
     fn durations_read_in_the_unit_that_fits() -> Result<(), String> {
-        for (us, want) in [(75.4, "75 µs"), (2_500.0, "2.5 ms"), (2_010_000.0, "2.01 s")] {
+        for (us, want) in [
+            (75.4, "75 µs"),
+            (2_500.0, "2.5 ms"),
+            (2_010_000.0, "2.01 s"),
+        ] {
             if duration(us) != want {
                 return Err(format!("{us} µs printed as {}", duration(us)));
             }

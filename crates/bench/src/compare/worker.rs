@@ -121,7 +121,9 @@ pub async fn run(args: WorkerArgs) -> Result<(), BoxError> {
     let mut out = tokio::io::stdout();
     match args.mode {
         Mode::Hold => {
-            let held = locker.acquire(&args.key(0), Duration::from_secs(30)).await?;
+            let held = locker
+                .acquire(&args.key(0), Duration::from_secs(30))
+                .await?;
             out.write_all(b"held\n").await?;
             out.flush().await?;
             // Holds until killed: the hold ends only by the side's own loss detection.
