@@ -1,4 +1,5 @@
-//! `leasehold-bench compare [--backends redis,etcd,zookeeper,postgres] [--quick] [--plots DIR]`:
+//! `leasehold-bench compare [--backends redis,etcd,zookeeper,postgres] [--quick] [--plots DIR]
+//! [--workers 2,8,32] [--keys 1,100] [--seconds 3]`:
 //! leasehold against each backend's best-known peer recipe, on the same server in the same
 //! run: the uncontended pair, the hand-off, contended throughput with workers in separate
 //! processes, and how long a killed holder keeps the key. Prints a side-by-side table and
@@ -30,6 +31,24 @@ pub struct CompareOptions {
     pub quick: bool,
     /// A folder to write the charts to as well (the documentation's).
     pub plots: Option<PathBuf>,
+    /// The grid's worker counts, key counts and window, when set apart from the default's.
+    pub workers: Option<Vec<u32>>,
+    pub keys: Option<Vec<u32>>,
+    pub seconds: Option<u64>,
+}
+
+/// A comma-separated list of positive numbers.
+fn numbers(list: Option<&String>, what: &str) -> Result<Vec<u32>, BoxError> {
+    let list = list.ok_or_else(|| format!("{what} needs a list of numbers"))?;
+    let parsed: Vec<u32> = list
+        .split(',')
+        .map(|n| n.trim().parse::<u32>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{what} {list}: {e}"))?;
+    if parsed.is_empty() || parsed.contains(&0) {
+        return Err(format!("{what} needs positive numbers, got {list}").into());
+    }
+    Ok(parsed)
 }
 
 /// The contended grid: worker processes and keys.
@@ -48,6 +67,9 @@ impl CompareOptions {
             backends: BACKENDS.iter().map(|b| b.to_string()).collect(),
             quick: false,
             plots: None,
+            workers: None,
+            keys: None,
+            seconds: None,
         };
         let mut args = args.iter();
         while let Some(a) = args.next() {
@@ -74,6 +96,12 @@ impl CompareOptions {
                     }
                     o.backends = backends;
                 }
+                "--workers" => o.workers = Some(numbers(args.next(), "--workers")?),
+                "--keys" => o.keys = Some(numbers(args.next(), "--keys")?),
+                "--seconds" => {
+                    let s = numbers(args.next(), "--seconds")?;
+                    o.seconds = s.first().map(|&s| u64::from(s));
+                }
                 "--plots" => o.plots = Some(args.next().ok_or("--plots needs a folder")?.into()),
                 other => return Err(format!("unknown compare argument {other}").into()),
             }
@@ -83,6 +111,20 @@ impl CompareOptions {
 
     /// The contended grid this run measures.
     pub fn grid(&self) -> Grid {
+        let mut grid = self.default_grid();
+        if let Some(workers) = &self.workers {
+            grid.workers = workers.clone();
+        }
+        if let Some(keys) = &self.keys {
+            grid.keys = keys.clone();
+        }
+        if let Some(seconds) = self.seconds {
+            grid.window = Duration::from_secs(seconds);
+        }
+        grid
+    }
+
+    fn default_grid(&self) -> Grid {
         if self.quick {
             Grid {
                 workers: vec![2, 8],
@@ -245,10 +287,17 @@ mod tests {
 
     #[test]
     fn an_unknown_backend_or_argument_is_refused() -> Result<(), BoxError> {
+        let o = CompareOptions::parse(&args(&["--quick", "--workers", "4,16", "--seconds", "5"]))?;
+        let grid = o.grid();
+        if grid.workers != [4, 16] || grid.keys != [1] || grid.window != Duration::from_secs(5) {
+            return Err(format!("--workers and --seconds gave {grid:?}").into());
+        }
         for bad in [
             &["--backends", "mysql"][..],
             &["--backends", ""],
             &["--fast"],
+            &["--workers", "0"],
+            &["--keys", "1,x"],
         ] {
             if CompareOptions::parse(&args(bad)).is_ok() {
                 return Err(format!("{bad:?} was accepted").into());
