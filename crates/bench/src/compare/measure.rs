@@ -55,14 +55,17 @@ pub async fn backend(backend: &str, o: &CompareOptions) -> Result<Vec<Row>, BoxE
             (300, Duration::from_secs(15))
         };
         let key = format!("{run}/handoff-{}", side.as_str());
-        let samples = handoff(holder.clone(), waiter.clone(), &key, rounds, budget).await?;
+        let samples = handoff(holder.clone(), waiter.clone(), &key, rounds, budget, o.park).await?;
         let mut row = Row::new(
             backend,
             Measure::Handoff,
             side.as_str(),
             locker::side_name(backend, *side),
         );
-        row.setting = "holder and waiter on two connections of one process".into();
+        row.setting = format!(
+            "holder and waiter on two connections of one process, waiter parked {:?}",
+            o.park
+        );
         row.p50_us = Some(micros(samples.p50()));
         row.p99_us = Some(micros(samples.p99()));
         row.samples = samples.len() as u64;
@@ -221,7 +224,7 @@ async fn pairs(
 }
 
 /// Release -> the waiter holds: the holder and the waiter on two connections (sessions,
-/// clients) of this process, the waiter parked in its side's own way of waiting for 5 ms
+/// clients) of this process, the waiter parked in its side's own way of waiting for `park`
 /// before the release. Stops after `rounds` or `budget`, whichever comes first (a side that
 /// waits by polling takes its poll interval per round).
 async fn handoff(
@@ -230,6 +233,7 @@ async fn handoff(
     key: &str,
     rounds: usize,
     budget: Duration,
+    park: Duration,
 ) -> Result<Samples, BoxError> {
     let mut samples = Samples::default();
     let until = Instant::now() + budget;
@@ -245,7 +249,7 @@ async fn handoff(
                 (held, Instant::now())
             })
         };
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(park).await;
         let released_at = Instant::now();
         holder.release(held).await?;
         let (got, got_at) = task.await?;

@@ -1,5 +1,5 @@
 //! `leasehold-bench compare [--backends redis,etcd,zookeeper,postgres] [--quick] [--plots DIR]
-//! [--workers 2,8,32] [--keys 1,100] [--seconds 3]`:
+//! [--workers 2,8,32] [--keys 1,100] [--seconds 3] [--park-ms 5]`:
 //! leasehold against each backend's best-known peer recipe, on the same server in the same
 //! run: the uncontended pair, the hand-off, contended throughput with workers in separate
 //! processes, and how long a killed holder keeps the key. Prints a side-by-side table and
@@ -35,6 +35,8 @@ pub struct CompareOptions {
     pub workers: Option<Vec<u32>>,
     pub keys: Option<Vec<u32>>,
     pub seconds: Option<u64>,
+    /// How long the hand-off's waiter waits before the holder releases.
+    pub park: Duration,
 }
 
 /// A comma-separated list of positive numbers.
@@ -70,6 +72,7 @@ impl CompareOptions {
             workers: None,
             keys: None,
             seconds: None,
+            park: Duration::from_millis(5),
         };
         let mut args = args.iter();
         while let Some(a) = args.next() {
@@ -101,6 +104,10 @@ impl CompareOptions {
                 "--seconds" => {
                     let s = numbers(args.next(), "--seconds")?;
                     o.seconds = s.first().map(|&s| u64::from(s));
+                }
+                "--park-ms" => {
+                    let ms = numbers(args.next(), "--park-ms")?;
+                    o.park = Duration::from_millis(ms.first().map_or(5, |&ms| u64::from(ms)));
                 }
                 "--plots" => o.plots = Some(args.next().ok_or("--plots needs a folder")?.into()),
                 other => return Err(format!("unknown compare argument {other}").into()),
