@@ -228,3 +228,57 @@ fn label(us: f64) -> String {
         format!("{:.1} ms", us / 1_000.0)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> Report {
+        let mut rows = Vec::new();
+        for (side, name) in [("leasehold", "leasehold"), ("peer", "rslock (no fence)")] {
+            for workers in [2, 8] {
+                let mut r = Row::new("redis", Measure::Throughput, side, name);
+                r.workers = Some(workers);
+                r.keys = Some(1);
+                r.per_second = Some(f64::from(workers) * 1000.0);
+                rows.push(r);
+            }
+            let mut h = Row::new("redis", Measure::Handoff, side, name);
+            h.p50_us = Some(150.0);
+            h.p99_us = Some(100_000.0);
+            rows.push(h);
+        }
+        Report {
+            rows,
+            ..Report::default()
+        }
+    }
+
+    #[test]
+    fn both_charts_are_whole_svg_documents_naming_the_backend_and_both_sides(
+    ) -> Result<(), BoxError> {
+        let report = report();
+        let throughput = throughput(&report)?;
+        for want in [
+            "redis: acquisitions/s",
+            "leasehold, 1 key",
+            "rslock (no fence), 1 key",
+        ] {
+            if !throughput.contains(want) {
+                return Err(format!("the throughput chart lacks {want:?}").into());
+            }
+        }
+        let handoff = handoff(&report)?;
+        for want in ["redis", "150 µs", "peer recipe"] {
+            if !handoff.contains(want) {
+                return Err(format!("the hand-off chart lacks {want:?}").into());
+            }
+        }
+        for svg in [&throughput, &handoff] {
+            if !svg.trim_end().ends_with("</svg>") {
+                return Err("a chart is not a closed SVG document".into());
+            }
+        }
+        Ok(())
+    }
+}
