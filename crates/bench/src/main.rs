@@ -31,8 +31,12 @@
 //!   `--seconds S` (3), against the raw fenced pair driven the same way, on the runtime chosen by
 //!   `--runtime current|multi` (default current: one thread, as an application's client task).
 //!
+//! `leasehold-bench compare [--backends ...] [--quick]` sets leasehold against each backend's
+//! best-known peer recipe instead (see the `compare` module).
+//!
 //! The numbers are printed, never asserted: timing belongs in benchmarks, not in tests.
 
+mod compare;
 mod etcd;
 mod harness;
 mod held;
@@ -221,6 +225,24 @@ fn parse() -> Result<Options, BoxError> {
 }
 
 fn main() -> Result<(), BoxError> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some(compare::worker::WORKER_FLAG) => {
+            let worker = compare::worker::WorkerArgs::parse(&args)?;
+            return tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(compare::worker::run(worker));
+        }
+        Some("compare") => {
+            let options = compare::CompareOptions::parse(&args[1..])?;
+            return tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(compare::run(options));
+        }
+        _ => {}
+    }
     let options = parse()?;
     if options.backend == "object-store" {
         // Before any thread exists: leasehold's client and the raw one read the store's key

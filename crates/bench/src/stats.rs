@@ -11,6 +11,10 @@ impl Samples {
         self.0.push(d);
     }
 
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
     pub fn percentile(&self, p: f64) -> Duration {
         let mut v = self.0.clone();
         v.sort();
