@@ -284,7 +284,7 @@ async fn throughput(
         started.push(Worker::spawn(&args)?);
     }
     for w in &mut started {
-        w.expect("ready", Duration::from_secs(120)).await?;
+        w.await_line("ready", Duration::from_secs(120)).await?;
     }
     // Every worker has connected: the window opens for all at once, a moment from now.
     let start = worker::monotonic_ns().saturating_add(200_000_000);
@@ -362,7 +362,7 @@ async fn loss(
             prefix: format!("{prefix}-{rep}"),
         };
         let mut holder = Worker::spawn(&args)?;
-        holder.expect("held", Duration::from_secs(120)).await?;
+        holder.await_line("held", Duration::from_secs(120)).await?;
         let task = {
             let (waiter, key) = (waiter.clone(), args.key(0));
             tokio::spawn(async move {

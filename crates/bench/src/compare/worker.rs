@@ -214,7 +214,7 @@ impl Worker {
     }
 
     /// Waits (at most `limit`) for the worker to print `want`.
-    pub async fn expect(&mut self, want: &str, limit: Duration) -> Result<(), BoxError> {
+    pub async fn await_line(&mut self, want: &str, limit: Duration) -> Result<(), BoxError> {
         let read = async {
             while let Some(line) = self.lines.next_line().await? {
                 if line == want {
