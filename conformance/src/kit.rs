@@ -46,6 +46,7 @@ pub use crate::verdict::OrFail;
 
 mod lease_table;
 mod replicated;
+mod revocation;
 mod runs;
 
 pub use lease_table::{
@@ -53,6 +54,7 @@ pub use lease_table::{
     cancelled_acquisitions_leave_no_lease_behind, LeaseTable, LockedRow,
 };
 pub use replicated::{run_with_failover, FailoverFaults, FailoverRun, ReplicatedPair};
+pub use revocation::{revoke_ends_the_holder, revoke_is_refused_and_the_holder_keeps_its_lease};
 pub use runs::{passes_all_but_failover, stale_writes_are_refused};
 
 /// What a test returns: `Ok`, or the [`Failure`] that says what failed.

@@ -2,11 +2,13 @@
 //! key range gets etcd's permission error, and the holder keeps its lease; once the role may
 //! write there, the same user revokes it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use leasehold_core::{Authority, Error, Revoked};
+use leasehold_core::Authority;
 
 mod common;
+
+use leasehold_conformance::kit;
 
 use common::{connect, key, start, OrFail, Result};
 
@@ -14,7 +16,6 @@ const ROOT: &str = "root:r00t-pw";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_role_cannot_revoke_and_the_holder_keeps_its_lease() -> Result {
-    let started = Instant::now();
     let server = start().await?;
     // Before authentication is on, no credentials; after, root's.
     let etcdctl = |args: &[&str], authed: bool| -> Result {
@@ -76,24 +77,15 @@ async fn a_read_only_role_cannot_revoke_and_the_holder_keeps_its_lease() -> Resu
         .await
         .or_fail("the holder acquires")?
         .or_fail("the key must be free")?;
-    let refused = operator.revoke(&k).await;
-    match &refused {
-        Err(e @ Error::Unauthorized { .. }) => {
-            assert!(!e.is_retryable(), "{e}");
-            assert!(e.to_string().contains("permission denied"), "{e}");
-            assert!(!format!("{e} {e:?}").contains("0ps-pw"), "{e:?}");
-        }
-        other => panic!("a read-only role revoked: {other:?}"),
-    }
-    holder
-        .renew(&grant, ttl)
-        .await
-        .or_fail("the holder renews after the refused revoke")?;
-    let seen = operator.inspect(&k).await.or_fail("inspect")?;
-    assert!(
-        seen.held && seen.fence == Some(grant.fence()),
-        "after a refused revoke the key is {seen:?}"
-    );
+    kit::revoke_is_refused_and_the_holder_keeps_its_lease(
+        &holder,
+        &grant,
+        ttl,
+        &operator,
+        "permission denied",
+        &["0ps-pw"],
+    )
+    .await?;
     assert!(grant.loss_signal().is_some_and(|s| s.fired().is_none()));
 
     etcdctl(
@@ -107,18 +99,6 @@ async fn a_read_only_role_cannot_revoke_and_the_holder_keeps_its_lease() -> Resu
         ],
         true,
     )?;
-    let revoked = operator.revoke(&k).await.or_fail("revoke with readwrite")?;
-    assert_eq!(
-        revoked,
-        Revoked::Revoked {
-            fence: grant.fence()
-        }
-    );
-    let renewed = holder.renew(&grant, ttl).await;
-    assert!(
-        matches!(renewed, Err(Error::LeaseLost { .. })),
-        "the revoked holder renewed: {renewed:?}"
-    );
-    eprintln!("took {:?}", started.elapsed());
+    kit::revoke_ends_the_holder(&holder, &grant, ttl, &operator).await?;
     Ok(())
 }

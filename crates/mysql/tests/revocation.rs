@@ -1,17 +1,18 @@
 //! Who may revoke: a user that may only read the lease table gets MariaDB's permission error,
 //! and the holder keeps its lease; granted UPDATE, the same user revokes it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use leasehold_core::{Authority, Error, Revoked};
+use leasehold_core::Authority;
 
 mod common;
+
+use leasehold_conformance::kit;
 
 use common::{connect, key, start_server, url, OrFail, Result};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_without_update_cannot_revoke_and_the_holder_keeps_its_lease() -> Result {
-    let started = Instant::now();
     let server = start_server().await?;
     let admin = connect(&url(&server)).await?;
     admin.migrate().await.or_fail("migrate")?;
@@ -42,37 +43,17 @@ async fn a_user_without_update_cannot_revoke_and_the_holder_keeps_its_lease() ->
         .or_fail("the holder acquires")?
         .or_fail("the key must be free")?;
 
-    let refused = reader.revoke(&k).await;
-    match &refused {
-        Err(e @ Error::Unauthorized { .. }) => {
-            assert!(!e.is_retryable(), "{e}");
-            assert!(e.to_string().contains("UPDATE command denied"), "{e}");
-        }
-        other => panic!("a user with SELECT only revoked: {other:?}"),
-    }
-    admin
-        .renew(&grant, ttl)
-        .await
-        .or_fail("the holder renews after the refused revoke")?;
-    let seen = reader.inspect(&k).await.or_fail("inspect")?;
-    assert!(
-        seen.held && seen.fence == Some(grant.fence()),
-        "after a refused revoke the key is {seen:?}"
-    );
+    kit::revoke_is_refused_and_the_holder_keeps_its_lease(
+        &admin,
+        &grant,
+        ttl,
+        &reader,
+        "UPDATE command denied",
+        &[],
+    )
+    .await?;
 
     root("GRANT UPDATE ON leasehold.leasehold_leases TO 'lease_reader'@'%'").await?;
-    let revoked = reader.revoke(&k).await.or_fail("revoke with UPDATE")?;
-    assert_eq!(
-        revoked,
-        Revoked::Revoked {
-            fence: grant.fence()
-        }
-    );
-    let renewed = admin.renew(&grant, ttl).await;
-    assert!(
-        matches!(renewed, Err(Error::LeaseLost { .. })),
-        "the revoked holder renewed: {renewed:?}"
-    );
-    eprintln!("took {:?}", started.elapsed());
+    kit::revoke_ends_the_holder(&admin, &grant, ttl, &reader).await?;
     Ok(())
 }

@@ -3,9 +3,11 @@
 
 use std::time::Duration;
 
-use leasehold_core::{Authority, Error, Revoked};
+use leasehold_core::Authority;
 
 mod common;
+
+use leasehold_conformance::kit;
 
 use common::{connect, exec, key, start_server, url, OrFail, Result};
 
@@ -29,36 +31,17 @@ async fn a_role_without_update_cannot_revoke_and_the_holder_keeps_its_lease() ->
         .or_fail("the holder acquires")?
         .or_fail("the key must be free")?;
 
-    let refused = reader.revoke(&k).await;
-    match &refused {
-        Err(e @ Error::Unauthorized { .. }) => {
-            assert!(!e.is_retryable(), "{e}");
-            assert!(e.to_string().contains("permission denied"), "{e}");
-        }
-        other => panic!("a role with SELECT only revoked: {other:?}"),
-    }
-    admin
-        .renew(&grant, ttl)
-        .await
-        .or_fail("the holder renews after the refused revoke")?;
-    let seen = reader.inspect(&k).await.or_fail("inspect")?;
-    assert!(
-        seen.held && seen.fence == Some(grant.fence()),
-        "after a refused revoke the key is {seen:?}"
-    );
+    kit::revoke_is_refused_and_the_holder_keeps_its_lease(
+        &admin,
+        &grant,
+        ttl,
+        &reader,
+        "permission denied",
+        &[],
+    )
+    .await?;
 
     exec(&admin, "GRANT UPDATE ON leasehold_leases TO lease_reader").await?;
-    let revoked = reader.revoke(&k).await.or_fail("revoke with UPDATE")?;
-    assert_eq!(
-        revoked,
-        Revoked::Revoked {
-            fence: grant.fence()
-        }
-    );
-    let renewed = admin.renew(&grant, ttl).await;
-    assert!(
-        matches!(renewed, Err(Error::LeaseLost { .. })),
-        "the revoked holder renewed: {renewed:?}"
-    );
+    kit::revoke_ends_the_holder(&admin, &grant, ttl, &reader).await?;
     Ok(())
 }

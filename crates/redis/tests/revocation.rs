@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use leasehold_conformance::kit::{OrFail, TestResult};
-use leasehold_core::{Authority, Error, LockKey, Revoked};
+use leasehold_conformance::kit::{self, OrFail, TestResult};
+use leasehold_core::{Authority, LockKey};
 use leasehold_redis::RedisAuthority;
 
 mod common;
@@ -39,33 +39,17 @@ async fn an_acl_user_without_del_cannot_revoke_and_the_holder_keeps_its_lease() 
         .or_fail("the holder acquires")?
         .or_fail("the key is free")?;
 
-    let refused = ops.revoke(&key).await;
-    assert!(
-        matches!(&refused, Err(e @ Error::Unauthorized { .. }) if !e.is_retryable()),
-        "a user without DEL revoked: {refused:?}"
-    );
-    holder
-        .renew(&grant, ttl)
-        .await
-        .or_fail("the holder renews after the refused revoke")?;
-    let seen = ops.inspect(&key).await.or_fail("inspect")?;
-    assert!(
-        seen.held && seen.fence == Some(grant.fence()),
-        "after a refused revoke the key is {seen:?}"
-    );
+    kit::revoke_is_refused_and_the_holder_keeps_its_lease(
+        &holder,
+        &grant,
+        ttl,
+        &ops,
+        "",
+        &["ops-pw"],
+    )
+    .await?;
 
     command(&server, &["ACL", "SETUSER", "ops", "+del"]).await?;
-    let revoked = ops.revoke(&key).await.or_fail("revoke with DEL")?;
-    assert_eq!(
-        revoked,
-        Revoked::Revoked {
-            fence: grant.fence()
-        }
-    );
-    let renewed = holder.renew(&grant, ttl).await;
-    assert!(
-        matches!(renewed, Err(Error::LeaseLost { .. })),
-        "the revoked holder renewed: {renewed:?}"
-    );
+    kit::revoke_ends_the_holder(&holder, &grant, ttl, &ops).await?;
     Ok(())
 }
