@@ -132,10 +132,12 @@ impl Clients {
     }
 }
 
-/// The configuration the tests use: a short request timeout so outages show quickly.
+/// The configuration the tests use: a request timeout short enough that outages show within
+/// seconds, and long enough for Azurite (one Node process) or moto (Python) to answer while
+/// both cores are busy: at 2 s, a loaded run saw reads of an unpaused Azurite time out.
 pub fn config() -> ObjectStoreConfig {
     let client = ClientOptions {
-        request_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_secs(4),
         ..ClientOptions::default()
     };
     ObjectStoreConfig::new(PREFIX).with_client(client)
