@@ -63,11 +63,15 @@ pub enum Mutant {
     /// for: a permit extended by hand runs out at the authority long before its holder's
     /// deadline.
     RenewKeepsTheFirstTtl,
+    /// The one-step multi-key acquire takes each key of a set in turn and stops at the first
+    /// held one, answering "held" but keeping the keys before it (a script that sets each key
+    /// `NX` and returns on the first refusal): a set it did not get blocks others for a TTL.
+    AcquireAllKeepsPartOfASet,
 }
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 15] = [
+    pub const ALL: [Mutant; 16] = [
         Mutant::UnconditionalRelease,
         Mutant::AcquireIgnoresHolder,
         Mutant::FenceRestartsAfterRelease,
@@ -83,6 +87,7 @@ impl Mutant {
         Mutant::FenceRestartsAfterIdle,
         Mutant::RevokeReusesFence,
         Mutant::RenewKeepsTheFirstTtl,
+        Mutant::AcquireAllKeepsPartOfASet,
     ];
 
     /// The scenarios written to catch this mutant. The suite has teeth for a rule only if one of
@@ -113,6 +118,7 @@ impl Mutant {
                 "semaphore_revoked_permit_is_lost_and_fenced_out",
             ],
             Mutant::RenewKeepsTheFirstTtl => &["semaphore_permit_lease_renews_by_hand"],
+            Mutant::AcquireAllKeepsPartOfASet => &["try_acquire_all_takes_all_or_none"],
         }
     }
 }
@@ -270,6 +276,28 @@ impl Authority for Mutated {
             Some(g) => Ok(Some(self.mutate(g, false).await?)),
             None => Ok(None),
         }
+    }
+
+    async fn try_acquire_all(&self, keys: &[LockKey], ttl: Duration) -> Result<Option<Vec<Grant>>> {
+        if self.mutant == Mutant::AcquireAllKeepsPartOfASet {
+            leasehold_core::backend::check_canonical(keys)?;
+            let mut grants = Vec::with_capacity(keys.len());
+            for key in keys {
+                match self.inner.try_acquire(key, ttl).await? {
+                    Some(grant) => grants.push(grant),
+                    None => return Ok(None),
+                }
+            }
+            return Ok(Some(grants));
+        }
+        let Some(grants) = self.inner.try_acquire_all(keys, ttl).await? else {
+            return Ok(None);
+        };
+        let mut mutated = Vec::with_capacity(grants.len());
+        for grant in grants {
+            mutated.push(self.mutate(grant, false).await?);
+        }
+        Ok(Some(mutated))
     }
 
     async fn acquire(&self, key: &LockKey, ttl: Duration, max_wait: Duration) -> Result<Grant> {

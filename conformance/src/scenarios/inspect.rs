@@ -201,6 +201,13 @@ mod tests {
         async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Grant>> {
             self.0.try_acquire(key, ttl).await
         }
+        async fn try_acquire_all(
+            &self,
+            keys: &[LockKey],
+            ttl: Duration,
+        ) -> Result<Option<Vec<Grant>>> {
+            self.0.try_acquire_all(keys, ttl).await
+        }
         async fn acquire(&self, key: &LockKey, ttl: Duration, wait: Duration) -> Result<Grant> {
             self.0.acquire(key, ttl, wait).await
         }

@@ -26,6 +26,7 @@ mod helpers;
 mod inspect;
 mod listing;
 pub(crate) mod multi_key;
+mod multi_key_at_once;
 mod outage;
 mod release;
 mod renew;
@@ -72,6 +73,7 @@ pub use forever::duration_max_means_no_limit;
 pub use inspect::{inspect_changes_nothing, inspect_reports_holder_and_fence};
 pub use listing::list_keys_finds_held_keys_under_a_prefix;
 pub use multi_key::{acquire_all_failure_leaves_no_key, acquire_all_never_deadlocks_or_overlaps};
+pub use multi_key_at_once::try_acquire_all_takes_all_or_none;
 pub use outage::unresponsive_authority;
 pub use release::{
     dropped_lease_releases, release_after_expiry_keeps_new_holder, release_frees_at_once,
@@ -194,6 +196,7 @@ scenarios![
     rw_lock_cancelled_writer_leaves_nothing,
     acquire_all_never_deadlocks_or_overlaps,
     acquire_all_failure_leaves_no_key,
+    try_acquire_all_takes_all_or_none,
     claim_period_claims_every_period,
     schedule_late_timer_does_not_skip_the_next_period,
     schedule_at_most_ends_a_hung_run_and_fences_it,

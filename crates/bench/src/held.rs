@@ -34,6 +34,9 @@ impl Authority for Counting {
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Grant>> {
         self.inner.try_acquire(key, ttl).await
     }
+    async fn try_acquire_all(&self, keys: &[LockKey], ttl: Duration) -> Result<Option<Vec<Grant>>> {
+        self.inner.try_acquire_all(keys, ttl).await
+    }
     async fn acquire(&self, key: &LockKey, ttl: Duration, max_wait: Duration) -> Result<Grant> {
         self.inner.acquire(key, ttl, max_wait).await
     }

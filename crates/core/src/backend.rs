@@ -18,6 +18,7 @@ pub(crate) mod url_params;
 
 pub use crate::contract::authority::check_proclaimed;
 pub use crate::contract::key_prefix::SmallestKeys;
+pub use crate::recipes::check_canonical;
 pub use backoff::Backoff;
 pub use batch_answers::{batch_answers, batch_failed, check_batch_ttls};
 pub use connection_url::{ConnectionUrl, UrlHost};

@@ -87,6 +87,41 @@ impl Authority for Instrumented {
         result
     }
 
+    async fn try_acquire_all(&self, keys: &[LockKey], ttl: Duration) -> Result<Option<Vec<Grant>>> {
+        let span = tracing::info_span!(
+            "leasehold.acquire_all",
+            backend = self.inner.capabilities().backend,
+            keys = keys.len(),
+            ttl_ms = ttl.as_millis() as u64,
+            outcome = tracing::field::Empty,
+        );
+        let started = Instant::now();
+        let result = self
+            .inner
+            .try_acquire_all(keys, ttl)
+            .instrument(span.clone())
+            .await;
+        // Counted per key, as that many tries would be; a set the backend cannot take at once
+        // was never tried, so it counts nothing.
+        let counted = match &result {
+            Ok(Some(_)) => Some(AcquireOutcome::Acquired),
+            Ok(None) => Some(AcquireOutcome::Busy),
+            Err(Error::Unsupported { .. }) => None,
+            Err(_) => Some(AcquireOutcome::Error),
+        };
+        if let Some(counted) = counted {
+            for key in keys {
+                telemetry::acquire(self.backend(), key, counted, started.elapsed());
+            }
+        }
+        match &result {
+            Ok(Some(_)) => span.record("outcome", "acquired"),
+            Ok(None) => span.record("outcome", "held"),
+            Err(e) => span.record("outcome", e.kind()),
+        };
+        result
+    }
+
     async fn acquire(&self, key: &LockKey, ttl: Duration, max_wait: Duration) -> Result<Grant> {
         let span = tracing::info_span!(
             "leasehold.acquire",

@@ -22,7 +22,7 @@ pub(crate) mod taken;
 pub use election::{Election, Leader, Leadership, Observer, DEFAULT_OBSERVE_INTERVAL};
 pub use epoch_guard::EpochGuard;
 pub use if_unavailable::{acquire_or, is_unavailable, Admission, IfUnavailable, Unlocked};
-pub use multi_key::{acquire_all, canonical, MultiLease, MAX_KEYS};
+pub use multi_key::{acquire_all, canonical, check_canonical, MultiLease, MAX_KEYS};
 pub use rw_lock::{
     ReadGuard, RwLock, UpgradeableRead, WriteGuard, DEFAULT_MAX_READERS, MAX_READERS,
 };

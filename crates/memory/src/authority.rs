@@ -43,7 +43,8 @@ impl MemoryAuthority {
             server,
             options,
             capabilities: Capabilities::new(BACKEND, FenceSafety::Linearizable, true, TTL)
-                .with_batch_renewal(true),
+                .with_batch_renewal(true)
+                .with_atomic_acquire_all(true),
         }
     }
 
@@ -113,6 +114,46 @@ impl Authority for MemoryAuthority {
             ttl,
             deadline,
         )))
+    }
+
+    /// One request checks every key and takes them all, or none.
+    async fn try_acquire_all(&self, keys: &[LockKey], ttl: Duration) -> Result<Option<Vec<Grant>>> {
+        TTL.check(ttl)?;
+        leasehold_core::backend::check_canonical(keys)?;
+        let owners = keys
+            .iter()
+            .map(|_| OwnerToken::generate())
+            .collect::<Result<Vec<_>>>()?;
+        let sent = Instant::now();
+        let raws = self
+            .server
+            .request(&self.options, "acquire_all", |state, now| {
+                if keys.iter().any(|key| state.live(key, now).is_some()) {
+                    return None;
+                }
+                let raws = keys
+                    .iter()
+                    .zip(&owners)
+                    .map(|(key, owner)| state.grant(key, *owner, ttl, now));
+                Some(raws.collect::<Vec<_>>())
+            })
+            .await?;
+        let Some(raws) = raws else { return Ok(None) };
+        let deadline = self.options.safety_margin.deadline(sent, ttl);
+        let grants = keys
+            .iter()
+            .zip(owners)
+            .zip(raws)
+            .map(|((key, owner), raw)| {
+                Ok(Grant::new(
+                    key.clone(),
+                    owner,
+                    self.fence(raw)?,
+                    ttl,
+                    deadline,
+                ))
+            });
+        grants.collect::<Result<Vec<_>>>().map(Some)
     }
 
     async fn acquire(&self, key: &LockKey, ttl: Duration, max_wait: Duration) -> Result<Grant> {

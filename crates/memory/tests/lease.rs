@@ -87,6 +87,13 @@ where
     ) -> leasehold_core::Result<Option<Grant>> {
         self.inner.try_acquire(key, ttl).await
     }
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> leasehold_core::Result<Option<Vec<Grant>>> {
+        self.inner.try_acquire_all(keys, ttl).await
+    }
     async fn acquire(
         &self,
         key: &LockKey,

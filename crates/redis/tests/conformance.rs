@@ -220,6 +220,21 @@ impl Authority for Liar {
             .transpose()
     }
 
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> leasehold_core::Result<Option<Vec<Grant>>> {
+        let Some(grants) = self.inner.try_acquire_all(keys, ttl).await? else {
+            return Ok(None);
+        };
+        grants
+            .into_iter()
+            .map(Liar::lie)
+            .collect::<leasehold_core::Result<Vec<_>>>()
+            .map(Some)
+    }
+
     async fn acquire(
         &self,
         key: &LockKey,

@@ -63,6 +63,15 @@ impl Authority for Freezable {
         self.inner.try_acquire(key, ttl).await
     }
 
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> leasehold_core::Result<Option<Vec<Grant>>> {
+        self.thawed().await;
+        self.inner.try_acquire_all(keys, ttl).await
+    }
+
     async fn acquire(
         &self,
         key: &LockKey,
@@ -373,7 +382,13 @@ pub fn invisible_to_the_workload(mutant: Mutant) -> Option<&'static str> {
              every time)",
         ),
         Mutant::RenewKeepsTheFirstTtl => Some(
-            "its defect shows only when a renewal asks for another TTL than the grant's, which no              worker does: a lease renews with its own TTL (the scenario              semaphore_permit_lease_renews_by_hand catches it every time)",
+            "its defect shows only when a renewal asks for another TTL than the grant's, which no \
+             worker does: a lease renews with its own TTL (the scenario \
+             semaphore_permit_lease_renews_by_hand catches it every time)",
+        ),
+        Mutant::AcquireAllKeepsPartOfASet => Some(
+            "its defect lives in Authority::try_acquire_all, which workers do not call: they take \
+             one key each (the scenario try_acquire_all_takes_all_or_none catches it every time)",
         ),
         _ => None,
     }

@@ -98,6 +98,33 @@ pub trait Authority: Send + Sync + fmt::Debug {
     ///   request.
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Grant>>;
 
+    /// Tries once to take every key of `keys` for `ttl`, all or none, in one atomic step at the
+    /// authority. [`crate::acquire_all`] calls it first where
+    /// [`Capabilities::atomic_acquire_all`] says the backend has it.
+    ///
+    /// # Contract
+    /// * `keys` are distinct and in the canonical order ([`crate::canonical`], checked by [`crate::backend::check_canonical`]); anything
+    ///   else is [`Error::InvalidConfig`] before any request.
+    /// * One atomic step: `Ok(Some(grants))`, one grant per key in the order given, each with a
+    ///   fence greater than every fence issued before on its own key, when every key was free
+    ///   (or its lease had expired); `Ok(None)`, with nothing taken, extended or woken, when any
+    ///   key is held. Never some keys without the others.
+    /// * Errors, deadlines and cancellation as [`Authority::try_acquire`]: every grant's
+    ///   deadline counts from before the request was sent, and where a request may have reached
+    ///   the authority, whatever it took is given back or expires within `ttl`.
+    /// * A set the backend cannot take in one step (more keys than one transaction holds, keys
+    ///   on different Redis Cluster slots) is [`Error::Unsupported`] before any request: the
+    ///   caller then takes the keys one by one.
+    /// * The default answers [`Error::Unsupported`]; a backend with the atomic step declares
+    ///   [`Capabilities::atomic_acquire_all`].
+    async fn try_acquire_all(&self, keys: &[LockKey], ttl: Duration) -> Result<Option<Vec<Grant>>> {
+        let _ = (keys, ttl);
+        Err(Error::Unsupported {
+            backend: self.capabilities().backend,
+            operation: "taking several keys in one atomic step".to_string(),
+        })
+    }
+
     /// Takes `key` for `ttl`, waiting at most `max_wait` for the current holder to go.
     ///
     /// # Contract

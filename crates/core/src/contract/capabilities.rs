@@ -66,6 +66,11 @@ pub struct Capabilities {
     /// ([`crate::Inspection::waiters`]): true where waiters queue in the authority itself
     /// (etcd keys, ZooKeeper nodes), so the count is read, not guessed.
     pub counts_waiters: bool,
+    /// Whether [`crate::Authority::try_acquire_all`] takes a set of keys in one atomic step
+    /// (an etcd transaction, one SQL transaction, one Redis script). Where it does,
+    /// [`crate::acquire_all`] tries that first and takes the keys one by one only while some are
+    /// held.
+    pub atomic_acquire_all: bool,
 }
 
 impl Capabilities {
@@ -89,6 +94,7 @@ impl Capabilities {
             batch_renewal: false,
             revocation: RevocationNotice::NextRenewal,
             counts_waiters: false,
+            atomic_acquire_all: false,
         }
     }
 
@@ -125,6 +131,12 @@ impl Capabilities {
     /// Declares that `inspect` counts a held key's waiters.
     pub fn with_counts_waiters(mut self, yes: bool) -> Self {
         self.counts_waiters = yes;
+        self
+    }
+
+    /// Declares that `try_acquire_all` takes a set of keys in one atomic step.
+    pub fn with_atomic_acquire_all(mut self, yes: bool) -> Self {
+        self.atomic_acquire_all = yes;
         self
     }
 

@@ -7,6 +7,13 @@
 //! needs, so overlapping sets cannot deadlock. Each key keeps its own fence (fences grow per
 //! key), and the whole is released together. On an error, on `max_wait`, and when the caller
 //! drops the future, every key taken so far is given back.
+//!
+//! Where the backend takes a set in one atomic step ([`crate::Capabilities::atomic_acquire_all`]: an
+//! etcd transaction, one SQL transaction, one Redis script), the whole set is tried that way
+//! first: a free set costs one request, and a held one nothing (the step takes none of it).
+//! Only then are the keys taken one by one, waiting in the canonical order. The atomic step
+//! holds nothing while it waits, so it cannot close a cycle with callers that take keys in
+//! order.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -44,6 +51,11 @@ pub async fn acquire_all(
     let order = canonical(keys)?;
     let started = Instant::now();
     let give_up = saturating_add(started, max_wait);
+    if authority.capabilities().atomic_acquire_all {
+        if let Some(leases) = try_at_once(&authority, &order, ttl, &options).await? {
+            return Ok(MultiLease { leases });
+        }
+    }
     let mut taken = Taken::default();
     for key in order {
         let left = give_up.saturating_duration_since(Instant::now());
@@ -63,6 +75,26 @@ pub async fn acquire_all(
     })
 }
 
+/// The whole set in one atomic step, when every key is free: `None` when one is held or the
+/// backend cannot take this set at once (then the caller takes the keys one by one).
+async fn try_at_once(
+    authority: &Arc<dyn Authority>,
+    order: &[LockKey],
+    ttl: Duration,
+    options: &LeaseOptions,
+) -> Result<Option<Vec<Lease>>> {
+    match authority.try_acquire_all(order, ttl).await {
+        Ok(Some(grants)) => Ok(Some(
+            grants
+                .into_iter()
+                .map(|grant| Lease::from_grant(authority.clone(), grant, options.clone()))
+                .collect(),
+        )),
+        Ok(None) | Err(Error::Unsupported { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// The keys sorted by their bytes, each once: the order every caller takes them in.
 pub fn canonical(keys: &[LockKey]) -> Result<Vec<LockKey>> {
     let mut order = keys.to_vec();
@@ -77,6 +109,18 @@ pub fn canonical(keys: &[LockKey]) -> Result<Vec<LockKey>> {
         });
     }
     Ok(order)
+}
+
+/// `Ok` when `keys` are 1 to [`MAX_KEYS`] distinct keys in the canonical order, as
+/// [`Authority::try_acquire_all`] takes them; [`Error::InvalidConfig`] otherwise.
+pub fn check_canonical(keys: &[LockKey]) -> Result<()> {
+    if canonical(keys)? == keys {
+        Ok(())
+    } else {
+        Err(Error::InvalidConfig {
+            reason: "try_acquire_all takes distinct keys sorted by their bytes".to_string(),
+        })
+    }
 }
 
 impl MultiLease {
