@@ -1,8 +1,9 @@
 //! `try_acquire_all` on PostgreSQL, directly and through PgBouncer in transaction mode: a set
 //! with one key held by a plain single-key holder (another connection) takes none of the
 //! others (no row created, no fence raised); a free set gets exactly the fences single
-//! acquisitions would have; two sets racing over keys that have no row yet never both win and
-//! the loser leaves nothing; and the conformance suite's set scenarios.
+//! acquisitions would have; a key whose lease ran out is taken, above its fence; two sets
+//! racing over keys that have no row yet never both win and the loser leaves nothing; and the
+//! conformance suite's set scenarios.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -178,6 +179,45 @@ async fn racing_sets_take_all_or_none(
     Ok(())
 }
 
+/// A key whose holder let its lease run out (never released) is free by the database's clock:
+/// the set takes it, one fence above the lapsed holder's.
+async fn a_lapsed_lease_is_taken_by_the_set(
+    a: &PostgresAuthority,
+    b: &PostgresAuthority,
+    prefix: &str,
+) -> Result {
+    let keys: Vec<LockKey> = (0..2)
+        .map(|i| key(&format!("{prefix}/{i}")))
+        .collect::<Result<_>>()?;
+    let lapsed = b
+        .try_acquire(&keys[1], Duration::from_millis(200))
+        .await
+        .or_fail("B takes the second key briefly")?
+        .or_fail("the second key is free")?;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let grants = a
+        .try_acquire_all(&keys, Duration::from_secs(10))
+        .await
+        .or_fail("A takes the set past B's expiry")?
+        .or_fail("a set whose only holder's lease ran out was answered held")?;
+    if grants[1].fence() <= lapsed.fence() {
+        return Err(Failure::from(format!(
+            "the set's fence {} is not above the lapsed holder's {}",
+            grants[1].fence(),
+            lapsed.fence()
+        )));
+    }
+    if b.renew(&lapsed, Duration::from_secs(10)).await.is_ok() {
+        return Err(Failure::from(
+            "the lapsed holder renewed a key the set took",
+        ));
+    }
+    for grant in &grants {
+        let _ = a.release(grant).await.or_fail("A releases")?;
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_with_a_key_held_by_a_single_holder_takes_none_of_it() -> Result {
     let server = start_server().await?;
@@ -186,6 +226,7 @@ async fn a_set_with_a_key_held_by_a_single_holder_takes_none_of_it() -> Result {
     admin.migrate().await.or_fail("migrate")?;
     let (a, b) = (connect(&url).await?, connect(&url).await?);
     held_key_takes_nothing_then_free_set_takes_all(&a, &b, &admin, "set/direct").await?;
+    a_lapsed_lease_is_taken_by_the_set(&a, &b, "lapsed/direct").await?;
     racing_sets_take_all_or_none(&a, &b, &admin, "race/direct", 40).await
 }
 
@@ -200,6 +241,7 @@ async fn a_set_is_one_step_through_pgbouncer_in_transaction_mode() -> Result {
     let pooled = format!("{}?timeout_ms=1000&pooler=transaction", bouncer.url());
     let (a, b) = (connect(&pooled).await?, connect(&pooled).await?);
     held_key_takes_nothing_then_free_set_takes_all(&a, &b, &admin, "set/pooled").await?;
+    a_lapsed_lease_is_taken_by_the_set(&a, &b, "lapsed/pooled").await?;
     racing_sets_take_all_or_none(&a, &b, &admin, "race/pooled", 20).await
 }
 
