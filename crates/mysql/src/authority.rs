@@ -110,6 +110,9 @@ impl Inner {
 
 mod acquisition;
 mod batch_renewal;
+mod set_acquisition;
+
+pub(crate) use set_acquisition::set_statements;
 
 /// The parameter an `UPDATE` takes before the grant's.
 #[derive(Clone)]
@@ -191,7 +194,8 @@ impl MysqlAuthority {
         tracing::debug!(?settings, ?safety, durable, "fence safety read at connect");
         let capabilities = Capabilities::new(BACKEND, safety, durable, TTL)
             .with_wait(WaitStrategy::Polling)
-            .with_batch_renewal(true);
+            .with_batch_renewal(true)
+            .with_atomic_acquire_all(true);
         Ok(MysqlAuthority {
             inner: Arc::new(Inner {
                 statements: Statements::new(&config.table),
@@ -321,6 +325,11 @@ impl Authority for MysqlAuthority {
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Grant>> {
         TTL.check(ttl)?;
         self.attempt(key, ttl).await
+    }
+
+    /// One transaction over the set (see `set_acquisition`).
+    async fn try_acquire_all(&self, keys: &[LockKey], ttl: Duration) -> Result<Option<Vec<Grant>>> {
+        self.acquire_set(keys, ttl).await
     }
 
     /// Jittered polling: the acquisition statement again after 5 ms, backing off to 250 ms,

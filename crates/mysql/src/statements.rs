@@ -18,6 +18,9 @@ use crate::table::TableName;
 pub(crate) struct Statements {
     pub(crate) acquire: SqlStr,
     pub(crate) acquire_again: SqlStr,
+    /// The set's upsert and its check (see `authority::set_acquisition`).
+    pub(crate) acquire_set: SqlStr,
+    pub(crate) taken_of_set: SqlStr,
     pub(crate) renew: SqlStr,
     pub(crate) renew_many: SqlStr,
     pub(crate) live_of_batch: SqlStr,
@@ -47,7 +50,10 @@ impl Statements {
         // Matched as renew, release and proclaim match: the grant's key, owner token and fence,
         // while its lease is live.
         let ours = "lock_key = ? AND owner = ? AND fence = ? AND expires_at > UTC_TIMESTAMP(6)";
+        let (acquire_set, taken_of_set) = crate::authority::set_statements(t);
         Statements {
+            acquire_set,
+            taken_of_set,
             // ?1 key, ?2 owner, ?3 TTL in microseconds. One statement, atomic by itself: InnoDB
             // takes the row's exclusive lock before it evaluates the UPDATE part on the newest
             // committed row, so acquisitions of one key are ordered by it, and no transaction

@@ -32,6 +32,9 @@ use leasehold_sql_common::{open_pool, warn_if_overridden, Sender};
 
 mod acquisition;
 mod sending;
+mod set_acquisition;
+
+pub(crate) use set_acquisition::acquire_set_sql;
 
 use acquisition::{spawn_give_back, won};
 
@@ -301,6 +304,7 @@ impl PostgresAuthority {
         };
         let capabilities = Capabilities::new(BACKEND, safety, durable, TTL)
             .with_batch_renewal(true)
+            .with_atomic_acquire_all(true)
             .with_wait(wait);
         Ok(PostgresAuthority {
             inner: Arc::new(Inner {
@@ -525,6 +529,11 @@ impl Authority for PostgresAuthority {
             Attempt::Won(grant) => Some(grant),
             Attempt::Held(_) => None,
         })
+    }
+
+    /// One statement over the set (see `set_acquisition`).
+    async fn try_acquire_all(&self, keys: &[LockKey], ttl: Duration) -> Result<Option<Vec<Grant>>> {
+        self.acquire_set(keys, ttl).await
     }
 
     async fn acquire(&self, key: &LockKey, ttl: Duration, max_wait: Duration) -> Result<Grant> {

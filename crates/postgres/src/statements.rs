@@ -25,6 +25,8 @@ pub(crate) struct Statements {
     pub(crate) acquire: SqlStr,
     pub(crate) acquire_again: SqlStr,
     pub(crate) acquire_or_remaining: SqlStr,
+    /// The set's step (see `authority::set_acquisition`).
+    pub(crate) acquire_set: SqlStr,
     pub(crate) renew: SqlStr,
     pub(crate) renew_many: SqlStr,
     pub(crate) release: SqlStr,
@@ -99,6 +101,7 @@ impl Statements {
                  RETURNING fence"
             )),
             acquire: sql(upsert.clone()),
+            acquire_set: crate::authority::acquire_set_sql(t),
             // One upsert that either takes the key (expired: as `acquire`) or, finding it
             // held, marks it waited on until just past the holder's expiry, so that a release
             // before then notifies, and returns that expiry as the waiter's fallback timer: one

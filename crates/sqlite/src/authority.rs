@@ -27,6 +27,8 @@ use crate::errors::{self, BACKEND};
 use crate::mounts;
 use crate::token::SqliteFence;
 
+mod set_acquisition;
+
 /// TTLs in whole milliseconds from 1 ms to 30 days: the clock is read in nanoseconds, and a
 /// lease longer than a month is a configuration mistake, not a lock.
 const TTL: TtlRange = TtlRange::new(
@@ -645,7 +647,8 @@ impl SqliteAuthority {
             .connect_lazy_with(options);
         let capabilities = Capabilities::new(BACKEND, FenceSafety::Linearizable, true, TTL)
             .with_wait(WaitStrategy::Polling)
-            .with_batch_renewal(true);
+            .with_batch_renewal(true)
+            .with_atomic_acquire_all(true);
         Ok(SqliteAuthority {
             inner: Arc::new(Inner {
                 statements: Statements::new(&config.table),
@@ -782,6 +785,11 @@ impl Authority for SqliteAuthority {
             Attempt::Won(grant) => Some(grant),
             Attempt::Held(_) => None,
         })
+    }
+
+    /// One `BEGIN IMMEDIATE` transaction over the set (see `set_acquisition`).
+    async fn try_acquire_all(&self, keys: &[LockKey], ttl: Duration) -> Result<Option<Vec<Grant>>> {
+        self.acquire_set(keys, ttl).await
     }
 
     async fn acquire(&self, key: &LockKey, ttl: Duration, max_wait: Duration) -> Result<Grant> {
