@@ -97,7 +97,7 @@ async fn s3_on_moto_passes_the_scenarios_that_differ_by_store() -> TestResult {
             line.scenario,
             "fences_survive_restart" | "election_epochs_survive_restart"
         );
-        if !allowed && line.outcome != Ok(Verdict::Passed) {
+        if !allowed && !report.declared_absent(line) && line.outcome != Ok(Verdict::Passed) {
             return Err(Failure::new(format!(
                 "{} did not pass:\n{report}",
                 line.scenario

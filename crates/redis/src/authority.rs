@@ -28,7 +28,7 @@ use crate::sentinel::Resolver;
 use crate::server::ServerSettings;
 use crate::subscription::{Notifications, Subscription};
 use crate::token::RedisFence;
-use crate::waiters::Turn;
+use crate::waiters::{Turn, Waiters};
 
 /// TTLs in whole milliseconds (`PX`), from 1 ms to 30 days: a lease longer than a month is a
 /// configuration mistake, not a lock.
@@ -44,6 +44,11 @@ const RETRY_FIRST: Duration = Duration::from_millis(20);
 const RETRY_CAP: Duration = Duration::from_millis(300);
 /// A waiter whose holder's lease ends before its next retry tries again 5-10 ms after the end.
 const EXPIRY_JITTER: Duration = Duration::from_millis(10);
+/// How long a waiter's place in a key's waiter queue lasts unless it tries again: above
+/// [`RETRY_CAP`] (plus the expiry jitter), the longest a waiting authority goes between tries,
+/// so a live waiter keeps its place, and short enough that a waiter that left (or died) is
+/// named by releases for at most this long.
+const QUEUE_PLACE: Duration = Duration::from_millis(1000);
 
 struct Inner {
     config: RedisConfig,
@@ -212,7 +217,15 @@ impl RedisAuthority {
                 .set_connection_timeout(Some(timeout))
                 .set_response_timeout(None),
         );
-        let subscription = Subscription::new(notifications, config.channel.clone(), timeout);
+        // The id this authority's waiters queue under: random, so that two processes never
+        // share one; nothing is granted by it.
+        let waiter_id = hex(&OwnerToken::generate()?);
+        let subscription = Subscription::new(
+            notifications,
+            config.channel.clone(),
+            timeout,
+            Waiters::new(waiter_id),
+        );
         // Fail now, with the right error, on a wrong password or an unreachable server.
         let _: String = request_on(&link, timeout, "connect", |mut con| async move {
             redis::cmd("PING").query_async(&mut con).await
@@ -304,9 +317,14 @@ impl RedisAuthority {
     }
 
     /// One acquisition attempt: the acquire script, then `WAIT` for replicas if configured.
-    async fn attempt(&self, key: &LockKey, ttl: Duration) -> Result<Attempt> {
+    /// One acquisition attempt; a `queued` one (a waiter in `acquire`) that finds the key held
+    /// takes or keeps this authority's place in the key's waiter queue (see
+    /// [`crate::scripts::ACQUIRE`]).
+    async fn attempt(&self, key: &LockKey, ttl: Duration, queued: bool) -> Result<Attempt> {
         let lock_key = self.inner.config.layout.lock_key(key);
         let fence_key = KeyLayout::fence_key_of(&lock_key);
+        let waiters_key = KeyLayout::waiters_key_of(&lock_key);
+        let place_ms = QUEUE_PLACE.as_millis().to_string();
         let owner = OwnerToken::generate()?;
         let token = hex(&owner);
         let ttl_ms = ttl.as_millis().to_string();
@@ -323,13 +341,24 @@ impl RedisAuthority {
             ttl,
             armed: true,
         };
-        let (keys, args) = ([lock_key.as_str(), &fence_key], [token.as_str(), &ttl_ms]);
+        let (keys, args) = if queued {
+            let me = self.inner.subscription.waiters().me();
+            (
+                &[lock_key.as_str(), &fence_key, &waiters_key][..],
+                &[token.as_str(), &ttl_ms, me, &place_ms][..],
+            )
+        } else {
+            (
+                &[lock_key.as_str(), &fence_key][..],
+                &[token.as_str(), &ttl_ms][..],
+            )
+        };
         let cluster = matches!(pending.con, Connection::Cluster(_));
         let run = self
             .inner
             .scripts
             .acquire
-            .run::<Int, _, _>(&mut pending.con, &keys, &args);
+            .run::<Int, _, _>(&mut pending.con, keys, args);
         let reply = match tokio::time::timeout_at(give_up, run).await {
             Err(_) => {
                 self.inner.link.discard(id);
@@ -592,7 +621,11 @@ impl Drop for Pending<'_> {
         let waiters = self.inner.subscription.waiters().clone();
         runtime.spawn(async move {
             let value_key = KeyLayout::value_key_of(&lock_key);
-            let (keys, args) = ([lock_key.as_str(), &value_key], [token.as_str(), &channel]);
+            let waiters_key = KeyLayout::waiters_key_of(&lock_key);
+            let (keys, args) = (
+                [lock_key.as_str(), &value_key, &waiters_key],
+                [token.as_str(), &channel],
+            );
             let release = script.run::<i64, _, _>(&mut con, &keys, &args);
             match tokio::time::timeout(ttl, release).await {
                 Ok(Ok(released::ANNOUNCED | released::UNANNOUNCED)) => {
@@ -619,7 +652,7 @@ impl Authority for RedisAuthority {
 
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Grant>> {
         TTL.check(ttl)?;
-        match self.attempt(key, ttl).await? {
+        match self.attempt(key, ttl, false).await? {
             Attempt::Won(grant) => Ok(Some(grant)),
             Attempt::Held { .. } => Ok(None),
         }
@@ -639,7 +672,7 @@ impl Authority for RedisAuthority {
         // core (measured, docs/performance-log.md). Only a caller who finds the key held
         // subscribes, and then tries again before it waits: a release in between is caught by
         // that attempt.
-        if let Attempt::Won(grant) = self.attempt(key, ttl).await? {
+        if let Attempt::Won(grant) = self.attempt(key, ttl, true).await? {
             return Ok(grant);
         }
         let now = Instant::now();
@@ -670,7 +703,7 @@ impl Authority for RedisAuthority {
             // tries again).
             let mut released = pin!(waiters.turn_handed());
             released.as_mut().enable();
-            let pttl = match self.attempt(key, ttl).await? {
+            let pttl = match self.attempt(key, ttl, true).await? {
                 Attempt::Won(grant) => {
                     if let Some(turn) = turn.take() {
                         turn.won();
@@ -787,13 +820,14 @@ impl Authority for RedisAuthority {
     async fn release(&self, grant: &Grant) -> Result<Released> {
         let lock_key = self.inner.config.layout.lock_key(grant.key());
         let value_key = KeyLayout::value_key_of(&lock_key);
+        let waiters_key = KeyLayout::waiters_key_of(&lock_key);
         let token = hex(&grant.owner());
         let channel = self.inner.channel_of(&lock_key);
         let Int(released) = self
             .script(
                 "release",
                 &self.inner.scripts.release,
-                &[&lock_key, &value_key],
+                &[&lock_key, &value_key, &waiters_key],
                 &[token.as_str(), &channel],
             )
             .await?;

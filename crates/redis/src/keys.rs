@@ -20,6 +20,7 @@ const MAX_PREFIX_LEN: usize = 100;
 /// | `{leasehold:invoice:72}` | string, with a TTL | exactly the owner token (32 hex digits) |
 /// | `{leasehold:invoice:72}:fence` | string, no TTL | the fence counter (`INCR`) |
 /// | `{leasehold:invoice:72}:value` | hash, no TTL | the proclaimed value: fields `fence` and `value` |
+/// | `{leasehold:invoice:72}:waiters` | sorted set, expires with its last place | the waiting authorities' ids, scored by when their place runs out |
 ///
 /// * The braces are a Redis Cluster hash tag: all three keys hash to the same slot, so the
 ///   scripts, which touch several, are valid on a cluster too.
@@ -119,6 +120,15 @@ impl KeyLayout {
         value_key.push_str(lock_key);
         value_key.push_str(":value");
         value_key
+    }
+
+    /// The waiter queue's key for a lock key made by [`KeyLayout::lock_key`]:
+    /// `{<prefix><key>}:waiters`.
+    pub(crate) fn waiters_key_of(lock_key: &str) -> String {
+        let mut waiters_key = String::with_capacity(lock_key.len() + 8);
+        waiters_key.push_str(lock_key);
+        waiters_key.push_str(":waiters");
+        waiters_key
     }
 
     /// The `SCAN ... MATCH` pattern of every lock key and counter key of the keys that start

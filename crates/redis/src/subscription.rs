@@ -104,12 +104,17 @@ impl Drop for Subscription {
 
 impl Subscription {
     /// `source` must speak RESP3.
-    pub(crate) fn new(notifications: Notifications, channel: String, timeout: Duration) -> Self {
+    pub(crate) fn new(
+        notifications: Notifications,
+        channel: String,
+        timeout: Duration,
+        waiters: Waiters,
+    ) -> Self {
         Subscription {
             notifications,
             channel,
             timeout,
-            waiters: Arc::default(),
+            waiters: Arc::new(waiters),
             state: Arc::new(watch::channel(State::Starting).0),
             task: Mutex::new(None),
             sharded: Arc::default(),
@@ -214,8 +219,8 @@ async fn run_sharded(
                     PushKind::SMessage => {
                         if let Some(msg) = Msg::from_push_info(info) {
                             if lock_key_of(msg.get_channel_name(), &channel).is_some() {
-                                if let Ok(lock_key) = std::str::from_utf8(msg.get_payload_bytes()) {
-                                    waiters.wake(lock_key);
+                                if let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) {
+                                    waiters.announced(payload);
                                 }
                             }
                         }
@@ -379,8 +384,8 @@ async fn run(
                     gone.notify_one();
                 } else if let Some(msg) = Msg::from_push_info(info) {
                     if msg.get_channel_name() == channel {
-                        if let Ok(lock_key) = std::str::from_utf8(msg.get_payload_bytes()) {
-                            waiters.wake(lock_key);
+                        if let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) {
+                            waiters.announced(payload);
                         }
                     }
                 }

@@ -11,6 +11,10 @@
 //! without an answer (its attempt failed, it timed out with a wake-up kept, or its future was
 //! dropped) passes the turn on to the next waiter. Waiters still retry on their own timers,
 //! bounded by the holder's PTTL, for the releases nobody announces.
+//!
+//! Across processes the same holds: a release's announcement names one waiting authority (see
+//! the queue in [`crate::scripts::RELEASE`]), and only that one hands out a turn; the others
+//! wake their observers alone.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -22,9 +26,40 @@ use tokio::sync::Notify;
 #[derive(Debug, Default)]
 pub(crate) struct Waiters {
     by_key: Mutex<HashMap<String, Arc<KeyWaiters>>>,
+    /// This authority's id in the keys' waiter queues.
+    me: String,
 }
 
 impl Waiters {
+    /// The waiters of an authority that queues as `me` (printable ASCII without spaces).
+    pub(crate) fn new(me: String) -> Self {
+        Waiters {
+            by_key: Mutex::default(),
+            me,
+        }
+    }
+
+    /// This authority's id in the keys' waiter queues.
+    pub(crate) fn me(&self) -> &str {
+        &self.me
+    }
+
+    /// An announcement: its payload is the lock key, or the lock key, a space and the waiter
+    /// the release named. A release that names another authority wakes only the observers
+    /// here: that authority's waiter tries the key, and nobody here need.
+    pub(crate) fn announced(&self, payload: &str) {
+        match payload.split_once(' ') {
+            None => self.wake(payload),
+            Some((lock_key, named)) if named == self.me => self.wake(lock_key),
+            Some((lock_key, _)) => {
+                let map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(waiters) = map.get(lock_key) {
+                    waiters.observers.notify_waiters();
+                }
+            }
+        }
+    }
+
     /// The waiters of `lock_key`; hold the `Arc` while waiting.
     pub(crate) fn for_key(&self, lock_key: &str) -> Arc<KeyWaiters> {
         let mut map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
@@ -217,5 +252,30 @@ mod tests {
         assert!(!ready(fourth.as_mut()), "a won turn ends");
         waiters.wake("k");
         assert!(ready(fourth.as_mut()));
+    }
+
+    /// An announcement that names another authority's waiter wakes observers only; one that
+    /// names this authority, or nobody, hands out a turn.
+    #[test]
+    fn an_announcement_for_another_waiter_wakes_observers_only() {
+        let waiters = Waiters::new("me".to_string());
+        let key = waiters.for_key("k");
+        let mut acquirer = pin!(key.turn_handed());
+        let mut watching = pin!(key.changed());
+        acquirer.as_mut().enable();
+        watching.as_mut().enable();
+        waiters.announced("k other");
+        assert!(ready(watching.as_mut()), "observers see every change");
+        assert!(!ready(acquirer.as_mut()), "another authority's turn");
+        waiters.announced("k me");
+        assert!(ready(acquirer.as_mut()), "this authority's turn");
+        key.take_turn().won();
+        let mut next = pin!(key.turn_handed());
+        next.as_mut().enable();
+        waiters.announced("k");
+        assert!(
+            ready(next.as_mut()),
+            "a release that names nobody wakes a waiter"
+        );
     }
 }

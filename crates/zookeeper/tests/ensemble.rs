@@ -138,7 +138,7 @@ async fn passes_the_conformance_suite_on_an_ensemble_with_a_leader_crash() -> Te
     let report = run_all("zookeeper, 3-node ensemble", &ctx).await;
     println!("{report}");
     report.assert_passed();
-    for line in &report.lines {
+    for line in report.lines.iter().filter(|l| !report.declared_absent(l)) {
         assert_eq!(
             line.outcome,
             Ok(Verdict::Passed),

@@ -604,7 +604,7 @@ async fn passes_the_conformance_suite_over_tls() -> TestResult {
     println!("{report}");
     report.assert_passed();
     for line in &report.lines {
-        if line.scenario != "fences_survive_failover" {
+        if line.scenario != "fences_survive_failover" && !report.declared_absent(line) {
             assert_eq!(
                 line.outcome,
                 Ok(Verdict::Passed),
