@@ -28,6 +28,7 @@ use crate::stored;
 use crate::token::EtcdRevision;
 use crate::wait::{self, Change, Seen, Turn};
 
+mod acquire_all;
 mod revocation;
 
 /// etcd's longest lease TTL (`MaxLeaseTTL` in its lessor): about 285 years.
@@ -165,6 +166,7 @@ impl EtcdAuthority {
             .with_wait(WaitStrategy::Notification)
             .with_renew_with_other_ttl(false)
             .with_batch_renewal(true)
+            .with_atomic_acquire_all(true)
             .with_revocation(RevocationNotice::Pushed)
             .with_counts_waiters(true)
             .with_expiry_slack(EXPIRY_SLACK);
@@ -742,6 +744,10 @@ impl Authority for EtcdAuthority {
             retryable: true,
             source: None,
         }))
+    }
+
+    async fn try_acquire_all(&self, keys: &[LockKey], ttl: Duration) -> Result<Option<Vec<Grant>>> {
+        self.try_acquire_set(keys, ttl).await
     }
 
     async fn acquire(&self, key: &LockKey, ttl: Duration, max_wait: Duration) -> Result<Grant> {
