@@ -1,9 +1,13 @@
 //! A set of keys in one script on a real Redis: a plain `SET NX PX` client (redis-py's `Lock`)
 //! holding one key of the set makes the whole step answer "held" and take nothing; once it is
 //! gone the step takes every key, each fenced by its own counter, and the plain client is
-//! excluded; a counter that cannot be raised fails the step with nothing held.
+//! excluded; a counter that cannot be raised fails the step with nothing held; a step whose
+//! answer never came is given back as soon as the server runs it.
 
 use std::time::Duration;
+
+use leasehold_conformance::harness_call;
+use leasehold_core::Instant;
 
 use leasehold_conformance::kit::{ErrOrFail, OrFail, TestResult};
 use leasehold_conformance::Failure;
@@ -162,5 +166,77 @@ async fn a_broken_counter_in_a_set_fails_the_step_and_holds_nothing() -> TestRes
         let holder = get(&mut con, &layout.lock_key(key)).await?;
         assert_eq!(holder, None, "{key} is held after the failed step");
     }
+    Ok(())
+}
+
+/// The server freezes while a set's step is on the wire. The caller gets `Unavailable` within
+/// its timeout; when the server resumes it runs the step after all (every counter moved), and
+/// the compare-and-deletes queued behind it free every key at once, long before the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_step_frozen_on_the_wire_is_given_back_when_the_server_resumes() -> TestResult {
+    let server = start().await?;
+    let a = RedisAuthority::connect(&format!("{}?timeout_ms=500", server.url()))
+        .await
+        .or_fail("connect")?;
+    let layout = a.config().layout().clone();
+    let keys = set_of(&["frozen:1", "frozen:2", "frozen:3"])?;
+    let ttl = Duration::from_secs(20);
+    // Warm the script cache, so the frozen request is the step itself.
+    let warm = a
+        .try_acquire_all(&keys, ttl)
+        .await
+        .or_fail("warm up")?
+        .or_fail("the set is free")?;
+    for grant in &warm {
+        assert_eq!(
+            a.release(grant).await.or_fail("release")?,
+            Released::Released
+        );
+    }
+    {
+        let s = server.clone();
+        harness_call(move || s.pause())
+            .await
+            .or_fail("pause the server")?;
+    }
+    let started = Instant::now();
+    let err = a
+        .try_acquire_all(&keys, ttl)
+        .await
+        .err_or_fail("the set's step on a frozen server")?;
+    let took = started.elapsed();
+    {
+        let s = server.clone();
+        harness_call(move || s.resume())
+            .await
+            .or_fail("resume the server")?;
+    }
+    if !(matches!(err, Error::Unavailable { .. }) && err.is_retryable()) {
+        return Err(Failure::new(format!("the frozen step gave {err:?}")));
+    }
+    assert!(took < Duration::from_millis(1500), "took {took:?}");
+
+    let mut con = raw(&server).await?;
+    let resumed = Instant::now();
+    for key in &keys {
+        loop {
+            let holder = get(&mut con, &layout.lock_key(key)).await?;
+            let counter = get(&mut con, &layout.fence_key(key)).await?;
+            if holder.is_none() && counter.as_deref() == Some("2") {
+                break;
+            }
+            assert!(
+                resumed.elapsed() < ttl / 10,
+                "after the resume, {key}: holder {holder:?}, fence counter {counter:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let again = a
+        .try_acquire_all(&keys, ttl)
+        .await
+        .or_fail("take the set after the resume")?
+        .or_fail("the set is free again")?;
+    assert!(again.iter().all(|g| g.fence().raw() == 3), "{again:?}");
     Ok(())
 }
