@@ -81,6 +81,8 @@ struct Inner {
 ///   holds the lock.
 /// * **Try-acquire** is one transaction that writes our key only if the prefix is empty: a
 ///   try that finds the lock held writes nothing, so there is nothing to clean up.
+/// * **A set of keys** is one transaction with every prefix's try-acquire compare (see
+///   `acquire_all.rs`): all keys written, or none.
 /// * **Acquire** writes our key and reads the oldest key under the prefix in one transaction; if
 ///   ours is not the oldest, it watches only the key just ahead of ours, looks again when that
 ///   one is deleted, and gives up at `max_wait`. A waiter that gives up or is cancelled deletes

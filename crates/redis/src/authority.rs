@@ -79,6 +79,8 @@ impl Inner {
 /// * Acquire is one script, one round trip: `SET <lock key> <owner token> NX PX <ttl>` and, if
 ///   that took the key, `INCR` of its fence counter, whose new value is the fence. When the key
 ///   is held, the same script returns the holder's remaining TTL.
+/// * A set of keys is one script that checks every lock key before taking any (one slot on a
+///   Redis Cluster; see `acquire_all.rs`).
 /// * Renew (`PEXPIRE`) and release (`DEL` + `PUBLISH`) are scripts that first compare the lock
 ///   key's value with the owner token.
 /// * Scripts are called by SHA (`EVALSHA`), and sent in full once when the server does not know
