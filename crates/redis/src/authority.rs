@@ -31,6 +31,8 @@ use crate::token::RedisFence;
 use crate::waiters::Turn;
 
 mod acquire_all;
+#[cfg(test)]
+mod resent_set;
 
 /// TTLs in whole milliseconds (`PX`), from 1 ms to 30 days: a lease longer than a month is a
 /// configuration mistake, not a lock.
