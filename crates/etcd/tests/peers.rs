@@ -248,8 +248,8 @@ async fn etcdctl_elect_and_leasehold_see_each_others_values() -> Result {
 /// peer holding one key of the set makes the whole step answer "held", and the step writes no
 /// key under any other prefix of the set. Once the peer is gone the step takes all three keys
 /// with one fence (the transaction's revision, after the peer's), and a new `etcdctl lock` on a
-/// key of the set waits until leasehold releases it. A set too large for one transaction is
-/// refused before anything is written.
+/// key of the set waits until leasehold releases it. A set too large for one transaction (129
+/// keys) is refused before anything is written; 128 keys go in one step.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_etcdctl_lock_peer_on_one_key_makes_the_one_step_set_held() -> Result {
     let server = start().await?;
@@ -303,6 +303,19 @@ async fn an_etcdctl_lock_peer_on_one_key_makes_the_one_step_set_held() -> Result
     }
     let first = common::keys_under(&raw, &a.prefix(&many[0])).await?;
     assert!(first.is_empty(), "the refused large set wrote {first:?}");
+    // 128 keys, the most one transaction takes, go in one step.
+    let largest = a
+        .try_acquire_all(&many[..128], ttl)
+        .await
+        .or_fail("take 128 keys in one step")?
+        .or_fail("the 128 keys are free")?;
+    assert_eq!(largest.len(), 128);
+    for grant in &largest {
+        assert_eq!(
+            a.release(grant).await.or_fail("release")?,
+            Released::Released
+        );
+    }
 
     std::fs::write(&done, b"done").or_fail("let etcdctl's child finish")?;
     let _ = tokio::task::spawn_blocking(move || peer.wait())
