@@ -106,7 +106,7 @@ impl EtcdAuthority {
             if orphans.is_empty() {
                 return Ok(None);
             }
-            // Some prefix is blocked only by our own orphan: delete it and try again rather
+            // The oldest key of some prefix is our own orphan: delete it and try again rather
             // than call the set held by ourselves.
             for kv in &orphans {
                 Box::pin(delete_orphan(&self.inner.client, kv, timeout)).await?;
