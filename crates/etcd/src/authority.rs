@@ -28,6 +28,7 @@ use crate::stored;
 use crate::token::EtcdRevision;
 use crate::wait::{self, Change, Seen, Turn};
 
+mod acquire_all;
 mod revocation;
 
 /// etcd's longest lease TTL (`MaxLeaseTTL` in its lessor): about 285 years.
@@ -80,6 +81,8 @@ struct Inner {
 ///   holds the lock.
 /// * **Try-acquire** is one transaction that writes our key only if the prefix is empty: a
 ///   try that finds the lock held writes nothing, so there is nothing to clean up.
+/// * **A set of keys** is one transaction with every prefix's try-acquire compare (see
+///   `acquire_all.rs`): all keys written, or none.
 /// * **Acquire** writes our key and reads the oldest key under the prefix in one transaction; if
 ///   ours is not the oldest, it watches only the key just ahead of ours, looks again when that
 ///   one is deleted, and gives up at `max_wait`. A waiter that gives up or is cancelled deletes
@@ -165,6 +168,7 @@ impl EtcdAuthority {
             .with_wait(WaitStrategy::Notification)
             .with_renew_with_other_ttl(false)
             .with_batch_renewal(true)
+            .with_atomic_acquire_all(true)
             .with_revocation(RevocationNotice::Pushed)
             .with_counts_waiters(true)
             .with_expiry_slack(EXPIRY_SLACK);
@@ -742,6 +746,10 @@ impl Authority for EtcdAuthority {
             retryable: true,
             source: None,
         }))
+    }
+
+    async fn try_acquire_all(&self, keys: &[LockKey], ttl: Duration) -> Result<Option<Vec<Grant>>> {
+        self.try_acquire_set(keys, ttl).await
     }
 
     async fn acquire(&self, key: &LockKey, ttl: Duration, max_wait: Duration) -> Result<Grant> {

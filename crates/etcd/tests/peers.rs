@@ -243,3 +243,131 @@ async fn etcdctl_elect_and_leasehold_see_each_others_values() -> Result {
     let _ = next.resign().await.or_fail("resign")?;
     Ok(())
 }
+
+/// A set taken in one transaction is exactly as exclusive as one try per key: an `etcdctl lock`
+/// peer holding one key of the set makes the whole step answer "held", and the step writes no
+/// key under any other prefix of the set. Once the peer is gone the step takes all three keys
+/// with one fence (the transaction's revision, after the peer's), and a new `etcdctl lock` on a
+/// key of the set waits until leasehold releases it. A set too large for one transaction (129
+/// keys) is refused before anything is written; 128 keys go in one step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcdctl_lock_peer_on_one_key_makes_the_one_step_set_held() -> Result {
+    let server = start().await?;
+    let a = connect(&url(&server)).await?;
+    let raw = common::raw_client(&server).await?;
+    let named = [key("set/c")?, key("set/a")?, key("set/b")?];
+    let keys = leasehold_core::canonical(&named).or_fail("order the set")?;
+    let ttl = Duration::from_secs(2);
+
+    let dir = servers::process::server_dir("etcdctl-set").or_fail("a scratch directory")?;
+    let done = dir.path().join("done");
+    let script = format!(
+        "echo \"$ETCD_LOCK_REV\"; while [ ! -e {} ]; do sleep 0.05; done",
+        done.display()
+    );
+    let mut peer = spawn_etcdctl_lock(&server, &a.etcdctl_lock_name(&keys[1]), &script)?;
+    let mut out = Some(BufReader::new(
+        peer.stdout.take().or_fail("etcdctl's stdout")?,
+    ));
+    let lines = read_lines(&mut out, 1, Duration::from_secs(10)).await?;
+    let peer_rev: u64 = lines[0].trim().parse().or_fail("etcdctl's revision")?;
+
+    let busy = a
+        .try_acquire_all(&keys, ttl)
+        .await
+        .or_fail("try the set while etcdctl holds its middle key")?;
+    assert!(busy.is_none(), "the set was taken beside etcdctl's lock");
+    for (i, key) in keys.iter().enumerate() {
+        let under = common::keys_under(&raw, &a.prefix(key)).await?;
+        let expected = usize::from(i == 1);
+        assert_eq!(
+            under.len(),
+            expected,
+            "{key} has {under:?} after the refused step (only etcdctl's key may be there)"
+        );
+    }
+
+    // 129 keys need more operations than etcd's default per transaction.
+    let many: Vec<_> = (0..129)
+        .map(|i| key(&format!("many/{i:03}")))
+        .collect::<Result<_>>()?;
+    let many = leasehold_core::canonical(&many).or_fail("order the large set")?;
+    match a.try_acquire_all(&many, ttl).await {
+        Err(leasehold_core::Error::Unsupported { .. }) => {}
+        other => {
+            return Err(common::Failure::new(format!(
+                "129 keys in one step gave {:?}, not Unsupported",
+                other.map(|g| g.map(|g| g.len()))
+            )))
+        }
+    }
+    let first = common::keys_under(&raw, &a.prefix(&many[0])).await?;
+    assert!(first.is_empty(), "the refused large set wrote {first:?}");
+    // 128 keys, the most one transaction takes, go in one step.
+    let largest = a
+        .try_acquire_all(&many[..128], ttl)
+        .await
+        .or_fail("take 128 keys in one step")?
+        .or_fail("the 128 keys are free")?;
+    assert_eq!(largest.len(), 128);
+    for grant in &largest {
+        assert_eq!(
+            a.release(grant).await.or_fail("release")?,
+            Released::Released
+        );
+    }
+
+    std::fs::write(&done, b"done").or_fail("let etcdctl's child finish")?;
+    let _ = tokio::task::spawn_blocking(move || peer.wait())
+        .await
+        .or_fail("the task waiting for etcdctl")?;
+    let grants = a
+        .try_acquire_all(&keys, ttl)
+        .await
+        .or_fail("take the set once etcdctl is gone")?
+        .or_fail("the set is free once etcdctl is gone")?;
+    assert_eq!(grants.len(), keys.len());
+    let leases = a.session_leases();
+    for (grant, key) in grants.iter().zip(&keys) {
+        assert_eq!(grant.key(), key);
+        assert!(
+            grant.fence().raw() > peer_rev,
+            "{key}'s fence {} is not after etcdctl's revision {peer_rev}",
+            grant.fence()
+        );
+        assert_eq!(
+            grant.fence(),
+            grants[0].fence(),
+            "one transaction gives every key its revision"
+        );
+        let under = common::keys_under(&raw, &a.prefix(key)).await?;
+        assert!(
+            under.len() == 1 && leases.contains(&under[0].1),
+            "{key} holds {under:?}, not one key on our session lease {leases:?}"
+        );
+    }
+
+    // etcdctl waits on a key the set holds until leasehold releases it.
+    let mut blocked = spawn_etcdctl_lock(
+        &server,
+        &a.etcdctl_lock_name(&keys[1]),
+        "echo \"$ETCD_LOCK_REV\"",
+    )?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        blocked.try_wait().or_fail("look at etcdctl")?.is_none(),
+        "etcdctl got a key the set holds"
+    );
+    for grant in &grants {
+        assert_eq!(
+            a.release(grant).await.or_fail("release")?,
+            Released::Released
+        );
+    }
+    let output = tokio::task::spawn_blocking(move || blocked.wait_with_output())
+        .await
+        .or_fail("the task waiting for etcdctl")?
+        .or_fail("wait for etcdctl")?;
+    assert!(output.status.success());
+    Ok(())
+}

@@ -30,6 +30,10 @@ use crate::subscription::{Notifications, Subscription};
 use crate::token::RedisFence;
 use crate::waiters::{Turn, Waiters};
 
+mod acquire_all;
+#[cfg(test)]
+mod resent_set;
+
 /// TTLs in whole milliseconds (`PX`), from 1 ms to 30 days: a lease longer than a month is a
 /// configuration mistake, not a lock.
 const TTL: TtlRange = TtlRange::new(
@@ -82,6 +86,8 @@ impl Inner {
 /// * Acquire is one script, one round trip: `SET <lock key> <owner token> NX PX <ttl>` and, if
 ///   that took the key, `INCR` of its fence counter, whose new value is the fence. When the key
 ///   is held, the same script returns the holder's remaining TTL.
+/// * A set of keys is one script that checks every lock key before taking any (one slot on a
+///   Redis Cluster; see `acquire_all.rs`).
 /// * Renew (`PEXPIRE`) and release (`DEL` + `PUBLISH`) are scripts that first compare the lock
 ///   key's value with the owner token.
 /// * Scripts are called by SHA (`EVALSHA`), and sent in full once when the server does not know
@@ -237,7 +243,10 @@ impl RedisAuthority {
         // touch (CROSSSLOT): each lease renews on its own there.
         let capabilities = Capabilities::new(BACKEND, FenceSafety::FailoverUnsafe, durable, TTL)
             .with_exclusion(crate::server::exclusion(server.as_ref()))
-            .with_batch_renewal(!config.is_cluster());
+            .with_batch_renewal(!config.is_cluster())
+            // On a cluster only a set whose keys share one slot fits in one script, and the
+            // keys of most sets do not: there the recipe takes them one by one without asking.
+            .with_atomic_acquire_all(!config.is_cluster());
         // Behind Sentinel, started only once connected, so a failed connect leaves no task.
         let sentinel_watch =
             resolver.map(|resolver| AbortOnDrop(tokio::spawn(resolver.watch_sentinels())));
@@ -390,33 +399,9 @@ impl RedisAuthority {
         // which releases the lease.
         let fence =
             RedisFence::from_reply(reply)?.to_fence(BACKEND, self.inner.config.client.epoch)?;
-        if let Some(wait) = self.inner.config.wait {
-            let mut cmd = redis::cmd("WAIT");
-            cmd.arg(wait.replicas)
-                .arg(u64::try_from(wait.timeout.as_millis()).unwrap_or(u64::MAX));
-            let ask = cmd.query_async::<i64>(&mut pending.con);
-            let acked = match tokio::time::timeout_at(give_up, ask).await {
-                Err(_) => {
-                    self.inner.link.discard(id);
-                    return Err(errors::timed_out("acquire (WAIT)", self.timeout()));
-                }
-                Ok(Err(e)) => return Err(errors::map(e, "acquire (WAIT)")),
-                Ok(Ok(n)) => n,
-            };
-            if acked < i64::from(wait.replicas) {
-                // Dropping the armed guard releases the lease.
-                return Err(Error::Backend {
-                    backend: BACKEND,
-                    message: format!(
-                        "only {acked} of {} replicas acknowledged the acquisition within {:?}; \
-                         it was released",
-                        wait.replicas, wait.timeout
-                    ),
-                    retryable: true,
-                    source: None,
-                });
-            }
-        }
+        // Dropping the armed guard on an error releases the lease.
+        self.wait_for_replicas(&mut pending.con, id, give_up)
+            .await?;
         pending.armed = false;
         let deadline = self.inner.config.client.safety_margin.deadline(sent, ttl);
         Ok(Attempt::Won(Grant::new(
@@ -426,6 +411,46 @@ impl RedisAuthority {
             ttl,
             deadline,
         )))
+    }
+}
+
+impl RedisAuthority {
+    /// `WAIT` for the configured replicas (if any) after an acquisition on `con`, by
+    /// `give_up`: an error when fewer acknowledged it, so that the caller releases what it took.
+    async fn wait_for_replicas(
+        &self,
+        con: &mut Connection,
+        id: u64,
+        give_up: Instant,
+    ) -> Result<()> {
+        let Some(wait) = self.inner.config.wait else {
+            return Ok(());
+        };
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(wait.replicas)
+            .arg(u64::try_from(wait.timeout.as_millis()).unwrap_or(u64::MAX));
+        let ask = cmd.query_async::<i64>(con);
+        let acked = match tokio::time::timeout_at(give_up, ask).await {
+            Err(_) => {
+                self.inner.link.discard(id);
+                return Err(errors::timed_out("acquire (WAIT)", self.timeout()));
+            }
+            Ok(Err(e)) => return Err(errors::map(e, "acquire (WAIT)")),
+            Ok(Ok(n)) => n,
+        };
+        if acked < i64::from(wait.replicas) {
+            return Err(Error::Backend {
+                backend: BACKEND,
+                message: format!(
+                    "only {acked} of {} replicas acknowledged the acquisition within {:?}; \
+                     it was released",
+                    wait.replicas, wait.timeout
+                ),
+                retryable: true,
+                source: None,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -656,6 +681,10 @@ impl Authority for RedisAuthority {
             Attempt::Won(grant) => Ok(Some(grant)),
             Attempt::Held { .. } => Ok(None),
         }
+    }
+
+    async fn try_acquire_all(&self, keys: &[LockKey], ttl: Duration) -> Result<Option<Vec<Grant>>> {
+        self.try_acquire_set(keys, ttl).await
     }
 
     async fn acquire(&self, key: &LockKey, ttl: Duration, max_wait: Duration) -> Result<Grant> {

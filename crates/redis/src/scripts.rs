@@ -1,4 +1,4 @@
-//! The four Lua scripts, and running them by SHA with the full text as the fallback.
+//! The Lua scripts, and running them by SHA with the full text as the fallback.
 
 use redis::{
     ErrorKind, FromRedisValue, ParsingError, RedisResult, ServerErrorKind, ToRedisArgs, Value,
@@ -56,6 +56,69 @@ if pttl < 0 then
   return 0
 end
 return -1 - pttl
+"#;
+
+/// Acquire a set, one atomic step, all keys or none. `KEYS[2i-1]` the `i`th lock key and
+/// `KEYS[2i]` its fence counter; `ARGV[1]` the TTL in milliseconds, `ARGV[i+1]` the `i`th owner
+/// token (fresh for every key of every attempt).
+///
+/// Returns an array of integers: the fences in key order (each its own counter after `INCR`,
+/// as [`ACQUIRE`] takes it) when every lock key was absent and is now ours; empty when any lock
+/// key exists (held by leasehold or by any client of the plain `SET NX PX` convention, with or
+/// without expiry), and then nothing was written.
+///
+/// Every key is checked before any is written, so "held" takes nothing. As in [`ACQUIRE`] the
+/// `INCR`s run under `pcall`: if a counter cannot be raised, every lock key this run set is
+/// deleted again before the error is returned.
+///
+/// A first lock key that holds this attempt's own token was taken by this very call, run once
+/// before (the Redis Cluster client sends a request again after a connection it had to repair):
+/// if every key still holds its token, the script answers that run's fences; if some expired in
+/// between, it deletes the rest (nobody was told of them) and answers "held".
+pub(crate) const ACQUIRE_ALL: &str = r#"
+local n = #KEYS / 2
+if redis.call('GET', KEYS[1]) == ARGV[2] then
+  local fences = {}
+  local whole = true
+  for i = 1, n do
+    local fence = nil
+    if redis.call('GET', KEYS[2 * i - 1]) == ARGV[i + 1] then
+      fence = tonumber(redis.call('GET', KEYS[2 * i]))
+    end
+    if fence == nil then
+      whole = false
+    else
+      fences[i] = fence
+    end
+  end
+  if whole then
+    return fences
+  end
+  for i = 1, n do
+    if redis.call('GET', KEYS[2 * i - 1]) == ARGV[i + 1] then
+      redis.call('DEL', KEYS[2 * i - 1])
+    end
+  end
+  return {}
+end
+for i = 1, n do
+  if redis.call('EXISTS', KEYS[2 * i - 1]) == 1 then
+    return {}
+  end
+end
+local fences = {}
+for i = 1, n do
+  redis.call('SET', KEYS[2 * i - 1], ARGV[i + 1], 'PX', ARGV[1])
+  local fence = redis.pcall('INCR', KEYS[2 * i])
+  if type(fence) == 'table' then
+    for j = 1, i do
+      redis.call('DEL', KEYS[2 * j - 1])
+    end
+    return fence
+  end
+  fences[i] = fence
+end
+return fences
 "#;
 
 /// Renew: extend only if the lock key still holds our owner token. `KEYS[1]` the lock key;
@@ -296,6 +359,7 @@ fn kind(v: &Value) -> &'static str {
 #[derive(Debug, Clone)]
 pub(crate) struct Scripts {
     pub(crate) acquire: LuaScript,
+    pub(crate) acquire_all: LuaScript,
     pub(crate) renew: LuaScript,
     pub(crate) renew_many: LuaScript,
     pub(crate) release: LuaScript,
@@ -316,6 +380,7 @@ impl Scripts {
         };
         Scripts {
             acquire: LuaScript::new(ACQUIRE),
+            acquire_all: LuaScript::new(ACQUIRE_ALL),
             renew: LuaScript::new(RENEW),
             renew_many: LuaScript::new(RENEW_MANY),
             release: announcing(RELEASE),
