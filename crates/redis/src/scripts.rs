@@ -175,7 +175,7 @@ pub(crate) const RELEASE: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1], KEYS[2])
   local payload = KEYS[1]
-  if redis.call('EXISTS', KEYS[3]) == 1 then
+  if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then
     local now = redis.call('TIME')
     local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
     redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', string.format('%.0f', now_ms))

@@ -166,7 +166,11 @@ impl Drop for PendingSet<'_> {
             let release_all = async {
                 for (lock_key, token, channel) in &taken {
                     let value_key = KeyLayout::value_key_of(lock_key);
-                    let (keys, args) = ([lock_key.as_str(), &value_key], [token.as_str(), channel]);
+                    let waiters_key = KeyLayout::waiters_key_of(lock_key);
+                    let (keys, args) = (
+                        [lock_key.as_str(), &value_key, &waiters_key],
+                        [token.as_str(), channel],
+                    );
                     let released = script.run::<i64, _, _>(&mut con, &keys, &args).await;
                     if let Ok(released::ANNOUNCED | released::UNANNOUNCED) = released {
                         tracing::debug!(%lock_key, "released a lease whose set acquisition had no answer");
