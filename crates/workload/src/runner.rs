@@ -851,8 +851,11 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
     schedule.reverse();
     // The entries aimed at the CLI workers' trees go first (the schedule is taken from its
     // end): they land only while a worker runs a round unpaused, and once the random draws
-    // begin, a CLI worker may spend most of a short run paused past its TTL.
-    schedule.sort_by_key(|&(_, _, trees)| trees);
+    // begin, a CLI worker may spend most of a short run paused past its TTL. The kills inside
+    // a transaction come next, for the same reason: they need a worker that is neither paused
+    // nor killed to be caught writing, and the pauses of the first pass thin those out (a
+    // loaded short run caught none in its 4 s attempts).
+    schedule.sort_by_key(|&(kind, _, trees)| (trees, kind == FaultKind::KillWorkerInTransaction));
     let gap = |rng: &mut StdRng| {
         let (lo, hi) = options.fault_gap;
         Duration::from_millis(rng.random_range(lo.as_millis() as u64..=hi.as_millis() as u64))

@@ -89,8 +89,9 @@ pub fn script(command: &Command) -> Option<Script> {
         .last()
         .is_some_and(|w| !w.is_empty() && w.iter().all(u8::is_ascii_digit));
     Some(match (keys.as_deref(), args) {
-        (Some("2"), 2) if last_is_number => Script::Acquire,
-        (Some("2"), 2) => Script::Release,
+        // A waiter's acquisition names the key's waiter queue too, and its id and place.
+        (Some("2"), 2) | (Some("3"), 4) if last_is_number => Script::Acquire,
+        (Some("2" | "3"), 2) => Script::Release,
         (Some("1"), 2) => Script::Renew,
         _ => Script::Other,
     })
