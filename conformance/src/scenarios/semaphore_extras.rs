@@ -114,7 +114,10 @@ pub async fn semaphore_permit_lease_renews_by_hand(ctx: &Context) -> Outcome {
         .await
         .or_fail("take the permit")?
         .ok_or_else(|| Failure::new("no free permit"))?;
-    tokio::time::sleep(ttl / 2).await;
+    // Half of what is left of the permit's lease, not half the TTL: on a loaded machine the
+    // acquisition itself can take most of a short TTL, and a renewal after the local deadline
+    // is rightly refused.
+    tokio::time::sleep(permit.lease().remaining() / 2).await;
     let longer = if ctx.capabilities().renew_with_other_ttl {
         ttl * 3
     } else {
@@ -136,7 +139,7 @@ pub async fn semaphore_permit_lease_renews_by_hand(ctx: &Context) -> Outcome {
         // A fixed TTL extends the permit one TTL from each renewal, less the safety margin: a
         // second renewal half a TTL later takes its deadline well past the first TTL, so the
         // check below has room on a loaded machine.
-        tokio::time::sleep(ttl / 2).await;
+        tokio::time::sleep(deadline.saturating_duration_since(Instant::now()) / 2).await;
         deadline = permit
             .renew(ttl)
             .await

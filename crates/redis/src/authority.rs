@@ -701,7 +701,10 @@ impl Authority for RedisAuthority {
         // core (measured, docs/performance-log.md). Only a caller who finds the key held
         // subscribes, and then tries again before it waits: a release in between is caught by
         // that attempt.
-        if let Attempt::Won(grant) = self.attempt(key, ttl, true).await? {
+        if let Attempt::Won(grant) = self
+            .attempt(key, ttl, self.inner.subscription.hears())
+            .await?
+        {
             return Ok(grant);
         }
         let now = Instant::now();
@@ -732,7 +735,10 @@ impl Authority for RedisAuthority {
             // tries again).
             let mut released = pin!(waiters.turn_handed());
             released.as_mut().enable();
-            let pttl = match self.attempt(key, ttl, true).await? {
+            let pttl = match self
+                .attempt(key, ttl, self.inner.subscription.hears())
+                .await?
+            {
                 Attempt::Won(grant) => {
                     if let Some(turn) = turn.take() {
                         turn.won();

@@ -125,6 +125,15 @@ impl Subscription {
         &self.waiters
     }
 
+    /// Whether announcements reach this authority's waiters now. Only then does a waiter take
+    /// a place in a key's waiter queue: a release that names a waiter who cannot hear it wakes
+    /// nobody (the others leave it to the named one), so a waiter without a subscription (a
+    /// server before RESP3, a user without channel rights, a connection down) stays out of the
+    /// queue and relies on its timer, and releases keep waking those who can hear.
+    pub(crate) fn hears(&self) -> bool {
+        *self.state.borrow() == State::Ready
+    }
+
     /// Starts the subscription on first use and waits at most `bound` for its first attempt to
     /// finish, so that the first waiter does not miss a release that happens right away. On a
     /// Redis Cluster, also subscribes to `lock_key`'s shard channel unless it is already (the
