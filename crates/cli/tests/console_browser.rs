@@ -147,7 +147,12 @@ impl Browser {
                 .block_on(async { client.find(Locator::Css(css)).await?.click().await });
             match clicked {
                 Ok(()) => return Ok(()),
-                Err(e) if tries < 5 && e.to_string().contains("stale") => tries += 1,
+                // The page replaces a row whenever the key changes, so an element found a moment
+                // ago may be gone; on a loaded machine that moment can span several updates.
+                Err(e) if tries < 40 && e.to_string().contains("stale") => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(25));
+                }
                 Err(e) => return Err(format!("click {css}: {e}").into()),
             }
         }
