@@ -120,10 +120,7 @@ impl Authority for MemoryAuthority {
     async fn try_acquire_all(&self, keys: &[LockKey], ttl: Duration) -> Result<Option<Vec<Grant>>> {
         TTL.check(ttl)?;
         leasehold_core::backend::check_canonical(keys)?;
-        let owners = keys
-            .iter()
-            .map(|_| OwnerToken::generate())
-            .collect::<Result<Vec<_>>>()?;
+        let owners = OwnerToken::generate_many(keys.len())?;
         let sent = Instant::now();
         let raws = self
             .server

@@ -155,10 +155,7 @@ impl PostgresAuthority {
     ) -> Result<Option<Vec<Grant>>> {
         TTL.check(ttl)?;
         check_canonical(keys)?;
-        let owners = keys
-            .iter()
-            .map(|_| OwnerToken::generate())
-            .collect::<Result<Vec<_>>>()?;
+        let owners = OwnerToken::generate_many(keys.len())?;
         let claims: Claims = Arc::new(
             keys.iter()
                 .zip(&owners)
