@@ -507,8 +507,9 @@ enum Attempt {
 ///   without the write lock until the key looks free; a release through the same client wakes
 ///   its waiters at once.
 /// * Proclaim is an `UPDATE` matched as renew is, that stores the value with the grant's fence
-///   beside it: it counts only while that grant holds the row. `wait_for_change` polls (a
-///   release or proclaim through the same client cuts it short).
+///   beside it: it counts only while that grant holds the row. `wait_for_change` polls the
+///   row until the key turns free or held (a release or proclaim through the same client cuts
+///   it short).
 /// * WAL mode, `synchronous=FULL` (a grant is on disk before anyone hears of it), and a busy
 ///   timeout of three quarters of the request timeout: a writer that keeps the lock longer makes
 ///   requests fail with a retryable `Backend` error (busy, not `Unavailable`), never "held".
@@ -926,14 +927,37 @@ impl Authority for SqliteAuthority {
     /// Polling, as the backend declares: nothing crosses processes, so it sleeps for
     /// `max_wait`, cut short by a release or proclaim through this same client (any key: a
     /// spurious wake costs one read).
+    /// This client's own changes wake the wait at once; another process's reach it only
+    /// through the file, so the row is read (without the write lock) every poll step, and a key
+    /// that went from held to free or back ends the wait. A failed read ends it too: the
+    /// caller's next read meets the error itself.
     async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()> {
-        let _ = key;
         let until = saturating_add(Instant::now(), max_wait);
-        tokio::select! {
-            _ = self.inner.changed.notified() => {}
-            _ = tokio::time::sleep_until(until) => {}
+        let read = |now: Instant| {
+            let give_up = saturating_add(now, self.inner.timeout()).min(until);
+            self.inner
+                .bounded("wait for a change", give_up, self.inner.peek(key.as_str()))
+        };
+        let changed = self.inner.changed.notified();
+        tokio::pin!(changed);
+        let Ok(first) = read(Instant::now()).await else {
+            return Ok(());
+        };
+        let mut poll = Backoff::new(POLL_FIRST, POLL_CAP);
+        loop {
+            let next = saturating_add(Instant::now(), poll.next_delay()).min(until);
+            tokio::select! {
+                _ = &mut changed => return Ok(()),
+                _ = tokio::time::sleep_until(next) => {}
+            }
+            if next >= until {
+                return Ok(());
+            }
+            match read(next).await {
+                Ok(left) if left.is_zero() == first.is_zero() => {}
+                _ => return Ok(()),
+            }
         }
-        Ok(())
     }
 
     /// Reads the key's row outside any transaction: in WAL mode a reader takes no lock that a

@@ -326,3 +326,52 @@ async fn wait_for_change_wakes_on_the_same_clients_changes() -> TestResult {
     assert!(forever.is_err());
     Ok(())
 }
+
+/// Another client's release wakes `wait_for_change` within a few polls: processes share only the
+/// file, so the wait reads the row (without the write lock) instead of sleeping out `max_wait`.
+/// A semaphore's waiter in another process learns of a freed permit this way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_change_wakes_on_another_clients_release() -> TestResult {
+    let dir = tempfile::tempdir().or_fail("a temporary directory")?;
+    let path = dir.path().join("locks.db");
+    let a = SqliteAuthority::connect(&url(&path))
+        .await
+        .or_fail("connect A")?;
+    let b = Arc::new(
+        SqliteAuthority::connect(&url(&path))
+            .await
+            .or_fail("connect B")?,
+    );
+    let key = LockKey::new("wait/other-client").or_fail("the key")?;
+    let g = a
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .or_fail("A acquires")?
+        .or_fail("the key is free")?;
+    let max_wait = Duration::from_secs(20);
+    let w = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            b.wait_for_change(&key, max_wait)
+                .await
+                .or_fail("B waits for a change")?;
+            TestResult::Ok(Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if w.is_finished() {
+        return Err("B's wait returned while A still held the key".into());
+    }
+    let sent = Instant::now();
+    let _ = a.release(&g).await.or_fail("A releases")?;
+    let woken = tokio::time::timeout(max_wait, w)
+        .await
+        .or_fail("B's wait was not woken within max_wait")?
+        .or_fail("the waiting task")??;
+    // A tenth of max_wait: the old sleep-only wait returned only at max_wait.
+    let took = woken - sent;
+    if took > max_wait / 10 {
+        return Err(format!("B learnt of A's release only after {took:?}").into());
+    }
+    Ok(())
+}

@@ -239,7 +239,8 @@ pub trait Authority: Send + Sync + fmt::Debug {
     /// * Dropping the future leaves nothing behind at the authority that holds, blocks or
     ///   changes any lease (PostgreSQL leaves the waiter's mark on the key, which only makes
     ///   its releases notify until the mark runs out).
-    /// * A backend without notification sleeps for `max_wait` (polling).
+    /// * A backend without notification sleeps for `max_wait`, or polls the key and returns
+    ///   when it turned free or held (SQLite, whose reads are cheap and local).
     async fn wait_for_change(&self, key: &LockKey, max_wait: Duration) -> Result<()>;
 
     /// Ends the lease of whoever holds `key` now, for an operator taking a key away from a
