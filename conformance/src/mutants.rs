@@ -173,7 +173,7 @@ impl Mutated {
     }
 
     fn rewrap(&self, grant: &Grant, fence: Fence, deadline: Instant) -> Grant {
-        Grant::new(
+        leasehold_core::backend::grant(
             grant.key().clone(),
             grant.owner(),
             fence,
@@ -270,7 +270,13 @@ impl Authority for Mutated {
                 FenceSafety::Linearizable,
             )?;
             let deadline = self.options().safety_margin.deadline(sent, ttl);
-            return Ok(Some(Grant::new(key.clone(), owner, fence, ttl, deadline)));
+            return Ok(Some(leasehold_core::backend::grant(
+                key.clone(),
+                owner,
+                fence,
+                ttl,
+                deadline,
+            )));
         }
         match self.inner.try_acquire(key, ttl).await? {
             Some(g) => Ok(Some(self.mutate(g, false).await?)),

@@ -314,9 +314,11 @@ impl EtcdAuthority {
             .safety_margin
             .deadline(sent, ttl)
             .min(session.deadline());
-        Ok(Grant::new(key.clone(), *owner, fence, ttl, deadline)
-            .with_loss_signal(loss)
-            .with_backend_state(won))
+        Ok(
+            leasehold_core::backend::grant(key.clone(), *owner, fence, ttl, deadline)
+                .with_loss_signal(loss)
+                .with_backend_state(won),
+        )
     }
 }
 

@@ -107,7 +107,7 @@ impl Authority for MemoryAuthority {
             .await?;
         let Some(raw) = raw else { return Ok(None) };
         let deadline = self.options.safety_margin.deadline(sent, ttl);
-        Ok(Some(Grant::new(
+        Ok(Some(leasehold_core::backend::grant(
             key.clone(),
             owner,
             self.fence(raw)?,
@@ -142,7 +142,7 @@ impl Authority for MemoryAuthority {
             .zip(owners)
             .zip(raws)
             .map(|((key, owner), raw)| {
-                Ok(Grant::new(
+                Ok(leasehold_core::backend::grant(
                     key.clone(),
                     owner,
                     self.fence(raw)?,

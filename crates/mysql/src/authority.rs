@@ -254,7 +254,13 @@ impl MysqlAuthority {
             self.inner.capabilities.fence_safety,
         )?;
         let deadline = self.inner.config.client.safety_margin.deadline(sent, ttl);
-        Ok(Grant::new(key.clone(), owner, fence, ttl, deadline))
+        Ok(leasehold_core::backend::grant(
+            key.clone(),
+            owner,
+            fence,
+            ttl,
+            deadline,
+        ))
     }
 
     /// One acquisition attempt: the grant, or `None` when the key is held. This side waits for

@@ -178,7 +178,7 @@ impl ObjectStoreAuthority {
                     },
                 );
                 let deadline = self.inner.config.client.safety_margin.deadline(sent, ttl);
-                Ok(Attempt::Won(Grant::new(
+                Ok(Attempt::Won(leasehold_core::backend::grant(
                     key.clone(),
                     owner,
                     fence,

@@ -404,7 +404,13 @@ impl PostgresAuthority {
         let token = PgFence::from_column(raw, self.inner.capabilities.fence_safety)?;
         let fence = token.to_fence(BACKEND, self.inner.config.client.epoch)?;
         let deadline = self.inner.config.client.safety_margin.deadline(sent, ttl);
-        Ok(Grant::new(key.clone(), owner, fence, ttl, deadline))
+        Ok(leasehold_core::backend::grant(
+            key.clone(),
+            owner,
+            fence,
+            ttl,
+            deadline,
+        ))
     }
 
     /// One acquisition attempt. This side waits for the statement's answer up to the request

@@ -78,7 +78,7 @@ async fn a_proclaimed_value_belongs_to_its_grant() -> Result {
     assert_eq!(seen.fence, Some(new.fence()));
 
     // An owner token that never held the key is refused the same way.
-    let forged = leasehold_core::Grant::new(
+    let forged = leasehold_core::backend::grant(
         key.clone(),
         OwnerToken::generate().or_fail("an owner token")?,
         new.fence(),

@@ -404,7 +404,7 @@ impl RedisAuthority {
             .await?;
         pending.armed = false;
         let deadline = self.inner.config.client.safety_margin.deadline(sent, ttl);
-        Ok(Attempt::Won(Grant::new(
+        Ok(Attempt::Won(leasehold_core::backend::grant(
             key.clone(),
             owner,
             fence,

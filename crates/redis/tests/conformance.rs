@@ -191,7 +191,7 @@ impl Liar {
 
     fn lie(grant: Grant) -> leasehold_core::Result<Grant> {
         let fence = Fence::from_value(grant.fence().value(), FenceSafety::Linearizable)?;
-        Ok(Grant::new(
+        Ok(leasehold_core::backend::grant(
             grant.key().clone(),
             grant.owner(),
             fence,

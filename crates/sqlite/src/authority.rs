@@ -716,7 +716,13 @@ impl SqliteAuthority {
         let token = SqliteFence::from_column(raw)?;
         let fence = token.to_fence(BACKEND, self.inner.config.client.epoch)?;
         let deadline = self.inner.config.client.safety_margin.deadline(sent, ttl);
-        Ok(Grant::new(key.clone(), owner, fence, ttl, deadline))
+        Ok(leasehold_core::backend::grant(
+            key.clone(),
+            owner,
+            fence,
+            ttl,
+            deadline,
+        ))
     }
 
     /// One acquisition attempt. This side waits for the step's answer up to the request

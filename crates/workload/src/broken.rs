@@ -61,7 +61,7 @@ impl IgnoresHolder {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let holder_key = Self::derived(key, &format!("holder/{}-{n}", self.tag))?;
         let held = self.inner.acquire(&holder_key, ttl, max_wait).await?;
-        Ok(Grant::new(
+        Ok(leasehold_core::backend::grant(
             key.clone(),
             held.owner(),
             fence,

@@ -405,7 +405,7 @@ impl Contender {
             .config
             .deadline(sent, ttl, self.session.quiet_before(sent));
         Ok(
-            Grant::new(self.key.clone(), self.owner, fence, ttl, deadline)
+            leasehold_core::backend::grant(self.key.clone(), self.owner, fence, ttl, deadline)
                 .with_backend_state(held)
                 .with_loss_signal(loss),
         )

@@ -22,6 +22,9 @@ use crate::lease::loss_signal::LossSignal;
 ///   was sent, TTL minus the [`crate::SafetyMargin`]. Past it, the grant must be treated as lost
 ///   even if nobody said so.
 ///
+/// Only an authority makes one ([`crate::backend::grant`], plumbing the `leasehold` facade does
+/// not re-export), so a grant an application holds is one an authority handed out.
+///
 /// Backends attach their own bookkeeping (an etcd contender key and lease id, a ZooKeeper node
 /// path) with [`Grant::with_backend_state`]; applications never need it.
 #[derive(Clone)]
@@ -36,9 +39,8 @@ pub struct Grant {
 }
 
 impl Grant {
-    /// A grant. `deadline` must come from [`crate::SafetyMargin::deadline`] with the instant the
-    /// request was sent.
-    pub fn new(
+    /// A grant; authorities make one with [`crate::backend::grant`].
+    pub(crate) fn new(
         key: LockKey,
         owner: OwnerToken,
         fence: Fence,
@@ -77,12 +79,6 @@ impl Grant {
     /// The backend's loss signal for this grant, if it has one.
     pub fn loss_signal(&self) -> Option<&LossSignal> {
         self.loss.as_ref()
-    }
-
-    /// The same grant with a new local deadline (after a renewal).
-    pub fn with_deadline(mut self, deadline: Instant) -> Self {
-        self.deadline = deadline;
-        self
     }
 
     /// The locked key.

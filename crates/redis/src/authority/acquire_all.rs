@@ -109,7 +109,9 @@ impl RedisAuthority {
             .iter()
             .zip(tokens)
             .zip(fences)
-            .map(|((key, owner), fence)| Grant::new(key.clone(), owner, fence, ttl, deadline));
+            .map(|((key, owner), fence)| {
+                leasehold_core::backend::grant(key.clone(), owner, fence, ttl, deadline)
+            });
         Ok(Some(grants.collect()))
     }
 }
