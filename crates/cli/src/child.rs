@@ -158,7 +158,7 @@ impl Child {
     pub async fn stop(&mut self, grace: Duration) {
         self.signal_all(Signal::TERM);
         self.signal_all(Signal::CONT);
-        let give_up = leasehold::time::saturating_add(tokio::time::Instant::now(), grace);
+        let give_up = leasehold_core::time::saturating_add(tokio::time::Instant::now(), grace);
         while tokio::time::Instant::now() < give_up {
             if self.leader_gone() && self.rest().is_empty() {
                 return;
@@ -227,7 +227,7 @@ impl Child {
     /// process that is not ours to signal (one that changed its user, as `sudo` does) or is
     /// stuck in the kernel is named, not waited for forever.
     async fn kill_all(&mut self) {
-        let give_up = leasehold::time::saturating_add(tokio::time::Instant::now(), KILL_FOR);
+        let give_up = leasehold_core::time::saturating_add(tokio::time::Instant::now(), KILL_FOR);
         loop {
             self.signal_all(Signal::KILL);
             let rest = self.rest();

@@ -81,8 +81,8 @@ pub use connect::connect;
 /// A connection URL with its password (in the user info or a query parameter) masked, for logs.
 pub use leasehold_core::backend::redact_url;
 pub use leasehold_core::{
-    acquire_or, claim_period, claim_ttl, is_unavailable, telemetry, time, Admission, ArcError,
-    Authority, BoxError, Capabilities, Claim, ClientOptions, Election, Epoch, EpochGuard, Error,
+    acquire_or, claim_period, claim_ttl, is_unavailable, telemetry, Admission, ArcError, Authority,
+    BoxError, Capabilities, Claim, ClientOptions, Election, Epoch, EpochGuard, Error,
     ExclusionSafety, Fence, FenceSafety, FencedRegister, FencedResource, FencingToken, Grant,
     Guarded, IfUnavailable, Inspection, Instant, Instrumented, KeyPrefix, Leader, Leadership,
     Lease, LeaseOptions, LeaseState, LeaseWatch, LockKey, LossSignal, LostReason, Observer,
