@@ -2,13 +2,15 @@
 //! (restart, pause, revoke, and a failover from primary to replica), and a lying variant that
 //! the failover scenario must fail.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_conformance::kit::{ErrOrFail, OrFail, SharedUrl, TestResult, UrlConnector};
+use leasehold_conformance::kit::{
+    ErrOrFail, FailoverFaults, OrFail, ReplicatedPair, SharedUrl, TestResult, UrlConnector,
+};
 use leasehold_conformance::scenarios::{self, run_all};
-use leasehold_conformance::{harness_call, harness_error, Context, Faults, Residue, Verdict};
+use leasehold_conformance::{harness_call, harness_error, Context, Residue, Verdict};
 use leasehold_core::{
     Authority, Capabilities, Fence, FenceSafety, Grant, Instant, LockKey, Released,
 };
@@ -19,67 +21,45 @@ mod common;
 
 use common::{blocking, clients, start_pair, url, wait_in_sync};
 
-/// Crash, freeze, operator and failover faults on a primary and its replica. Clients follow
-/// `url`, which the failover moves to the promoted replica.
-struct RedisFaults {
+/// A Redis primary and its replica for the kit's [`FailoverFaults`]: the failover promotes the
+/// replica, in sync, while the old primary keeps serving the clients connected to it, so what
+/// they write then never reaches the promoted server.
+struct Pair {
     primary: Arc<RedisServer>,
     replica: Arc<RedisServer>,
-    url: SharedUrl,
-    failed_over: Mutex<bool>,
-}
-
-impl RedisFaults {
-    fn new(primary: Arc<RedisServer>, replica: Arc<RedisServer>, url: SharedUrl) -> Self {
-        RedisFaults {
-            primary,
-            replica,
-            url,
-            failed_over: Mutex::new(false),
-        }
-    }
-
-    /// The server clients reach now.
-    fn current(&self) -> Arc<RedisServer> {
-        if *self.failed_over.lock().unwrap_or_else(|e| e.into_inner()) {
-            self.replica.clone()
-        } else {
-            self.primary.clone()
-        }
-    }
-
-    async fn on_current(
-        &self,
-        f: impl FnOnce(&RedisServer) -> leasehold_servers::Result<()> + Send + 'static,
-    ) -> leasehold_core::Result<()> {
-        let server = self.current();
-        harness_call(move || f(&server)).await
-    }
 }
 
 #[async_trait]
-impl Faults for RedisFaults {
-    async fn restart(&self) -> leasehold_core::Result<()> {
-        self.on_current(|s| s.restart()).await
+impl ReplicatedPair for Pair {
+    type Server = RedisServer;
+
+    fn primary(&self) -> &RedisServer {
+        &self.primary
     }
 
-    async fn pause(&self) -> leasehold_core::Result<()> {
-        self.on_current(|s| s.pause()).await
+    fn replica(&self) -> &RedisServer {
+        &self.replica
     }
 
-    async fn resume(&self) -> leasehold_core::Result<()> {
-        self.on_current(|s| s.resume()).await
+    fn replica_url(&self) -> String {
+        url(&self.replica)
     }
 
-    /// An operator deletes the lock key.
-    async fn revoke(&self, key: &LockKey) -> leasehold_core::Result<()> {
+    /// An operator deletes the lock key on the server clients reach at `at` (the promoted
+    /// replica's URL once the failover completed); the fence counter stays.
+    async fn revoke(&self, at: &str, key: &LockKey) -> leasehold_core::Result<()> {
+        let server = if at == self.replica_url() {
+            self.replica.clone()
+        } else {
+            self.primary.clone()
+        };
         let lock_key = KeyLayout::default().lock_key(key);
-        self.on_current(move |s| s.command(&["DEL", &lock_key]).map(|_| ()))
-            .await
+        harness_call(move || server.command(&["DEL", &lock_key]).map(drop)).await
     }
 
-    /// The replica, in sync, is promoted while the old primary keeps serving the clients that
-    /// are connected to it: what they write now never reaches the promoted server.
-    async fn begin_failover(&self) -> leasehold_core::Result<()> {
+    /// Lets the replica catch up, then promotes it (`REPLICAOF NO ONE` ends its replication);
+    /// clients still reach the old primary, which goes on serving them.
+    async fn cut_replication(&self) -> leasehold_core::Result<()> {
         let (primary, replica) = (self.primary.clone(), self.replica.clone());
         blocking(move || {
             wait_in_sync(&*primary, &*replica)?;
@@ -89,12 +69,21 @@ impl Faults for RedisFaults {
         .map_err(harness_error)
     }
 
-    /// New clients reach the promoted server.
-    async fn complete_failover(&self) -> leasehold_core::Result<()> {
-        self.url.set(url(&self.replica));
-        *self.failed_over.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    /// The replica was promoted when its replication was cut; the old primary stays up, as a
+    /// Redis primary that no one told of the failover does.
+    async fn promote_replica(&self) -> leasehold_core::Result<()> {
         Ok(())
     }
+}
+
+/// Faults on a primary and its replica whose clients follow `url`, which the failover moves to
+/// the promoted replica.
+fn failover_faults(
+    primary: Arc<RedisServer>,
+    replica: Arc<RedisServer>,
+    url: SharedUrl,
+) -> FailoverFaults<Pair> {
+    FailoverFaults::new(Arc::new(Pair { primary, replica }), url)
 }
 
 /// What is left in Redis for a key: a lock key (the fence counter stays on purpose).
@@ -146,7 +135,7 @@ async fn passes_the_conformance_suite_with_faults() -> TestResult {
         .await
         .or_fail("connect the first client")?
         .with_residue(Arc::new(RedisResidue(url.clone())))
-        .with_faults(Arc::new(RedisFaults::new(primary, replica, url)));
+        .with_faults(Arc::new(failover_faults(primary, replica, url)));
     let report = run_all("redis", &ctx).await;
     println!("{report}");
     report.assert_passed();
@@ -300,7 +289,7 @@ async fn a_redis_authority_that_claims_linearizable_fences_fails_the_failover_sc
         url(&primary),
         |url| async move { Liar::connect(&url).await },
     );
-    let faults = RedisFaults::new(primary, replica, liars.url());
+    let faults = failover_faults(primary, replica, liars.url());
     let ctx = Context::new(Arc::new(liars))
         .await
         .or_fail("connect the first client")?
