@@ -44,6 +44,7 @@ mod memory;
 mod mysql;
 mod object_store;
 mod postgres;
+mod process_tree;
 mod redis;
 mod server_cpu;
 mod stats;
@@ -347,7 +348,8 @@ async fn bench(o: Options) -> Result<(), BoxError> {
         throughput::run(&subject, o.keys, o.tasks, Duration::from_secs(o.seconds)).await?;
     }
     if wants("held") {
-        held::run(&subject, o.held, o.held_ttl).await?;
+        let server = server_pid.and_then(server_cpu::ServerCpu::new);
+        held::run(&subject, server, o.held, o.held_ttl).await?;
     }
     Ok(())
 }

@@ -31,24 +31,7 @@ impl ServerCpu {
 
     /// Finds the tree's threads again.
     pub fn refresh(&mut self) {
-        let mut processes = vec![self.root];
-        // Parent of every process, once: then the tree is the closure of `root`.
-        let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|entry| {
-                let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-                Some((pid, parent(pid)?))
-            })
-            .collect();
-        let mut i = 0;
-        while i < processes.len() {
-            let p = processes[i];
-            processes.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
-            i += 1;
-        }
-        self.threads = processes
+        self.threads = crate::process_tree::processes(self.root)
             .iter()
             .flat_map(|p| {
                 std::fs::read_dir(format!("/proc/{p}/task"))
@@ -58,6 +41,11 @@ impl ServerCpu {
                     .map(|t| t.path().join("schedstat"))
             })
             .collect();
+    }
+
+    /// The root process of the tree.
+    pub fn root(&self) -> u32 {
+        self.root
     }
 
     /// The tree's CPU time so far (threads that ended meanwhile no longer count: read it in
@@ -73,12 +61,4 @@ impl ServerCpu {
             .sum();
         Duration::from_nanos(nanos)
     }
-}
-
-/// The parent of `pid`, from `/proc/<pid>/stat` (the field after the parenthesised name, which
-/// may itself hold spaces and parentheses).
-fn parent(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(1)?.parse().ok()
 }

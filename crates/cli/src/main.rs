@@ -42,7 +42,7 @@ use leasehold::mysql::MysqlAuthority;
 use leasehold::{
     redact_url, Authority, ClientOptions, Error, Instant, Lease, LeaseOptions, LeaseState, LockKey,
 };
-use leasehold_core::backend::UrlParams;
+use leasehold_core::backend::{ConnectionUrl, UrlParams};
 use leasehold_postgres::PostgresAuthority;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
@@ -154,11 +154,11 @@ fn stdout_written(written: std::io::Result<()>) -> ExitCode {
 pub(crate) fn failed(e: &Error, url: &str, busy: u8) -> u8 {
     say!("leasehold: {}", chain(e));
     if tls_may_be_why(e, url) {
-        let scheme = url.split_once("://").map_or("", |(s, _)| s);
+        let scheme = ConnectionUrl::scheme_of(url).unwrap_or_default();
         say!(
             "leasehold: {scheme}:// asks for TLS: a server that does not speak TLS never \
              answers the handshake, which looks like this; if so, use {}://",
-            scheme.strip_suffix('s').unwrap_or(scheme)
+            scheme.strip_suffix('s').unwrap_or(&scheme)
         );
     }
     if missing_table(e) {
@@ -181,10 +181,7 @@ pub(crate) fn failed(e: &Error, url: &str, busy: u8) -> u8 {
 /// Whether `e` is a request with no answer on a TLS URL (`rediss://`, `etcds://`): a plain
 /// server waits for a request that the client, waiting for the server's TLS hello, never sends.
 fn tls_may_be_why(e: &Error, url: &str) -> bool {
-    let scheme = url
-        .split_once("://")
-        .map(|(s, _)| s.to_ascii_lowercase())
-        .unwrap_or_default();
+    let scheme = ConnectionUrl::scheme_of(url).unwrap_or_default();
     matches!(e, Error::Unavailable { message, .. }
         if (scheme == "rediss" || scheme == "etcds")
             && (message.contains("no answer") || message.contains("timed out")))
@@ -249,8 +246,7 @@ pub(crate) fn authority_url(given: Option<&str>) -> Result<String, u8> {
 }
 
 pub(crate) fn refuse_in_process(url: &str) -> Result<(), String> {
-    let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
-    if scheme.as_deref() == Some("memory") {
+    if ConnectionUrl::scheme_of(url).as_deref() == Some("memory") {
         return Err(format!(
             "`{}` is an in-process authority: every `leasehold` process would have its own, so \
              two runs on one key would both hold it. For a lock between the processes of this \
@@ -782,10 +778,7 @@ async fn migrate(url: &str) -> u8 {
         say!("leasehold: {e}");
         return code::USAGE;
     }
-    let scheme = url
-        .split_once("://")
-        .map(|(s, _)| s.to_ascii_lowercase())
-        .unwrap_or_default();
+    let scheme = ConnectionUrl::scheme_of(url).unwrap_or_default();
     let migrated = match scheme.as_str() {
         "postgres" | "postgresql" => match PostgresAuthority::connect(url).await {
             Ok(authority) => {

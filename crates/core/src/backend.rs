@@ -25,6 +25,6 @@ pub use backoff::Backoff;
 pub use batch_answers::{batch_answers, batch_failed, check_batch_ttls};
 pub use connection_url::{ConnectionUrl, UrlHost};
 pub use grant::grant;
-pub use redact::{redact_url, Secret};
+pub use redact::{redact_url, url_secrets, Secret};
 pub use unclaimed::{claim_or_give_back, Left, Unanswered};
 pub use url_params::{percent_decode, UrlParams};

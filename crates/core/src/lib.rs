@@ -28,8 +28,8 @@
 //! * [`Capabilities`]: what a backend promises, read by the conformance suite.
 //! * [`Error`]: one `#[non_exhaustive]` enum that separates bad input, contention and outages.
 //!
-//! Applications normally depend on the `leasehold` facade crate, which re-exports all of this and
-//! adds `connect(url)`.
+//! Applications normally depend on the `leasehold` facade crate, which re-exports the user API
+//! by name (never the [`backend`] module, which is for backend authors) and adds `connect(url)`.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -13,7 +13,7 @@
 //! * **Expiry by the store's clock only**: a held object is over once the store's now, read
 //!   through a clock object, is at least its last-modified time plus the TTL plus one second
 //!   (the store's times are whole seconds). Why that is safe is derived in `store_clock` and in
-//!   `docs/object-store.md`.
+//!   [docs/object-store.md](https://github.com/leasehold/leasehold/blob/main/docs/object-store.md).
 //! * **Renew and release** are conditional puts over the holder's own last write: a conflict
 //!   means someone else wrote (the lease is lost at once) unless the object still names the
 //!   holder (a write of its own whose answer was lost).

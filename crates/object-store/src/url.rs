@@ -69,7 +69,7 @@ impl StoreUrl {
             poll_max.map_or(max, Duration::from_millis),
         );
         let mut store_keys = Vec::new();
-        for name in remaining_names(url) {
+        for name in parsed.params().names_left() {
             let lower = name.to_ascii_lowercase();
             if CREDENTIAL_WORDS.iter().any(|w| lower.contains(w)) {
                 // Its value is not among the secrets `redact_url` knows by name: the whole
@@ -95,30 +95,6 @@ impl StoreUrl {
             store_keys,
         })
     }
-}
-
-/// The query parameter names of `url` (as written), for the store builder's keys.
-fn remaining_names(url: &str) -> Vec<String> {
-    let Some((_, query)) = url.split_once('?') else {
-        return Vec::new();
-    };
-    let query = query.split('#').next().unwrap_or("");
-    query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| p.split_once('=').map_or(p, |(k, _)| k).to_string())
-        .filter(|k| {
-            !matches!(
-                k.as_str(),
-                "epoch"
-                    | "safety_margin_ms"
-                    | "clock_drift_per_mille"
-                    | "timeout_ms"
-                    | "poll_min_ms"
-                    | "poll_max_ms"
-            )
-        })
-        .collect()
 }
 
 /// The store's client: its own retries stay within the request timeout, so a request that

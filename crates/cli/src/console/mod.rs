@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use leasehold::{redact_url, KeyPrefix};
+use leasehold_core::backend::url_secrets;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tokio::sync::watch;
 
@@ -214,30 +215,14 @@ fn describe_metrics() {
     );
 }
 
-/// `text` with the URL's secrets taken out: the URL itself redacted, and its password, decoded
-/// or not, wherever an error quoted it.
+/// `text` with the URL's secrets taken out: the URL itself redacted, and each secret it
+/// carries, decoded or not, wherever an error quoted it.
 pub(crate) fn redacted(text: &str, url: &str) -> String {
     let mut text = text.replace(url, &redact_url(url));
-    if let Some(password) = password(url) {
-        let decoded = percent_encoding::percent_decode_str(password)
-            .decode_utf8_lossy()
-            .into_owned();
-        for secret in [password.to_string(), decoded] {
-            if !secret.is_empty() {
-                text = text.replace(&secret, "***");
-            }
-        }
+    for secret in url_secrets(url) {
+        text = text.replace(&secret, "***");
     }
     text
-}
-
-/// The password in `url`'s user info, as written.
-fn password(url: &str) -> Option<&str> {
-    let rest = url.split_once("://")?.1;
-    let authority = rest.split(['/', '?', '#']).next()?;
-    let (userinfo, _) = authority.rsplit_once('@')?;
-    let (_, password) = userinfo.split_once(':')?;
-    Some(password).filter(|p| !p.is_empty())
 }
 
 #[cfg(test)]
@@ -252,8 +237,9 @@ mod tests {
             url,
         );
         assert!(!said.contains("hunt"), "{said}");
-        assert_eq!(password("redis://:pw@h/0"), Some("pw"));
-        assert_eq!(password("redis://h/0?x=a:b@c"), None);
+        let query = "postgres://app@db/x?password=s3cret";
+        assert!(!redacted("auth failed for s3cret", query).contains("s3cret"));
+        assert_eq!(redacted("a:b@c", "redis://h/0?x=a:b@c"), "a:b@c");
         assert_eq!(redacted("plain", "sqlite:///x"), "plain");
     }
 }

@@ -271,7 +271,9 @@ async fn revoke(
                 )
             } else {
                 format!(
-                    "The key changed hands just before the revoke: revoked the lease with fence                      {}, not the fence {} you saw (that holder had already gone). The next                      holder's fence is greater.",
+                    "The key changed hands just before the revoke: revoked the lease with fence \
+                     {}, not the fence {} you saw (that holder had already gone). The next \
+                     holder's fence is greater.",
                     fence.value(),
                     form.fence
                 )

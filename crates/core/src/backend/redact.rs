@@ -79,25 +79,55 @@ fn redact_userinfo(url: &str) -> String {
         }
     }
     // Fallback for text `url` cannot parse (several hosts, odd schemes): mask user-info.
-    let Some(start) = url.find("://").map(|i| i + 3) else {
-        return url.to_string();
-    };
-    let rest = &url[start..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    match authority.rfind('@') {
-        Some(at) => {
-            let userinfo = &authority[..at];
+    match userinfo(url) {
+        Some((start, userinfo)) => {
             let user = userinfo.split(':').next().unwrap_or("");
             let masked = if userinfo.contains(':') {
                 format!("{user}:***")
             } else {
                 user.to_string()
             };
-            format!("{}{}{}", &url[..start], masked, &rest[at..])
+            let end = start + userinfo.len();
+            format!("{}{}{}", &url[..start], masked, &url[end..])
         }
         None => url.to_string(),
     }
+}
+
+/// Where `url`'s user info starts and what it says: the text between `://` and the last `@`
+/// of the authority (the part before the first `/`, `?` or `#`), on the text alone.
+fn userinfo(url: &str) -> Option<(usize, &str)> {
+    let start = url.find("://")? + 3;
+    let rest = &url[start..];
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let at = authority.rfind('@')?;
+    Some((start, &authority[..at]))
+}
+
+/// Every secret `url` carries, as written and percent-decoded: the user info's password and
+/// the value of each query parameter whose name says it is a secret. For masking them in text
+/// that quotes one apart from the URL (a driver's error that echoes a password); empty
+/// secrets are left out.
+pub fn url_secrets(url: &str) -> Vec<String> {
+    let mut written: Vec<&str> = Vec::new();
+    if let Some((_, userinfo)) = userinfo(url) {
+        written.extend(userinfo.split_once(':').map(|(_, password)| password));
+    }
+    if let Some((_, query)) = url.split_once('?') {
+        let query = query.split('#').next().unwrap_or("");
+        written.extend(query.split('&').filter_map(|pair| {
+            let (name, value) = pair.split_once('=')?;
+            is_secret_param(name).then_some(value)
+        }));
+    }
+    let mut secrets = Vec::new();
+    for secret in written.into_iter().filter(|s| !s.is_empty()) {
+        if let Some(decoded) = super::url_params::percent_decode(secret).filter(|d| d != secret) {
+            secrets.push(decoded);
+        }
+        secrets.push(secret.to_string());
+    }
+    secrets
 }
 
 #[cfg(test)]
@@ -138,5 +168,18 @@ mod tests {
         }
         let s = Secret::new("hunter2");
         assert_eq!(format!("{s} {s:?}"), "*** ***");
+    }
+
+    #[test]
+    fn every_secret_of_a_url_is_found_as_written_and_decoded() {
+        let url = "postgres://u:p%40ss@h1,h2/db?sslpassword=k%3Dey&sslmode=require&token=#frag";
+        let found = url_secrets(url);
+        for want in ["p%40ss", "p@ss", "k%3Dey", "k=ey"] {
+            assert!(found.iter().any(|s| s == want), "{want} not in {found:?}");
+        }
+        assert_eq!(found.len(), 4, "{found:?}");
+        assert!(url_secrets("redis://h:6379/0?db=1").is_empty());
+        assert!(url_secrets("redis://user@h").is_empty());
+        assert!(url_secrets("not a url").is_empty());
     }
 }

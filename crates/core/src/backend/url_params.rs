@@ -49,6 +49,12 @@ impl UrlParams {
         &self.redacted_url
     }
 
+    /// The names of the parameters not taken yet, in byte order: for a backend that hands the
+    /// rest to a client library's own configuration (an object store's builder keys).
+    pub fn names_left(&self) -> Vec<String> {
+        self.params.keys().cloned().collect()
+    }
+
     /// Removes and returns parameter `name`.
     pub fn take(&mut self, name: &str) -> Option<String> {
         self.params.remove(name)
