@@ -464,12 +464,12 @@ fn recorded_history() -> History {
 
 #[test]
 fn every_run_shows_its_commit_server_versions_and_the_command_that_reruns_it() -> TestResult {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempfile::tempdir().or_fail("tempdir")?;
     let runs = [
         run("etcd fenced", recorded_history()),
         run("old run", fenced_history(true)),
     ];
-    render(&runs, "", dir.path()).expect("render");
+    render(&runs, "", dir.path()).or_fail("render")?;
     let md = read(dir.path(), "README.md")?;
     let html = read(dir.path(), "report.html")?;
     for page in [&md, &html] {
