@@ -4,6 +4,7 @@
 //! These need the Debian packages (`./scripts/test` installs them). A server that cannot start
 //! fails its test; nothing is skipped.
 
+use leasehold_conformance::kit::{OrFail, TestResult};
 use std::time::{Duration, Instant};
 
 use leasehold_servers::{
@@ -40,64 +41,65 @@ fn etcd_options() -> etcd_client::ConnectOptions {
         .with_timeout(Duration::from_secs(1))
 }
 
-async fn etcd_get(client: &mut etcd_client::Client, key: &str) -> Option<Vec<u8>> {
-    let response = client.get(key, None).await.expect("etcd get");
-    response.kvs().first().map(|kv| kv.value().to_vec())
+async fn etcd_get(client: &mut etcd_client::Client, key: &str) -> TestResult<Option<Vec<u8>>> {
+    let response = client.get(key, None).await.or_fail("etcd get")?;
+    Ok(response.kvs().first().map(|kv| kv.value().to_vec()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_single_node_put_get_and_restart_on_same_data() {
+async fn etcd_single_node_put_get_and_restart_on_same_data() -> TestResult {
     let started = Instant::now();
-    let etcd = EtcdServer::start().expect("etcd starts");
+    let etcd = EtcdServer::start().or_fail("etcd starts")?;
     eprintln!("etcd single node ready in {:?}", started.elapsed());
 
     let mut client = etcd_client::Client::connect([etcd.endpoint()], Some(etcd_options()))
         .await
-        .expect("connect");
-    client.put("smoke", "v1", None).await.expect("put");
+        .or_fail("connect")?;
+    client.put("smoke", "v1", None).await.or_fail("put")?;
     assert_eq!(
-        etcd_get(&mut client, "smoke").await.as_deref(),
+        etcd_get(&mut client, "smoke").await?.as_deref(),
         Some(&b"v1"[..])
     );
 
-    let old_pid = etcd.pid().expect("running");
-    etcd.kill().expect("kill");
+    let old_pid = etcd.pid().or_fail("running")?;
+    etcd.kill().or_fail("kill")?;
     assert_eq!(etcd.pid(), None);
     let restarted = Instant::now();
-    etcd.restart().expect("restart");
+    etcd.restart().or_fail("restart")?;
     eprintln!("etcd single node restarted in {:?}", restarted.elapsed());
     assert_ne!(etcd.pid(), Some(old_pid));
 
     let mut client = etcd_client::Client::connect([etcd.endpoint()], Some(etcd_options()))
         .await
-        .expect("reconnect");
+        .or_fail("reconnect")?;
     assert_eq!(
-        etcd_get(&mut client, "smoke").await.as_deref(),
+        etcd_get(&mut client, "smoke").await?.as_deref(),
         Some(&b"v1"[..]),
         "the key survived the crash"
     );
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_cluster_survives_a_leader_crash_and_the_member_rejoins() {
+async fn etcd_cluster_survives_a_leader_crash_and_the_member_rejoins() -> TestResult {
     let started = Instant::now();
-    let cluster = EtcdCluster::start(3).expect("etcd cluster starts");
+    let cluster = EtcdCluster::start(3).or_fail("etcd cluster starts")?;
     eprintln!("etcd 3-member cluster ready in {:?}", started.elapsed());
     assert_eq!(cluster.endpoints().len(), 3);
 
     let mut client = etcd_client::Client::connect(cluster.endpoints(), Some(etcd_options()))
         .await
-        .expect("connect");
-    client.put("before", "1", None).await.expect("put");
+        .or_fail("connect")?;
+    client.put("before", "1", None).await.or_fail("put")?;
     assert_eq!(
-        etcd_get(&mut client, "before").await.as_deref(),
+        etcd_get(&mut client, "before").await?.as_deref(),
         Some(&b"1"[..])
     );
 
-    let leader = cluster.leader().expect("a leader");
+    let leader = cluster.leader().or_fail("a leader")?;
     let killed_at = Instant::now();
-    cluster.member(leader).kill().expect("kill the leader");
-    let new_leader = cluster.leader().expect("a new leader");
+    cluster.member(leader).kill().or_fail("kill the leader")?;
+    let new_leader = cluster.leader().or_fail("a new leader")?;
     eprintln!("etcd: new leader after {:?}", killed_at.elapsed());
     assert_ne!(new_leader, leader, "the dead member cannot lead");
     let survivors: Vec<String> = (0..3)
@@ -106,7 +108,7 @@ async fn etcd_cluster_survives_a_leader_crash_and_the_member_rejoins() {
         .collect();
     let survivor_client = etcd_client::Client::connect(survivors, Some(etcd_options()))
         .await
-        .expect("connect to the survivors");
+        .or_fail("connect to the survivors")?;
     let (_, took) = eventually(
         "a write after the leader crash",
         Duration::from_secs(10),
@@ -122,33 +124,34 @@ async fn etcd_cluster_survives_a_leader_crash_and_the_member_rejoins() {
     cluster
         .member(leader)
         .restart()
-        .expect("the old leader restarts");
+        .or_fail("the old leader restarts")?;
     eprintln!("etcd: killed member rejoined in {:?}", restarted.elapsed());
     let mut rejoined =
         etcd_client::Client::connect([cluster.member(leader).endpoint()], Some(etcd_options()))
             .await
-            .expect("connect to the rejoined member");
+            .or_fail("connect to the rejoined member")?;
     assert_eq!(
-        etcd_get(&mut rejoined, "after").await.as_deref(),
+        etcd_get(&mut rejoined, "after").await?.as_deref(),
         Some(&b"2"[..]),
         "the rejoined member has the write it missed"
     );
     let ctl = cluster
         .etcdctl()
-        .expect("etcdctl")
+        .or_fail("etcdctl")?
         .args(["endpoint", "health"])
         .output()
-        .expect("run etcdctl");
+        .or_fail("run etcdctl")?;
     assert!(ctl.status.success(), "etcdctl endpoint health: {ctl:?}");
+    Ok(())
 }
 
-async fn zk_connect(hosts: &str) -> zookeeper_client::Client {
+async fn zk_connect(hosts: &str) -> TestResult<zookeeper_client::Client> {
     zookeeper_client::Client::connector()
         .with_session_timeout(Duration::from_secs(4))
         .with_connection_timeout(Duration::from_secs(1))
         .connect(hosts)
         .await
-        .expect("zookeeper connect")
+        .or_fail("zookeeper connect")
 }
 
 fn persistent() -> zookeeper_client::CreateOptions<'static> {
@@ -156,41 +159,42 @@ fn persistent() -> zookeeper_client::CreateOptions<'static> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zookeeper_standalone_create_get() {
+async fn zookeeper_standalone_create_get() -> TestResult {
     let started = Instant::now();
-    let zk = ZkServer::start().expect("zookeeper starts");
+    let zk = ZkServer::start().or_fail("zookeeper starts")?;
     eprintln!("zookeeper standalone ready in {:?}", started.elapsed());
     assert_eq!(zk.mode().as_deref(), Some("standalone"));
-    assert_eq!(zk.four_letter_word("ruok").expect("ruok"), "imok");
+    assert_eq!(zk.four_letter_word("ruok").or_fail("ruok")?, "imok");
 
-    let client = zk_connect(&zk.connect_string()).await;
+    let client = zk_connect(&zk.connect_string()).await?;
     client
         .create("/smoke", b"hello", &persistent())
         .await
-        .expect("create");
-    let (data, stat) = client.get_data("/smoke").await.expect("get");
+        .or_fail("create")?;
+    let (data, stat) = client.get_data("/smoke").await.or_fail("get")?;
     assert_eq!(data, b"hello");
     assert!(stat.czxid > 0);
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zookeeper_ensemble_elects_a_new_leader_with_a_new_epoch() {
+async fn zookeeper_ensemble_elects_a_new_leader_with_a_new_epoch() -> TestResult {
     let started = Instant::now();
-    let ensemble = ZkEnsemble::start(3).expect("zookeeper ensemble starts");
+    let ensemble = ZkEnsemble::start(3).or_fail("zookeeper ensemble starts")?;
     eprintln!("zookeeper 3-node ensemble ready in {:?}", started.elapsed());
 
-    let client = zk_connect(&ensemble.connect_string()).await;
+    let client = zk_connect(&ensemble.connect_string()).await?;
     client
         .create("/before", b"", &persistent())
         .await
-        .expect("create");
-    let (_, before) = client.get_data("/before").await.expect("get");
+        .or_fail("create")?;
+    let (_, before) = client.get_data("/before").await.or_fail("get")?;
     drop(client);
 
-    let leader = ensemble.leader().expect("a leader");
+    let leader = ensemble.leader().or_fail("a leader")?;
     let killed_at = Instant::now();
-    ensemble.member(leader).kill().expect("kill the leader");
-    let new_leader = ensemble.leader().expect("a new leader");
+    ensemble.member(leader).kill().or_fail("kill the leader")?;
+    let new_leader = ensemble.leader().or_fail("a new leader")?;
     eprintln!("zookeeper: new leader after {:?}", killed_at.elapsed());
     assert_ne!(new_leader, leader);
 
@@ -199,7 +203,7 @@ async fn zookeeper_ensemble_elects_a_new_leader_with_a_new_epoch() {
         .map(|i| ensemble.member(i).connect_string())
         .collect::<Vec<_>>()
         .join(",");
-    let client = zk_connect(&survivors).await;
+    let client = zk_connect(&survivors).await?;
     let (_, took) = eventually(
         "a create after the leader crash",
         Duration::from_secs(10),
@@ -215,7 +219,7 @@ async fn zookeeper_ensemble_elects_a_new_leader_with_a_new_epoch() {
     )
     .await;
     eprintln!("zookeeper: then the first create took {took:?}");
-    let (_, after) = client.get_data("/after").await.expect("get");
+    let (_, after) = client.get_data("/after").await.or_fail("get")?;
     assert!(
         after.czxid >> 32 > before.czxid >> 32,
         "the epoch (czxid's high 32 bits) went up: {:#x} -> {:#x}",
@@ -226,37 +230,38 @@ async fn zookeeper_ensemble_elects_a_new_leader_with_a_new_epoch() {
     ensemble
         .member(leader)
         .restart()
-        .expect("the old leader restarts");
+        .or_fail("the old leader restarts")?;
     assert_eq!(ensemble.member(leader).mode().as_deref(), Some("follower"));
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_replica_follows_the_primary_and_can_be_promoted() {
+async fn redis_replica_follows_the_primary_and_can_be_promoted() -> TestResult {
     let started = Instant::now();
-    let primary = RedisServer::start().expect("redis primary starts");
-    let replica = RedisServer::start_replica_of(&primary).expect("redis replica starts");
+    let primary = RedisServer::start().or_fail("redis primary starts")?;
+    let replica = RedisServer::start_replica_of(&primary).or_fail("redis replica starts")?;
     eprintln!(
         "redis primary + synced replica ready in {:?}",
         started.elapsed()
     );
 
-    let client = redis::Client::open(primary.url()).expect("url");
+    let client = redis::Client::open(primary.url()).or_fail("url")?;
     let mut primary_con = client
         .get_multiplexed_async_connection()
         .await
-        .expect("connect");
+        .or_fail("connect")?;
     let _: () = redis::cmd("SET")
         .arg("smoke")
         .arg("v1")
         .query_async(&mut primary_con)
         .await
-        .expect("SET");
+        .or_fail("SET")?;
 
-    let replica_client = redis::Client::open(replica.url()).expect("url");
+    let replica_client = redis::Client::open(replica.url()).or_fail("url")?;
     let mut replica_con = replica_client
         .get_multiplexed_async_connection()
         .await
-        .expect("connect to the replica");
+        .or_fail("connect to the replica")?;
     let (value, _) = eventually(
         "the write reaching the replica",
         Duration::from_secs(5),
@@ -280,45 +285,46 @@ async fn redis_replica_follows_the_primary_and_can_be_promoted() {
         .await;
     assert!(refused.is_err(), "a replica refuses writes");
 
-    assert_eq!(replica.role().expect("role"), "slave");
-    replica.promote().expect("promote");
-    assert_eq!(replica.role().expect("role"), "master");
+    assert_eq!(replica.role().or_fail("role")?, "slave");
+    replica.promote().or_fail("promote")?;
+    assert_eq!(replica.role().or_fail("role")?, "master");
     let _: () = redis::cmd("SET")
         .arg("smoke")
         .arg("v2")
         .query_async(&mut replica_con)
         .await
-        .expect("the promoted replica takes writes");
-    assert_eq!(replica.command(&["GET", "smoke"]).expect("GET"), "v2");
+        .or_fail("the promoted replica takes writes")?;
+    assert_eq!(replica.command(&["GET", "smoke"]).or_fail("GET")?, "v2");
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_survives_kill_9_and_restarts_on_the_same_data() {
+async fn postgres_survives_kill_9_and_restarts_on_the_same_data() -> TestResult {
     let started = Instant::now();
-    let pg = PostgresServer::start().expect("postgres starts");
+    let pg = PostgresServer::start().or_fail("postgres starts")?;
     eprintln!("postgres (initdb + start) ready in {:?}", started.elapsed());
 
     let mut con = sqlx::PgConnection::connect(&pg.url())
         .await
-        .expect("connect");
+        .or_fail("connect")?;
     let one: i32 = sqlx::query_scalar("SELECT 1")
         .fetch_one(&mut con)
         .await
-        .expect("SELECT 1");
+        .or_fail("SELECT 1")?;
     assert_eq!(one, 1);
     sqlx::query("CREATE TABLE smoke (v text)")
         .execute(&mut con)
         .await
-        .expect("create table");
+        .or_fail("create table")?;
     sqlx::query("INSERT INTO smoke VALUES ('kept')")
         .execute(&mut con)
         .await
-        .expect("insert");
+        .or_fail("insert")?;
 
-    let old_pid = pg.pid().expect("running");
-    pg.kill().expect("kill -9");
+    let old_pid = pg.pid().or_fail("running")?;
+    pg.kill().or_fail("kill -9")?;
     let restarted = Instant::now();
-    pg.restart().expect("restart on the same data");
+    pg.restart().or_fail("restart on the same data")?;
     eprintln!(
         "postgres restarted after SIGKILL in {:?}",
         restarted.elapsed()
@@ -331,32 +337,33 @@ async fn postgres_survives_kill_9_and_restarts_on_the_same_data() {
 
     let mut con = sqlx::PgConnection::connect(&pg.url())
         .await
-        .expect("reconnect");
+        .or_fail("reconnect")?;
     let kept: String = sqlx::query_scalar("SELECT v FROM smoke")
         .fetch_one(&mut con)
         .await
-        .expect("select");
+        .or_fail("select")?;
     assert_eq!(kept, "kept");
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_server_times_out_and_serves_again_after_resume() {
-    let server = RedisServer::start().expect("redis starts");
-    let client = redis::Client::open(server.url()).expect("url");
+async fn a_paused_server_times_out_and_serves_again_after_resume() -> TestResult {
+    let server = RedisServer::start().or_fail("redis starts")?;
+    let client = redis::Client::open(server.url()).or_fail("url")?;
     let config =
         redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_millis(500)));
     let mut con = client
         .get_multiplexed_async_connection_with_config(&config)
         .await
-        .expect("connect");
+        .or_fail("connect")?;
     let _: () = redis::cmd("SET")
         .arg("k")
         .arg("v")
         .query_async(&mut con)
         .await
-        .expect("SET");
+        .or_fail("SET")?;
 
-    server.pause().expect("SIGSTOP");
+    server.pause().or_fail("SIGSTOP")?;
     let during = tokio::time::timeout(
         Duration::from_secs(2),
         redis::cmd("GET")
@@ -369,45 +376,47 @@ async fn a_paused_server_times_out_and_serves_again_after_resume() {
         "a paused server must not answer: {during:?}"
     );
 
-    server.resume().expect("SIGCONT");
+    server.resume().or_fail("SIGCONT")?;
     let mut fresh = client
         .get_multiplexed_async_connection()
         .await
-        .expect("reconnect");
+        .or_fail("reconnect")?;
     let value: Option<String> = redis::cmd("GET")
         .arg("k")
         .query_async(&mut fresh)
         .await
-        .expect("GET after resume");
+        .or_fail("GET after resume")?;
     assert_eq!(value.as_deref(), Some("v"));
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn password_variants_refuse_a_wrong_password() {
-    let redis = RedisServer::start_with_password("s3cret").expect("redis starts");
-    let wrong = redis::Client::open(redis.url_with_password("wrong")).expect("url");
+async fn password_variants_refuse_a_wrong_password() -> TestResult {
+    let redis = RedisServer::start_with_password("s3cret").or_fail("redis starts")?;
+    let wrong = redis::Client::open(redis.url_with_password("wrong")).or_fail("url")?;
     assert!(wrong.get_multiplexed_async_connection().await.is_err());
-    let right = redis::Client::open(redis.url()).expect("url");
+    let right = redis::Client::open(redis.url()).or_fail("url")?;
     let mut con = right
         .get_multiplexed_async_connection()
         .await
-        .expect("right password");
+        .or_fail("right password")?;
     let pong: String = redis::cmd("PING")
         .query_async(&mut con)
         .await
-        .expect("PING");
+        .or_fail("PING")?;
     assert_eq!(pong, "PONG");
 
-    let pg = PostgresServer::start_with_password("s3cret").expect("postgres starts");
+    let pg = PostgresServer::start_with_password("s3cret").or_fail("postgres starts")?;
     assert!(sqlx::PgConnection::connect(&pg.url_with_password("wrong"))
         .await
         .is_err());
     let mut con = sqlx::PgConnection::connect(&pg.url())
         .await
-        .expect("right password");
+        .or_fail("right password")?;
     let one: i32 = sqlx::query_scalar("SELECT 1")
         .fetch_one(&mut con)
         .await
-        .expect("SELECT 1");
+        .or_fail("SELECT 1")?;
     assert_eq!(one, 1);
+    Ok(())
 }

@@ -171,6 +171,7 @@ mod tests {
     //! holder, fails them. (Kept here rather than in `Mutant::ALL`, which the workload's own
     //! teeth test also walks, and which no workload history could show.)
 
+    use crate::kit::{OrFail, TestResult};
     use std::sync::Arc;
 
     use async_trait::async_trait;
@@ -234,10 +235,12 @@ mod tests {
                 Flaw::CounterAsFence => {
                     if let Some(f) = seen.fence {
                         let raw = f.raw() + 1;
-                        seen.fence = Some(
-                            leasehold_core::Fence::compose("t", f.epoch(), raw, f.safety())
-                                .unwrap(),
-                        );
+                        seen.fence = Some(leasehold_core::Fence::compose(
+                            "t",
+                            f.epoch(),
+                            raw,
+                            f.safety(),
+                        )?);
                     }
                 }
             }
@@ -277,33 +280,36 @@ mod tests {
         }
     }
 
-    async fn context(flaw: Flaw) -> Context {
+    async fn context(flaw: Flaw) -> TestResult<Context> {
         Context::new(Arc::new(FlawedConnector(MemoryServer::new(), flaw)))
             .await
-            .unwrap()
+            .or_fail("a context for the flawed authority")
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_reference_passes_both() {
-        let ctx = context(Flaw::None).await;
+    async fn the_reference_passes_both() -> TestResult {
+        let ctx = context(Flaw::None).await?;
         assert_eq!(
             inspect_reports_holder_and_fence(&ctx).await,
             Ok(Verdict::Passed)
         );
         assert_eq!(inspect_changes_nothing(&ctx).await, Ok(Verdict::Passed));
+        Ok(())
     }
 
     #[tokio::test(start_paused = true)]
-    async fn an_inspect_that_renews_is_caught() {
-        let ctx = context(Flaw::Renews).await;
+    async fn an_inspect_that_renews_is_caught() -> TestResult {
+        let ctx = context(Flaw::Renews).await?;
         let outcome = inspect_changes_nothing(&ctx).await;
         assert!(outcome.is_err(), "{outcome:?}");
+        Ok(())
     }
 
     #[tokio::test(start_paused = true)]
-    async fn an_inspect_that_misreports_the_fence_is_caught() {
-        let ctx = context(Flaw::CounterAsFence).await;
+    async fn an_inspect_that_misreports_the_fence_is_caught() -> TestResult {
+        let ctx = context(Flaw::CounterAsFence).await?;
         let outcome = inspect_reports_holder_and_fence(&ctx).await;
         assert!(outcome.is_err(), "{outcome:?}");
+        Ok(())
     }
 }

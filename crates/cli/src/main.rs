@@ -817,6 +817,7 @@ async fn migrate(url: &str) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{ErrOrFail, OrFail, TestResult};
 
     const MS: Duration = Duration::from_millis(1);
 
@@ -842,14 +843,16 @@ mod tests {
 
     /// A grant is handed to the command only while its local deadline is ahead.
     #[test]
-    fn a_grant_past_its_deadline_is_not_handed_over() {
-        let key = LockKey::new("k").unwrap();
+    fn a_grant_past_its_deadline_is_not_handed_over() -> TestResult {
+        let key = LockKey::new("k").or_fail("the key `k`")?;
         let now = Instant::now();
         assert_eq!(time_left(&key, now + 5 * MS, now), Ok(5 * MS));
         assert!(time_left(&key, now, now).is_err());
-        let late = time_left(&key, now, now + 250 * MS).unwrap_err();
+        let late = time_left(&key, now, now + 250 * MS)
+            .err_or_fail("time_left with a deadline already past")?;
         assert!(late.contains("250ms late"), "{late}");
         assert!(late.contains("not started"), "{late}");
+        Ok(())
     }
 
     #[test]
@@ -881,12 +884,14 @@ mod tests {
     }
 
     #[test]
-    fn memory_is_refused_and_others_pass() {
+    fn memory_is_refused_and_others_pass() -> TestResult {
         for url in ["memory://", "memory://x", "MEMORY://x"] {
-            let e = refuse_in_process(url).unwrap_err();
+            let e =
+                refuse_in_process(url).err_or_fail("refuse_in_process on the in-process URL")?;
             assert!(e.contains("sqlite://"), "{e}");
         }
         assert!(refuse_in_process("redis://h").is_ok());
+        Ok(())
     }
 
     #[test]

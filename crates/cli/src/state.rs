@@ -82,38 +82,43 @@ pub fn url_or_default(given: Option<&str>) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{ErrOrFail, OrFail, TestResult};
 
     fn os(s: &str) -> Option<OsString> {
         Some(OsString::from(s))
     }
 
     #[test]
-    fn the_default_follows_xdg_then_home() {
+    fn the_default_follows_xdg_then_home() -> TestResult {
         assert_eq!(
-            default_db(os("/s"), os("/h")).unwrap(),
+            default_db(os("/s"), os("/h")).or_fail("the default database under XDG_STATE_HOME")?,
             PathBuf::from("/s/leasehold/locks.db")
         );
         for xdg in [None, os(""), os("rel")] {
             assert_eq!(
-                default_db(xdg, os("/h")).unwrap(),
+                default_db(xdg, os("/h")).or_fail("the default database under XDG_STATE_HOME")?,
                 PathBuf::from("/h/.local/state/leasehold/locks.db")
             );
         }
         for (xdg, home) in [(None, None), (os(""), os("")), (os("a"), os("b"))] {
-            let e = default_db(xdg, home).unwrap_err();
+            let e = default_db(xdg, home).err_or_fail("a default database with no home")?;
             assert!(e.contains("--url") && e.contains("XDG_STATE_HOME"), "{e}");
         }
+        Ok(())
     }
 
     #[test]
-    fn the_url_encodes_what_a_url_would_misread() {
+    fn the_url_encodes_what_a_url_would_misread() -> TestResult {
         assert_eq!(
-            sqlite_url(Path::new("/h/.local/state/leasehold/locks.db")).unwrap(),
+            sqlite_url(Path::new("/h/.local/state/leasehold/locks.db"))
+                .or_fail("the sqlite URL of a plain path")?,
             "sqlite:///h/.local/state/leasehold/locks.db"
         );
         assert_eq!(
-            sqlite_url(Path::new("/a b/c?d#e%f/é")).unwrap(),
+            sqlite_url(Path::new("/a b/c?d#e%f/é"))
+                .or_fail("the sqlite URL of a path with URL syntax in it")?,
             "sqlite:///a%20b/c%3Fd%23e%25f/%C3%A9"
         );
+        Ok(())
     }
 }

@@ -245,11 +245,13 @@ pub(crate) fn string(text: &str) -> String {
 mod tests {
     use super::*;
     use leasehold::{Epoch, Fence, FenceSafety, OwnerId};
+    use leasehold_conformance::kit::{OrFail, TestResult};
 
     #[test]
-    fn says_held_and_free_in_a_line_and_in_json() {
-        let key = LockKey::new("job:\"1\"").unwrap();
-        let fence = Fence::compose("t", Epoch::ZERO, 7, FenceSafety::Linearizable).unwrap();
+    fn says_held_and_free_in_a_line_and_in_json() -> TestResult {
+        let key = LockKey::new("job:\"1\"").or_fail("the key with a quote")?;
+        let fence =
+            Fence::compose("t", Epoch::ZERO, 7, FenceSafety::Linearizable).or_fail("fence 7")?;
         let held = Inspection::held("redis", key.clone(), OwnerId::peer("kazoo"))
             .with_fence(Some(fence))
             .with_remaining(Some(Duration::from_micros(8_200_400)))
@@ -275,5 +277,6 @@ mod tests {
             "job:\"1\": free (sqlite at sqlite:///x)"
         );
         assert_eq!(string("a\\b\n\u{1}"), r#""a\\b\n\u0001""#);
+        Ok(())
     }
 }

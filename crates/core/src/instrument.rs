@@ -294,6 +294,8 @@ mod tests {
     use crate::contract::fence::FenceSafety;
     use crate::contract::ttl::TtlRange;
 
+    type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
     /// Answers inspect and list_keys only: enough to see that the wrapper passes them on to the
     /// authority it wraps.
     #[derive(Debug)]
@@ -354,7 +356,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn inspect_is_passed_on() {
+    async fn inspect_is_passed_on() -> TestResult {
         let ttl = TtlRange::new(
             Duration::from_millis(1),
             Duration::from_secs(1),
@@ -362,11 +364,21 @@ mod tests {
         );
         let caps = Capabilities::new("stub", FenceSafety::Linearizable, true, ttl);
         let wrapped = Instrumented::new(Arc::new(InspectOnly(caps)));
-        let key = LockKey::new("k").unwrap();
-        let seen = wrapped.inspect(&key).await.unwrap();
+        let key = LockKey::new("k").map_err(|e| format!("the key `k`: {e}"))?;
+        let seen = wrapped
+            .inspect(&key)
+            .await
+            .map_err(|e| format!("inspect through the wrapper: {e}"))?;
         assert_eq!(seen, Inspection::free("stub", key));
-        let prefix = KeyPrefix::new("p/").unwrap();
-        let listed = wrapped.list_keys(&prefix, 10).await.unwrap();
-        assert_eq!(listed, vec![LockKey::new("p/x").unwrap()]);
+        let prefix = KeyPrefix::new("p/").map_err(|e| format!("the prefix p/: {e}"))?;
+        let listed = wrapped
+            .list_keys(&prefix, 10)
+            .await
+            .map_err(|e| format!("list_keys through the wrapper: {e}"))?;
+        assert_eq!(
+            listed,
+            vec![LockKey::new("p/x").map_err(|e| format!("the key p/x: {e}"))?]
+        );
+        Ok(())
     }
 }

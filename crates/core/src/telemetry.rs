@@ -303,9 +303,12 @@ impl HoldRecord {
 mod tests {
     use super::*;
 
+    type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
     #[test]
-    fn key_labels_follow_the_policy() {
-        let key = LockKey::new("invoice:inv_72").unwrap();
+    fn key_labels_follow_the_policy() -> TestResult {
+        let key =
+            LockKey::new("invoice:inv_72").map_err(|e| format!("the key invoice:inv_72: {e}"))?;
         assert_eq!(KeyLabels::None.value(&key), None);
         assert_eq!(KeyLabels::UpTo(':').value(&key).as_deref(), Some("invoice"));
         assert_eq!(KeyLabels::UpTo('/').value(&key).as_deref(), Some("other"));
@@ -314,5 +317,6 @@ mod tests {
             Some("invoice:inv_72")
         );
         assert_eq!(KeyLabels::default(), KeyLabels::None);
+        Ok(())
     }
 }

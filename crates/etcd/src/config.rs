@@ -203,18 +203,19 @@ fn check_namespace(ns: &str) -> std::result::Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{ErrOrFail, OrFail, TestResult};
 
     #[test]
-    fn parses_endpoints_user_namespace_and_params() {
+    fn parses_endpoints_user_namespace_and_params() -> TestResult {
         let c = EtcdConfig::from_url(
             "etcd://root:hunter%402@h1:2379,h2,[::1]:2381/app/locks?timeout_ms=700&session_idle_ms=5000&epoch=2",
         )
-        .unwrap();
+        .or_fail("the etcd URL with credentials")?;
         assert_eq!(
             c.endpoints,
             vec!["http://h1:2379", "http://h2:2379", "http://[::1]:2381"]
         );
-        let (user, password) = c.user.as_ref().unwrap();
+        let (user, password) = c.user.as_ref().or_fail("the credentials")?;
         assert_eq!(user, "root");
         assert_eq!(password.expose(), "hunter@2");
         assert_eq!(c.namespace, "app/locks");
@@ -225,20 +226,21 @@ mod tests {
         let shown = format!("{c:?}");
         assert!(!shown.contains("hunter"), "{shown}");
 
-        let d = EtcdConfig::from_url("etcd://127.0.0.1:2379").unwrap();
+        let d = EtcdConfig::from_url("etcd://127.0.0.1:2379").or_fail("the plain etcd URL")?;
         assert_eq!(d.namespace, DEFAULT_NAMESPACE);
         assert!(d.user.is_none());
 
-        let t =
-            EtcdConfig::from_url("etcds://h:2379?tls_ca=/ca.pem&tls_domain=etcd.local").unwrap();
+        let t = EtcdConfig::from_url("etcds://h:2379?tls_ca=/ca.pem&tls_domain=etcd.local")
+            .or_fail("the etcds URL with TLS files")?;
         assert_eq!(t.endpoints, vec!["https://h:2379"]);
-        let files = t.tls.unwrap();
+        let files = t.tls.or_fail("the TLS files")?;
         assert_eq!(files.ca, Some(PathBuf::from("/ca.pem")));
         assert_eq!(files.domain.as_deref(), Some("etcd.local"));
+        Ok(())
     }
 
     #[test]
-    fn rejects_bad_urls_without_printing_the_password() {
+    fn rejects_bad_urls_without_printing_the_password() -> TestResult {
         for bad in [
             "etcd://u:hunter2@h:2379?bogus=1",
             "etcd://u:hunter2@h:2379?tls_ca=/ca.pem",
@@ -255,7 +257,7 @@ mod tests {
             "etcd://u:hunter2@h1,,h2",
             "etcd://u:hunter2@h1, h2",
         ] {
-            let err = EtcdConfig::from_url(bad).unwrap_err();
+            let err = EtcdConfig::from_url(bad).err_or_fail("a bad URL")?;
             let shown = format!("{err} {err:?}");
             assert!(!shown.contains("hunter2"), "{bad}: {shown}");
             assert!(
@@ -263,5 +265,6 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+        Ok(())
     }
 }

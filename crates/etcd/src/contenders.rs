@@ -374,33 +374,43 @@ impl Contenders {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{OrFail, TestResult};
 
     const LEASE: i64 = 0xabc;
 
     fn owner() -> OwnerToken {
-        OwnerToken::generate().unwrap()
+        OwnerToken::generate().expect("a generated owner token")
     }
 
     #[tokio::test(start_paused = true)]
-    async fn reserves_distinct_names_and_reuses_freed_ones() {
+    async fn reserves_distinct_names_and_reuses_freed_ones() -> TestResult {
         let c = Contenders::new();
         let (o1, o2) = (owner(), owner());
-        let a = c.reserve("p/", LEASE, o1).unwrap();
-        let b = c.reserve("p/", LEASE, o2).unwrap();
+        let a = c
+            .reserve("p/", LEASE, o1)
+            .or_fail("reserving a name for o1")?;
+        let b = c
+            .reserve("p/", LEASE, o2)
+            .or_fail("reserving a name for o2")?;
         assert_eq!(a, "p/abc");
         assert_eq!(b, "p/abc_1");
         c.waiting(&a, o1, 10);
         c.forget(&a, o1);
-        assert_eq!(c.reserve("p/", LEASE, owner()).unwrap(), "p/abc");
+        assert_eq!(
+            c.reserve("p/", LEASE, owner())
+                .or_fail("reserving a name again")?,
+            "p/abc"
+        );
         assert!(!c.end(LostReason::SessionEnded));
         assert!(c.reserve("p/", LEASE, owner()).is_none());
+        Ok(())
     }
 
     #[tokio::test(start_paused = true)]
-    async fn held_keys_are_withdrawn_at_their_ttl_unless_renewed() {
+    async fn held_keys_are_withdrawn_at_their_ttl_unless_renewed() -> TestResult {
         let c = Contenders::new();
         let o = owner();
-        let name = c.reserve("p/", LEASE, o).unwrap();
+        let name = c.reserve("p/", LEASE, o).or_fail("reserving a name")?;
         let start = Instant::now();
         c.held(
             &name,
@@ -435,13 +445,14 @@ mod tests {
         c.forget(&name, o);
         assert!(!c.knows(&name, o.to_hex().as_bytes(), 7));
         assert!(c.idle_since().is_some());
+        Ok(())
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_stale_withdrawal_leaves_a_newer_entry_alone() {
+    async fn a_stale_withdrawal_leaves_a_newer_entry_alone() -> TestResult {
         let c = Contenders::new();
         let o = owner();
-        let name = c.reserve("p/", LEASE, o).unwrap();
+        let name = c.reserve("p/", LEASE, o).or_fail("reserving a name")?;
         c.held(
             &name,
             o,
@@ -456,23 +467,30 @@ mod tests {
                 .map(|w| w.revision),
             Some(Some(20))
         );
+        Ok(())
     }
 
     /// A late confirmation for an earlier acquisition under a reused name must not
     /// erase the newer acquisition's booking (its key would then look like an orphan and be
     /// deleted), and a name whose delete may still be in flight is not reused at all.
     #[tokio::test(start_paused = true)]
-    async fn a_late_forget_spares_the_next_acquisition_under_the_same_name() {
+    async fn a_late_forget_spares_the_next_acquisition_under_the_same_name() -> TestResult {
         let c = Contenders::new();
         let (first, second) = (owner(), owner());
-        let name = c.reserve("p/", LEASE, first).unwrap();
-        let w = c.withdraw(&name, first, None, Instant::now()).unwrap();
+        let name = c
+            .reserve("p/", LEASE, first)
+            .or_fail("reserving a name for the first owner")?;
+        let w = c
+            .withdraw(&name, first, None, Instant::now())
+            .or_fail("withdrawing the first owner's name")?;
         assert_eq!(
             w.revision, None,
             "an unanswered write is deleted by its owner"
         );
         c.forget(&name, first);
-        let again = c.reserve("p/", LEASE, second).unwrap();
+        let again = c
+            .reserve("p/", LEASE, second)
+            .or_fail("reserving a name for the second owner")?;
         assert_eq!(again, name, "confirmed gone: the name is free");
         c.waiting(&again, second, 30);
         // The earlier acquisition's (late, duplicate) confirmation arrives now.
@@ -483,21 +501,33 @@ mod tests {
         // A delete that got no answer may still be in flight: the name waits that long.
         let third = owner();
         c.forget(&name, second);
-        let name = c.reserve("p/", LEASE, third).unwrap();
-        c.withdraw(&name, third, None, Instant::now()).unwrap();
+        let name = c
+            .reserve("p/", LEASE, third)
+            .or_fail("reserving a name for the third owner")?;
+        c.withdraw(&name, third, None, Instant::now())
+            .or_fail("withdrawing the third owner's name")?;
         c.delete_unanswered(&name, third, Instant::now() + Duration::from_secs(1));
         c.forget(&name, third);
-        let other = c.reserve("p/", LEASE, owner()).unwrap();
+        let other = c
+            .reserve("p/", LEASE, owner())
+            .or_fail("reserving a name for another owner")?;
         assert_ne!(other, name, "reused while a delete may be in flight");
         tokio::time::advance(Duration::from_secs(2)).await;
-        assert_eq!(c.reserve("p/", LEASE, owner()).unwrap(), name);
+        assert_eq!(
+            c.reserve("p/", LEASE, owner())
+                .or_fail("reserving the name again")?,
+            name
+        );
+        Ok(())
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_session_booking_only_doubtful_writes_ends() {
+    async fn a_session_booking_only_doubtful_writes_ends() -> TestResult {
         let c = Contenders::new();
         let (held, doubtful) = (owner(), owner());
-        let h = c.reserve("a/", LEASE, held).unwrap();
+        let h = c
+            .reserve("a/", LEASE, held)
+            .or_fail("reserving a name for the held owner")?;
         c.held(
             &h,
             held,
@@ -505,15 +535,19 @@ mod tests {
             Instant::now() + Duration::from_secs(5),
             LossSignal::new(),
         );
-        let d = c.reserve("b/", LEASE, doubtful).unwrap();
-        c.withdraw(&d, doubtful, None, Instant::now()).unwrap();
+        let d = c
+            .reserve("b/", LEASE, doubtful)
+            .or_fail("reserving a name for the doubtful owner")?;
+        c.withdraw(&d, doubtful, None, Instant::now())
+            .or_fail("withdrawing the doubtful owner's name")?;
         // A doubtful key is not one the session wants: whoever meets it deletes it.
         assert!(!c.knows(&d, doubtful.to_hex().as_bytes(), 9));
         c.doubt(&d, doubtful, Instant::now() + Duration::from_secs(1));
         assert_eq!(c.due(Instant::now(), Duration::from_secs(1)).0, vec![]);
         assert!(!c.end_if_only_doubts(), "a held key keeps the session");
         // A release in flight is waited for, so it is answered as it happened.
-        c.withdraw(&h, held, Some(5), Instant::now()).unwrap();
+        c.withdraw(&h, held, Some(5), Instant::now())
+            .or_fail("withdrawing the held owner's name at revision 5")?;
         assert!(
             !c.end_if_only_doubts(),
             "a release in flight keeps the session"
@@ -521,15 +555,20 @@ mod tests {
         c.forget(&h, held);
         assert!(c.end_if_only_doubts());
         assert!(c.reserve("a/", LEASE, owner()).is_none(), "ended");
+        Ok(())
     }
 
     #[tokio::test(start_paused = true)]
-    async fn ending_the_session_fires_every_held_keys_signal() {
+    async fn ending_the_session_fires_every_held_keys_signal() -> TestResult {
         let c = Contenders::new();
         let (o1, o2) = (owner(), owner());
         let (s1, s2) = (LossSignal::new(), LossSignal::new());
-        let a = c.reserve("a/", LEASE, o1).unwrap();
-        let b = c.reserve("b/", LEASE, o2).unwrap();
+        let a = c
+            .reserve("a/", LEASE, o1)
+            .or_fail("reserving a name under a/")?;
+        let b = c
+            .reserve("b/", LEASE, o2)
+            .or_fail("reserving a name under b/")?;
         c.held(
             &a,
             o1,
@@ -548,19 +587,25 @@ mod tests {
         c.end(LostReason::SessionEnded);
         assert!(matches!(s1.fired(), Some(LostReason::SessionEnded)));
         assert!(matches!(s2.fired(), Some(LostReason::SessionEnded)));
+        Ok(())
     }
 
     #[tokio::test(start_paused = true)]
-    async fn idle_sessions_end_only_when_still_idle() {
+    async fn idle_sessions_end_only_when_still_idle() -> TestResult {
         let c = Contenders::new();
-        let since = c.idle_since().unwrap();
+        let since = c
+            .idle_since()
+            .or_fail("the idle time before any reservation")?;
         let o = owner();
-        let name = c.reserve("p/", LEASE, o).unwrap();
+        let name = c.reserve("p/", LEASE, o).or_fail("reserving a name")?;
         assert!(!c.end_if_idle_since(since + Duration::from_secs(60)));
         c.forget(&name, o);
-        let since = c.idle_since().unwrap();
+        let since = c
+            .idle_since()
+            .or_fail("the idle time after the withdrawal")?;
         assert!(c.end_if_idle_since(since));
         assert!(c.end(LostReason::SessionEnded), "already ended");
         assert!(c.reserve("p/", LEASE, owner()).is_none());
+        Ok(())
     }
 }

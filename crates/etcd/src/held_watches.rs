@@ -82,7 +82,7 @@ mod tests {
     fn held(name: &str) -> Withdrawal {
         Withdrawal {
             name: name.into(),
-            owner: OwnerToken::generate().unwrap(),
+            owner: OwnerToken::generate().expect("a generated owner token"),
             revision: Some(7),
         }
     }

@@ -119,9 +119,10 @@ fn escape(key: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{OrFail, TestResult};
 
     fn key(s: &str) -> LockKey {
-        LockKey::new(s).unwrap()
+        LockKey::new(s).expect("the key")
     }
 
     #[test]
@@ -138,9 +139,9 @@ mod tests {
     }
 
     #[test]
-    fn listing_ranges_hold_exactly_the_keys_under_a_prefix() {
+    fn listing_ranges_hold_exactly_the_keys_under_a_prefix() -> TestResult {
         let space = KeySpace::new("leasehold");
-        let (start, end) = space.range(&KeyPrefix::new("a/").unwrap());
+        let (start, end) = space.range(&KeyPrefix::new("a/").or_fail("the prefix a/")?);
         assert_eq!(
             (start.as_str(), end.as_str()),
             ("leasehold/a%2F", "leasehold/a%2G")
@@ -169,6 +170,7 @@ mod tests {
         ] {
             assert_eq!(space.key_of(stray.as_bytes()), None, "{stray}");
         }
+        Ok(())
     }
 
     #[test]
@@ -228,7 +230,7 @@ mod tests {
                 n in any::<u64>(),
             ) {
                 let space = KeySpace::new("ns");
-                let key = LockKey::new(&k).unwrap();
+                let key = LockKey::new(&k)?;
                 let c = contender(&space.prefix(&key), lease, n);
                 prop_assert_eq!(space.key_of(c.as_bytes()), Some(key.clone()));
                 prop_assert!(space.after(&key) > c);
@@ -240,8 +242,8 @@ mod tests {
                 prop_assume!(a != b);
                 let space = KeySpace::new("ns");
                 let (pa, pb) = (
-                    space.prefix(&LockKey::new(&a).unwrap()),
-                    space.prefix(&LockKey::new(&b).unwrap()),
+                    space.prefix(&LockKey::new(&a)?),
+                    space.prefix(&LockKey::new(&b)?),
                 );
                 prop_assert!(!pa.starts_with(&pb) && !pb.starts_with(&pa));
             }
@@ -258,7 +260,7 @@ mod tests {
                     return Ok(());
                 };
                 let (start, end) = space.range(&prefix);
-                let c = contender(&space.prefix(&LockKey::new(&k).unwrap()), 1, 0);
+                let c = contender(&space.prefix(&LockKey::new(&k)?), 1, 0);
                 let inside = start <= c && c < end;
                 prop_assert_eq!(inside, k.starts_with(&p), "{} in [{}, {})", c, start, end);
             }

@@ -52,19 +52,26 @@ impl FencingToken for EtcdRevision {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{OrFail, TestResult};
     use leasehold_core::Epoch;
 
     #[test]
-    fn only_positive_revisions_that_fit_a_fence() {
+    fn only_positive_revisions_that_fit_a_fence() -> TestResult {
         assert!(EtcdRevision::from_revision(0).is_err());
         assert!(EtcdRevision::from_revision(-5).is_err());
-        let r = EtcdRevision::from_revision(42).unwrap();
+        let r = EtcdRevision::from_revision(42).or_fail("revision 42")?;
         assert_eq!(r.as_i64(), 42);
-        assert_eq!(r.to_fence(BACKEND, Epoch::ZERO).unwrap().raw(), 42);
-        let huge = EtcdRevision::from_revision(1 << 50).unwrap();
+        assert_eq!(
+            r.to_fence(BACKEND, Epoch::ZERO)
+                .or_fail("the fence of revision 42")?
+                .raw(),
+            42
+        );
+        let huge = EtcdRevision::from_revision(1 << 50).or_fail("revision 2^50")?;
         assert!(matches!(
             huge.to_fence(BACKEND, Epoch::ZERO),
             Err(Error::FenceOutOfRange { .. })
         ));
+        Ok(())
     }
 }

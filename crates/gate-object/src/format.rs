@@ -57,15 +57,22 @@ pub(crate) fn decode<'a>(path: &str, body: &'a [u8]) -> Result<(u64, &'a [u8])> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{ErrOrFail, OrFail, TestResult};
 
     #[test]
-    fn a_body_round_trips_and_foreign_bodies_are_refused() {
+    fn a_body_round_trips_and_foreign_bodies_are_refused() -> TestResult {
         let body = encode(42, b"hello\nworld");
         assert_eq!(body, b"leasehold-fence:42\nhello\nworld");
-        assert_eq!(decode("p", &body).unwrap(), (42, &b"hello\nworld"[..]));
-        assert_eq!(decode("p", &encode(0, b"")).unwrap(), (0, &b""[..]));
         assert_eq!(
-            decode("p", &encode(u64::MAX, b"x")).unwrap(),
+            decode("p", &body).or_fail("decoding an encoded body")?,
+            (42, &b"hello\nworld"[..])
+        );
+        assert_eq!(
+            decode("p", &encode(0, b"")).or_fail("decoding an empty body")?,
+            (0, &b""[..])
+        );
+        assert_eq!(
+            decode("p", &encode(u64::MAX, b"x")).or_fail("decoding the largest fence")?,
             (u64::MAX, &b"x"[..])
         );
         for foreign in [
@@ -78,8 +85,9 @@ mod tests {
             b"leasehold-fence:99999999999999999999\n",
             b"leasehold-fence:123456789012345678901234\n",
         ] {
-            let refused = decode("p", foreign).unwrap_err();
+            let refused = decode("p", foreign).err_or_fail("a foreign object")?;
             assert!(!refused.is_retryable(), "{foreign:?}: {refused}");
         }
+        Ok(())
     }
 }

@@ -122,33 +122,50 @@ fn memory(url: &str) -> Result<leasehold_memory::MemoryAuthority> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{ErrOrFail, OrFail, TestResult};
 
     #[tokio::test]
-    async fn memory_urls_share_by_name() {
-        let a = connect("memory://billing-test").await.unwrap();
-        let b = connect("memory://billing-test?epoch=0").await.unwrap();
-        let key = leasehold_core::LockKey::new("k").unwrap();
+    async fn memory_urls_share_by_name() -> TestResult {
+        let a = connect("memory://billing-test")
+            .await
+            .or_fail("connecting A to memory://billing-test")?;
+        let b = connect("memory://billing-test?epoch=0")
+            .await
+            .or_fail("connecting B to memory://billing-test?epoch=0")?;
+        let key = leasehold_core::LockKey::new("k").or_fail("the key `k`")?;
         let ttl = std::time::Duration::from_secs(1);
-        let g = a.try_acquire(&key, ttl).await.unwrap().unwrap();
-        assert!(b.try_acquire(&key, ttl).await.unwrap().is_none());
-        let _ = a.release(&g).await.unwrap();
+        let g = a
+            .try_acquire(&key, ttl)
+            .await
+            .or_fail("A tries to acquire k")?
+            .or_fail("A acquires k")?;
+        assert!(b
+            .try_acquire(&key, ttl)
+            .await
+            .or_fail("B tries to acquire k while A holds it")?
+            .is_none());
+        let _ = a.release(&g).await.or_fail("A releases k")?;
+        Ok(())
     }
 
     #[tokio::test]
-    async fn epoch_from_the_url_is_in_the_fence() {
-        let a = connect("memory://epoch-test?epoch=2").await.unwrap();
-        let key = leasehold_core::LockKey::new("k").unwrap();
+    async fn epoch_from_the_url_is_in_the_fence() -> TestResult {
+        let a = connect("memory://epoch-test?epoch=2")
+            .await
+            .or_fail("connecting to memory://epoch-test?epoch=2")?;
+        let key = leasehold_core::LockKey::new("k").or_fail("the key `k`")?;
         let g = a
             .try_acquire(&key, std::time::Duration::from_secs(1))
             .await
-            .unwrap()
-            .unwrap();
+            .or_fail("trying to acquire k")?
+            .or_fail("acquiring k")?;
         assert_eq!(g.fence().epoch().get(), 2);
         assert!(g.fence().value() > 2 << 48);
+        Ok(())
     }
 
     #[tokio::test]
-    async fn bad_urls_are_typed_errors_that_hide_passwords() {
+    async fn bad_urls_are_typed_errors_that_hide_passwords() -> TestResult {
         for (url, says) in [
             ("nonsense", "scheme://"),
             ("ftp://x", "unknown scheme `ftp`"),
@@ -156,7 +173,9 @@ mod tests {
             ("memory://x?bogus=1", "unknown parameter `bogus`"),
             ("memory://x?epoch=40000", "epoch"),
         ] {
-            let err = connect(url).await.unwrap_err();
+            let err = connect(url)
+                .await
+                .err_or_fail("connecting to a refused URL")?;
             assert!(
                 matches!(err, Error::InvalidUrl { .. } | Error::InvalidConfig { .. }),
                 "{url}: {err}"
@@ -183,49 +202,74 @@ mod tests {
         let shown = format!("{err} {err:?}");
         assert!(shown.contains("`redis` feature"), "{shown}");
         assert!(!shown.contains("hunter2"), "{shown}");
+        Ok(())
     }
 
     /// Object-store URLs reach their backend, which refuses a credential in the URL without
     /// showing it (no request is made).
     #[cfg(feature = "object-store")]
     #[tokio::test]
-    async fn object_store_urls_refuse_credentials() {
+    async fn object_store_urls_refuse_credentials() -> TestResult {
         for url in [
             "s3://bucket/locks?secret_access_key=hunter2",
             "az://container/locks?access_key=hunter2",
         ] {
-            let err = connect(url).await.unwrap_err();
+            let err = connect(url)
+                .await
+                .err_or_fail("connecting to a refused URL")?;
             let shown = format!("{err} {err:?}");
             assert!(matches!(err, Error::InvalidUrl { .. }), "{url}: {shown}");
             assert!(shown.contains("environment"), "{url}: {shown}");
             assert!(!shown.contains("hunter2"), "{url}: {shown}");
         }
+        Ok(())
     }
 
     /// Two clients of one file exclude each other and share its fence counter.
     #[cfg(feature = "sqlite")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sqlite_urls_share_a_file() {
+    async fn sqlite_urls_share_a_file() -> TestResult {
         let dir = std::env::temp_dir().join(format!(
             "leasehold-connect-{}",
-            leasehold_core::OwnerToken::generate().unwrap().to_hex()
+            leasehold_core::OwnerToken::generate()
+                .or_fail("a generated owner token")?
+                .to_hex()
         ));
-        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&dir).or_fail("creating the database directory")?;
         let url = format!("sqlite://{}?epoch=1", dir.join("locks.db").display());
-        let a = connect(&url).await.unwrap();
-        let b = connect(&url).await.unwrap();
+        let a = connect(&url)
+            .await
+            .or_fail("connecting A to the sqlite URL")?;
+        let b = connect(&url)
+            .await
+            .or_fail("connecting B to the sqlite URL")?;
         assert_eq!(a.capabilities().backend, "sqlite");
-        let key = leasehold_core::LockKey::new("k").unwrap();
+        let key = leasehold_core::LockKey::new("k").or_fail("the key `k`")?;
         let ttl = std::time::Duration::from_secs(5);
-        let g = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+        let g = a
+            .try_acquire(&key, ttl)
+            .await
+            .or_fail("A tries to acquire k")?
+            .or_fail("A acquires k")?;
         assert_eq!(g.fence().epoch().get(), 1);
-        assert!(b.try_acquire(&key, ttl).await.unwrap().is_none());
-        let _ = a.release(&g).await.unwrap();
-        let h = b.try_acquire(&key, ttl).await.unwrap().unwrap();
+        assert!(b
+            .try_acquire(&key, ttl)
+            .await
+            .or_fail("B tries to acquire k while A holds it")?
+            .is_none());
+        let _ = a.release(&g).await.or_fail("A releases k")?;
+        let h = b
+            .try_acquire(&key, ttl)
+            .await
+            .or_fail("B tries to acquire k after A released it")?
+            .or_fail("B acquires k after A released it")?;
         assert!(h.fence() > g.fence());
-        let _ = b.release(&h).await.unwrap();
-        let err = connect("sqlite://:memory:").await.unwrap_err();
+        let _ = b.release(&h).await.or_fail("B releases k")?;
+        let err = connect("sqlite://:memory:")
+            .await
+            .err_or_fail("connecting to sqlite://:memory:")?;
         assert!(matches!(err, Error::InvalidUrl { .. }), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
+        Ok(())
     }
 }

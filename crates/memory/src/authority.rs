@@ -371,41 +371,78 @@ impl Authority for MemoryAuthority {
 mod tests {
     use super::*;
 
+    type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
     fn key(s: &str) -> LockKey {
-        LockKey::new(s).unwrap()
+        LockKey::new(s).expect("the key")
     }
 
     const TTL_1S: Duration = Duration::from_secs(1);
 
     #[tokio::test(start_paused = true)]
-    async fn pause_times_out_and_kill_is_unavailable() {
+    async fn pause_times_out_and_kill_is_unavailable() -> TestResult {
         let a = MemoryAuthority::standalone();
         a.server().pause();
-        let err = a.try_acquire(&key("k"), TTL_1S).await.unwrap_err();
+        let err = a
+            .try_acquire(&key("k"), TTL_1S)
+            .await
+            .err()
+            .ok_or("acquiring under a stale epoch: it succeeded")?;
         assert!(matches!(err, Error::Unavailable { .. }), "{err}");
         a.server().kill();
-        let err = a.try_acquire(&key("k"), TTL_1S).await.unwrap_err();
+        let err = a
+            .try_acquire(&key("k"), TTL_1S)
+            .await
+            .err()
+            .ok_or("acquiring under a stale epoch: it succeeded")?;
         assert!(matches!(err, Error::Unavailable { .. }), "{err}");
         a.server().resume();
-        assert!(a.try_acquire(&key("k"), TTL_1S).await.unwrap().is_some());
+        assert!(a
+            .try_acquire(&key("k"), TTL_1S)
+            .await
+            .map_err(|e| format!("acquiring k under the current epoch: {e}"))?
+            .is_some());
+        Ok(())
     }
 
     #[tokio::test(start_paused = true)]
-    async fn restart_keeps_the_counter_and_drops_leases() {
+    async fn restart_keeps_the_counter_and_drops_leases() -> TestResult {
         let a = MemoryAuthority::standalone();
-        let g1 = a.try_acquire(&key("k"), TTL_1S).await.unwrap().unwrap();
+        let g1 = a
+            .try_acquire(&key("k"), TTL_1S)
+            .await
+            .map_err(|e| format!("trying to acquire k: {e}"))?
+            .ok_or("acquiring k")?;
         a.server().restart();
-        let g2 = a.try_acquire(&key("k"), TTL_1S).await.unwrap().unwrap();
+        let g2 = a
+            .try_acquire(&key("k"), TTL_1S)
+            .await
+            .map_err(|e| format!("trying to acquire k again: {e}"))?
+            .ok_or("acquiring k again")?;
         assert!(g2.fence() > g1.fence());
+        Ok(())
     }
 
     #[tokio::test]
-    async fn named_servers_are_shared() {
+    async fn named_servers_are_shared() -> TestResult {
         let a = MemoryServer::named("shared-test").authority(ClientOptions::default());
         let b = MemoryServer::named("shared-test").authority(ClientOptions::default());
         let c = MemoryServer::named("other-test").authority(ClientOptions::default());
-        let _g = a.try_acquire(&key("k"), TTL_1S).await.unwrap().unwrap();
-        assert!(b.try_acquire(&key("k"), TTL_1S).await.unwrap().is_none());
-        assert!(c.try_acquire(&key("k"), TTL_1S).await.unwrap().is_some());
+        let _g = a
+            .try_acquire(&key("k"), TTL_1S)
+            .await
+            .map_err(|e| format!("A tries to acquire k: {e}"))?
+            .ok_or("A acquires k")?;
+        assert!(b
+            .try_acquire(&key("k"), TTL_1S)
+            .await
+            .map_err(|e| format!("B tries to acquire k while A holds it: {e}"))?
+            .is_none());
+        assert!(c
+            .try_acquire(&key("k"), TTL_1S)
+            .await
+            .map_err(|e| format!("C acquires k in another server: {e}"))?
+            .is_some());
+        Ok(())
     }
 }

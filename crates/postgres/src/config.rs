@@ -214,6 +214,7 @@ pub(crate) fn unverified_tls(options: &PgConnectOptions) -> Option<&'static str>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{ErrOrFail, OrFail, TestResult};
     use leasehold_core::backend::percent_decode;
     use leasehold_core::backend::redact_url;
     use leasehold_core::Error;
@@ -222,23 +223,27 @@ mod tests {
     /// A connection over a network that does not verify its server is reported, so
     /// the warning at connect names it; loopback and Unix sockets have nobody in between.
     #[test]
-    fn connections_below_verify_full_over_a_network_are_unverified() {
-        let mode = |url: &str| unverified_tls(&PostgresConfig::from_url(url).unwrap().connect);
-        assert_eq!(mode("postgres://u@db.example/app"), Some("prefer"));
+    fn connections_below_verify_full_over_a_network_are_unverified() -> TestResult {
+        let mode = |url: &str| -> TestResult<Option<&'static str>> {
+            let config =
+                PostgresConfig::from_url(url).or_fail(format!("the postgres URL {url}"))?;
+            Ok(unverified_tls(&config.connect))
+        };
+        assert_eq!(mode("postgres://u@db.example/app")?, Some("prefer"));
         assert_eq!(
-            mode("postgres://u@db.example/app?sslmode=require"),
+            mode("postgres://u@db.example/app?sslmode=require")?,
             Some("require")
         );
         assert_eq!(
-            mode("postgres://u@10.0.0.5/app?sslmode=verify-ca"),
+            mode("postgres://u@10.0.0.5/app?sslmode=verify-ca")?,
             Some("verify-ca")
         );
         assert_eq!(
-            mode("postgres://u@db.example/app?sslmode=disable"),
+            mode("postgres://u@db.example/app?sslmode=disable")?,
             Some("disable")
         );
         assert_eq!(
-            mode("postgres://u@db.example/app?sslmode=verify-full"),
+            mode("postgres://u@db.example/app?sslmode=verify-full")?,
             None
         );
         for local in [
@@ -246,12 +251,13 @@ mod tests {
             "postgres://u@127.0.0.1/app?sslmode=require",
             "postgres://u@[::1]/app",
         ] {
-            assert_eq!(mode(local), None, "{local}");
+            assert_eq!(mode(local)?, None, "{local}");
         }
+        Ok(())
     }
 
     #[test]
-    fn secrets_are_masked_and_the_query_password_is_read() {
+    fn secrets_are_masked_and_the_query_password_is_read() -> TestResult {
         assert_eq!(
             redact_url("postgres://u:hunter2@h/db?sslpassword=hunter2&table=t&Password=x#f"),
             "postgres://u:***@h/db?sslpassword=***&table=t&Password=***#f"
@@ -263,7 +269,7 @@ mod tests {
             ("postgres://u:p@h/db?application_name=@", "p"),
             ("postgres://u:p@ss:w%2F%25@h/db", "p@ss:w/%"),
         ] {
-            let c = PostgresConfig::from_url(url).unwrap();
+            let c = PostgresConfig::from_url(url).or_fail("the postgres URL")?;
             let seen = c.connect.to_url_lossy();
             let password = seen.password().and_then(percent_decode);
             assert_eq!(password.as_deref(), Some(want), "{url}");
@@ -275,7 +281,7 @@ mod tests {
             "postgres://u:%zz@h",
             "postgres://u:p@h1,h2/db",
         ] {
-            let err = PostgresConfig::from_url(bad).unwrap_err();
+            let err = PostgresConfig::from_url(bad).err_or_fail("a bad URL")?;
             let shown = format!("{err} {err:?}");
             assert!(
                 !shown.contains("%zz") && !shown.contains("=a") && !shown.contains(":p@"),
@@ -285,20 +291,21 @@ mod tests {
         let c = PostgresConfig::from_url(
             "postgres://u@h/db?password=hunter2&fence_safety=linearizable&listen_check_ms=500",
         )
-        .unwrap();
+        .or_fail("the postgres URL with TLS files")?;
         assert_eq!(c.connect.get_username(), "u");
         assert_eq!(c.fence_safety, FenceSafetyOption::Linearizable);
         assert_eq!(c.listen_check, Duration::from_millis(500));
         assert!(!format!("{c:?}").contains("hunter2"));
         assert!(PostgresConfig::from_url("postgres://h/db?listen_check_ms=0").is_err());
+        Ok(())
     }
 
     #[test]
-    fn parses_ours_and_the_drivers_and_rejects_the_rest() {
+    fn parses_ours_and_the_drivers_and_rejects_the_rest() -> TestResult {
         let c = PostgresConfig::from_url(
             "postgres://u:hunter2@db:5433/app?table=locks.leases&pool_size=4&epoch=1&sslmode=disable&application_name=x",
         )
-        .unwrap();
+        .or_fail("the postgres URL with TLS files")?;
         assert_eq!(c.table.plain(), "locks.leases");
         assert_eq!(c.pool_size, 4);
         assert_eq!(c.client.epoch.get(), 1);
@@ -312,7 +319,7 @@ mod tests {
             "redis://u:hunter2@db",
             "postgres://u:hunter2@db/app?sslmode=sometimes",
         ] {
-            let err = PostgresConfig::from_url(bad).unwrap_err();
+            let err = PostgresConfig::from_url(bad).err_or_fail("a bad URL")?;
             let shown = format!("{err} {err:?}");
             assert!(!shown.contains("hunter2"), "{shown}");
             assert!(
@@ -320,6 +327,7 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+        Ok(())
     }
 
     #[test]

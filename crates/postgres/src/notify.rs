@@ -246,9 +246,10 @@ pub(crate) async fn listen(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{OrFail, TestResult};
 
     #[test]
-    fn last_seen_tells_a_change_from_the_read_before() {
+    fn last_seen_tells_a_change_from_the_read_before() -> TestResult {
         let seen = LastSeen::default();
         // Nothing read before: no change can be told.
         assert!(!seen.changed("k", 3, true));
@@ -265,11 +266,12 @@ mod tests {
         for i in 0..LastSeen::MAX_KEYS + 10 {
             seen.record(&format!("key{i}"), Some(1), true);
         }
-        assert!(seen.by_key.lock().unwrap().len() <= LastSeen::MAX_KEYS);
+        assert!(seen.by_key.lock().or_fail("the last-seen map")?.len() <= LastSeen::MAX_KEYS);
+        Ok(())
     }
 
     #[tokio::test]
-    async fn registrations_wake_their_key_and_leave_nothing_behind() {
+    async fn registrations_wake_their_key_and_leave_nothing_behind() -> TestResult {
         let waiters = Waiters::default();
         let (a1, a2, b) = (
             waiters.for_key("a"),
@@ -287,7 +289,7 @@ mod tests {
             waiters.wake("a");
             tokio::time::timeout(Duration::from_secs(1), woken)
                 .await
-                .expect("a's waiter is woken");
+                .or_fail("a's waiter is woken")?;
             assert!(
                 tokio::time::timeout(Duration::from_millis(20), other)
                     .await
@@ -304,5 +306,6 @@ mod tests {
         // again.
         drop(waiters.for_key("a"));
         assert_eq!(waiters.len(), 0);
+        Ok(())
     }
 }

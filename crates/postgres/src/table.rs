@@ -98,12 +98,20 @@ impl fmt::Debug for TableName {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{OrFail, TestResult};
 
     #[test]
-    fn quotes_valid_names_and_rejects_everything_else() {
-        assert_eq!(TableName::new("leases").unwrap().to_string(), "\"leases\"");
+    fn quotes_valid_names_and_rejects_everything_else() -> TestResult {
         assert_eq!(
-            TableName::new("locks.Leases_2").unwrap().to_string(),
+            TableName::new("leases")
+                .or_fail("the table name leases")?
+                .to_string(),
+            "\"leases\""
+        );
+        assert_eq!(
+            TableName::new("locks.Leases_2")
+                .or_fail("the table name locks.Leases_2")?
+                .to_string(),
             "\"locks\".\"Leases_2\""
         );
         for bad in [
@@ -125,5 +133,6 @@ mod tests {
                 "{bad:?}"
             );
         }
+        Ok(())
     }
 }

@@ -1106,12 +1106,14 @@ const SCAN_COUNT: usize = 1000;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{OrFail, TestResult};
 
     #[test]
-    fn hex_is_what_the_core_stores() {
+    fn hex_is_what_the_core_stores() -> TestResult {
         for _ in 0..100 {
-            let owner = OwnerToken::generate().unwrap();
+            let owner = OwnerToken::generate().or_fail("a generated owner token")?;
             assert_eq!(hex(&owner), owner.to_hex());
         }
+        Ok(())
     }
 }

@@ -123,6 +123,7 @@ pub(crate) fn lock_key_of<'a>(shard_channel: &'a str, channel: &str) -> Option<&
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{OrFail, TestResult};
 
     /// The target of `redis+cluster://<rest>`.
     fn target(rest: &str) -> Result<ClusterTarget> {
@@ -130,8 +131,9 @@ mod tests {
     }
 
     #[test]
-    fn parses_seeds_and_credentials() {
-        let t = target("app:hunter2@10.0.0.1:7000,10.0.0.2,[::1]:7002").unwrap();
+    fn parses_seeds_and_credentials() -> TestResult {
+        let t = target("app:hunter2@10.0.0.1:7000,10.0.0.2,[::1]:7002")
+            .or_fail("the cluster target")?;
         let seeds: Vec<String> = t.seeds.iter().map(|s| s.to_string()).collect();
         assert_eq!(seeds, ["10.0.0.1:7000", "10.0.0.2:6379", "[::1]:7002"]);
         assert_eq!(t.node.username(), Some("app"));
@@ -141,6 +143,7 @@ mod tests {
         for bad in ["", "h:7000/1", "h:0", "h:7000,", "h:x", "h/0/1"] {
             assert!(target(bad).is_err(), "{bad}");
         }
+        Ok(())
     }
 
     #[test]

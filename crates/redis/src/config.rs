@@ -360,13 +360,14 @@ fn direct_target(url: &ConnectionUrl, tls: bool) -> Result<ConnectionInfo> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{ErrOrFail, OrFail, TestResult};
 
     #[test]
-    fn parses_ours_and_the_clients_and_rejects_the_rest() {
+    fn parses_ours_and_the_clients_and_rejects_the_rest() -> TestResult {
         let c = RedisConfig::from_url(
             "redis://app:hunter2@cache:6380/2?prefix=locks/&channel=c1&wait_replicas=1&wait_timeout_ms=50&epoch=2&timeout_ms=800",
         )
-        .unwrap();
+        .or_fail("the redis URL")?;
         assert_eq!(c.layout.prefix(), "locks/");
         assert_eq!(c.channel, "c1");
         assert_eq!(
@@ -387,11 +388,16 @@ mod tests {
         let shown = format!("{c:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
 
-        let empty = RedisConfig::from_url("redis://h?prefix=").unwrap();
+        let empty = RedisConfig::from_url("redis://h?prefix=")
+            .or_fail("the redis URL with an empty prefix")?;
         assert_eq!(empty.layout.prefix(), "");
-        let tls = RedisConfig::from_url("rediss://:pw@h:6390?tls_ca_file=/ca.pem").unwrap();
+        let tls = RedisConfig::from_url("rediss://:pw@h:6390?tls_ca_file=/ca.pem")
+            .or_fail("the rediss URL with a CA file")?;
         assert!(tls.tls_ca_file.is_some());
-        assert!(RedisConfig::from_url("redis://h").unwrap().wait.is_none());
+        assert!(RedisConfig::from_url("redis://h")
+            .or_fail("the plain redis URL")?
+            .wait
+            .is_none());
 
         for bad in [
             "redis://:hunter2@h?prefx=x",
@@ -426,7 +432,7 @@ mod tests {
             "redis://:hunter2@0.0.0.0",
             "redis://:hunter2@h:0",
         ] {
-            let err = RedisConfig::from_url(bad).unwrap_err();
+            let err = RedisConfig::from_url(bad).err_or_fail("a bad URL")?;
             let shown = format!("{err} {err:?}");
             assert!(!shown.contains("hunter2"), "{shown}");
             assert!(
@@ -434,6 +440,7 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+        Ok(())
     }
 
     /// One server, by name or IPv6 address, with TLS and a database; the password
@@ -476,11 +483,11 @@ mod tests {
     }
 
     #[test]
-    fn parses_sentinel_urls_without_showing_secrets() {
+    fn parses_sentinel_urls_without_showing_secrets() -> TestResult {
         let c = RedisConfig::from_url(
             "redis+sentinel://app:hunter2@10.0.0.1:26380,10.0.0.2/mymaster/4?prefix=p:&sentinel_user=mon&sentinel_password=hunter3&timeout_ms=700&wait_replicas=1&wait_timeout_ms=50",
         )
-        .unwrap();
+        .or_fail("the redis URL")?;
         assert_eq!(c.sentinel_master_name(), Some("mymaster"));
         assert_eq!(c.sentinels(), ["10.0.0.1:26380", "10.0.0.2:26379"]);
         assert_eq!(c.layout.prefix(), "p:");
@@ -498,14 +505,15 @@ mod tests {
             "{shown}"
         );
         assert!(RedisConfig::from_url("REDIS+SENTINEL://h/m").is_ok());
+        Ok(())
     }
 
     #[test]
-    fn parses_cluster_urls_without_showing_secrets() {
+    fn parses_cluster_urls_without_showing_secrets() -> TestResult {
         let c = RedisConfig::from_url(
             "redis+cluster://app:hunter2@10.0.0.1:7000,10.0.0.2/0?prefix=p:&channel=ch&timeout_ms=700",
         )
-        .unwrap();
+        .or_fail("the redis URL")?;
         assert!(c.is_cluster());
         assert_eq!(c.cluster_seeds(), ["10.0.0.1:7000", "10.0.0.2:6379"]);
         assert_eq!(c.layout.prefix(), "p:");
@@ -526,5 +534,6 @@ mod tests {
             Err(Error::InvalidConfig { .. })
         ));
         assert!(RedisConfig::from_url("REDIS+CLUSTER://h").is_ok());
+        Ok(())
     }
 }

@@ -175,6 +175,7 @@ pub(crate) fn check_channel(channel: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{OrFail, TestResult};
 
     /// The part of a key Redis Cluster hashes (its hash tag rule).
     fn hashed(key: &str) -> &str {
@@ -189,11 +190,11 @@ mod tests {
     }
 
     #[test]
-    fn all_keys_share_a_hash_slot_and_never_collide() {
+    fn all_keys_share_a_hash_slot_and_never_collide() -> TestResult {
         for prefix in ["leasehold:", "app/", ""] {
-            let layout = KeyLayout::new(prefix).unwrap();
+            let layout = KeyLayout::new(prefix).or_fail("the key layout")?;
             for key in ["invoice:72", "a}b", "{x}", "x{", "~!", "a:fence", "a:value"] {
-                let key = LockKey::new(key).unwrap();
+                let key = LockKey::new(key).or_fail("the key")?;
                 let (lock, fence, value) = (
                     layout.lock_key(&key),
                     layout.fence_key(&key),
@@ -208,43 +209,49 @@ mod tests {
             }
         }
         let layout = KeyLayout::default();
-        let key = LockKey::new("invoice:72").unwrap();
+        let key = LockKey::new("invoice:72").or_fail("the key invoice:72")?;
         assert_eq!(layout.lock_key(&key), "{leasehold:invoice:72}");
         assert_eq!(layout.fence_key(&key), "{leasehold:invoice:72}:fence");
         assert_eq!(layout.value_key(&key), "{leasehold:invoice:72}:value");
+        Ok(())
     }
 
     #[test]
-    fn scanned_keys_map_back_to_their_lock_keys() {
+    fn scanned_keys_map_back_to_their_lock_keys() -> TestResult {
         for prefix in ["leasehold:", "a*[?]\\", ""] {
-            let layout = KeyLayout::new(prefix).unwrap();
+            let layout = KeyLayout::new(prefix).or_fail("the key layout")?;
             for key in ["invoice:72", "a}b", "x}:fence", "{x}", "a:fence", "*"] {
-                let key = LockKey::new(key).unwrap();
+                let key = LockKey::new(key).or_fail("the key")?;
                 assert_eq!(layout.key_of(&layout.lock_key(&key)), Some(key.clone()));
                 assert_eq!(layout.key_of(&layout.fence_key(&key)), Some(key.clone()));
             }
             assert_eq!(layout.key_of(&format!("{prefix}x")), None);
             assert_eq!(layout.key_of(&format!("{{{prefix}}}")), None);
         }
-        let layout = KeyLayout::new("p*").unwrap();
-        let prefix = KeyPrefix::new("a?[b]\\").unwrap();
+        let layout = KeyLayout::new("p*").or_fail("the key layout p*")?;
+        let prefix = KeyPrefix::new("a?[b]\\").or_fail("the prefix with glob characters")?;
         assert_eq!(layout.scan_pattern(&prefix), "{p\\*a\\?\\[b\\]\\\\*");
         assert_eq!(
             KeyLayout::default().scan_pattern(&KeyPrefix::all()),
             "{leasehold:*"
         );
+        Ok(())
     }
 
     #[test]
-    fn prefixes_are_checked() {
+    fn prefixes_are_checked() -> TestResult {
         for bad in ["a b", "{a", "a}", "é", &"p".repeat(101)] {
             assert!(matches!(
                 KeyLayout::new(bad),
                 Err(Error::InvalidConfig { .. })
             ));
         }
-        assert_eq!(KeyLayout::new("").unwrap().prefix(), "");
+        assert_eq!(
+            KeyLayout::new("").or_fail("the empty key layout")?.prefix(),
+            ""
+        );
         assert!(check_channel("leasehold:released").is_ok());
         assert!(check_channel("").is_err() && check_channel("a b").is_err());
+        Ok(())
     }
 }

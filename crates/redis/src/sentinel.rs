@@ -728,6 +728,7 @@ fn unexpected(what: String) -> RedisError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{OrFail, TestResult};
     use leasehold_core::Error;
 
     /// The target of `redis+sentinel://<rest>`.
@@ -737,13 +738,13 @@ mod tests {
     }
 
     #[test]
-    fn parses_hosts_names_and_credentials() {
+    fn parses_hosts_names_and_credentials() -> TestResult {
         let t = target(
             "app:p%40ss@s1:26380,s2,[::1]:26381/mymaster/3",
             Some("watch"),
             Some("sp"),
         )
-        .unwrap();
+        .or_fail("the sentinel target")?;
         let shown: Vec<String> = t.sentinels.iter().map(|s| s.to_string()).collect();
         assert_eq!(shown, ["s1:26380", "s2:26379", "[::1]:26381"]);
         assert_eq!(t.master_name, "mymaster");
@@ -758,7 +759,7 @@ mod tests {
             "{debug}"
         );
 
-        let plain = target(":pw@h/m", None, None).unwrap();
+        let plain = target(":pw@h/m", None, None).or_fail("the sentinel target with a password")?;
         assert_eq!(plain.node.username(), None);
         assert_eq!(plain.node.password(), Some("pw"));
         assert_eq!(plain.node.db(), 0);
@@ -790,7 +791,13 @@ mod tests {
         assert!(target("h/m", None, Some("")).is_err());
         // A host Redis would not name back, and an encoded `/` in the master name.
         assert!(target("h!/m", None, None).is_err());
-        assert_eq!(target("h/a%2Fb/1", None, None).unwrap().master_name, "a/b");
+        assert_eq!(
+            target("h/a%2Fb/1", None, None)
+                .or_fail("the sentinel target with an encoded master name")?
+                .master_name,
+            "a/b"
+        );
+        Ok(())
     }
 
     fn named(port: u16, epoch: Option<u64>) -> Named {
@@ -806,8 +813,8 @@ mod tests {
     /// A sentinel that has not heard of the last failover names the old primary with an older
     /// configuration epoch: never followed back, whatever `ROLE` said.
     #[test]
-    fn older_configurations_are_never_followed_back() {
-        let target = target("h/m", None, None).unwrap();
+    fn older_configurations_are_never_followed_back() -> TestResult {
+        let target = target("h/m", None, None).or_fail("the sentinel target")?;
         let resolver = Resolver::new(target, Duration::from_secs(1));
         assert!(resolver.confirmed(&named(1, Some(1))));
         assert!(resolver.confirmed(&named(2, Some(2))));
@@ -820,14 +827,16 @@ mod tests {
         assert!(resolver.confirmed(&named(3, Some(5))));
         resolver.learn(&named(3, Some(7)));
         assert_eq!(resolver.outdated(&named(4, Some(6))), Some(7));
+        Ok(())
     }
 
     /// Re-provisioned sentinels number from 0 again: followed only when a majority of the
     /// URL's sentinels agree on one primary; a lone sentinel that missed a failover, or a
     /// majority naming different servers, is still passed over.
     #[test]
-    fn a_renumbering_is_believed_only_from_an_agreeing_majority() {
-        let target = target("h1,h2,h3/m", None, None).unwrap();
+    fn a_renumbering_is_believed_only_from_an_agreeing_majority() -> TestResult {
+        let target =
+            target("h1,h2,h3/m", None, None).or_fail("the sentinel target with three hosts")?;
         let resolver = Resolver::new(target, Duration::from_secs(1));
         assert!(resolver.confirmed(&named(2, Some(4))));
         assert_eq!(resolver.renumbered(&[(0, named(1, Some(3)), 4)]), None);
@@ -846,6 +855,7 @@ mod tests {
         assert!(resolver.confirmed(&named(3, Some(9))));
         assert!(!resolver.confirmed_renumbered(&named(2, Some(0)), 4));
         assert_eq!(resolver.primary().map(|a| a.port), Some(3));
+        Ok(())
     }
 
     #[test]

@@ -43,12 +43,15 @@ impl FencingToken for RedisFence {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{OrFail, TestResult};
     use leasehold_core::{Epoch, Fence};
 
     #[test]
-    fn replies_map_to_fences_or_typed_errors() {
-        let f = RedisFence::from_reply(7).unwrap();
-        let fence = f.to_fence(BACKEND, Epoch::ZERO).unwrap();
+    fn replies_map_to_fences_or_typed_errors() -> TestResult {
+        let f = RedisFence::from_reply(7).or_fail("reply 7")?;
+        let fence = f
+            .to_fence(BACKEND, Epoch::ZERO)
+            .or_fail("the fence of reply 7")?;
         assert_eq!(fence.raw(), 7);
         assert_eq!(fence.safety(), FenceSafety::FailoverUnsafe);
         for bad in [0, -1, i64::MIN] {
@@ -57,10 +60,14 @@ mod tests {
                 Err(Error::FenceOutOfRange { .. })
             ));
         }
-        let huge = RedisFence::from_reply(i64::try_from(Fence::RAW_MAX).unwrap() + 1).unwrap();
+        let huge = RedisFence::from_reply(
+            i64::try_from(Fence::RAW_MAX).or_fail("the largest raw fence as i64")? + 1,
+        )
+        .or_fail("a reply over the largest raw fence")?;
         assert!(matches!(
             huge.to_fence(BACKEND, Epoch::ZERO),
             Err(Error::FenceOutOfRange { .. })
         ));
+        Ok(())
     }
 }

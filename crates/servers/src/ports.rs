@@ -114,13 +114,15 @@ fn state() -> &'static Mutex<PortState> {
 mod tests {
     use super::*;
 
+    type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
     #[test]
-    fn ports_are_distinct_in_range_and_bindable_when_picked() {
+    fn ports_are_distinct_in_range_and_bindable_when_picked() -> TestResult {
         let (low, high) = candidate_range();
         let mut seen = HashSet::new();
         let mut taken = Vec::new();
         for _ in 0..20 {
-            let port = free_port().unwrap();
+            let port = free_port().map_err(|e| format!("a free port: {e}"))?;
             // Checked at once; still, other processes on the machine (servers other tests start)
             // may take a port in between, which is why server starts retry on a clash. One or
             // two of twenty is that race; more is a picker handing out ports in use.
@@ -137,5 +139,6 @@ mod tests {
             taken.len() <= 2,
             "ports not bindable when picked: {taken:?}"
         );
+        Ok(())
     }
 }

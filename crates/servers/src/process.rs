@@ -836,6 +836,8 @@ pub(crate) fn restart_and_wait(
 mod tests {
     use super::*;
 
+    type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
     #[test]
     fn stat_line_with_odd_command_name() {
         let stat = "123 (a (b) c) S 45 123 123 0 -1";
@@ -843,11 +845,12 @@ mod tests {
     }
 
     #[test]
-    fn kill_pause_resume_and_restart_a_plain_process() {
-        let dir = server_dir("sleep").unwrap();
+    fn kill_pause_resume_and_restart_a_plain_process() -> TestResult {
+        let dir = server_dir("sleep").map_err(|e| format!("a server directory: {e}"))?;
         let spec = CommandSpec::new("/bin/sh", ["-c", "echo started; exec sleep 1000"]);
-        let process = ManagedProcess::spawn("sleep", dir, spec).unwrap();
-        let pid = process.pid().unwrap();
+        let process = ManagedProcess::spawn("sleep", dir, spec)
+            .map_err(|e| format!("spawning sleep: {e}"))?;
+        let pid = process.pid().ok_or("the pid of sleep")?;
         process
             .wait_ready(READY_TIMEOUT, || {
                 if process.current_log().contains("started") {
@@ -856,19 +859,28 @@ mod tests {
                     Err("no output yet".into())
                 }
             })
-            .unwrap();
-        process.pause().unwrap();
-        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        assert_eq!(stat_fields(&stat).unwrap().0, "T");
-        process.resume().unwrap();
-        process.respawn().unwrap();
-        let new_pid = process.pid().unwrap();
+            .map_err(|e| format!("waiting for sleep to run: {e}"))?;
+        process.pause().map_err(|e| format!("pausing sleep: {e}"))?;
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map_err(|e| format!("reading the paused process's stat: {e}"))?;
+        assert_eq!(
+            stat_fields(&stat).ok_or("the fields of the stat line")?.0,
+            "T"
+        );
+        process
+            .resume()
+            .map_err(|e| format!("resuming sleep: {e}"))?;
+        process
+            .respawn()
+            .map_err(|e| format!("respawning sleep: {e}"))?;
+        let new_pid = process.pid().ok_or("the pid of the respawned sleep")?;
         assert_ne!(pid, new_pid);
         assert!(!is_alive(pid));
-        process.stop().unwrap();
+        process.stop().map_err(|e| format!("stopping sleep: {e}"))?;
         assert_eq!(process.pid(), None);
         let dir = process.dir().to_path_buf();
         drop(process);
         assert!(!dir.exists());
+        Ok(())
     }
 }

@@ -157,25 +157,35 @@ fn rcgen_error(e: rcgen::Error) -> HarnessError {
 mod tests {
     use super::*;
 
+    type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
     #[test]
-    fn makes_a_ca_and_two_certificates_with_private_keys_kept_private() {
+    fn makes_a_ca_and_two_certificates_with_private_keys_kept_private() -> TestResult {
         use std::os::unix::fs::PermissionsExt;
-        let certs = TestCerts::generate().unwrap();
+        let certs =
+            TestCerts::generate().map_err(|e| format!("generating test certificates: {e}"))?;
         for path in [certs.ca(), certs.server_cert(), certs.client_cert()] {
-            let text = std::fs::read_to_string(&path).unwrap();
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("reading the certificate file: {e}"))?;
             assert!(text.starts_with("-----BEGIN CERTIFICATE-----"), "{path:?}");
         }
         for path in [certs.server_key(), certs.client_key()] {
-            let text = std::fs::read_to_string(&path).unwrap();
+            let text =
+                std::fs::read_to_string(&path).map_err(|e| format!("reading the key file: {e}"))?;
             assert!(text.starts_with("-----BEGIN PRIVATE KEY-----"), "{path:?}");
-            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            let mode = std::fs::metadata(&path)
+                .map_err(|e| format!("the key file's metadata: {e}"))?
+                .permissions()
+                .mode();
             assert_eq!(mode & 0o077, 0, "{path:?} is readable by others");
         }
         // A second set has a CA of its own.
-        let other = TestCerts::generate().unwrap();
+        let other = TestCerts::generate()
+            .map_err(|e| format!("generating other test certificates: {e}"))?;
         assert_ne!(
-            std::fs::read(certs.ca()).unwrap(),
-            std::fs::read(other.ca()).unwrap()
+            std::fs::read(certs.ca()).map_err(|e| format!("reading the CA file: {e}"))?,
+            std::fs::read(other.ca()).map_err(|e| format!("reading the other CA file: {e}"))?
         );
+        Ok(())
     }
 }

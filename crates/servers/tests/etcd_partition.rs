@@ -7,6 +7,8 @@ use std::process::Output;
 use std::thread;
 use std::time::{Duration, Instant};
 
+type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
 use leasehold_servers::etcd::{ETCD_ELECTION_TIMEOUT, ETCD_HEARTBEAT};
 use leasehold_servers::{etcdctl_command, EtcdCluster, EtcdServer, HarnessError, Partition};
 
@@ -32,8 +34,9 @@ fn request_timeout() -> Duration {
     ETCD_ELECTION_TIMEOUT.saturating_mul(2)
 }
 
-fn etcdctl(endpoints: &[String], args: &[&str]) -> Output {
-    let mut command = etcdctl_command(endpoints).expect("etcdctl is installed");
+fn etcdctl(endpoints: &[String], args: &[&str]) -> TestResult<Output> {
+    let mut command =
+        etcdctl_command(endpoints).map_err(|e| format!("etcdctl is installed: {e}"))?;
     command
         .arg(format!(
             "--command-timeout={}ms",
@@ -44,7 +47,7 @@ fn etcdctl(endpoints: &[String], args: &[&str]) -> Output {
             request_timeout().as_millis()
         ))
         .args(args);
-    command.output().expect("etcdctl runs")
+    Ok(command.output().map_err(|e| format!("etcdctl runs: {e}"))?)
 }
 
 fn describe(output: &Output) -> String {
@@ -69,8 +72,9 @@ fn wait_until(what: &str, within: Duration, mut check: impl FnMut() -> bool) -> 
 }
 
 #[test]
-fn an_isolated_etcd_follower_cannot_serve_linearizably_until_healed() {
-    let cluster = EtcdCluster::start_isolatable(3).expect("start an isolatable etcd cluster");
+fn an_isolated_etcd_follower_cannot_serve_linearizably_until_healed() -> TestResult {
+    let cluster = EtcdCluster::start_isolatable(3)
+        .map_err(|e| format!("start an isolatable etcd cluster: {e}"))?;
     let endpoints = cluster.endpoints();
     for (i, member) in cluster.members().iter().enumerate() {
         assert!(
@@ -80,21 +84,22 @@ fn an_isolated_etcd_follower_cannot_serve_linearizably_until_healed() {
         assert!(member.addr().is_loopback() && member.addr() != std::net::Ipv4Addr::LOCALHOST);
         assert!(member.uid().is_some());
     }
-    let leader = cluster.leader().expect("a leader");
-    let f = (0..3).find(|&i| i != leader).expect("a follower");
+    let leader = cluster.leader().map_err(|e| format!("a leader: {e}"))?;
+    let f = (0..3).find(|&i| i != leader).ok_or("a follower")?;
     let isolated = vec![endpoints[f].clone()];
     let rest: Vec<String> = (0..3)
         .filter(|&i| i != f)
         .map(|i| endpoints[i].clone())
         .collect();
-    let before = etcdctl(&isolated, &["put", "k", "before"]);
+    let before = etcdctl(&isolated, &["put", "k", "before"])?;
     assert!(
         before.status.success(),
         "a write through the follower works before the cut: {}",
         describe(&before)
     );
 
-    let partition = Partition::isolate(cluster.member(f)).expect("isolate the follower");
+    let partition =
+        Partition::isolate(cluster.member(f)).map_err(|e| format!("isolate the follower: {e}"))?;
     // Its client port stays reachable: it answers its status, which soon shows no leader.
     let took = wait_until(
         "the isolated follower reports no leader",
@@ -102,36 +107,40 @@ fn an_isolated_etcd_follower_cannot_serve_linearizably_until_healed() {
         || matches!(cluster.member(f).has_leader(), Ok(false)),
     );
     eprintln!("the isolated follower had no leader {took:?} after the cut");
-    let put = etcdctl(&isolated, &["put", "k", "through-the-isolated"]);
+    let put = etcdctl(&isolated, &["put", "k", "through-the-isolated"])?;
     assert!(
         !put.status.success(),
         "a write through the isolated member fails: {}",
         describe(&put)
     );
-    let get = etcdctl(&isolated, &["get", "k"]);
+    let get = etcdctl(&isolated, &["get", "k"])?;
     assert!(
         !get.status.success(),
         "a linearizable read through the isolated member fails: {}",
         describe(&get)
     );
-    let during = etcdctl(&rest, &["put", "k", "during"]);
+    let during = etcdctl(&rest, &["put", "k", "during"])?;
     assert!(
         during.status.success(),
         "a write through the other two succeeds: {}",
         describe(&during)
     );
 
-    partition.heal().expect("heal the partition");
+    partition
+        .heal()
+        .map_err(|e| format!("heal the partition: {e}"))?;
     let took = wait_until(
         "the healed member serves the write made during the cut",
         serves_again_within(),
         || {
-            let get = etcdctl(&isolated, &["get", "k", "--print-value-only"]);
-            get.status.success() && String::from_utf8_lossy(&get.stdout).trim() == "during"
+            // etcdctl ran three times above, so a failure to run it here is the member's.
+            etcdctl(&isolated, &["get", "k", "--print-value-only"]).is_ok_and(|get| {
+                get.status.success() && String::from_utf8_lossy(&get.stdout).trim() == "during"
+            })
         },
     );
     eprintln!("the healed member served again {took:?} after the heal");
-    let after = etcdctl(&isolated, &["put", "k", "after"]);
+    let after = etcdctl(&isolated, &["put", "k", "after"])?;
     assert!(
         after.status.success(),
         "a write through the healed member succeeds: {}",
@@ -139,13 +148,17 @@ fn an_isolated_etcd_follower_cannot_serve_linearizably_until_healed() {
     );
 
     // The member still restarts under its own uid on its own address.
-    cluster.member(f).restart().expect("restart the member");
+    cluster
+        .member(f)
+        .restart()
+        .map_err(|e| format!("restart the member: {e}"))?;
     assert!(cluster.member(f).is_healthy());
+    Ok(())
 }
 
 #[test]
-fn a_member_started_without_its_own_address_cannot_be_isolated() {
-    let server = EtcdServer::start().expect("start etcd");
+fn a_member_started_without_its_own_address_cannot_be_isolated() -> TestResult {
+    let server = EtcdServer::start().map_err(|e| format!("start etcd: {e}"))?;
     match Partition::isolate(&server) {
         Err(HarnessError::Server { server, message }) => {
             assert_eq!(server, "etcd");
@@ -153,4 +166,5 @@ fn a_member_started_without_its_own_address_cannot_be_isolated() {
         }
         other => panic!("expected a not-isolatable error, got {other:?}"),
     }
+    Ok(())
 }

@@ -11,6 +11,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
+type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
 use leasehold_servers::{Partition, ZkEnsemble};
 
 /// Creates the persistent node `path` (no data, open ACL) through the server at `addr`, in a
@@ -117,8 +119,9 @@ fn wait_until(
 }
 
 #[test]
-fn an_isolated_zookeeper_follower_stops_serving_until_healed() {
-    let ensemble = ZkEnsemble::start_isolatable(3).expect("start an isolatable ensemble");
+fn an_isolated_zookeeper_follower_stops_serving_until_healed() -> TestResult {
+    let ensemble = ZkEnsemble::start_isolatable(3)
+        .map_err(|e| format!("start an isolatable ensemble: {e}"))?;
     let config = ensemble.config();
     let tick = config.tick_time;
     for member in ensemble.members() {
@@ -128,8 +131,8 @@ fn an_isolated_zookeeper_follower_stops_serving_until_healed() {
             .connect_string()
             .starts_with(&format!("{}:", member.addr())));
     }
-    let leader = ensemble.leader().expect("a leader");
-    let f = (0..3).find(|&i| i != leader).expect("a follower");
+    let leader = ensemble.leader().map_err(|e| format!("a leader: {e}"))?;
+    let f = (0..3).find(|&i| i != leader).ok_or("a follower")?;
     let follower = ensemble.member(f);
     let rest: Vec<String> = (0..3)
         .filter(|&i| i != f)
@@ -139,9 +142,10 @@ fn an_isolated_zookeeper_follower_stops_serving_until_healed() {
     // for an unreachable leader takes as long as the follower's patience.
     let request_timeout = config.sync_timeout();
     create(&follower.connect_string(), "/before", request_timeout)
-        .expect("a write through the follower works before the cut");
+        .map_err(|e| format!("a write through the follower works before the cut: {e}"))?;
 
-    let partition = Partition::isolate(follower).expect("isolate the follower");
+    let partition =
+        Partition::isolate(follower).map_err(|e| format!("isolate the follower: {e}"))?;
     // The follower gives up on its leader after syncLimit ticks without a ping, then looks for a
     // leader it cannot reach. Slack on top for a loaded 2-core machine.
     let within = config
@@ -180,7 +184,9 @@ fn an_isolated_zookeeper_follower_stops_serving_until_healed() {
             .unwrap_or_else(|e| panic!("a write through {member} succeeds: {e}"));
     }
 
-    partition.heal().expect("heal the partition");
+    partition
+        .heal()
+        .map_err(|e| format!("heal the partition: {e}"))?;
     // It rejoins at its next election round (backed off while it was cut off) and syncs.
     let within = config
         .sync_timeout()
@@ -199,9 +205,12 @@ fn an_isolated_zookeeper_follower_stops_serving_until_healed() {
     eprintln!("the healed follower served a write {took:?} after the heal");
 
     // The member still restarts under its own uid on its own address.
-    follower.restart().expect("restart the follower");
+    follower
+        .restart()
+        .map_err(|e| format!("restart the follower: {e}"))?;
     assert!(matches!(
         follower.mode().as_deref(),
         Some("leader" | "follower")
     ));
+    Ok(())
 }

@@ -133,10 +133,11 @@ fn namespace_offset(text: &str, clock: &str, number: &str) -> Option<i128> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{OrFail, TestResult};
 
     #[test]
-    fn reads_a_boot_id_and_a_clock_that_goes_forward() {
-        let clock = MachineClock::read().unwrap();
+    fn reads_a_boot_id_and_a_clock_that_goes_forward() -> TestResult {
+        let clock = MachineClock::read().or_fail("reading the machine clock")?;
         assert_eq!(clock.boot_id.len(), 36, "{:?}", clock.boot_id);
         let a = clock.now_ns();
         std::thread::sleep(std::time::Duration::from_millis(5));
@@ -147,8 +148,10 @@ mod tests {
         let (i0, c0) = (std::time::Instant::now(), clock.now_ns());
         std::thread::sleep(std::time::Duration::from_millis(5));
         let (i1, c1) = (std::time::Instant::now(), clock.now_ns());
-        let by_instant = i64::try_from((i1 - i0).as_nanos()).unwrap();
+        let by_instant =
+            i64::try_from((i1 - i0).as_nanos()).or_fail("the elapsed nanoseconds as i64")?;
         assert!(((c1 - c0) - by_instant).abs() < 1_000_000);
+        Ok(())
     }
 
     #[test]

@@ -182,29 +182,32 @@ pub(crate) fn table_name(name: &str) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{ErrOrFail, OrFail, TestResult};
     use std::time::Duration;
 
     #[test]
-    fn absolute_and_relative_paths() {
-        let c = SqliteConfig::from_url("sqlite:///var/lib/app/locks.db").unwrap();
+    fn absolute_and_relative_paths() -> TestResult {
+        let c = SqliteConfig::from_url("sqlite:///var/lib/app/locks.db")
+            .or_fail("the absolute sqlite URL")?;
         assert_eq!(c.path, PathBuf::from("/var/lib/app/locks.db"));
         assert_eq!(c.table, DEFAULT_TABLE);
         assert_eq!(c.pool_size, DEFAULT_POOL_SIZE);
         assert!(!c.allow_network_fs);
-        let c = SqliteConfig::from_url("sqlite://locks.db").unwrap();
+        let c = SqliteConfig::from_url("sqlite://locks.db").or_fail("the relative sqlite URL")?;
         assert_eq!(c.path, PathBuf::from("locks.db"));
         let c = SqliteConfig::from_url("SQLite://state/my%20locks.db?table=locks&pool_size=2&allow_network_fs=true&epoch=3&timeout_ms=250")
-            .unwrap();
+            .or_fail("the sqlite URL with every parameter")?;
         assert_eq!(c.path, PathBuf::from("state/my locks.db"));
         assert_eq!(c.table, "locks");
         assert_eq!(c.pool_size, 2);
         assert!(c.allow_network_fs);
         assert_eq!(c.client.epoch.get(), 3);
         assert_eq!(c.client.request_timeout, Duration::from_millis(250));
+        Ok(())
     }
 
     #[test]
-    fn bad_urls_are_typed_errors() {
+    fn bad_urls_are_typed_errors() -> TestResult {
         for (url, says) in [
             ("sqlite://", "no path"),
             ("sqlite:///", "directory"),
@@ -221,12 +224,13 @@ mod tests {
             ("postgres:///a.db", "sqlite://"),
             ("sqlite:a.db", "sqlite:///"),
         ] {
-            let err = SqliteConfig::from_url(url).unwrap_err();
+            let err = SqliteConfig::from_url(url).err_or_fail("a bad URL")?;
             assert!(
                 matches!(err, Error::InvalidUrl { .. } | Error::InvalidConfig { .. }),
                 "{url}: {err}"
             );
             assert!(err.to_string().contains(says), "{url}: {err}");
         }
+        Ok(())
     }
 }

@@ -5,6 +5,7 @@
 //!
 //! On tokio's paused clock, so a minute of workload per authority takes under a second.
 
+use leasehold_conformance::kit::{OrFail, TestResult};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,30 +24,30 @@ fn options() -> InProcessOptions {
     }
 }
 
-async fn judge(context: &Context, name: &str) -> RunVerdict {
+async fn judge(context: &Context, name: &str) -> TestResult<RunVerdict> {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join("workload-mutants")
         .join(name);
     let history = run_in_process(context, name, &options(), &dir)
         .await
-        .expect("the in-process run completes");
-    check_recorded(&history).expect("the history has its run line")
+        .or_fail("the in-process run completes")?;
+    check_recorded(&history).or_fail("the history has its run line")
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_reference_authority_passes_the_workload() {
+async fn the_reference_authority_passes_the_workload() -> TestResult {
     let server = MemoryServer::new();
     let context = Context::new(Arc::new(MemoryConnector::new(
         server.clone(),
         ClientOptions::default(),
     )))
     .await
-    .unwrap()
+    .or_fail("a context for the mutant")?
     .with_faults(Arc::new(MemoryFaults::new(
         server,
         Replication::Synchronous,
     )));
-    let verdict = judge(&context, "reference").await;
+    let verdict = judge(&context, "reference").await?;
     println!("{verdict}");
     assert_eq!(verdict.status, Status::Passed, "{verdict}");
     let f = &verdict.figures;
@@ -55,6 +56,7 @@ async fn the_reference_authority_passes_the_workload() {
         f.writes_refused_stale > 0,
         "the pauses must make stale writes for the fence to refuse:\n{verdict}"
     );
+    Ok(())
 }
 
 /// The finding each mutant's defect must produce: failing on something else (a stuck key for a
@@ -80,22 +82,27 @@ fn caught_as_expected(mutant: Mutant, verdict: &RunVerdict) -> bool {
 /// resource refuses every older fence, so nothing acknowledged is lost and no stale write is
 /// accepted, and only the lock's own evidence can fail the run. It must.
 #[tokio::test(start_paused = true)]
-async fn a_lock_that_ignores_the_holder_fails_on_exclusion_though_nothing_is_lost() {
+async fn a_lock_that_ignores_the_holder_fails_on_exclusion_though_nothing_is_lost() -> TestResult {
     let mutant = Mutant::AcquireIgnoresHolder;
-    let context = mutants::context(mutant).await.unwrap();
-    let verdict = judge(&context, "ignores-holder-headline").await;
+    let context = mutants::context(mutant)
+        .await
+        .or_fail("a context for the mutant")?;
+    let verdict = judge(&context, "ignores-holder-headline").await?;
     assert!(caught_as_expected(mutant, &verdict), "{verdict}");
     assert!(verdict.figures.valid_overlaps > 0, "{verdict}");
     assert_eq!(verdict.figures.lost_acks, 0, "{verdict}");
     assert_eq!(verdict.figures.stale_accepted, 0, "{verdict}");
+    Ok(())
 }
 
 #[tokio::test(start_paused = true)]
-async fn every_mutant_a_history_can_show_fails_the_workload() {
+async fn every_mutant_a_history_can_show_fails_the_workload() -> TestResult {
     let mut survivors = Vec::new();
     for mutant in Mutant::ALL {
-        let context = mutants::context(mutant).await.unwrap();
-        let verdict = judge(&context, &mutant.to_string()).await;
+        let context = mutants::context(mutant)
+            .await
+            .or_fail("a context for the mutant")?;
+        let verdict = judge(&context, &mutant.to_string()).await?;
         match invisible_to_the_workload(mutant) {
             Some(why) => println!(
                 "mutant {mutant:<28} not reliably visible to the workload ({}): {why}",
@@ -120,4 +127,5 @@ async fn every_mutant_a_history_can_show_fails_the_workload() {
         "mutants the workload did not catch:\n{}",
         survivors.join("\n")
     );
+    Ok(())
 }

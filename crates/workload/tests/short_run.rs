@@ -11,6 +11,7 @@
 //! The runs take turns (one lock): each starts a cluster, a resource server and eight worker
 //! processes, and two at once on two cores would measure the machine, not the backend.
 
+use leasehold_conformance::kit::{OrFail, TestResult};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Command;
@@ -27,14 +28,15 @@ const SEED: u64 = 11;
 
 /// A backend's 30 s run, which also proves the worker's edges: the CLI worker's tree killed
 /// mid-round, cuts shorter and longer than every TTL, a write of unknown outcome.
-fn short_run(backend: &str, server_faults: &[FaultKind]) {
+fn short_run(backend: &str, server_faults: &[FaultKind]) -> TestResult {
     short_run_for(
         backend,
         "30s",
         server_faults,
         Edges::Proven,
         Resource::Postgres,
-    );
+    )?;
+    Ok(())
 }
 
 /// The store the protected sets live in, and the faults it suffers besides a restart.
@@ -94,7 +96,7 @@ fn short_run_for(
     server_faults: &[FaultKind],
     edges: Edges,
     resource: Resource,
-) -> PathBuf {
+) -> TestResult<PathBuf> {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // A run that found nothing broken but did not show everything it must (a fault that never
     // landed, a fence never needed, an edge's shape missing: timing on a loaded machine) is
@@ -105,8 +107,10 @@ fn short_run_for(
             short_run_with_seed(backend, duration, server_faults, edges, resource, seed)
         }))
     };
-    match run(SEED) {
-        Ok(out) => out,
+    // A step that failed (rather than an assertion) is inconclusive too, as when it panicked.
+    let message = match run(SEED) {
+        Ok(Ok(out)) => return Ok(out),
+        Ok(Err(failure)) => failure.to_string(),
         Err(panic) => {
             let message = panic
                 .downcast_ref::<String>()
@@ -116,16 +120,16 @@ fn short_run_for(
             if message.starts_with(BROKEN) {
                 std::panic::resume_unwind(panic);
             }
-            eprintln!(
-                "the {backend} run with seed {SEED} was inconclusive ({message}); once more with \
-                 seed {}",
-                SEED + 1
-            );
-            match run(SEED + 1) {
-                Ok(out) => out,
-                Err(panic) => std::panic::resume_unwind(panic),
-            }
+            message.to_string()
         }
+    };
+    eprintln!(
+        "the {backend} run with seed {SEED} was inconclusive ({message}); once more with seed {}",
+        SEED + 1
+    );
+    match run(SEED + 1) {
+        Ok(result) => result,
+        Err(panic) => std::panic::resume_unwind(panic),
     }
 }
 
@@ -140,7 +144,7 @@ fn short_run_with_seed(
     edges: Edges,
     resource: Resource,
     seed: u64,
-) -> PathBuf {
+) -> TestResult<PathBuf> {
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("workload-{backend}"));
     let _ = std::fs::remove_dir_all(&out);
     let seed_text = seed.to_string();
@@ -157,12 +161,12 @@ fn short_run_with_seed(
         "--resource",
         resource.name(),
         "--out",
-        out.to_str().unwrap(),
+        out.to_str().or_fail("the output directory as text")?,
     ];
     let output = Command::new(env!("CARGO_BIN_EXE_leasehold-workload"))
         .args(args)
         .output()
-        .expect("the workload binary runs");
+        .or_fail("the workload binary runs")?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     println!("{stdout}");
@@ -188,7 +192,7 @@ fn short_run_with_seed(
             Resource::Postgres => format!("{backend}-{arm}.history.jsonl"),
             other => format!("{backend}-{}-{arm}.history.jsonl", other.name()),
         });
-        let history = History::read_file(&path).expect("the merged history reads back");
+        let history = History::read_file(&path).or_fail("the merged history reads back")?;
         handoff_gaps.extend(release_to_handoff_fault(&history));
         let recorded = history.events().iter().find_map(|e| match &e.what {
             What::Run {
@@ -196,7 +200,7 @@ fn short_run_with_seed(
             } => Some((commit.clone(), versions.clone())),
             _ => None,
         });
-        let (commit, versions) = recorded.expect("the history has its run line");
+        let (commit, versions) = recorded.or_fail("the history has its run line")?;
         assert!(commit.is_some(), "{arm}: the run line lacks the commit");
         assert!(
             versions.contains_key(resource.name()),
@@ -253,7 +257,7 @@ fn short_run_with_seed(
                 "{arm}: the CLI worker {cli_worker}'s tree was never killed"
             );
         }
-        let verdict = check_recorded(&history).expect("the history has its run line");
+        let verdict = check_recorded(&history).or_fail("the history has its run line")?;
         assert_ne!(verdict.status, Status::Failed, "{verdict}");
         let figures = &verdict.figures;
         writes_unknown += figures.writes_unknown;
@@ -323,7 +327,7 @@ fn short_run_with_seed(
             resource.cuts_a_write()
         );
     }
-    out
+    Ok(out)
 }
 
 /// How soon after a release a hand-off leader change must begin, at least once per run.
@@ -347,7 +351,7 @@ fn release_to_handoff_fault(history: &History) -> Vec<Duration> {
 }
 
 #[test]
-fn etcd_three_members() {
+fn etcd_three_members() -> TestResult {
     short_run(
         "etcd",
         &[
@@ -357,13 +361,14 @@ fn etcd_three_members() {
             FaultKind::IsolateMember,
             FaultKind::HandoffLeaderChange,
         ],
-    );
+    )?;
+    Ok(())
 }
 
 /// ZooKeeper's run protects objects on Azurite instead of a PostgreSQL table: the object gate
 /// under the same workload, the store stalled and restarted.
 #[test]
-fn zookeeper_three_members() {
+fn zookeeper_three_members() -> TestResult {
     short_run_for(
         "zookeeper",
         "30s",
@@ -376,14 +381,15 @@ fn zookeeper_three_members() {
         ],
         Edges::Proven,
         Resource::Azurite,
-    );
+    )?;
+    Ok(())
 }
 
 /// Worker processes whose authority grants a key to every worker at once, fences rising: the
 /// resource loses nothing (it refuses every older fence), so the run must fail on the lock's
 /// own evidence, keys granted while another lease was valid.
 #[test]
-fn a_lock_that_ignores_the_holder_fails_the_run_though_nothing_is_lost() {
+fn a_lock_that_ignores_the_holder_fails_the_run_though_nothing_is_lost() -> TestResult {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("workload-ignores-holder");
     let _ = std::fs::remove_dir_all(&out);
@@ -391,9 +397,12 @@ fn a_lock_that_ignores_the_holder_fails_the_run_though_nothing_is_lost() {
         .args(["run", "--backend", "postgres", "--duration", "10s"])
         .args(["--arms", "fenced", "--broken", "ignores-holder"])
         .args(["--seed", &SEED.to_string(), "--fault-gap", "500ms..1500ms"])
-        .args(["--out", out.to_str().unwrap()])
+        .args([
+            "--out",
+            out.to_str().or_fail("the output directory as text")?,
+        ])
         .output()
-        .expect("the workload binary runs");
+        .or_fail("the workload binary runs")?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         !output.status.success(),
@@ -401,8 +410,8 @@ fn a_lock_that_ignores_the_holder_fails_the_run_though_nothing_is_lost() {
         String::from_utf8_lossy(&output.stderr)
     );
     let history = History::read_file(out.join("postgres-fenced.history.jsonl"))
-        .expect("the merged history reads back");
-    let verdict = check_recorded(&history).expect("the history has its run line");
+        .or_fail("the merged history reads back")?;
+    let verdict = check_recorded(&history).or_fail("the history has its run line")?;
     assert_eq!(verdict.status, Status::Failed, "{verdict}");
     assert!(
         verdict
@@ -413,28 +422,30 @@ fn a_lock_that_ignores_the_holder_fails_the_run_though_nothing_is_lost() {
     assert!(verdict.figures.writes_acknowledged > 0, "{verdict}");
     assert_eq!(verdict.figures.lost_acks, 0, "{verdict}");
     assert_eq!(verdict.figures.stale_accepted, 0, "{verdict}");
+    Ok(())
 }
 
 #[test]
-fn postgres() {
-    short_run("postgres", &[FaultKind::KillAuthority]);
+fn postgres() -> TestResult {
+    short_run("postgres", &[FaultKind::KillAuthority])
 }
 
 #[test]
-fn redis_primary_and_replica() {
+fn redis_primary_and_replica() -> TestResult {
     short_run(
         "redis",
         &[FaultKind::KillAuthority, FaultKind::PromoteReplica],
-    );
+    )?;
+    Ok(())
 }
 
 /// Servers someone else started, by URL: the runner injects worker faults only, and says so in
 /// the history (no server fault), and the run still judges both the authority and the resource.
 #[test]
-fn servers_given_by_url() {
+fn servers_given_by_url() -> TestResult {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let authority = leasehold_servers::PostgresServer::start().expect("PostgreSQL starts");
-    let resource = leasehold_servers::PostgresServer::start().expect("PostgreSQL starts");
+    let authority = leasehold_servers::PostgresServer::start().or_fail("PostgreSQL starts")?;
+    let resource = leasehold_servers::PostgresServer::start().or_fail("PostgreSQL starts")?;
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("workload-by-url");
     let _ = std::fs::remove_dir_all(&out);
     let output = Command::new(env!("CARGO_BIN_EXE_leasehold-workload"))
@@ -450,17 +461,21 @@ fn servers_given_by_url() {
             "fenced",
         ])
         .args(["--url", &authority.url(), "--resource-url", &resource.url()])
-        .args(["--out", out.to_str().unwrap()])
+        .args([
+            "--out",
+            out.to_str().or_fail("the output directory as text")?,
+        ])
         .output()
-        .expect("the workload binary runs");
+        .or_fail("the workload binary runs")?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let history = History::read_file(out.join("postgres-fenced.history.jsonl")).unwrap();
-    let verdict = check_recorded(&history).unwrap();
+    let history = History::read_file(out.join("postgres-fenced.history.jsonl"))
+        .or_fail("reading the recorded history")?;
+    let verdict = check_recorded(&history).or_fail("checking the recorded history")?;
     assert_eq!(verdict.status, Status::Passed, "{verdict}");
     assert!(verdict.figures.writes_acknowledged > 0, "{verdict}");
     let kinds: BTreeSet<FaultKind> = verdict.figures.faults.keys().copied().collect();
@@ -476,62 +491,67 @@ fn servers_given_by_url() {
         "servers someone else runs are not faulted: {kinds:?}"
     );
     assert!(!out.join("control-worker-4.jsonl").exists());
+    Ok(())
 }
 
 /// PostgreSQL with an asynchronous standby: the primary killed and restarted, and a failover
 /// that promotes the standby (what it had not streamed is lost, which the checker declares).
 #[test]
-fn postgres_with_a_standby() {
+fn postgres_with_a_standby() -> TestResult {
     short_run_for(
         "postgres-standby",
         "20s",
         &[FaultKind::KillAuthority, FaultKind::PromoteReplica],
         Edges::Landed,
         Resource::Postgres,
-    );
+    )?;
+    Ok(())
 }
 
 /// PostgreSQL through PgBouncer in transaction mode (`pooler=transaction`): the pooler
 /// restarted, and PostgreSQL killed underneath it.
 #[test]
-fn postgres_behind_pgbouncer() {
+fn postgres_behind_pgbouncer() -> TestResult {
     short_run_for(
         "postgres-pgbouncer",
         "20s",
         &[FaultKind::KillAuthority, FaultKind::RestartPooler],
         Edges::Landed,
         Resource::Postgres,
-    );
+    )?;
+    Ok(())
 }
 
 /// Redis under Sentinel: the sentinels' own failover, and the sentinels re-provisioned.
 #[test]
-fn redis_sentinel() {
+fn redis_sentinel() -> TestResult {
     short_run_for(
         "redis-sentinel",
         "20s",
         &[FaultKind::SentinelFailover, FaultKind::ReprovisionSentinels],
         Edges::Landed,
         Resource::Postgres,
-    );
+    )?;
+    Ok(())
 }
 
 /// Redis Cluster: a primary killed (its replica takes over), a slot of the run moved.
 #[test]
-fn redis_cluster() {
+fn redis_cluster() -> TestResult {
     short_run_for(
         "redis-cluster",
         "20s",
         &[FaultKind::KillPrimary, FaultKind::MigrateSlot],
         Edges::Landed,
         Resource::Postgres,
-    );
+    )?;
+    Ok(())
 }
 
 /// SQLite, worker processes on one file: holders paused past their TTL, workers killed, and
 /// workers killed while stopped holding the write lock, which the history says.
 #[test]
-fn sqlite_one_file() {
+fn sqlite_one_file() -> TestResult {
     let out = short_run_for(
         "sqlite",
         // Two in-transaction kills besides every other kind: 20 s leaves no room for a retry.
@@ -539,10 +559,10 @@ fn sqlite_one_file() {
         &[FaultKind::KillWorkerInTransaction],
         Edges::Landed,
         Resource::Postgres,
-    );
+    )?;
     for arm in ["fenced", "control"] {
         let history = History::read_file(out.join(format!("sqlite-{arm}.history.jsonl")))
-            .expect("the merged history reads back");
+            .or_fail("the merged history reads back")?;
         let inside: Vec<&String> = history
             .events()
             .iter()
@@ -563,18 +583,20 @@ fn sqlite_one_file() {
             "{arm}: every kill in a transaction says it caught the write lock: {inside:?}"
         );
     }
+    Ok(())
 }
 
 /// MySQL/MariaDB, one server killed and restarted on its data.
 #[test]
-fn mysql() {
+fn mysql() -> TestResult {
     short_run_for(
         "mysql",
         "20s",
         &[FaultKind::KillAuthority],
         Edges::Landed,
         Resource::Postgres,
-    );
+    )?;
+    Ok(())
 }
 
 /// An object store as the authority (Azurite): the store paused while leases run out by its
@@ -582,12 +604,13 @@ fn mysql() {
 /// with requests of tens of milliseconds, 30 s under load left the control too few rounds to
 /// lose a write.
 #[test]
-fn object_store() {
+fn object_store() -> TestResult {
     short_run_for(
         "object-store",
         "45s",
         &[FaultKind::PauseAuthority, FaultKind::RestartAuthority],
         Edges::Landed,
         Resource::Postgres,
-    );
+    )?;
+    Ok(())
 }

@@ -905,6 +905,7 @@ impl Authority for ZkAuthority {
 
 #[cfg(test)]
 mod tests {
+    use leasehold_conformance::kit::{ErrOrFail, OrFail, TestResult};
     use leasehold_servers::ZkServer;
     use tokio::net::{TcpListener, TcpStream};
     use tokio::sync::watch;
@@ -922,9 +923,11 @@ mod tests {
     }
 
     impl Proxy {
-        async fn start(upstream: String) -> Proxy {
-            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let addr = listener.local_addr().unwrap();
+        async fn start(upstream: String) -> TestResult<Proxy> {
+            let listener = TcpListener::bind("127.0.0.1:0")
+                .await
+                .or_fail("binding the proxy's listener")?;
+            let addr = listener.local_addr().or_fail("the proxy's address")?;
             let (state, _) = watch::channel((true, 0u64));
             let states = state.clone();
             let task = tokio::spawn(async move {
@@ -946,7 +949,7 @@ mod tests {
                     });
                 }
             });
-            Proxy { addr, state, task }
+            Ok(Proxy { addr, state, task })
         }
 
         fn cut(&self) {
@@ -972,57 +975,67 @@ mod tests {
     /// its nodes. Both grants' loss signal fires as soon as the holder's client hears of it, well
     /// before the next renewal would have noticed (a third of the TTL).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_ended_session_fires_the_loss_signal_of_every_grant_on_it() {
+    async fn an_ended_session_fires_the_loss_signal_of_every_grant_on_it() -> TestResult {
         let server = tokio::task::spawn_blocking(ZkServer::start)
             .await
-            .unwrap()
-            .expect("ZooKeeper must start for this test");
+            .or_fail("the ZooKeeper server's start task")?
+            .or_fail("ZooKeeper must start for this test")?;
         let hosts = server.connect_string();
         // The holder talks to the server through a proxy, so that it cannot take its session
         // back while another client takes it over and closes it.
-        let proxy = Proxy::start(hosts.clone()).await;
+        let proxy = Proxy::start(hosts.clone()).await?;
         let a = ZkAuthority::connect(&format!("zk://{}/loss?timeout_ms=1000", proxy.addr))
             .await
-            .unwrap();
+            .or_fail("connecting through the proxy")?;
         let ttl = Duration::from_secs(9);
         let first = a
-            .try_acquire(&LockKey::new("loss-1").unwrap(), ttl)
+            .try_acquire(&LockKey::new("loss-1").or_fail("the key loss-1")?, ttl)
             .await
-            .unwrap()
-            .unwrap();
+            .or_fail("trying to acquire loss-1")?
+            .or_fail("acquiring loss-1")?;
         let second = a
-            .try_acquire(&LockKey::new("loss-2").unwrap(), ttl)
+            .try_acquire(&LockKey::new("loss-2").or_fail("the key loss-2")?, ttl)
             .await
-            .unwrap()
-            .unwrap();
-        let signals: Vec<_> = [&first, &second]
+            .or_fail("trying to acquire loss-2")?
+            .or_fail("acquiring loss-2")?;
+        let signals = [&first, &second]
             .iter()
             .map(|g| {
                 g.loss_signal()
-                    .expect("a ZooKeeper grant carries its session's loss signal")
-                    .clone()
+                    .cloned()
+                    .or_fail("a ZooKeeper grant carries its session's loss signal")
             })
-            .collect();
+            .collect::<TestResult<Vec<_>>>()?;
         assert!(signals.iter().all(|s| s.fired().is_none()));
         assert!(first.is_valid() && second.is_valid());
 
-        let session = a.inner.sessions.get(ttl).await.unwrap();
+        let session = a.inner.sessions.get(ttl).await.or_fail("the session")?;
         proxy.cut();
         let thief = zookeeper_client::Client::connector()
             .with_session(session.client.session().clone())
             .with_session_timeout(ttl)
             .connect(&hosts)
             .await
-            .expect("the session can be taken over with its id and password");
+            .or_fail("the session can be taken over with its id and password")?;
         drop(session);
-        thief.list_children("/").await.unwrap();
+        thief
+            .list_children("/")
+            .await
+            .or_fail("listing / as the thief")?;
         drop(thief);
-        let raw = zookeeper_client::Client::connect(&hosts).await.unwrap();
+        let raw = zookeeper_client::Client::connect(&hosts)
+            .await
+            .or_fail("connecting the raw client")?;
         let path = first
             .backend_state::<Arc<Held>>()
             .map(|h| h.path.clone())
-            .unwrap();
-        while raw.check_stat(&path).await.unwrap().is_some() {
+            .or_fail("the held lock node's path")?;
+        while raw
+            .check_stat(&path)
+            .await
+            .or_fail("checking the lock node")?
+            .is_some()
+        {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         // The session is gone at the server; the holder's client hears of it when it gets
@@ -1042,7 +1055,10 @@ mod tests {
             closed.elapsed()
         );
         assert!(!first.is_valid() && !second.is_valid());
-        let err = a.renew(&first, ttl).await.unwrap_err();
+        let err = a
+            .renew(&first, ttl)
+            .await
+            .err_or_fail("renewing a lost grant")?;
         assert!(
             matches!(
                 err,
@@ -1055,11 +1071,12 @@ mod tests {
         );
         // A new session serves the next acquisition, and its grant's signal is a fresh one.
         let next = a
-            .try_acquire(&LockKey::new("loss-1").unwrap(), ttl)
+            .try_acquire(&LockKey::new("loss-1").or_fail("the key loss-1")?, ttl)
             .await
-            .unwrap()
-            .expect("the old session's nodes are gone");
+            .or_fail("trying to acquire loss-1 again")?
+            .or_fail("the old session's nodes are gone")?;
         assert!(next.loss_signal().is_some_and(|s| s.fired().is_none()));
-        let _ = a.release(&next).await.unwrap();
+        let _ = a.release(&next).await.or_fail("releasing loss-1")?;
+        Ok(())
     }
 }

@@ -381,17 +381,18 @@ pub(crate) fn validate_path(path: &str) -> std::result::Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{ErrOrFail, OrFail, TestResult};
 
     #[test]
-    fn parses_hosts_chroot_credentials_and_params() {
+    fn parses_hosts_chroot_credentials_and_params() -> TestResult {
         let c = ZkConfig::from_url(
             "zk://app:hun%3Ater2@h1:2181,h2,[::1]:2182/locks/billing?epoch=2&timeout_ms=900",
         )
-        .unwrap();
+        .or_fail("the zk URL with credentials")?;
         assert_eq!(c.hosts(), "h1:2181,h2:2181,[::1]:2182");
         assert_eq!(c.chroot(), "/locks/billing");
         assert_eq!(c.acl(), AclMode::CreatorOnly);
-        let (user, password) = c.credentials.as_ref().unwrap();
+        let (user, password) = c.credentials.as_ref().or_fail("the credentials")?;
         assert_eq!(user, "app");
         assert_eq!(password.expose(), "hun:ter2");
         assert_eq!(c.client.epoch.get(), 2);
@@ -399,32 +400,37 @@ mod tests {
         let shown = format!("{c:?}");
         assert!(!shown.contains("ter2"), "{shown}");
 
-        let plain = ZkConfig::from_url("zk://127.0.0.1:2181").unwrap();
+        let plain = ZkConfig::from_url("zk://127.0.0.1:2181").or_fail("the plain zk URL")?;
         assert_eq!(plain.chroot(), DEFAULT_CHROOT);
         assert_eq!(plain.acl(), AclMode::Open);
         assert_eq!(
-            ZkConfig::from_url("zk://127.0.0.1:2181/").unwrap().chroot(),
+            ZkConfig::from_url("zk://127.0.0.1:2181/")
+                .or_fail("the zk URL with an empty chroot")?
+                .chroot(),
             "/"
         );
-        let open = ZkConfig::from_url("zk://u:p@h/x?acl=open").unwrap();
+        let open =
+            ZkConfig::from_url("zk://u:p@h/x?acl=open").or_fail("the zk URL with acl=open")?;
         assert_eq!(open.acl(), AclMode::Open);
         assert_eq!(open.parent_mode(), ParentMode::Container);
         assert!(open.containers());
-        let kazoo = ZkConfig::from_url("zk://h/x?parent=persistent").unwrap();
+        let kazoo = ZkConfig::from_url("zk://h/x?parent=persistent")
+            .or_fail("the zk URL with parent=persistent")?;
         assert_eq!(kazoo.parent_mode(), ParentMode::Persistent);
         assert!(!kazoo.containers());
         let old = ZkConfig::from_url("zk://h/x?parent=container")
-            .unwrap()
+            .or_fail("the zk URL with parent=container")?
             .with_server_version(3, 4, 14);
         assert!(!old.containers());
+        Ok(())
     }
 
     #[test]
-    fn zks_urls_carry_tls_files_and_always_a_ca() {
+    fn zks_urls_carry_tls_files_and_always_a_ca() -> TestResult {
         let c = ZkConfig::from_url(
             "ZKS://app:hunter2@localhost:2281,127.0.0.1:2282,[::1]:2283/locks?tls_ca=/etc/zk/ca.pem&tls_cert=/etc/zk/my%20client.pem&tls_key=/etc/zk/client.key&timeout_ms=900",
         )
-        .unwrap();
+        .or_fail("the zks URL with TLS files")?;
         assert!(c.is_tls());
         assert_eq!(c.hosts(), "localhost:2281,127.0.0.1:2282,[::1]:2283");
         assert_eq!(c.chroot(), "/locks");
@@ -441,18 +447,20 @@ mod tests {
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(shown.contains("ca.pem"), "{shown}");
 
-        let no_identity = ZkConfig::from_url("zks://h1/x?tls_ca=ca.pem").unwrap();
+        let no_identity = ZkConfig::from_url("zks://h1/x?tls_ca=ca.pem")
+            .or_fail("the zks URL without an identity")?;
         assert!(no_identity.is_tls());
         assert_eq!(no_identity.tls_identity(), None);
-        let plain = ZkConfig::from_url("zk://h1/x").unwrap();
+        let plain = ZkConfig::from_url("zk://h1/x").or_fail("the plain zk URL")?;
         assert!(!plain.is_tls());
         assert_eq!(plain.tls_ca(), None);
         // Host names a plain URL takes, which a certificate cannot name.
         assert!(ZkConfig::from_url("zk://bad_host!:2181/x").is_ok());
+        Ok(())
     }
 
     #[test]
-    fn rejects_what_it_cannot_honour_without_showing_the_password() {
+    fn rejects_what_it_cannot_honour_without_showing_the_password() -> TestResult {
         for bad in [
             "zk://u:hunter2@h1:2181/a//b",
             "zk://u:hunter2@h1:2181/a/",
@@ -485,7 +493,7 @@ mod tests {
             "zks://u:hunter2@[zz]:2181/x?tls_ca=/ca.pem",
             "zkss://u:hunter2@h1:2181/x?tls_ca=/ca.pem",
         ] {
-            let err = ZkConfig::from_url(bad).unwrap_err();
+            let err = ZkConfig::from_url(bad).err_or_fail("a bad URL")?;
             let shown = format!("{err} {err:?}");
             assert!(!shown.contains("hunter2"), "{bad}: {shown}");
             assert!(
@@ -493,5 +501,6 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+        Ok(())
     }
 }

@@ -625,6 +625,7 @@ async fn bounded_raw<T>(
 
 #[cfg(test)]
 mod tests {
+    use leasehold_conformance::kit::{OrFail, TestResult};
     use leasehold_servers::ZkServer;
     use zookeeper_client::Acls;
 
@@ -635,19 +636,19 @@ mod tests {
     /// on my own session behind my back) are found by the UUID; the lowest becomes mine, with
     /// its czxid read back from the server, and the other is deleted.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn finds_its_nodes_by_uuid_and_keeps_only_the_lowest() {
+    async fn finds_its_nodes_by_uuid_and_keeps_only_the_lowest() -> TestResult {
         let server = tokio::task::spawn_blocking(ZkServer::start)
             .await
-            .unwrap()
-            .expect("ZooKeeper must start for this test");
-        let config =
-            ZkConfig::from_url(&format!("zk://{}/lookup", server.connect_string())).unwrap();
-        prepare(&config).await.unwrap();
+            .or_fail("the ZooKeeper server's start task")?
+            .or_fail("ZooKeeper must start for this test")?;
+        let config = ZkConfig::from_url(&format!("zk://{}/lookup", server.connect_string()))
+            .or_fail("the zk URL")?;
+        prepare(&config).await.or_fail("preparing the chroot")?;
         let config = Arc::new(config);
         let sessions = Sessions::new(config.clone());
         let ttl = Duration::from_secs(2);
-        let session = sessions.get(ttl).await.unwrap();
-        let owner = OwnerToken::generate().unwrap();
+        let session = sessions.get(ttl).await.or_fail("the session")?;
+        let owner = OwnerToken::generate().or_fail("a generated owner token")?;
         let parent = "/lookup/dup".to_string();
         let client = &session.client;
         client
@@ -657,16 +658,25 @@ mod tests {
                 &CreateMode::Persistent.with_acls(Acls::anyone_all()),
             )
             .await
-            .unwrap();
+            .or_fail("creating the parent")?;
         let prefix = format!("{parent}/{}", names::contender_prefix(owner));
         let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-        let (first, seq) = client.create(&prefix, &[], &options).await.unwrap();
-        client.create(&prefix, &[], &options).await.unwrap();
+        let (first, seq) = client
+            .create(&prefix, &[], &options)
+            .await
+            .or_fail("creating the first contender node")?;
+        client
+            .create(&prefix, &[], &options)
+            .await
+            .or_fail("creating the duplicate contender node")?;
         let lowest = format!("{}{seq}", names::contender_prefix(owner));
 
-        let key = LockKey::new("dup").unwrap();
+        let key = LockKey::new("dup").or_fail("the key dup")?;
         let mut contender = Contender::new(config, session.clone(), &key, parent.clone(), owner);
-        let listing = contender.list().await.unwrap();
+        let listing = contender
+            .list()
+            .await
+            .map_err(|e| format!("listing the contenders: {e:?}"))?;
         assert_eq!(listing.children.len(), 2);
         match contender.place(&listing) {
             Position::First { mine, extras } => {
@@ -676,7 +686,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let tenures = Tenures::default();
-        let grant = contender.grant(&tenures, ttl, listing.sent).await.unwrap();
+        let grant = contender
+            .grant(&tenures, ttl, listing.sent)
+            .await
+            .map_err(|e| format!("the grant: {e:?}"))?;
         assert_eq!(
             grant.fence().raw(),
             first.czxid as u64,
@@ -684,7 +697,10 @@ mod tests {
         );
         let start = Instant::now();
         loop {
-            let children = client.list_children(&parent).await.unwrap();
+            let children = client
+                .list_children(&parent)
+                .await
+                .or_fail("listing the parent's children")?;
             if children == vec![lowest.clone()] {
                 break;
             }
@@ -694,5 +710,6 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        Ok(())
     }
 }

@@ -275,10 +275,11 @@ pub(crate) fn position(children: &[String], prefix: &str) -> Position {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{OrFail, TestResult};
 
     #[test]
-    fn owners_are_short_ids_or_peers() {
-        let owner = OwnerToken::generate().unwrap();
+    fn owners_are_short_ids_or_peers() -> TestResult {
+        let owner = OwnerToken::generate().or_fail("a generated owner token")?;
         let ours = format!("{}0000000042", contender_prefix(owner));
         assert_eq!(owner_of(&ours), OwnerId::of(&owner));
         assert_eq!(
@@ -290,6 +291,7 @@ mod tests {
             owner_of("_c_short-lock-0000000045").as_str(),
             "peer:foreign"
         );
+        Ok(())
     }
 
     #[test]
@@ -304,7 +306,7 @@ mod tests {
     }
 
     #[test]
-    fn keys_map_to_node_names_and_back() {
+    fn keys_map_to_node_names_and_back() -> TestResult {
         for (key, name) in [
             ("invoice:inv_72", "invoice:inv_72"),
             ("a/b/c", "a%2Fb%2Fc"),
@@ -317,7 +319,7 @@ mod tests {
             ("zookeeper2", "zookeeper2"),
             ("!~@#$^&*()", "!~@#$^&*()"),
         ] {
-            let k = LockKey::new(key).unwrap();
+            let k = LockKey::new(key).or_fail("the key")?;
             assert_eq!(node_name_for_key(&k), name, "{key}");
             assert_eq!(key_from_node_name(name), Some(k), "{name}");
         }
@@ -325,13 +327,14 @@ mod tests {
         for name in ["a/b", "%2f", "%zz", "%", "%2", ".", "..", "zookeeper", ""] {
             assert_eq!(key_from_node_name(name), None, "{name}");
         }
-        let long = LockKey::new("/".repeat(200)).unwrap();
+        let long = LockKey::new("/".repeat(200)).or_fail("the long key")?;
         assert_eq!(node_name_for_key(&long).len(), 600);
+        Ok(())
     }
 
     #[test]
-    fn sequences_of_curator_kazoo_and_others() {
-        let owner = OwnerToken::generate().unwrap();
+    fn sequences_of_curator_kazoo_and_others() -> TestResult {
+        let owner = OwnerToken::generate().or_fail("a generated owner token")?;
         let prefix = contender_prefix(owner);
         assert_eq!(prefix.len(), 3 + 36 + 1 + LOCK_NAME.len());
         assert_eq!(&prefix[39..40], "-", "Curator's protected-name check");
@@ -357,13 +360,14 @@ mod tests {
         for not in ["leader", "lock-", "lock-123", "x0000000001x", "12345678901"] {
             assert_eq!(contender_sequence(not), None, "{not}");
         }
+        Ok(())
     }
 
     /// ZooKeeper names a sequential node with `%010d` of the parent's child version, an `i32`
     /// that goes negative past `i32::MAX` (`-2147483648`, ..., `-000000001`) and then wraps to
     /// `0000000000`. Those names must parse, and order as they were made.
     #[test]
-    fn sequences_past_i32_max_parse_and_order_as_zookeeper_makes_them() {
+    fn sequences_past_i32_max_parse_and_order_as_zookeeper_makes_them() -> TestResult {
         let c = |seq: &str| format!("_c_00000000-0000-0000-0000-00000000000c-lock-{seq}");
         let k = |seq: &str| format!("0123456789abcdef__lock__{seq}");
         assert_eq!(contender_sequence(&c("-000000001")), Some(-1));
@@ -404,7 +408,7 @@ mod tests {
                     assert_eq!(ahead, others.len(), "{mine} behind {others:?}");
                     assert_eq!(
                         predecessor.name,
-                        *others.last().unwrap(),
+                        *others.last().or_fail("the last other contender")?,
                         "{mine} behind {others:?}"
                     );
                 }
@@ -417,6 +421,7 @@ mod tests {
             shuffled.push("leader".into());
             assert_eq!(queue(&shuffled), made, "the holder is the earliest made");
         }
+        Ok(())
     }
 
     #[test]

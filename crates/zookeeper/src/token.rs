@@ -86,6 +86,7 @@ impl FencingToken for Czxid {
 
 #[cfg(test)]
 mod tests {
+    use leasehold_conformance::kit::{OrFail, TestResult};
     use leasehold_core::Epoch;
 
     use super::*;
@@ -136,16 +137,22 @@ mod tests {
     }
 
     #[test]
-    fn epoch_is_the_high_half_and_fits_48_bits_until_65535() {
-        let z = Czxid::new(0x3_0000_0010).unwrap();
+    fn epoch_is_the_high_half_and_fits_48_bits_until_65535() -> TestResult {
+        let z = Czxid::new(0x3_0000_0010).or_fail("czxid 0x3_0000_0010")?;
         assert_eq!(z.epoch(), 3);
-        let fence = z.to_fence(BACKEND, Epoch::ZERO).unwrap();
+        let fence = z
+            .to_fence(BACKEND, Epoch::ZERO)
+            .or_fail("the fence of the czxid")?;
         assert_eq!(fence.raw(), 0x3_0000_0010);
         assert!(Czxid::new((0x1_0000_i64) << 32)
-            .unwrap()
+            .or_fail("czxid of epoch 0x1_0000")?
             .to_fence(BACKEND, Epoch::ZERO)
             .is_err());
         assert!(Czxid::new(0).is_err() && Czxid::new(-1).is_err());
-        assert!(Czxid::new(0x2_0000_0001).unwrap() > Czxid::new(0x1_ffff_fff0).unwrap());
+        assert!(
+            Czxid::new(0x2_0000_0001).or_fail("czxid 0x2_0000_0001")?
+                > Czxid::new(0x1_ffff_fff0).or_fail("czxid 0x1_ffff_fff0")?
+        );
+        Ok(())
     }
 }

@@ -286,60 +286,85 @@ pub(crate) fn refuse(status: StatusCode, why: &'static str) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_conformance::kit::{ErrOrFail, OrFail, TestResult};
 
     #[test]
-    fn tokens_match_only_themselves() {
+    fn tokens_match_only_themselves() -> TestResult {
         let token = Secret("s3cret".into());
         assert!(token.matches("s3cret"));
         assert!(!token.matches("s3cre"));
         assert!(!token.matches("s3cret "));
         assert!(!format!("{token:?}").contains("s3cret"));
-        let one = Secret::generate().unwrap();
+        let one = Secret::generate().or_fail("a generated secret")?;
         assert_eq!(one.as_str().len(), 32);
-        assert_ne!(one.as_str(), Secret::generate().unwrap().as_str());
+        assert_ne!(
+            one.as_str(),
+            Secret::generate()
+                .or_fail("a second generated secret")?
+                .as_str()
+        );
+        Ok(())
     }
 
     #[test]
-    fn a_token_comes_from_the_file_first_and_is_never_empty() {
-        let dir = tempfile::tempdir().unwrap();
+    fn a_token_comes_from_the_file_first_and_is_never_empty() -> TestResult {
+        let dir = tempfile::tempdir().or_fail("a temporary directory")?;
         let file = dir.path().join("t");
-        std::fs::write(&file, "abc\nrest").unwrap();
+        std::fs::write(&file, "abc\nrest").or_fail("writing the token file")?;
         let t = access_token(Some(&file), Some("env".into()))
-            .unwrap()
-            .unwrap();
+            .or_fail("reading the token file")?
+            .or_fail("a token from the file")?;
         assert_eq!(t.as_str(), "abc");
         assert_eq!(
             access_token(None, Some("env".into()))
-                .unwrap()
-                .unwrap()
+                .or_fail("reading the token from the environment")?
+                .or_fail("a token from the environment")?
                 .as_str(),
             "env"
         );
-        assert!(access_token(None, None).unwrap().is_none());
+        assert!(access_token(None, None)
+            .or_fail("access_token with neither file nor environment")?
+            .is_none());
         assert!(access_token(None, Some(" ".into())).is_err());
+        Ok(())
     }
 
     #[test]
-    fn only_loopback_listens_without_a_token() {
+    fn only_loopback_listens_without_a_token() -> TestResult {
         let token = Secret("t".into());
-        assert!(check_listen("127.0.0.1:0".parse().unwrap(), None).is_ok());
-        assert!(check_listen("[::1]:0".parse().unwrap(), None).is_ok());
-        let refused = check_listen("0.0.0.0:80".parse().unwrap(), None).unwrap_err();
+        assert!(check_listen("127.0.0.1:0".parse().or_fail("the loopback address")?, None).is_ok());
+        assert!(check_listen(
+            "[::1]:0".parse().or_fail("the IPv6 loopback address")?,
+            None
+        )
+        .is_ok());
+        let refused = check_listen("0.0.0.0:80".parse().or_fail("the wildcard address")?, None)
+            .err_or_fail("check_listen on a wildcard address without a token")?;
         assert!(refused.contains("token"), "{refused}");
-        assert!(check_listen("0.0.0.0:80".parse().unwrap(), Some(&token)).is_ok());
+        assert!(check_listen(
+            "0.0.0.0:80".parse().or_fail("the wildcard address")?,
+            Some(&token)
+        )
+        .is_ok());
+        Ok(())
     }
 
     #[test]
-    fn the_token_leaves_the_query() {
-        let uri: Uri = "/key/a?x=1&token=t&y=2".parse().unwrap();
+    fn the_token_leaves_the_query() -> TestResult {
+        let uri: Uri = "/key/a?x=1&token=t&y=2"
+            .parse()
+            .or_fail("the request URI")?;
         assert_eq!(query_token(&uri).as_deref(), Some("t"));
         let answer = remember_token(&Secret("t".into()), &uri);
         assert_eq!(answer.status(), StatusCode::SEE_OTHER);
         assert_eq!(answer.headers()[header::LOCATION], "/key/a?x=1&y=2");
-        let cookie = answer.headers()[header::SET_COOKIE].to_str().unwrap();
+        let cookie = answer.headers()[header::SET_COOKIE]
+            .to_str()
+            .or_fail("the Set-Cookie header as text")?;
         assert!(
             cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
             "{cookie}"
         );
+        Ok(())
     }
 }

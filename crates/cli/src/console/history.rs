@@ -194,9 +194,10 @@ impl History {
 mod tests {
     use super::*;
     use leasehold::{Epoch, Fence, FenceSafety, OwnerId};
+    use leasehold_conformance::kit::{OrFail, TestResult};
 
     fn fence(n: u64) -> Fence {
-        Fence::compose("t", Epoch::ZERO, n, FenceSafety::Linearizable).unwrap()
+        Fence::compose("t", Epoch::ZERO, n, FenceSafety::Linearizable).expect("fence n")
     }
 
     fn held(key: &LockKey, n: u64, left_ms: u64) -> Inspection {
@@ -215,8 +216,8 @@ mod tests {
     }
 
     #[test]
-    fn the_bar_is_the_longest_time_left_of_the_same_holder() {
-        let key = LockKey::new("job:a").unwrap();
+    fn the_bar_is_the_longest_time_left_of_the_same_holder() -> TestResult {
+        let key = LockKey::new("job:a").or_fail("the key job:a")?;
         let mut history = History::default();
         history.seen(look(vec![held(&key, 1, 9_000)], vec![]));
         history.seen(look(vec![held(&key, 1, 4_000)], vec![]));
@@ -228,12 +229,13 @@ mod tests {
             history.bar_length(&held(&key, 2, 3_000)),
             Some(Duration::from_secs(3))
         );
+        Ok(())
     }
 
     #[test]
-    fn changes_go_to_the_log_newest_first_and_to_the_key() {
-        let key = LockKey::new("job:a").unwrap();
-        let other = LockKey::new("job:b").unwrap();
+    fn changes_go_to_the_log_newest_first_and_to_the_key() -> TestResult {
+        let key = LockKey::new("job:a").or_fail("the key job:a")?;
+        let other = LockKey::new("job:b").or_fail("the key job:b")?;
         let change = |key: &LockKey, kind| Change {
             at: SystemTime::now(),
             key: key.clone(),
@@ -287,11 +289,12 @@ mod tests {
         }
         assert_eq!(history.log.len(), LOG_LIMIT);
         assert_eq!(history.of_key(&other).count(), LOG_LIMIT + 1);
+        Ok(())
     }
 
     #[test]
-    fn a_key_page_starts_from_the_first_look_and_a_revoke_is_a_loss() {
-        let key = LockKey::new("job:a").unwrap();
+    fn a_key_page_starts_from_the_first_look_and_a_revoke_is_a_loss() -> TestResult {
+        let key = LockKey::new("job:a").or_fail("the key job:a")?;
         let mut history = History::default();
         history.seen(look(vec![held(&key, 3, 1_000)], vec![]));
         history.seen(look(vec![held(&key, 3, 900)], vec![]));
@@ -299,7 +302,7 @@ mod tests {
         assert_eq!(first, [("held", Some(3))], "only the first look seeds it");
         assert!(history.log.is_empty(), "a holder at start is no change");
         history.revoked(SystemTime::now(), &key, 3);
-        let newest = history.log.front().unwrap();
+        let newest = history.log.front().or_fail("the newest history entry")?;
         assert_eq!((newest.what, newest.fence), ("revoked", Some(3)));
         assert!(newest.is_loss());
         let ended = Seen::of(&Change {
@@ -311,5 +314,6 @@ mod tests {
             },
         });
         assert!(!ended.is_loss(), "a key freed early may have been released");
+        Ok(())
     }
 }

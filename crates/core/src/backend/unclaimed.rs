@@ -159,6 +159,8 @@ mod tests {
     use std::sync::Mutex;
     use std::time::Duration;
 
+    type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
     use super::*;
 
     #[test]
@@ -191,7 +193,7 @@ mod tests {
     fn recorder(given: &Given) -> impl Fn(u32) -> std::future::Ready<()> + Send + Sync + 'static {
         let given = given.clone();
         move |win| {
-            given.lock().unwrap().push(win);
+            given.lock().expect("recording a given-back win").push(win);
             std::future::ready(())
         }
     }
@@ -201,7 +203,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_claimed_win_is_the_callers_and_a_late_one_is_given_back() {
+    async fn a_claimed_win_is_the_callers_and_a_late_one_is_given_back() -> TestResult {
         let given = Given::default();
         let now = Instant::now();
         let claimed = claim_or_give_back(
@@ -224,11 +226,18 @@ mod tests {
         .await;
         assert_eq!(late, Err(Unanswered::TimedOut));
         tokio::time::sleep(Duration::from_secs(3)).await;
-        assert_eq!(*given.lock().unwrap(), vec![2], "only the unclaimed win");
+        assert_eq!(
+            *given
+                .lock()
+                .map_err(|e| format!("the given-back wins: {e}"))?,
+            vec![2],
+            "only the unclaimed win"
+        );
+        Ok(())
     }
 
     #[tokio::test]
-    async fn the_request_runs_on_the_callers_task_until_the_caller_leaves() {
+    async fn the_request_runs_on_the_callers_task_until_the_caller_leaves() -> TestResult {
         // The happy path spawns nothing: the request is polled by the task that waits for it.
         let on_task = tokio::spawn(async {
             let caller = tokio::task::id();
@@ -241,12 +250,15 @@ mod tests {
             .await;
             (caller, answer)
         });
-        let (caller, answer) = on_task.await.unwrap();
+        let (caller, answer) = on_task
+            .await
+            .map_err(|e| format!("the caller's task: {e}"))?;
         assert_eq!(answer, Ok(Some(caller)));
+        Ok(())
     }
 
     #[tokio::test]
-    async fn a_request_that_panics_is_no_answer_not_a_panic_in_the_caller() {
+    async fn a_request_that_panics_is_no_answer_not_a_panic_in_the_caller() -> TestResult {
         let given = Given::default();
         let answer = claim_or_give_back(
             |_| async {
@@ -261,7 +273,11 @@ mod tests {
         )
         .await;
         assert_eq!(answer, Err(Unanswered::NoAnswer));
-        assert!(given.lock().unwrap().is_empty());
+        assert!(given
+            .lock()
+            .map_err(|e| format!("the given-back wins: {e}"))?
+            .is_empty());
+        Ok(())
     }
 
     /// True, in a way the compiler cannot see through (so the panic above is reachable).
@@ -270,7 +286,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_caller_dropped_mid_request_gets_the_win_given_back_and_is_seen_gone() {
+    async fn a_caller_dropped_mid_request_gets_the_win_given_back_and_is_seen_gone() -> TestResult {
         let given = Given::default();
         let seen_left = Arc::new(AtomicBool::new(false));
         let saw = seen_left.clone();
@@ -292,6 +308,12 @@ mod tests {
             seen_left.load(Ordering::SeqCst),
             "the request saw the caller leave"
         );
-        assert_eq!(*given.lock().unwrap(), vec![3]);
+        assert_eq!(
+            *given
+                .lock()
+                .map_err(|e| format!("the given-back wins: {e}"))?,
+            vec![3]
+        );
+        Ok(())
     }
 }

@@ -176,21 +176,28 @@ pub fn percent_decode(s: &str) -> Option<String> {
 mod tests {
     use super::*;
 
+    type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
     #[test]
-    fn reads_common_options_and_rejects_unknown() {
-        let mut p =
-            UrlParams::parse("memory://x?epoch=3&timeout_ms=250&safety_margin_ms=1").unwrap();
-        let o = p.take_client_options().unwrap();
+    fn reads_common_options_and_rejects_unknown() -> TestResult {
+        let mut p = UrlParams::parse("memory://x?epoch=3&timeout_ms=250&safety_margin_ms=1")
+            .map_err(|e| format!("parsing the URL with client options: {e}"))?;
+        let o = p
+            .take_client_options()
+            .map_err(|e| format!("take_client_options: {e}"))?;
         assert_eq!(o.epoch.get(), 3);
         assert_eq!(o.request_timeout, Duration::from_millis(250));
         assert_eq!(
             o.safety_margin.for_ttl(Duration::from_secs(1)),
             Duration::from_millis(11)
         );
-        p.finish().unwrap();
+        p.finish()
+            .map_err(|e| format!("finish after every parameter was taken: {e}"))?;
 
-        let mut p = UrlParams::parse("memory://x?epoc=3").unwrap();
-        p.take_client_options().unwrap();
+        let mut p = UrlParams::parse("memory://x?epoc=3")
+            .map_err(|e| format!("parsing the URL with a misspelt parameter: {e}"))?;
+        p.take_client_options()
+            .map_err(|e| format!("take_client_options ignoring the misspelt parameter: {e}"))?;
         assert!(matches!(p.finish(), Err(Error::InvalidUrl { .. })));
 
         for bad in [
@@ -202,6 +209,7 @@ mod tests {
             let r = UrlParams::parse(bad).and_then(|mut p| p.take_client_options());
             assert!(r.is_err(), "{bad}");
         }
+        Ok(())
     }
 
     #[test]
@@ -217,18 +225,22 @@ mod tests {
     }
 
     #[test]
-    fn errors_never_show_the_password() {
-        let mut p = UrlParams::parse("redis://:hunter2@h/?bogus=1").unwrap();
+    fn errors_never_show_the_password() -> TestResult {
+        let mut p = UrlParams::parse("redis://:hunter2@h/?bogus=1")
+            .map_err(|e| format!("parsing the URL with an unknown parameter: {e}"))?;
         let err = p
             .take_client_options()
             .and_then(|_| p.finish())
-            .unwrap_err();
+            .err()
+            .ok_or("the unknown parameter: it succeeded")?;
         assert!(!format!("{err} {err:?}").contains("hunter2"));
-        let p = UrlParams::parse("postgres://u@h/db?password=hunter2&sslmode=require").unwrap();
+        let p = UrlParams::parse("postgres://u@h/db?password=hunter2&sslmode=require")
+            .map_err(|e| format!("parsing the URL with a query password: {e}"))?;
         let shown = format!("{p:?}");
         assert!(
             !shown.contains("hunter2") && shown.contains("require"),
             "{shown}"
         );
+        Ok(())
     }
 }

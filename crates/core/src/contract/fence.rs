@@ -218,46 +218,65 @@ impl fmt::Debug for Fence {
 mod tests {
     use super::*;
 
+    type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
     #[test]
-    fn epoch_dominates_raw() {
-        let old =
-            Fence::compose("t", Epoch::ZERO, Fence::RAW_MAX, FenceSafety::Linearizable).unwrap();
-        let new =
-            Fence::compose("t", Epoch::new(1).unwrap(), 1, FenceSafety::Linearizable).unwrap();
+    fn epoch_dominates_raw() -> TestResult {
+        let old = Fence::compose("t", Epoch::ZERO, Fence::RAW_MAX, FenceSafety::Linearizable)
+            .map_err(|e| format!("the largest raw fence in epoch 0: {e}"))?;
+        let new = Fence::compose(
+            "t",
+            Epoch::new(1).map_err(|e| format!("epoch 1: {e}"))?,
+            1,
+            FenceSafety::Linearizable,
+        )
+        .map_err(|e| format!("fence 1 in epoch 1: {e}"))?;
         assert!(new > old);
         assert_eq!(new.epoch().get(), 1);
         assert_eq!(new.raw(), 1);
+        Ok(())
     }
 
     #[test]
-    fn always_fits_a_bigint() {
+    fn always_fits_a_bigint() -> TestResult {
         let max = Fence::compose(
             "t",
-            Epoch::new(Epoch::MAX).unwrap(),
+            Epoch::new(Epoch::MAX).map_err(|e| format!("the largest epoch: {e}"))?,
             Fence::RAW_MAX,
             FenceSafety::Linearizable,
         )
-        .unwrap();
+        .map_err(|e| format!("the largest fence: {e}"))?;
         assert!(max.as_i64() > 0);
         assert_eq!(max.as_i64() as u64, max.value());
         assert!(Epoch::new(Epoch::MAX + 1).is_err());
+        Ok(())
     }
 
     #[test]
-    fn raw_out_of_range_is_an_error() {
+    fn raw_out_of_range_is_an_error() -> TestResult {
         for raw in [0, Fence::RAW_MAX + 1, u64::MAX] {
-            let err = Fence::compose("t", Epoch::ZERO, raw, FenceSafety::Linearizable).unwrap_err();
+            let err = Fence::compose("t", Epoch::ZERO, raw, FenceSafety::Linearizable)
+                .err()
+                .ok_or("a raw fence over the limit: it succeeded")?;
             assert!(matches!(err, Error::FenceOutOfRange { .. }));
         }
+        Ok(())
     }
 
     #[test]
-    fn value_round_trips() {
-        let f =
-            Fence::compose("t", Epoch::new(3).unwrap(), 77, FenceSafety::FailoverUnsafe).unwrap();
-        let back = Fence::from_value(f.value(), FenceSafety::FailoverUnsafe).unwrap();
+    fn value_round_trips() -> TestResult {
+        let f = Fence::compose(
+            "t",
+            Epoch::new(3).map_err(|e| format!("epoch 3: {e}"))?,
+            77,
+            FenceSafety::FailoverUnsafe,
+        )
+        .map_err(|e| format!("fence 77 in epoch 3: {e}"))?;
+        let back = Fence::from_value(f.value(), FenceSafety::FailoverUnsafe)
+            .map_err(|e| format!("the fence read back from its value: {e}"))?;
         assert_eq!(back, f);
         assert!(Fence::from_value(0, FenceSafety::Linearizable).is_err());
         assert!(Fence::from_value(u64::MAX, FenceSafety::Linearizable).is_err());
+        Ok(())
     }
 }

@@ -192,9 +192,11 @@ mod tests {
     use super::*;
     use crate::contract::fence::{Epoch, FenceSafety};
 
+    type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
     #[test]
-    fn owner_id_shows_only_a_prefix() {
-        let token = OwnerToken::generate().unwrap();
+    fn owner_id_shows_only_a_prefix() -> TestResult {
+        let token = OwnerToken::generate().map_err(|e| format!("a generated owner token: {e}"))?;
         let id = OwnerId::of(&token);
         assert_eq!(id.as_str().len(), OwnerId::HEX_DIGITS);
         assert!(token.to_hex().starts_with(id.as_str()));
@@ -203,12 +205,14 @@ mod tests {
         let foreign = OwnerId::from_stored("some-peer's-secret");
         assert!(foreign.is_peer());
         assert!(!foreign.as_str().contains("secret"));
+        Ok(())
     }
 
     #[test]
-    fn displays_what_an_operator_needs() {
-        let key = LockKey::new("k").unwrap();
-        let fence = Fence::compose("t", Epoch::ZERO, 7, FenceSafety::Linearizable).unwrap();
+    fn displays_what_an_operator_needs() -> TestResult {
+        let key = LockKey::new("k").map_err(|e| format!("the key `k`: {e}"))?;
+        let fence = Fence::compose("t", Epoch::ZERO, 7, FenceSafety::Linearizable)
+            .map_err(|e| format!("fence 7: {e}"))?;
         let held = Inspection::held("t", key.clone(), OwnerId::peer("kazoo"))
             .with_fence(Some(fence))
             .with_remaining(Some(Duration::from_millis(1500)))
@@ -218,5 +222,6 @@ mod tests {
             "k on t: held by peer:kazoo with fence 7, 1.5s left (last fence 7)"
         );
         assert_eq!(Inspection::free("t", key).to_string(), "k on t: free");
+        Ok(())
     }
 }

@@ -114,8 +114,10 @@ impl TryFrom<String> for LockKey {
 mod tests {
     use super::*;
 
+    type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
     #[test]
-    fn accepts_printable_ascii() {
+    fn accepts_printable_ascii() -> TestResult {
         for ok in [
             "a",
             "invoice:inv_72",
@@ -123,12 +125,18 @@ mod tests {
             "!~",
             &"k".repeat(MAX_KEY_LEN),
         ] {
-            assert_eq!(LockKey::new(ok).unwrap().as_str(), ok);
+            assert_eq!(
+                LockKey::new(ok)
+                    .map_err(|e| format!("a valid key: {e}"))?
+                    .as_str(),
+                ok
+            );
         }
+        Ok(())
     }
 
     #[test]
-    fn rejects_everything_else() {
+    fn rejects_everything_else() -> TestResult {
         let long = "k".repeat(MAX_KEY_LEN + 1);
         for bad in [
             "",
@@ -141,14 +149,18 @@ mod tests {
             "\u{7f}",
             &long,
         ] {
-            let err = LockKey::new(bad).unwrap_err();
+            let err = LockKey::new(bad)
+                .err()
+                .ok_or("an invalid key: it succeeded")?;
             assert!(matches!(err, Error::InvalidKey { .. }), "{bad:?}: {err}");
         }
+        Ok(())
     }
 
     #[test]
-    fn debug_escapes() {
-        let k = LockKey::new("a\"b").unwrap();
+    fn debug_escapes() -> TestResult {
+        let k = LockKey::new("a\"b").map_err(|e| format!("the key with a quote: {e}"))?;
         assert_eq!(format!("{k:?}"), "LockKey(\"a\\\"b\")");
+        Ok(())
     }
 }

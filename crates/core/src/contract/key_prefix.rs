@@ -130,27 +130,38 @@ impl SmallestKeys {
 mod tests {
     use super::*;
 
+    type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
     fn key(s: &str) -> LockKey {
-        LockKey::new(s).unwrap()
+        LockKey::new(s).expect("the key")
     }
 
     #[test]
-    fn prefixes_are_key_starts_or_empty() {
-        assert!(KeyPrefix::new("").unwrap().matches(&key("a")));
-        assert!(KeyPrefix::new("a/").unwrap().matches(&key("a/b")));
-        assert!(!KeyPrefix::new("a/").unwrap().matches(&key("a")));
+    fn prefixes_are_key_starts_or_empty() -> TestResult {
+        assert!(KeyPrefix::new("")
+            .map_err(|e| format!("the empty prefix: {e}"))?
+            .matches(&key("a")));
+        assert!(KeyPrefix::new("a/")
+            .map_err(|e| format!("the prefix a/: {e}"))?
+            .matches(&key("a/b")));
+        assert!(!KeyPrefix::new("a/")
+            .map_err(|e| format!("the prefix a/: {e}"))?
+            .matches(&key("a")));
         for bad in ["a b", "é", "\n", &"x".repeat(MAX_KEY_LEN + 1)] {
-            let e = KeyPrefix::new(bad).unwrap_err();
+            let e = KeyPrefix::new(bad)
+                .err()
+                .ok_or("an invalid prefix: it succeeded")?;
             assert!(matches!(e, Error::InvalidKey { .. }), "{bad:?}: {e}");
             assert!(e.to_string().contains("prefix"), "{e}");
         }
+        Ok(())
     }
 
     #[test]
-    fn the_upper_bound_is_above_every_matching_key_and_below_the_rest() {
+    fn the_upper_bound_is_above_every_matching_key_and_below_the_rest() -> TestResult {
         assert_eq!(KeyPrefix::all().upper_bound(), None);
-        let p = KeyPrefix::new("a~").unwrap();
-        let upper = p.upper_bound().unwrap();
+        let p = KeyPrefix::new("a~").map_err(|e| format!("the prefix a~: {e}"))?;
+        let upper = p.upper_bound().ok_or("the upper bound of a~")?;
         assert_eq!(upper, "a\u{7f}");
         for k in ["a~", "a~~~", "a~!"] {
             assert!(k >= p.as_str() && k < upper.as_str(), "{k}");
@@ -158,6 +169,7 @@ mod tests {
         for k in ["b", "a}", "a"] {
             assert!(!(k >= p.as_str() && k < upper.as_str()), "{k}");
         }
+        Ok(())
     }
 
     #[test]

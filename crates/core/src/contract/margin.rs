@@ -66,8 +66,10 @@ impl SafetyMargin {
 mod tests {
     use super::*;
 
+    type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
     #[test]
-    fn margin_is_fixed_plus_drift_and_capped() {
+    fn margin_is_fixed_plus_drift_and_capped() -> TestResult {
         let m = SafetyMargin::default();
         assert_eq!(
             m.for_ttl(Duration::from_secs(10)),
@@ -77,9 +79,11 @@ mod tests {
             m.for_ttl(Duration::from_millis(2)),
             Duration::from_millis(2)
         );
-        let none = SafetyMargin::new(Duration::ZERO, 0).unwrap();
+        let none =
+            SafetyMargin::new(Duration::ZERO, 0).map_err(|e| format!("a margin of zero: {e}"))?;
         assert_eq!(none.for_ttl(Duration::from_secs(1)), Duration::ZERO);
         assert!(SafetyMargin::new(Duration::ZERO, 501).is_err());
+        Ok(())
     }
 
     #[tokio::test(start_paused = true)]

@@ -93,15 +93,23 @@ mod tests {
     use super::*;
     use std::collections::HashSet;
 
+    type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
     #[test]
-    fn tokens_are_distinct_and_round_trip() {
+    fn tokens_are_distinct_and_round_trip() -> TestResult {
         let mut seen = HashSet::new();
         for _ in 0..1000 {
-            let t = OwnerToken::generate().unwrap();
+            let t = OwnerToken::generate().map_err(|e| format!("a generated owner token: {e}"))?;
             assert_eq!(t.to_hex().len(), 32);
-            assert_eq!(t.to_hex().parse::<OwnerToken>().unwrap(), t);
+            assert_eq!(
+                t.to_hex()
+                    .parse::<OwnerToken>()
+                    .map_err(|e| format!("the token parsed back from hex: {e}"))?,
+                t
+            );
             assert!(seen.insert(t));
         }
+        Ok(())
     }
 
     /// Lowercase, two digits per byte (leading zeros kept), the same from Display and to_hex.

@@ -113,27 +113,45 @@ mod tests {
     use super::*;
     use crate::contract::fence::{Epoch, FenceSafety};
 
+    type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
     fn f(n: u64) -> Fence {
-        Fence::compose("t", Epoch::ZERO, n, FenceSafety::Linearizable).unwrap()
+        Fence::compose("t", Epoch::ZERO, n, FenceSafety::Linearizable).expect("fence n")
     }
 
     #[tokio::test]
-    async fn refuses_older_fences_only() {
+    async fn refuses_older_fences_only() -> TestResult {
         let r = FencedRegister::new();
-        assert!(r.write(f(5), "a").await.unwrap().is_accepted());
+        assert!(r
+            .write(f(5), "a")
+            .await
+            .map_err(|e| format!("the first write at fence 5: {e}"))?
+            .is_accepted());
         assert!(
-            r.write(f(5), "b").await.unwrap().is_accepted(),
+            r.write(f(5), "b")
+                .await
+                .map_err(|e| format!("the second write at fence 5: {e}"))?
+                .is_accepted(),
             "same fence may write again"
         );
         assert_eq!(
-            r.write(f(4), "c").await.unwrap(),
+            r.write(f(4), "c")
+                .await
+                .map_err(|e| format!("the write at stale fence 4: {e}"))?,
             Guarded::Stale { newest: 5 }
         );
-        assert!(r.claim(f(9)).await.unwrap().is_accepted());
+        assert!(r
+            .claim(f(9))
+            .await
+            .map_err(|e| format!("the claim at fence 9: {e}"))?
+            .is_accepted());
         assert_eq!(
-            r.write(f(6), "d").await.unwrap(),
+            r.write(f(6), "d")
+                .await
+                .map_err(|e| format!("the write at fence 6 under claim 9: {e}"))?,
             Guarded::Stale { newest: 9 }
         );
         assert_eq!(r.read(), (Some("b".to_string()), 9));
+        Ok(())
     }
 }

@@ -77,8 +77,10 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
     #[tokio::test]
-    async fn fires_once_and_wakes_waiters() {
+    async fn fires_once_and_wakes_waiters() -> TestResult {
         let signal = LossSignal::new();
         let waiter = tokio::spawn({
             let signal = signal.clone();
@@ -90,11 +92,12 @@ mod tests {
         assert!(!signal.fire(LostReason::Refused), "the first reason sticks");
         let reason = tokio::time::timeout(Duration::from_secs(1), waiter)
             .await
-            .expect("waiter woken")
-            .unwrap();
+            .map_err(|e| format!("waiter woken: {e}"))?
+            .map_err(|e| format!("the loss reason sent to the waiter: {e}"))?;
         assert!(matches!(reason, LostReason::SessionEnded));
         assert!(matches!(signal.fired(), Some(LostReason::SessionEnded)));
         // A late waiter sees it at once.
         assert!(matches!(signal.wait().await, LostReason::SessionEnded));
+        Ok(())
     }
 }

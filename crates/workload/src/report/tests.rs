@@ -1,3 +1,4 @@
+use leasehold_conformance::kit::{ErrOrFail, OrFail, TestResult};
 use std::fmt::Write;
 
 use leasehold_conformance::workload::History;
@@ -195,19 +196,19 @@ fn run(label: &str, history: History) -> ReportRun {
     }
 }
 
-fn read(dir: &std::path::Path, name: &str) -> String {
-    std::fs::read_to_string(dir.join(name)).expect("the report file exists")
+fn read(dir: &std::path::Path, name: &str) -> TestResult<String> {
+    std::fs::read_to_string(dir.join(name)).or_fail(format!("the report file {name} exists"))
 }
 
 #[test]
-fn readme_has_the_figures_row_and_the_control_comparison() {
-    let dir = tempfile::tempdir().expect("tempdir");
+fn readme_has_the_figures_row_and_the_control_comparison() -> TestResult {
+    let dir = tempfile::tempdir().or_fail("tempdir")?;
     let runs = [
         run("memory fenced", fenced_history(true)),
         run("memory control", control_history()),
     ];
-    render(&runs, "Two hand-made histories.", dir.path()).expect("render");
-    let md = read(dir.path(), "README.md");
+    render(&runs, "Two hand-made histories.", dir.path()).or_fail("render")?;
+    let md = read(dir.path(), "README.md")?;
     // The lock's evidence comes before the resource's figures.
     assert!(
         md.contains(
@@ -244,17 +245,18 @@ fn readme_has_the_figures_row_and_the_control_comparison() {
     assert!(md.contains("| memory fenced | 1 | 1 | 2 |"), "{md}");
     assert!(md.contains("## How the runs were made\n\nTwo hand-made histories."));
     // Fenced first within a backend, whatever the order given.
-    let fenced_at = md.find("### memory fenced").expect("fenced verdict");
-    let control_at = md.find("### memory control").expect("control verdict");
+    let fenced_at = md.find("### memory fenced").or_fail("fenced verdict")?;
+    let control_at = md.find("### memory control").or_fail("control verdict")?;
     assert!(fenced_at < control_at);
+    Ok(())
 }
 
 #[test]
-fn html_is_one_page_with_every_plot_and_nothing_external() {
-    let dir = tempfile::tempdir().expect("tempdir");
+fn html_is_one_page_with_every_plot_and_nothing_external() -> TestResult {
+    let dir = tempfile::tempdir().or_fail("tempdir")?;
     let runs = [run("memory fenced", fenced_history(true))];
-    render(&runs, "how <b>escaped</b>", dir.path()).expect("render");
-    let html = read(dir.path(), "report.html");
+    render(&runs, "how <b>escaped</b>", dir.path()).or_fail("render")?;
+    let html = read(dir.path(), "report.html")?;
 
     assert_eq!(
         html.matches("<svg").count(),
@@ -295,17 +297,18 @@ fn html_is_one_page_with_every_plot_and_nothing_external() {
             "report.html references {external:?}"
         );
     }
+    Ok(())
 }
 
 #[test]
-fn a_history_without_header_is_a_row_not_an_error() {
-    let dir = tempfile::tempdir().expect("tempdir");
+fn a_history_without_header_is_a_row_not_an_error() -> TestResult {
+    let dir = tempfile::tempdir().or_fail("tempdir")?;
     let runs = [
         run("headless", fenced_history(false)),
         run("empty", History::default()),
     ];
-    render(&runs, "", dir.path()).expect("render without headers");
-    let md = read(dir.path(), "README.md");
+    render(&runs, "", dir.path()).or_fail("render without headers")?;
+    let md = read(dir.path(), "README.md")?;
     assert!(
         md.contains("| headless | ? | ? | ? | not judged: no run header | — |"),
         "{md}"
@@ -314,25 +317,28 @@ fn a_history_without_header_is_a_row_not_an_error() {
         md.contains("| empty | ? | ? | ? | not judged: no run header |"),
         "{md}"
     );
-    let html = read(dir.path(), "report.html");
+    let html = read(dir.path(), "report.html")?;
     assert!(html.contains("not judged: no run header"));
     assert_eq!(html.matches("<svg").count(), 8);
+    Ok(())
 }
 
 #[test]
-fn no_runs_still_renders() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    render(&[], "nothing ran", dir.path().join("nested/out").as_path()).expect("render");
-    assert!(read(&dir.path().join("nested/out"), "README.md").contains("No runs."));
+fn no_runs_still_renders() -> TestResult {
+    let dir = tempfile::tempdir().or_fail("tempdir")?;
+    render(&[], "nothing ran", dir.path().join("nested/out").as_path()).or_fail("render")?;
+    assert!(read(&dir.path().join("nested/out"), "README.md")?.contains("No runs."));
+    Ok(())
 }
 
 #[test]
-fn unwritable_output_is_an_io_error() {
-    let dir = tempfile::tempdir().expect("tempdir");
+fn unwritable_output_is_an_io_error() -> TestResult {
+    let dir = tempfile::tempdir().or_fail("tempdir")?;
     let file = dir.path().join("a-file");
-    std::fs::write(&file, "").expect("write");
-    let err = render(&[], "", &file.join("sub")).expect_err("a file is in the way");
+    std::fs::write(&file, "").or_fail("write")?;
+    let err = render(&[], "", &file.join("sub")).err_or_fail("a file is in the way")?;
     assert!(matches!(err, super::ReportError::Io { .. }), "{err}");
+    Ok(())
 }
 
 /// Ten minutes, eight workers on two keys, tens of thousands of events, with pauses, kills
@@ -413,11 +419,11 @@ fn long_history() -> History {
         r#"{{"t":{t},"event":"final","key":"k0","elements":[],"last_fence":{}}}"#,
         fence[0]
     );
-    History::from_jsonl(&text).expect("parses")
+    History::from_jsonl(&text).expect("the long history parses")
 }
 
 #[test]
-fn a_reissued_fence_is_declared_and_circled() {
+fn a_reissued_fence_is_declared_and_circled() -> TestResult {
     let text = [
         r#"{"t":0,"event":"run","seed":3,"backend":"redis","fenced":true,"failover_unsafe":true}"#,
         r#"{"t":1000000000,"event":"acquire_invoke","worker":1,"key":"k0","ttl_ns":500000000}"#,
@@ -432,17 +438,18 @@ fn a_reissued_fence_is_declared_and_circled() {
         r#"{"t":2000000000,"event":"final","key":"k0","elements":[]}"#,
     ]
     .join("\n");
-    let history = History::from_jsonl(&(text + "\n")).expect("parses");
-    let dir = tempfile::tempdir().expect("tempdir");
-    render(&[run("redis failover", history)], "", dir.path()).expect("render");
-    let md = read(dir.path(), "README.md");
+    let history = History::from_jsonl(&(text + "\n")).or_fail("parses")?;
+    let dir = tempfile::tempdir().or_fail("tempdir")?;
+    render(&[run("redis failover", history)], "", dir.path()).or_fail("render")?;
+    let md = read(dir.path(), "README.md")?;
     assert!(
         md.contains("| redis failover | redis | postgres | fenced | declared |"),
         "{md}"
     );
     assert!(md.contains("declared: 1 x fence reissued"), "{md}");
-    let html = read(dir.path(), "report.html");
+    let html = read(dir.path(), "report.html")?;
     assert!(html.contains("fence reissued (1)"));
+    Ok(())
 }
 
 /// A run line as the runner writes it: the commit, the server versions and the command.
@@ -456,15 +463,15 @@ fn recorded_history() -> History {
 }
 
 #[test]
-fn every_run_shows_its_commit_server_versions_and_the_command_that_reruns_it() {
-    let dir = tempfile::tempdir().expect("tempdir");
+fn every_run_shows_its_commit_server_versions_and_the_command_that_reruns_it() -> TestResult {
+    let dir = tempfile::tempdir().or_fail("tempdir")?;
     let runs = [
         run("etcd fenced", recorded_history()),
         run("old run", fenced_history(true)),
     ];
-    render(&runs, "", dir.path()).expect("render");
-    let md = read(dir.path(), "README.md");
-    let html = read(dir.path(), "report.html");
+    render(&runs, "", dir.path()).or_fail("render")?;
+    let md = read(dir.path(), "README.md")?;
+    let html = read(dir.path(), "report.html")?;
     for page in [&md, &html] {
         for text in [
             "commit: <code>0123abcd</code>",
@@ -483,26 +490,28 @@ fn every_run_shows_its_commit_server_versions_and_the_command_that_reruns_it() {
             assert!(page.contains(&text), "{text:?} missing from:\n{page}");
         }
     }
+    Ok(())
 }
 
 #[test]
-fn each_history_is_kept_beside_the_report_compressed_and_reads_back() {
-    let dir = tempfile::tempdir().expect("tempdir");
+fn each_history_is_kept_beside_the_report_compressed_and_reads_back() -> TestResult {
+    let dir = tempfile::tempdir().or_fail("tempdir")?;
     let history = recorded_history();
-    render(&[run("etcd fenced", history.clone())], "", dir.path()).expect("render");
+    render(&[run("etcd fenced", history.clone())], "", dir.path()).or_fail("render")?;
     let kept = dir.path().join("etcd-fenced.history.jsonl.gz");
-    let bytes = std::fs::read(&kept).expect("the history is kept beside the report");
+    let bytes = std::fs::read(&kept).or_fail("the history is kept beside the report")?;
     assert_eq!(&bytes[..2], &[0x1f, 0x8b], "gzip's magic number");
     assert!(bytes.len() < history.to_jsonl().len());
-    assert_eq!(History::read_file(&kept).expect("reads back"), history);
+    assert_eq!(History::read_file(&kept).or_fail("reads back")?, history);
     // A report rendered again from the kept histories is the same report.
-    let again = tempfile::tempdir().expect("tempdir");
-    let reread = History::read_file(&kept).expect("reads back");
-    render(&[run("etcd fenced", reread)], "", again.path()).expect("render again");
+    let again = tempfile::tempdir().or_fail("tempdir")?;
+    let reread = History::read_file(&kept).or_fail("reads back")?;
+    render(&[run("etcd fenced", reread)], "", again.path()).or_fail("render again")?;
     assert_eq!(
-        read(dir.path(), "README.md"),
-        read(again.path(), "README.md")
+        read(dir.path(), "README.md")?,
+        read(again.path(), "README.md")?
     );
+    Ok(())
 }
 
 /// The page budget: a long run's report must open quickly, so its plots are drawn as a few
@@ -511,19 +520,20 @@ fn each_history_is_kept_beside_the_report_compressed_and_reads_back() {
 const HTML_BUDGET_PER_RUN: u64 = 40_000;
 
 #[test]
-fn a_long_run_keeps_the_page_within_its_budget() {
+fn a_long_run_keeps_the_page_within_its_budget() -> TestResult {
     let history = long_history();
-    let dir = tempfile::tempdir().expect("tempdir");
-    render(&[run("long", history)], "", dir.path()).expect("render");
+    let dir = tempfile::tempdir().or_fail("tempdir")?;
+    render(&[run("long", history)], "", dir.path()).or_fail("render")?;
     let size = std::fs::metadata(dir.path().join("report.html"))
-        .expect("html")
+        .or_fail("html")?
         .len();
     println!("report.html: {size} bytes for one ten-minute run");
-    let html = read(dir.path(), "report.html");
+    let html = read(dir.path(), "report.html")?;
     assert_eq!(html.matches("<svg").count(), 4, "every figure is drawn");
     assert!(html.contains("write accepted") && html.contains("worker paused"));
     assert!(
         size < HTML_BUDGET_PER_RUN,
         "report.html is {size} bytes for one ten-minute run, over its {HTML_BUDGET_PER_RUN}"
     );
+    Ok(())
 }
