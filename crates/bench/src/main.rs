@@ -26,7 +26,9 @@
 //! * `held`: `--held N` (default 10,000) leases of `--held-ttl-ms` (6,000) held at once and
 //!   renewed in the background, for three renewal ticks:
 //!   renewal calls and server commands per renewal tick, client CPU per tick, client memory per
-//!   held lease. Target: <= 1 round trip per tick per connection.
+//!   held lease; and, on a server the bench started, the server's CPU, bytes on the wire and
+//!   proportional memory per acquisition, per renewal tick and per held lease. Target: <= 1
+//!   round trip per tick per connection.
 //! * `throughput`: `--tasks T` (64) tasks acquire and release over `--keys K` (1,000) keys for
 //!   `--seconds S` (3), against the raw fenced pair driven the same way, on the runtime chosen by
 //!   `--runtime current|multi` (default current: one thread, as an application's client task).
