@@ -1,6 +1,6 @@
 //! `leasehold console` against every backend the CLI's tests can start cheaply, each a real
-//! server (SQLite file, PostgreSQL, MariaDB, Redis, etcd, ZooKeeper, S3 by moto): the index
-//! lists a key a `leasehold run` holds, with its fence.
+//! server (SQLite file, PostgreSQL, MariaDB, Redis, etcd, ZooKeeper, S3 by moto, Azure Blob by
+//! Azurite): the index lists a key a `leasehold run` holds, with its fence.
 
 use std::time::Duration;
 
@@ -89,4 +89,11 @@ fn s3() -> Result {
     let moto = leasehold_servers::MotoServer::start().or_fail("moto must start")?;
     let url = common::s3_url(&moto, "console");
     lists_a_held_key(&url, "console-be-s3", &common::S3_CREDENTIALS)
+}
+
+#[test]
+fn azure() -> Result {
+    let azurite = leasehold_servers::AzuriteServer::start().or_fail("Azurite must start")?;
+    let url = common::azure_url(&azurite, "console");
+    lists_a_held_key(&url, "console-be-azure", &common::AZURE_CREDENTIALS)
 }

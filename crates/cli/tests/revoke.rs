@@ -1,6 +1,8 @@
 //! `leasehold revoke`: an operator ends a `leasehold run`'s lease on Redis and PostgreSQL; the
 //! run hears of it, stops its command and exits with the lost status, and the next holder's
-//! fence is greater. A second revoke finds the key free.
+//! fence is greater. A second revoke finds the key free. An operator the backend does not let
+//! revoke (a Redis ACL user without `DEL`) gets the no-permission status, and the run keeps its
+//! lease.
 
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -98,6 +100,71 @@ fn revoke_ends_a_run_on_postgres() -> Result {
     let out = leasehold(&["migrate", "--url", &url])?;
     assert_eq!(code(&out), 0, "{}", text(&out));
     revoke_ends_a_run(&url, "cli-revoke-postgres")
+}
+
+/// On Redis, an operator whose ACL user may not `DEL` runs `leasehold revoke` on a key a run
+/// holds: it exits 77 (no permission) without showing its password, and the run keeps its
+/// lease through more than a TTL (so through its renewals), with the same fence. Granted `DEL`,
+/// the same operator revokes it and the run exits as lost: the refusal was the permission's.
+#[test]
+fn revoke_without_the_grant_exits_77_and_the_run_keeps_its_lease_on_redis() -> Result {
+    let server = redis()?;
+    server
+        .command(&[
+            "ACL", "SETUSER", "ops", "on", ">ops-pw", "~*", "&*", "+@all", "-del",
+        ])
+        .or_fail("create the ACL user ops without DEL")?;
+    let url = url(&server);
+    let ops = format!(
+        "redis://ops:ops-pw@127.0.0.1:{}?timeout_ms=1000",
+        server.port()
+    );
+    let dir = leasehold_servers::process::server_dir("cli-revoke-noperm")
+        .or_fail("a scratch directory")?;
+    let key = "job:revoke-denied";
+    let (fence_file, done) = (dir.path().join("fence"), dir.path().join("done"));
+    let mut holder = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args(["run", "--key", key, "--ttl", "3s", "--url", &url])
+        .env_remove("LEASEHOLD_URL")
+        .args(["--", "sh", "-c", &hold_script(&fence_file, &done)])
+        .spawn()
+        .or_fail("start the holder")?;
+    wait_for_file(&fence_file, &mut holder)?;
+    let fence = read_fence(&fence_file)?;
+
+    let out = leasehold(&["revoke", "--key", key, "--url", &ops])?;
+    assert_eq!(code(&out), 77, "a user without DEL: {}", text(&out));
+    assert!(
+        !text(&out).contains("ops-pw"),
+        "the refusal shows the password: {}",
+        text(&out)
+    );
+
+    // Longer than the TTL: had the lease ended, a renewal in this time would have failed.
+    std::thread::sleep(Duration::from_secs(4));
+    if let Some(status) = holder.try_wait().or_fail("look at the holder")? {
+        return Err(format!("the holder exited ({status}) after a refused revoke").into());
+    }
+    let out = leasehold(&["status", "--key", key, "--url", &url])?;
+    assert_eq!(code(&out), 1, "held: {}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("fence {fence},")),
+        "still the holder's fence {fence}: {}",
+        text(&out)
+    );
+
+    server
+        .command(&["ACL", "SETUSER", "ops", "+del"])
+        .or_fail("grant ops DEL")?;
+    let out = leasehold(&["revoke", "--key", key, "--url", &ops])?;
+    assert_eq!(code(&out), 0, "granted DEL: {}", text(&out));
+    let status = exit_within(&mut holder, Duration::from_secs(6))?;
+    assert_eq!(
+        status.code(),
+        Some(76),
+        "the revoked run must exit as lost: {status}"
+    );
+    Ok(())
 }
 
 #[test]

@@ -250,3 +250,10 @@ fn object_store_watch_sees_a_holder_and_its_release() -> Result {
     let url = common::s3_url(&moto, "watch");
     sees_a_holder_then_its_release(&url, &common::S3_CREDENTIALS)
 }
+
+#[test]
+fn azure_watch_sees_a_holder_and_its_release() -> Result {
+    let azurite = leasehold_servers::AzuriteServer::start().or_fail("Azurite must start")?;
+    let url = common::azure_url(&azurite, "watch");
+    sees_a_holder_then_its_release(&url, &common::AZURE_CREDENTIALS)
+}

@@ -98,3 +98,21 @@ pub const S3_CREDENTIALS: [(&str, &str); 2] = [
     ("AWS_ACCESS_KEY_ID", "leasehold"),
     ("AWS_SECRET_ACCESS_KEY", "leasehold"),
 ];
+
+/// The URL of a prefix `under` in Azurite's container, path-style on its account's endpoint
+/// (the `endpoint`, `account_name` and `allow_http` keys of `object_store`'s Azure builder);
+/// its credentials are [`AZURE_CREDENTIALS`].
+pub fn azure_url(azurite: &leasehold_servers::AzuriteServer, under: &str) -> String {
+    format!(
+        "az://{}/{under}?endpoint={}&account_name={}&allow_http=true&timeout_ms=3000",
+        leasehold_servers::object_stores::BUCKET,
+        azurite.url(),
+        leasehold_servers::object_stores::AZURITE_ACCOUNT
+    )
+}
+
+/// The environment that gives a run Azurite's account key (an object store URL refuses it).
+pub const AZURE_CREDENTIALS: [(&str, &str); 1] = [(
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    leasehold_servers::object_stores::AZURITE_KEY,
+)];
