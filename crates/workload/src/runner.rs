@@ -1010,6 +1010,9 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
         Duration::from_secs(60),
     )
     .await?;
+    if let Some(d) = deployment.as_ref() {
+        primary_watch::settle(d, Duration::from_secs(30)).await;
+    }
     nemesis.pause_for = (Duration::ZERO, Duration::ZERO);
     for w in workers.iter_mut() {
         if let Some((_, at)) = w.paused.as_mut() {
