@@ -132,7 +132,7 @@ pub(crate) async fn watch(
 /// primaries to watch). Part of healing at the end of a run, as the nemesis heals what it
 /// injected: Sentinel demotes a former primary that comes back only after looking at it again,
 /// seconds later, and a run that stopped before then would leave the watch's span open
-/// although nothing is broken (a loaded full run stopped 4.8 s after such a return). A form that never settles leaves the span open, and the
+/// although nothing is broken. A form that never settles leaves the span open, and the
 /// checker says so.
 pub(crate) async fn settle(deployment: &Arc<Deployment>, within: Duration) {
     let give_up = leasehold_core::time::saturating_add(tokio::time::Instant::now(), within);
