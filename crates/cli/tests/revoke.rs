@@ -4,6 +4,7 @@
 //! revoke (a Redis ACL user without `DEL`) gets the no-permission status, and the run keeps its
 //! lease.
 
+use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -11,6 +12,21 @@ mod common;
 
 use common::{code, hold_script, leasehold, read_fence, redis, text, url, wait_for_file};
 use common::{OrFail, Result};
+
+/// A `leasehold run` holding `key` with a 3 s TTL until it is killed or loses the lease, and
+/// the fence it was given (its command writes it to a file under `dir`).
+fn hold(key: &str, url: &str, dir: &Path) -> Result<(Child, u64)> {
+    let (fence_file, done) = (dir.join("fence"), dir.join("done"));
+    let mut holder = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args(["run", "--key", key, "--ttl", "3s", "--url", url])
+        .env_remove("LEASEHOLD_URL")
+        .args(["--", "sh", "-c", &hold_script(&fence_file, &done)])
+        .spawn()
+        .or_fail("start the holder")?;
+    wait_for_file(&fence_file, &mut holder)?;
+    let fence = read_fence(&fence_file)?;
+    Ok((holder, fence))
+}
 
 /// Waits for `child` to exit, for at most `within`.
 fn exit_within(child: &mut Child, within: Duration) -> Result<std::process::ExitStatus> {
@@ -41,15 +57,7 @@ fn revoke_ends_a_run(url: &str, name: &str) -> Result {
         text(&out)
     );
 
-    let (fence_file, done) = (dir.path().join("fence"), dir.path().join("done"));
-    let mut holder = Command::new(env!("CARGO_BIN_EXE_leasehold"))
-        .args(["run", "--key", key, "--ttl", "3s", "--url", url])
-        .env_remove("LEASEHOLD_URL")
-        .args(["--", "sh", "-c", &hold_script(&fence_file, &done)])
-        .spawn()
-        .or_fail("start the holder")?;
-    wait_for_file(&fence_file, &mut holder)?;
-    let fence = read_fence(&fence_file)?;
+    let (mut holder, fence) = hold(key, url, dir.path())?;
 
     let out = leasehold(&["revoke", "--key", key, "--url", url])?;
     assert_eq!(code(&out), 0, "{}", text(&out));
@@ -122,15 +130,7 @@ fn revoke_without_the_grant_exits_77_and_the_run_keeps_its_lease_on_redis() -> R
     let dir = leasehold_servers::process::server_dir("cli-revoke-noperm")
         .or_fail("a scratch directory")?;
     let key = "job:revoke-denied";
-    let (fence_file, done) = (dir.path().join("fence"), dir.path().join("done"));
-    let mut holder = Command::new(env!("CARGO_BIN_EXE_leasehold"))
-        .args(["run", "--key", key, "--ttl", "3s", "--url", &url])
-        .env_remove("LEASEHOLD_URL")
-        .args(["--", "sh", "-c", &hold_script(&fence_file, &done)])
-        .spawn()
-        .or_fail("start the holder")?;
-    wait_for_file(&fence_file, &mut holder)?;
-    let fence = read_fence(&fence_file)?;
+    let (mut holder, fence) = hold(key, &url, dir.path())?;
 
     let out = leasehold(&["revoke", "--key", key, "--url", &ops])?;
     assert_eq!(code(&out), 77, "a user without DEL: {}", text(&out));
