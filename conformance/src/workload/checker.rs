@@ -57,6 +57,10 @@ pub struct CheckOptions {
     /// between the two grants (what the declared defect needs). Writes are judged as ever: a
     /// stale write accepted still fails the run.
     pub early_revocation: bool,
+    /// Whether the authority serialises every request through one write lock that a stopped
+    /// client process can keep (an embedded SQLite file): a paused worker then explains a wait
+    /// on any key, since it may have stopped while one of its requests held that lock.
+    pub one_writer: bool,
 }
 
 impl CheckOptions {
@@ -66,6 +70,7 @@ impl CheckOptions {
             fenced: true,
             fence_safety,
             early_revocation: false,
+            one_writer: false,
         }
     }
 
@@ -75,6 +80,7 @@ impl CheckOptions {
             fenced: false,
             fence_safety,
             early_revocation: false,
+            one_writer: false,
         }
     }
 
@@ -85,6 +91,7 @@ impl CheckOptions {
                 fenced,
                 failover_unsafe,
                 early_revocation,
+                one_writer,
                 ..
             } => Some(CheckOptions {
                 fenced: *fenced,
@@ -94,6 +101,7 @@ impl CheckOptions {
                     FenceSafety::Linearizable
                 },
                 early_revocation: *early_revocation,
+                one_writer: *one_writer,
             }),
             _ => None,
         })
@@ -830,7 +838,7 @@ impl Pass<'_> {
             self.push(w.granted, Some(&w.key), Severity::Noted, kind);
         }
         self.figures.availability = windows::availability(self.history, &ws);
-        for stuck in super::stuck::stuck_keys(self.history, &ws) {
+        for stuck in super::stuck::stuck_keys(self.history, &ws, self.options.one_writer) {
             self.find(
                 stuck.at,
                 Some(&stuck.key),

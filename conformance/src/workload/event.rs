@@ -157,6 +157,12 @@ pub enum What {
         /// ([`leasehold_core::ExclusionSafety::EarlyRevocation`]). Absent in older histories.
         #[serde(default)]
         early_revocation: bool,
+        /// Whether every request of the authority goes through one write lock that a stopped
+        /// client process can keep (an embedded SQLite file): a worker paused while one of its
+        /// requests held that lock blocks every key, not only the keys it held or asked for.
+        /// Absent in older histories.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        one_writer: bool,
         /// Every fault kind the nemesis planned for this run: a kind that never landed fails
         /// the run, and a plan with worker pauses obliges a fenced run to show its guard at
         /// work (stale writes refused, keys handed on while a holder was paused). Empty in

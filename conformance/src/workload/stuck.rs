@@ -6,7 +6,9 @@
 //! paused holder's lease outlives the fault by up to its TTL), for longer than twice the
 //! longest TTL plus a second. A server fault touches every key; a worker fault only the keys
 //! that worker held or was acquiring when it began, so the worker faults that come every
-//! second or two do not excuse the keys they never reached. A correct authority hands a key on within a TTL (plus its expiry slack) of the last
+//! second or two do not excuse the keys they never reached; except on a one-writer authority (an
+//! embedded SQLite file), where a worker stopped while one of its requests held the file's write
+//! lock blocks every key, so its pause touches them all. A correct authority hands a key on within a TTL (plus its expiry slack) of the last
 //! holder vanishing; something that keeps a key booked with no holder, such as a cancelled
 //! attempt's grant kept alive by its client, does not.
 
@@ -30,8 +32,9 @@ pub struct Stuck {
     pub waited_ns: Nanos,
 }
 
-/// The longest unexplained blocked stretch per key, where it exceeds the bound.
-pub fn stuck_keys(history: &History, windows: &[Window]) -> Vec<Stuck> {
+/// The longest unexplained blocked stretch per key, where it exceeds the bound. With
+/// `one_writer`, a worker fault explains waits on every key, as a server fault does.
+pub fn stuck_keys(history: &History, windows: &[Window], one_writer: bool) -> Vec<Stuck> {
     let Some((_, span_end)) = span(history) else {
         return Vec::new();
     };
@@ -55,7 +58,7 @@ pub fn stuck_keys(history: &History, windows: &[Window]) -> Vec<Stuck> {
     for (i, e) in history.events().iter().enumerate() {
         match &e.what {
             What::FaultStart { fault, worker, .. } => {
-                let keys = worker.map(|victim| {
+                let keys = worker.filter(|_| !one_writer).map(|victim| {
                     let mut keys: Vec<&str> = windows
                         .iter()
                         .filter(|w| w.worker == victim && w.start <= e.t && e.t < w.end)

@@ -303,6 +303,9 @@ pub async fn run_in_process(
             fenced: true,
             failover_unsafe: capabilities.fence_safety == FenceSafety::FailoverUnsafe,
             early_revocation: capabilities.exclusion.can_end_early(),
+            // One SQLite file has one write lock for every key: a frozen worker whose request
+            // held it blocks them all.
+            one_writer: capabilities.backend == "sqlite",
             // Workers freeze themselves at their pause points; the server faults are drawn at
             // random and not promised.
             planned_faults: vec![FaultKind::PauseWorker],

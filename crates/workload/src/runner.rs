@@ -676,6 +676,9 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
     // etcd before 3.4.31 and 3.5.13 revokes live leases when a paused leader resumes (the
     // `pause_leader` fault does exactly that): declared by the backend, labelled by the checker.
     let early_revocation = probe.capabilities().exclusion.can_end_early();
+    // One SQLite file has one write lock for every key, and a worker stopped while one of its
+    // requests held it blocks them all: its pauses explain waits on any key.
+    let one_writer = options.backend == Backend::Sqlite;
     let _ = probe.close().await;
     drop(probe);
 
@@ -1087,6 +1090,7 @@ pub async fn run(options: &RunOptions) -> Result<Vec<ArmResult>, RunError> {
                 fenced: arm == Arm::Fenced,
                 failover_unsafe,
                 early_revocation,
+                one_writer,
                 planned_faults: kinds.clone(),
                 commit: Some(commit.clone()),
                 versions: versions.clone(),

@@ -167,7 +167,13 @@ fn what() -> impl Strategy<Value = What> {
     let elements = || proptest::collection::vec(any::<u64>(), 0..5);
     prop_oneof![
         (
-            (f(), text(), any::<bool>(), any::<bool>(), any::<bool>()),
+            (
+                f(),
+                text(),
+                any::<bool>(),
+                any::<bool>(),
+                any::<(bool, bool)>()
+            ),
             (
                 proptest::option::of(text()),
                 proptest::collection::btree_map(text(), text(), 0..3),
@@ -178,7 +184,7 @@ fn what() -> impl Strategy<Value = What> {
         )
             .prop_map(
                 |(
-                    (seed, backend, fenced, u, early),
+                    (seed, backend, fenced, u, (early, one)),
                     (commit, versions, command, planned_faults, resource),
                 )| What::Run {
                     seed,
@@ -186,6 +192,7 @@ fn what() -> impl Strategy<Value = What> {
                     fenced,
                     failover_unsafe: u,
                     early_revocation: early,
+                    one_writer: one,
                     planned_faults,
                     commit,
                     versions,

@@ -31,6 +31,7 @@ impl Script {
                 fenced,
                 failover_unsafe,
                 early_revocation: false,
+                one_writer: false,
                 planned_faults: Vec::new(),
                 commit: None,
                 versions: Default::default(),
@@ -500,6 +501,7 @@ fn reissued_fence_is_found() {
         fenced: true,
         failover_unsafe: true,
         early_revocation: false,
+        one_writer: false,
         planned_faults: Vec::new(),
         commit: None,
         versions: Default::default(),
@@ -725,6 +727,7 @@ fn a_declared_early_revocation_labels_broken_exclusion_but_not_stale_writes() {
                 fenced: true,
                 failover_unsafe: false,
                 early_revocation,
+                one_writer: false,
                 planned_faults: Vec::new(),
                 commit: None,
                 versions: Default::default(),
@@ -808,6 +811,69 @@ fn a_key_blocked_without_a_holder_is_stuck() {
             .any(|f| matches!(f.kind, FindingKind::KeyStuck { .. })),
         "{v}"
     );
+}
+
+/// On an authority with one write lock for every key (an embedded SQLite file), a worker
+/// stopped while one of its requests held that lock blocks every key, including keys it never
+/// held or asked for. Such a pause explains the wait there, and nowhere else.
+#[test]
+fn a_paused_worker_excuses_every_key_only_on_a_one_writer_authority() -> Result<(), String> {
+    let second = 1_000_000_000;
+    let mut s = Script::default();
+    s.run(true, false)
+        .acquire(100, 1, "k0", 1)
+        .release(500, 1, "k0", 1);
+    let mut t = 600;
+    for round in 0..8u64 {
+        let worker = 2 + (round % 2) as WorkerId;
+        s.acquire_invoke(t, worker, "k0").at(
+            t + second / 2,
+            What::AcquireTimeout {
+                worker,
+                key: "k0".into(),
+            },
+        );
+        t += second / 2 + 1_000;
+    }
+    // Worker 7 holds nothing and asks for nothing, and is paused all along.
+    s.fault(550, t, 9, FaultKind::PauseWorker, 7);
+    let stuck = |v: &RunVerdict| {
+        v.findings
+            .iter()
+            .any(|f| matches!(f.kind, FindingKind::KeyStuck { .. }))
+    };
+
+    let elsewhere = check(&s.history(), &FinalState::new(), &fenced());
+    if !stuck(&elsewhere) {
+        return Err(format!(
+            "a pause of a worker that never touched k0 excused k0's wait on an ordinary authority: {elsewhere}"
+        ));
+    }
+
+    let one_writer = CheckOptions {
+        one_writer: true,
+        ..fenced()
+    };
+    let embedded = check(&s.history(), &FinalState::new(), &one_writer);
+    if stuck(&embedded) {
+        return Err(format!(
+            "the pause did not excuse k0 on a one-writer authority: {embedded}"
+        ));
+    }
+
+    // The run line carries the option, so a recorded history is judged the same way.
+    let mut recorded = s.clone();
+    if let What::Run { one_writer, .. } = &mut recorded.events[0].what {
+        *one_writer = true;
+    }
+    let options = CheckOptions::from_history(&recorded.history())
+        .ok_or("the recorded history has no run line")?;
+    if !options.one_writer {
+        return Err(format!(
+            "the run line's one_writer was not read: {options:?}"
+        ));
+    }
+    Ok(())
 }
 
 #[test]
@@ -936,6 +1002,7 @@ fn unfenced_control_without_losses_fails() {
         fenced: false,
         failover_unsafe: false,
         early_revocation: false,
+        one_writer: false,
         planned_faults: Vec::new(),
         commit: None,
         versions: Default::default(),

@@ -21,6 +21,7 @@ fn planned(s: &mut Script, fenced: bool, kinds: &[FaultKind]) {
         fenced,
         failover_unsafe: false,
         early_revocation: false,
+        one_writer: false,
         planned_faults: kinds.to_vec(),
         commit: None,
         versions: Default::default(),
