@@ -93,13 +93,15 @@ impl Inner {
 /// * Scripts are called by SHA (`EVALSHA`), and sent in full once when the server does not know
 ///   them (after a restart or a failover).
 /// * Waiting: one subscription connection per authority (started by the first waiter) wakes
-///   one waiter of a key when its release is announced (the key's turn, passed on if that
-///   waiter leaves without an answer; see `waiters.rs`); between announcements each waiter
+///   one waiter of a key when a release names this authority on its own channel (the key's
+///   turn, passed on if that waiter leaves without an answer; see `waiters.rs`), so a process
+///   reads only the hand-offs meant for it; between announcements each waiter
 ///   tries again with jittered backoff (10-20 ms, doubling to 150-300 ms, never much past the
 ///   holder's remaining TTL), which finds holders that release without announcing.
 /// * Proclaim (for elections) is a script that compares the owner token like renew, stores the
 ///   value with the grant's fence in a sibling key, and announces it on the release channel;
-///   `wait_for_change` waits on the same subscription for a key's release or proclaim.
+///   `wait_for_change` waits on the same subscription, which subscribes to the release channel
+///   from the authority's first observer on, for a key's release or proclaim.
 /// * Optional `WAIT` for replicas after each acquisition (`?wait_replicas=N`).
 ///
 /// Fences are [`FenceSafety::FailoverUnsafe`] and not durable across a restart without
@@ -695,12 +697,11 @@ impl Authority for RedisAuthority {
             key: key.to_string(),
             waited: now - start,
         };
-        // A free key is taken without touching the subscription, as Redisson does: once the
-        // subscription connection exists, every release on the channel is delivered to it (the
-        // server writes it, this client reads it), which cost an uncontended pair 11 % on one
-        // core (measured, docs/performance-log.md). Only a caller who finds the key held
-        // subscribes, and then tries again before it waits: a release in between is caught by
-        // that attempt.
+        // A free key is taken without touching the subscription, as Redisson does: a process
+        // that never waits never opens the subscription connection (when every subscription
+        // read every release, it cost an uncontended pair 11 % on one core, measured,
+        // docs/performance-log.md). Only a caller who finds the key held subscribes, and then
+        // tries again before it waits: a release in between is caught by that attempt.
         if let Attempt::Won(grant) = self
             .attempt(key, ttl, self.inner.subscription.hears())
             .await?
@@ -715,7 +716,7 @@ impl Authority for RedisAuthority {
         let lock_key = self.inner.config.layout.lock_key(key);
         let waiters = subscription.waiters().for_key(&lock_key);
         subscription
-            .settled(&lock_key, self.timeout().min(max_wait))
+            .settled(&lock_key, self.timeout().min(max_wait), false)
             .await;
         // Announcements make hand-offs immediate, but not every holder announces: a plain
         // `SET NX PX` client (redis-py's `Lock`, say) deletes its key silently, an ACL may
@@ -906,11 +907,12 @@ impl Authority for RedisAuthority {
             });
         };
         let channel = self.inner.channel_of(&lock_key);
+        let waiters_key = KeyLayout::waiters_key_of(&lock_key);
         let Int(ended) = self
             .script(
                 "revoke",
                 &self.inner.scripts.revoke,
-                &[&lock_key, &value_key, &fence_key],
+                &[&lock_key, &value_key, &fence_key, &waiters_key],
                 &[token, channel.as_str()],
             )
             .await?;
@@ -1037,7 +1039,7 @@ impl Authority for RedisAuthority {
         let mut changed = pin!(waiters.changed());
         changed.as_mut().enable();
         subscription
-            .settled(&lock_key, self.timeout().min(max_wait))
+            .settled(&lock_key, self.timeout().min(max_wait), true)
             .await;
         tokio::select! {
             _ = changed => {}

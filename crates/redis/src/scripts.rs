@@ -152,14 +152,17 @@ return out
 ///
 /// The announcement names one waiter: the payload is the lock key, then a space and the waiter
 /// id whose place in the queue runs out first (the one that has gone longest without trying),
-/// taken out of the queue. Only that waiter's authority tries the key at once; every other
-/// process that hears it wakes only its observers (`wait_for_change`). Announcing to all would
-/// send every waiting process to the server for one key only one can take: with 32 processes
-/// on one key, about 30 attempts per hand-off (measured with `INFO commandstats`). With nobody
-/// queued (a waiter of an older version, or none), the payload is the lock key alone and
-/// wakes every waiter, as before there was a queue. Places that ran out are dropped first: a
-/// waiter that left or died is named at most until its place runs out, and the others find
-/// the key meanwhile by their retry timers.
+/// taken out of the queue. It goes to that waiter's own channel, `ARGV[2]:<id>`, which only
+/// its authority subscribes to, so only that process reads it and tries the key at once. It
+/// also goes to the release channel, `ARGV[2]`, which only authorities with observers
+/// (`wait_for_change`) and waiters of older versions subscribe to; with nobody subscribed, a
+/// `PUBLISH` costs the server a lookup and reaches nobody. Announcing to every waiting process
+/// sent each of them to the server for one key only one can take (with 32 processes on one
+/// key, about 30 attempts per hand-off, measured with `INFO commandstats`), and even once only
+/// the named one tried, every process still read every announcement. With nobody queued (a
+/// waiter of an older version, or none), the payload is the lock key alone, on the release
+/// channel only. Places that ran out are dropped first: a waiter that left or died is named at
+/// most until its place runs out, and the others find the key meanwhile by their retry timers.
 ///
 /// The value key is deleted with the lease: it can only be ours or an earlier grant's (the
 /// token matched, so nobody holds a later grant), and deleting it keeps a released lock down to
@@ -175,6 +178,7 @@ pub(crate) const RELEASE: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1], KEYS[2])
   local payload = KEYS[1]
+  local refused = false
   if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then
     local now = redis.call('TIME')
     local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
@@ -182,10 +186,14 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
     local next = redis.call('ZPOPMIN', KEYS[3])
     if next[1] then
       payload = KEYS[1] .. ' ' .. next[1]
+      local told = redis.pcall('PUBLISH', ARGV[2] .. ':' .. next[1], payload)
+      if type(told) == 'table' and told.err then
+        refused = true
+      end
     end
   end
   local announced = redis.pcall('PUBLISH', ARGV[2], payload)
-  if type(announced) == 'table' and announced.err then
+  if refused or (type(announced) == 'table' and announced.err) then
     return 2
   end
   return 1
@@ -217,9 +225,10 @@ return 0
 
 /// Revoke: an operator ends the lease of the holder it read, only if the lock key still holds
 /// that holder's owner token (a client that sends the script again after a repaired connection
-/// cannot end a later holder), and announces it as [`RELEASE`] does. The fence counter is left
-/// as it is, so the next grant's fence is greater. `KEYS[1]` the lock key, `KEYS[2]` the value
-/// key, `KEYS[3]` the fence counter; `ARGV[1]` the holder's owner token, `ARGV[2]` the channel.
+/// cannot end a later holder), and announces it as [`RELEASE`] does, naming the next waiter in
+/// the queue on its own channel. The fence counter is left as it is, so the next grant's fence
+/// is greater. `KEYS[1]` the lock key, `KEYS[2]` the value key, `KEYS[3]` the fence counter,
+/// `KEYS[4]` the key's waiter queue; `ARGV[1]` the holder's owner token, `ARGV[2]` the channel.
 ///
 /// Returns the holder's fence (deleted and announced), its negation (deleted, the announcement
 /// refused), or 0 (that holder is gone: nothing changed).
@@ -230,8 +239,23 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
     return redis.error_reply('the fence counter is not an integer')
   end
   redis.call('DEL', KEYS[1], KEYS[2])
-  local announced = redis.pcall('PUBLISH', ARGV[2], KEYS[1])
-  if type(announced) == 'table' and announced.err then
+  local payload = KEYS[1]
+  local refused = false
+  if redis.call('EXISTS', KEYS[4]) == 1 then
+    local now = redis.call('TIME')
+    local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', string.format('%.0f', now_ms))
+    local next = redis.call('ZPOPMIN', KEYS[4])
+    if next[1] then
+      payload = KEYS[1] .. ' ' .. next[1]
+      local told = redis.pcall('PUBLISH', ARGV[2] .. ':' .. next[1], payload)
+      if type(told) == 'table' and told.err then
+        refused = true
+      end
+    end
+  end
+  local announced = redis.pcall('PUBLISH', ARGV[2], payload)
+  if refused or (type(announced) == 'table' and announced.err) then
     return -fence
   end
   return fence

@@ -1,9 +1,17 @@
 //! Pub/sub: one subscription connection per authority wakes the waiters of a released key.
 //!
-//! On one server (or behind Sentinel) it subscribes to the one release channel. On a Redis
-//! Cluster it is one cluster connection (RESP3) that subscribes, with `SSUBSCRIBE`, to the shard
-//! channel of each key someone waits on, at the primary that owns the key's slot, and
-//! unsubscribes when nobody waits on the key any more (see [`crate::cluster`]).
+//! Two channels matter to an authority: its own, `<release channel>:<its waiter id>`, where a
+//! release that named it in the key's waiter queue tells it its turn, and the release channel,
+//! where every release and proclaim is announced. Waiters need only their own: a process that
+//! read the release channel would read every hand-off of every process, though only the named
+//! one acts on it. Observers (`wait_for_change`) need every change, so the release channel is
+//! subscribed as well from an authority's first observer on.
+//!
+//! On one server (or behind Sentinel) both are plain channels. On a Redis Cluster it is one
+//! cluster connection (RESP3) that subscribes, with `SSUBSCRIBE`, to the shard channels of each
+//! key waited on (`<lock key>:<own channel>` for a waiter, `<lock key>:<release channel>` for an
+//! observer), at the primary that owns the key's slot, and unsubscribes when nobody waits on the
+//! key any more (see [`crate::cluster`]).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -48,6 +56,12 @@ pub(crate) enum State {
 pub(crate) struct Subscription {
     notifications: Notifications,
     channel: String,
+    /// This authority's own channel: `<channel>:<waiter id>`.
+    own: String,
+    /// Set by the first observer: the release channel is wanted too.
+    observe: Arc<watch::Sender<bool>>,
+    /// Whether the release channel is subscribed on the connection now (one server).
+    observing: Arc<watch::Sender<bool>>,
     timeout: Duration,
     waiters: Arc<Waiters>,
     state: Arc<watch::Sender<State>>,
@@ -110,9 +124,13 @@ impl Subscription {
         timeout: Duration,
         waiters: Waiters,
     ) -> Self {
+        let own = own_channel(&channel, waiters.me());
         Subscription {
             notifications,
             channel,
+            own,
+            observe: Arc::new(watch::channel(false).0),
+            observing: Arc::new(watch::channel(false).0),
             timeout,
             waiters: Arc::new(waiters),
             state: Arc::new(watch::channel(State::Starting).0),
@@ -135,27 +153,39 @@ impl Subscription {
     }
 
     /// Starts the subscription on first use and waits at most `bound` for its first attempt to
-    /// finish, so that the first waiter does not miss a release that happens right away. On a
-    /// Redis Cluster, also subscribes to `lock_key`'s shard channel unless it is already (the
-    /// caller registered as a waiter of `lock_key` before, so it stays subscribed while the
-    /// caller waits). Everything within `bound`; past it, the caller relies on its retries.
-    pub(crate) async fn settled(&self, lock_key: &str, bound: Duration) {
+    /// finish, so that the first waiter does not miss a release that happens right away. An
+    /// `observer` (in `wait_for_change`) also waits until the release channel is subscribed
+    /// (from then on for the authority's life), unless the subscription is down. On a Redis
+    /// Cluster, also subscribes to `lock_key`'s shard channel (the observer's or the waiter's)
+    /// unless it is already (the caller registered as a waiter of `lock_key` before, so it
+    /// stays subscribed while the caller waits). Everything within `bound`; past it, the caller
+    /// relies on its retries.
+    pub(crate) async fn settled(&self, lock_key: &str, bound: Duration, observer: bool) {
         let until = leasehold_core::time::deadline_in(bound);
         let mut state = self.state.subscribe();
+        if observer {
+            self.observe
+                .send_if_modified(|wanted| !std::mem::replace(wanted, true));
+        }
         {
             let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
             if task.as_ref().is_none_or(|t| t.is_finished()) {
                 *task = Some(match &self.notifications {
                     Notifications::PubSub(source) => tokio::spawn(run(
                         source.clone(),
-                        self.channel.clone(),
+                        Channels {
+                            release: self.channel.clone(),
+                            own: self.own.clone(),
+                            observe: self.observe.subscribe(),
+                            observing: self.observing.clone(),
+                        },
                         self.timeout,
                         self.waiters.clone(),
                         self.state.clone(),
                     )),
                     Notifications::Sharded(target) => tokio::spawn(run_sharded(
                         target.clone(),
-                        self.channel.clone(),
+                        (self.channel.clone(), self.own.clone()),
                         self.timeout,
                         self.waiters.clone(),
                         self.state.clone(),
@@ -165,9 +195,33 @@ impl Subscription {
             }
         }
         let _ = tokio::time::timeout_at(until, state.wait_for(|s| *s != State::Starting)).await;
-        if matches!(self.notifications, Notifications::Sharded(_)) {
-            let channel = shard_channel(lock_key, &self.channel);
-            let _ = tokio::time::timeout_at(until, self.subscribe_shard(channel)).await;
+        match &self.notifications {
+            Notifications::Sharded(_) => {
+                let channel = if observer {
+                    shard_channel(lock_key, &self.channel)
+                } else {
+                    shard_channel(lock_key, &self.own)
+                };
+                let _ = tokio::time::timeout_at(until, self.subscribe_shard(channel)).await;
+            }
+            Notifications::PubSub(_) if observer => {
+                let mut observing = self.observing.subscribe();
+                let on = async {
+                    loop {
+                        if *observing.borrow_and_update()
+                            || *state.borrow_and_update() == State::Down
+                        {
+                            return;
+                        }
+                        tokio::select! {
+                            changed = observing.changed() => if changed.is_err() { return },
+                            changed = state.changed() => if changed.is_err() { return },
+                        }
+                    }
+                };
+                let _ = tokio::time::timeout_at(until, on).await;
+            }
+            Notifications::PubSub(_) => {}
         }
     }
 
@@ -197,6 +251,26 @@ impl Subscription {
     }
 }
 
+/// An authority's own channel: `<channel>:<waiter id>`, where the releases that name it in a
+/// key's waiter queue tell it (see [`crate::scripts::RELEASE`]).
+fn own_channel(channel: &str, me: &str) -> String {
+    format!("{channel}:{me}")
+}
+
+/// The lock key of a shard channel, an observer's (`<lock key>:<channel>`) or this authority's
+/// own (`<lock key>:<own>`).
+fn key_of<'a>(name: &'a str, channel: &str, own: &str) -> Option<&'a str> {
+    lock_key_of(name, own).or_else(|| lock_key_of(name, channel))
+}
+
+/// The channels of one server's subscription, and whether the release channel is wanted.
+struct Channels {
+    release: String,
+    own: String,
+    observe: watch::Receiver<bool>,
+    observing: Arc<watch::Sender<bool>>,
+}
+
 /// How often a cluster subscription drops the shard channels nobody waits on any more.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
@@ -207,7 +281,7 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// concerned, since announcements may have been missed meanwhile.
 async fn run_sharded(
     target: ClusterTarget,
-    channel: String,
+    (channel, own): (String, String),
     timeout: Duration,
     waiters: Arc<Waiters>,
     state: Arc<watch::Sender<State>>,
@@ -216,7 +290,12 @@ async fn run_sharded(
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
         let sender = {
-            let (waiters, sharded, channel) = (waiters.clone(), sharded.clone(), channel.clone());
+            let (waiters, sharded, channel, own) = (
+                waiters.clone(),
+                sharded.clone(),
+                channel.clone(),
+                own.clone(),
+            );
             move |info: PushInfo| -> Result<(), ()> {
                 match info.kind {
                     // A node's connection dropped: what it would have delivered is lost, and
@@ -227,9 +306,12 @@ async fn run_sharded(
                     }
                     PushKind::SMessage => {
                         if let Some(msg) = Msg::from_push_info(info) {
-                            if lock_key_of(msg.get_channel_name(), &channel).is_some() {
-                                if let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) {
+                            let name = msg.get_channel_name();
+                            if let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) {
+                                if lock_key_of(name, &own).is_some() {
                                     waiters.announced(payload);
+                                } else if lock_key_of(name, &channel).is_some() {
+                                    waiters.observed(payload);
                                 }
                             }
                         }
@@ -243,7 +325,7 @@ async fn run_sharded(
                             Value::SimpleString(s) => Some(s.as_str()),
                             _ => None,
                         });
-                        if let Some(lock_key) = name.and_then(|n| lock_key_of(n, &channel)) {
+                        if let Some(lock_key) = name.and_then(|n| key_of(n, &channel, &own)) {
                             waiters.wake(lock_key);
                             if info.kind == PushKind::SUnsubscribe && waiters.waited_on(lock_key) {
                                 sharded.again.notify_one();
@@ -272,7 +354,7 @@ async fn run_sharded(
                 loop {
                     tokio::select! {
                         _ = sharded.again.notified() => {
-                            let done = resubscribe(&sharded, &channel, &waiters, timeout).await;
+                            let done = resubscribe(&sharded, &own, &waiters, timeout).await;
                             waiters.wake_all();
                             if !done {
                                 // Perhaps a primary died and its slots moved: a new connection
@@ -282,7 +364,7 @@ async fn run_sharded(
                             }
                         }
                         _ = tokio::time::sleep(SWEEP_EVERY) => {
-                            sweep(&sharded, &channel, &waiters, timeout).await;
+                            sweep(&sharded, (&channel, &own), &waiters, timeout).await;
                         }
                     }
                 }
@@ -300,20 +382,16 @@ async fn run_sharded(
     }
 }
 
-/// Subscribes again every channel in the set and the channel of every key someone waits on
-/// (the cluster client sends each to the primary that owns its slot now), all within `timeout`.
+/// Subscribes again every channel in the set, and this authority's own shard channel of every
+/// key someone waits on (the cluster client sends each to the primary that owns its slot now),
+/// all within `timeout`.
 /// `false` if that failed below the protocol or timed out (perhaps a primary died and its slots
 /// moved); a server's refusal (an ACL without channel rights, a server without sharded pub/sub)
 /// is logged and counts as done: those waiters poll, and asking again would not help.
-async fn resubscribe(
-    sharded: &Sharded,
-    channel: &str,
-    waiters: &Waiters,
-    timeout: Duration,
-) -> bool {
+async fn resubscribe(sharded: &Sharded, own: &str, waiters: &Waiters, timeout: Duration) -> bool {
     let mut subscribed = sharded.subscribed.lock().await;
     for lock_key in waiters.waited_keys() {
-        subscribed.insert(shard_channel(&lock_key, channel));
+        subscribed.insert(shard_channel(&lock_key, own));
     }
     let Some(mut con) = sharded.connection() else {
         return false;
@@ -335,11 +413,16 @@ async fn resubscribe(
 }
 
 /// Unsubscribes the channels nobody waits on any more.
-async fn sweep(sharded: &Sharded, channel: &str, waiters: &Waiters, timeout: Duration) {
+async fn sweep(
+    sharded: &Sharded,
+    (channel, own): (&str, &str),
+    waiters: &Waiters,
+    timeout: Duration,
+) {
     let mut subscribed = sharded.subscribed.lock().await;
     let idle: Vec<String> = subscribed
         .iter()
-        .filter(|c| lock_key_of(c, channel).is_none_or(|k| !waiters.waited_on(k)))
+        .filter(|c| key_of(c, channel, own).is_none_or(|k| !waiters.waited_on(k)))
         .cloned()
         .collect();
     if idle.is_empty() {
@@ -378,23 +461,33 @@ async fn moved_away(
 /// aborted.
 async fn run(
     source: Source,
-    channel: String,
+    channels: Channels,
     timeout: Duration,
     waiters: Arc<Waiters>,
     state: Arc<watch::Sender<State>>,
 ) {
+    let Channels {
+        release,
+        own,
+        mut observe,
+        observing,
+    } = channels;
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
         let gone = Arc::new(Notify::new());
         let sender = {
-            let (waiters, gone, channel) = (waiters.clone(), gone.clone(), channel.clone());
+            let (waiters, gone, release, own) =
+                (waiters.clone(), gone.clone(), release.clone(), own.clone());
             move |info: PushInfo| -> Result<(), ()> {
                 if info.kind == PushKind::Disconnection {
                     gone.notify_one();
                 } else if let Some(msg) = Msg::from_push_info(info) {
-                    if msg.get_channel_name() == channel {
-                        if let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) {
+                    let name = msg.get_channel_name();
+                    if let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) {
+                        if name == own {
                             waiters.announced(payload);
+                        } else if name == release {
+                            waiters.observed(payload);
                         }
                     }
                 }
@@ -405,24 +498,40 @@ async fn run(
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(None)
             .set_push_sender(sender);
+        let with_release = *observe.borrow_and_update();
         let subscribed = tokio::time::timeout(timeout, async {
             let (addr, mut con) = source.open(config).await?;
-            con.subscribe(&channel).await?;
+            con.subscribe(&own).await?;
+            if with_release {
+                con.subscribe(&release).await?;
+            }
             Ok::<_, RedisError>((addr, con))
         })
         .await;
         match subscribed {
             Ok(Ok((addr, mut con))) => {
+                observing.send_replace(with_release);
                 state.send_replace(State::Ready);
                 // Anything released before the subscription took effect was missed.
                 waiters.wake_all();
                 backoff.reset();
                 let mut primary = source.watch();
                 loop {
-                    tokio::select! {
+                    let observer_came = tokio::select! {
                         _ = gone.notified() => break,
-                        _ = tokio::time::sleep(HEALTH_CHECK_EVERY) => {}
-                        moved = moved_away(&mut primary, &addr) => if moved { break },
+                        _ = tokio::time::sleep(HEALTH_CHECK_EVERY) => false,
+                        moved = moved_away(&mut primary, &addr) => if moved { break } else { false },
+                        _ = first_observer(&mut observe), if !*observing.borrow() => true,
+                    };
+                    if observer_came {
+                        let sub = con.subscribe(&release);
+                        if !matches!(tokio::time::timeout(timeout, sub).await, Ok(Ok(()))) {
+                            break;
+                        }
+                        observing.send_replace(true);
+                        // What the release channel carried before is lost to the observers.
+                        waiters.wake_observers();
+                        continue;
                     }
                     let cmd = redis::cmd("PING");
                     let ping = cmd.query_async::<Value>(&mut con);
@@ -430,17 +539,26 @@ async fn run(
                         break;
                     }
                 }
-                tracing::debug!(%channel, "the subscription connection failed; waiters poll");
+                tracing::debug!(channel = %own, "the subscription connection failed; waiters poll");
             }
             Ok(Err(error)) => {
-                tracing::debug!(%error, %channel, "SUBSCRIBE failed; waiters poll");
+                tracing::debug!(%error, channel = %own, "SUBSCRIBE failed; waiters poll");
             }
             Err(_) => {
-                tracing::debug!(%channel, "SUBSCRIBE timed out; waiters poll");
+                tracing::debug!(channel = %own, "SUBSCRIBE timed out; waiters poll");
             }
         }
+        observing.send_replace(false);
         state.send_replace(State::Down);
         waiters.wake_all();
         tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+/// Resolves when the release channel is wanted (the first observer came); never if the
+/// authority is gone.
+async fn first_observer(observe: &mut watch::Receiver<bool>) {
+    if observe.wait_for(|wanted| *wanted).await.is_err() {
+        std::future::pending::<()>().await;
     }
 }

@@ -13,8 +13,9 @@
 //! bounded by the holder's PTTL, for the releases nobody announces.
 //!
 //! Across processes the same holds: a release's announcement names one waiting authority (see
-//! the queue in [`crate::scripts::RELEASE`]), and only that one hands out a turn; the others
-//! wake their observers alone.
+//! the queue in [`crate::scripts::RELEASE`]) and goes to that authority's own channel, where it
+//! hands out a turn; its copy on the release channel, which only authorities with observers
+//! read, wakes observers alone.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -44,9 +45,36 @@ impl Waiters {
         &self.me
     }
 
-    /// An announcement: its payload is the lock key, or the lock key, a space and the waiter
-    /// the release named. A release that names another authority wakes only the observers
-    /// here: that authority's waiter tries the key, and nobody here need.
+    /// An announcement on the release channel, which every release and proclaim goes to: its
+    /// payload is the lock key, or the lock key, a space and the waiter the release named. One
+    /// that names a waiter wakes only the observers here: the named authority hears it on its
+    /// own channel ([`Waiters::announced`]), this one included. One that names nobody (a
+    /// proclaim, a release with nobody queued, or a release by an older version) also hands out
+    /// a turn.
+    pub(crate) fn observed(&self, payload: &str) {
+        match payload.split_once(' ') {
+            None => self.wake(payload),
+            Some((lock_key, _)) => {
+                let map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(waiters) = map.get(lock_key) {
+                    waiters.observers.notify_waiters();
+                }
+            }
+        }
+    }
+
+    /// Wakes every observer: the release channel was just subscribed, and what it carried
+    /// before was missed.
+    pub(crate) fn wake_observers(&self) {
+        let map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
+        for waiters in map.values() {
+            waiters.observers.notify_waiters();
+        }
+    }
+
+    /// An announcement on this authority's own channel: its payload is the lock key, a space
+    /// and the waiter the release named, which is this authority (a payload that names another,
+    /// or nobody, is treated as on the release channel).
     pub(crate) fn announced(&self, payload: &str) {
         match payload.split_once(' ') {
             None => self.wake(payload),

@@ -251,18 +251,19 @@ async fn passes_the_conformance_suite_on_a_cluster_with_a_failover() -> TestResu
     Ok(())
 }
 
-/// How many clients are subscribed to the shard channel `channel` on `node`.
-fn shard_subscribers(node: &ClusterNode, channel: &str) -> u64 {
-    node.command(&["PUBSUB", "SHARDNUMSUB", channel])
+/// How many shard channels matching `pattern` have subscribers on `node`.
+fn shard_subscribers(node: &ClusterNode, pattern: &str) -> u64 {
+    node.command(&["PUBSUB", "SHARDCHANNELS", pattern])
         .ok()
-        .and_then(|reply| reply.lines().nth(1).and_then(|n| n.parse().ok()))
+        .map(|reply| reply.lines().filter(|l| !l.trim().is_empty()).count() as u64)
         .unwrap_or(0)
 }
 
-/// The shard channel announcements of `key` go to, under the default layout and channel.
+/// The shard channels a waiter of `key` subscribes to, under the default layout and channel:
+/// its authority's own, `<lock key>:<channel>:<its waiter id>`.
 fn shard_channel_of(key: &LockKey) -> String {
     format!(
-        "{}:{}",
+        "{}:{}:*",
         KeyLayout::default().lock_key(key),
         leasehold_redis::DEFAULT_CHANNEL
     )

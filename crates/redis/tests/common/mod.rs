@@ -117,18 +117,32 @@ pub async fn calls(server: &Arc<RedisServer>, command_name: &str) -> TestResult<
     Ok((get("calls"), get("failed_calls")))
 }
 
-/// How many subscribers the release channel has (`PUBSUB NUMSUB`).
+/// How many authorities' subscriptions are up: each subscribes to its own channel,
+/// `leasehold:released:<its waiter id>` (`PUBSUB CHANNELS`), whether or not it also reads the
+/// release channel.
 pub async fn subscribers(con: &mut MultiplexedConnection) -> TestResult<Option<redis::Value>> {
-    let numsub: Vec<redis::Value> = redis::cmd("PUBSUB")
+    let own: Vec<String> = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg("leasehold:released:*")
+        .query_async(con)
+        .await
+        .or_fail("PUBSUB CHANNELS")?;
+    Ok(Some(redis::Value::Int(own.len() as i64)))
+}
+
+/// How many subscribers the release channel itself has (`PUBSUB NUMSUB`): the authorities with
+/// observers (`wait_for_change`).
+pub async fn release_channel_readers(con: &mut MultiplexedConnection) -> TestResult<i64> {
+    let numsub: (String, i64) = redis::cmd("PUBSUB")
         .arg("NUMSUB")
         .arg("leasehold:released")
         .query_async(con)
         .await
         .or_fail("PUBSUB NUMSUB")?;
-    Ok(numsub.get(1).cloned())
+    Ok(numsub.1)
 }
 
-/// Waits until the authority's subscription is on the release channel (`PUBSUB NUMSUB`).
+/// Waits until `count` authorities' subscriptions are up ([`subscribers`]).
 pub async fn wait_subscribed(con: &mut MultiplexedConnection, count: i64) -> TestResult {
     let since = Instant::now();
     loop {
