@@ -54,6 +54,13 @@ const EXPIRY_JITTER: Duration = Duration::from_millis(10);
 /// named by releases for at most this long.
 const QUEUE_PLACE: Duration = Duration::from_millis(1000);
 
+/// The most leases one renewal script renews. The script runs two commands per lease, during
+/// which the server answers nobody else: 10,000 leases in one call kept it busy for 13 ms on a
+/// quiet machine and 28 ms on a loaded one, 1,000 for 1.3 ms (measured with `SLOWLOG`). A
+/// larger batch is several calls, one after another, and other clients' commands run between
+/// them.
+const RENEW_CHUNK: usize = 1_000;
+
 struct Inner {
     config: RedisConfig,
     link: Link,
@@ -470,6 +477,51 @@ async fn connection_on(
     }
 }
 
+impl RedisAuthority {
+    /// One `RENEW_MANY` script call for `grants` (at most [`RENEW_CHUNK`] of them).
+    async fn renew_chunk(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
+        let keys: Vec<String> = grants
+            .iter()
+            .map(|g| self.inner.config.layout.lock_key(g.key()))
+            .collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let args: Vec<String> = grants
+            .iter()
+            .flat_map(|g| [hex(&g.owner()), g.ttl().as_millis().to_string()])
+            .collect();
+        let sent = Instant::now();
+        let answered: Result<Ints> = self
+            .script("renew", &self.inner.scripts.renew_many, &keys, &args)
+            .await;
+        match answered {
+            Err(e) => leasehold_core::backend::batch_failed(e, grants.len()),
+            // One answer per grant, or nobody knows which were renewed: a protocol error for
+            // the whole batch (retryable, as any unknown outcome).
+            Ok(Ints(renewed)) if renewed.len() != grants.len() => {
+                leasehold_core::backend::batch_failed(
+                    Error::Backend {
+                        backend: BACKEND,
+                        message: format!(
+                            "renew: the script answered {} results for {} leases",
+                            renewed.len(),
+                            grants.len()
+                        ),
+                        retryable: true,
+                        source: None,
+                    },
+                    grants.len(),
+                )
+            }
+            Ok(Ints(renewed)) => leasehold_core::backend::batch_answers(
+                grants,
+                sent,
+                &self.inner.config.client.safety_margin,
+                |i, _| renewed.get(i) == Some(&1),
+            ),
+        }
+    }
+}
+
 /// Sends one request on `link`, bounded by `timeout`. A connection that times out, breaks, or
 /// reaches a server that is not the primary (any more) is replaced for the next request.
 async fn request_on<T, F, Fut>(link: &Link, timeout: Duration, what: &str, send: F) -> Result<T>
@@ -796,8 +848,9 @@ impl Authority for RedisAuthority {
         Ok(self.inner.config.client.safety_margin.deadline(sent, ttl))
     }
 
-    /// One script call renews the whole batch, each key checked as `renew` checks it. On a
-    /// Redis Cluster, one renewal per grant instead.
+    /// One script call renews up to [`RENEW_CHUNK`] leases, each key checked as `renew` checks
+    /// it; a larger batch is sent as several calls, one after another. On a Redis Cluster, one
+    /// renewal per grant instead.
     async fn renew_many(&self, grants: &[Grant]) -> Vec<Result<Instant>> {
         if let Err(refused) = leasehold_core::backend::check_batch_ttls(grants, &TTL) {
             return refused;
@@ -812,45 +865,28 @@ impl Authority for RedisAuthority {
             }
             return results;
         }
-        let keys: Vec<String> = grants
-            .iter()
-            .map(|g| self.inner.config.layout.lock_key(g.key()))
-            .collect();
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let args: Vec<String> = grants
-            .iter()
-            .flat_map(|g| [hex(&g.owner()), g.ttl().as_millis().to_string()])
-            .collect();
-        let sent = Instant::now();
-        let answered: Result<Ints> = self
-            .script("renew", &self.inner.scripts.renew_many, &keys, &args)
-            .await;
-        match answered {
-            Err(e) => leasehold_core::backend::batch_failed(e, grants.len()),
-            // One answer per grant, or nobody knows which were renewed: a protocol error for
-            // the whole batch (retryable, as any unknown outcome).
-            Ok(Ints(renewed)) if renewed.len() != grants.len() => {
-                leasehold_core::backend::batch_failed(
-                    Error::Backend {
-                        backend: BACKEND,
-                        message: format!(
-                            "renew: the script answered {} results for {} leases",
-                            renewed.len(),
-                            grants.len()
-                        ),
-                        retryable: true,
-                        source: None,
-                    },
-                    grants.len(),
-                )
+        let mut results = Vec::with_capacity(grants.len());
+        let mut chunks = grants.chunks(RENEW_CHUNK);
+        while let Some(chunk) = chunks.next() {
+            let answers = self.renew_chunk(chunk).await;
+            // A call without an answer leaves the rest of the batch to the next try, at once:
+            // sending them one by one to a server that does not answer would spend a request
+            // timeout on each, and the last leases' deadlines with them.
+            let unanswered = answers.iter().find_map(|a| match a {
+                Err(e) if e.is_retryable() => Some(e.clone()),
+                _ => None,
+            });
+            results.extend(answers);
+            if let Some(error) = unanswered {
+                for rest in chunks.by_ref() {
+                    results.extend(leasehold_core::backend::batch_failed(
+                        error.clone(),
+                        rest.len(),
+                    ));
+                }
             }
-            Ok(Ints(renewed)) => leasehold_core::backend::batch_answers(
-                grants,
-                sent,
-                &self.inner.config.client.safety_margin,
-                |i, _| renewed.get(i) == Some(&1),
-            ),
         }
+        results
     }
 
     async fn release(&self, grant: &Grant) -> Result<Released> {
