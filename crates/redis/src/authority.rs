@@ -703,7 +703,7 @@ impl Drop for Pending<'_> {
             let waiters_key = KeyLayout::waiters_key_of(&lock_key);
             let (keys, args) = (
                 [lock_key.as_str(), &value_key, &waiters_key],
-                [token.as_str(), &channel],
+                [token.as_str(), &channel, waiters.me()],
             );
             let release = script.run::<i64, _, _>(&mut con, &keys, &args);
             match tokio::time::timeout(ttl, release).await {
@@ -868,12 +868,16 @@ impl Authority for RedisAuthority {
         let mut results = Vec::with_capacity(grants.len());
         let mut chunks = grants.chunks(RENEW_CHUNK);
         while let Some(chunk) = chunks.next() {
+            let began = Instant::now();
             let answers = self.renew_chunk(chunk).await;
-            // A call without an answer leaves the rest of the batch to the next try, at once:
-            // sending them one by one to a server that does not answer would spend a request
-            // timeout on each, and the last leases' deadlines with them.
+            // A call that failed after waiting most of a request timeout most likely had no
+            // answer: the rest of the batch is left to the next try, at once, since sending
+            // them one by one to a server that does not answer would spend a request timeout
+            // on each, and the last leases' deadlines with them. A quick failure (a refusal, a
+            // `READONLY` that sent the link to the new primary) lets the next call go.
+            let silent = began.elapsed() >= self.timeout() / 2;
             let unanswered = answers.iter().find_map(|a| match a {
-                Err(e) if e.is_retryable() => Some(e.clone()),
+                Err(e) if silent && e.is_retryable() => Some(e.clone()),
                 _ => None,
             });
             results.extend(answers);
@@ -900,7 +904,11 @@ impl Authority for RedisAuthority {
                 "release",
                 &self.inner.scripts.release,
                 &[&lock_key, &value_key, &waiters_key],
-                &[token.as_str(), &channel],
+                &[
+                    token.as_str(),
+                    &channel,
+                    self.inner.subscription.waiters().me(),
+                ],
             )
             .await?;
         match released {
@@ -949,7 +957,11 @@ impl Authority for RedisAuthority {
                 "revoke",
                 &self.inner.scripts.revoke,
                 &[&lock_key, &value_key, &fence_key, &waiters_key],
-                &[token, channel.as_str()],
+                &[
+                    token,
+                    channel.as_str(),
+                    self.inner.subscription.waiters().me(),
+                ],
             )
             .await?;
         if ended == 0 {

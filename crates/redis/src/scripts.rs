@@ -148,7 +148,8 @@ return out
 
 /// Release: delete only if the lock key still holds our owner token, and announce it on the
 /// release channel so waiters try at once. `KEYS[1]` the lock key, `KEYS[2]` the value key,
-/// `KEYS[3]` the key's waiter queue; `ARGV[1]` the owner token, `ARGV[2]` the channel.
+/// `KEYS[3]` the key's waiter queue; `ARGV[1]` the owner token, `ARGV[2]` the channel, `ARGV[3]`
+/// (optional) the releasing authority's own waiter id.
 ///
 /// The announcement names one waiter: the payload is the lock key, then a space and the waiter
 /// id whose place in the queue runs out first (the one that has gone longest without trying),
@@ -163,6 +164,13 @@ return out
 /// waiter of an older version, or none), the payload is the lock key alone, on the release
 /// channel only. Places that ran out are dropped first: a waiter that left or died is named at
 /// most until its place runs out, and the others find the key meanwhile by their retry timers.
+///
+/// Two exceptions to the own channel. A waiter of the releasing authority itself is not told
+/// there: the authority wakes its own waiters as it returns, and a second wake-up would send a
+/// second attempt. And where the server refuses the own channel's `PUBLISH` (an ACL user with
+/// rights on the release channel alone), the release channel's copy names nobody, so that the
+/// processes reading it hand out a turn; the named place is spent, and the others find the key
+/// by their retry timers.
 ///
 /// The value key is deleted with the lease: it can only be ours or an earlier grant's (the
 /// token matched, so nobody holds a later grant), and deleting it keeps a released lock down to
@@ -186,9 +194,12 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
     local next = redis.call('ZPOPMIN', KEYS[3])
     if next[1] then
       payload = KEYS[1] .. ' ' .. next[1]
-      local told = redis.pcall('PUBLISH', ARGV[2] .. ':' .. next[1], payload)
-      if type(told) == 'table' and told.err then
-        refused = true
+      if next[1] ~= ARGV[3] then
+        local told = redis.pcall('PUBLISH', ARGV[2] .. ':' .. next[1], payload)
+        if type(told) == 'table' and told.err then
+          refused = true
+          payload = KEYS[1]
+        end
       end
     end
   end
@@ -228,7 +239,8 @@ return 0
 /// cannot end a later holder), and announces it as [`RELEASE`] does, naming the next waiter in
 /// the queue on its own channel. The fence counter is left as it is, so the next grant's fence
 /// is greater. `KEYS[1]` the lock key, `KEYS[2]` the value key, `KEYS[3]` the fence counter,
-/// `KEYS[4]` the key's waiter queue; `ARGV[1]` the holder's owner token, `ARGV[2]` the channel.
+/// `KEYS[4]` the key's waiter queue; `ARGV[1]` the holder's owner token, `ARGV[2]` the channel,
+/// `ARGV[3]` the revoking authority's own waiter id.
 ///
 /// Returns the holder's fence (deleted and announced), its negation (deleted, the announcement
 /// refused), or 0 (that holder is gone: nothing changed).
@@ -248,9 +260,12 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
     local next = redis.call('ZPOPMIN', KEYS[4])
     if next[1] then
       payload = KEYS[1] .. ' ' .. next[1]
-      local told = redis.pcall('PUBLISH', ARGV[2] .. ':' .. next[1], payload)
-      if type(told) == 'table' and told.err then
-        refused = true
+      if next[1] ~= ARGV[3] then
+        local told = redis.pcall('PUBLISH', ARGV[2] .. ':' .. next[1], payload)
+        if type(told) == 'table' and told.err then
+          refused = true
+          payload = KEYS[1]
+        end
       end
     end
   end

@@ -15,6 +15,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -62,6 +63,10 @@ pub(crate) struct Subscription {
     observe: Arc<watch::Sender<bool>>,
     /// Whether the release channel is subscribed on the connection now (one server).
     observing: Arc<watch::Sender<bool>>,
+    /// Set while the server refuses this authority's own channel (an ACL user with rights on
+    /// the release channel alone): waiters then read the release channel, where every
+    /// announcement names its waiter, as before there were own channels.
+    own_refused: Arc<AtomicBool>,
     timeout: Duration,
     waiters: Arc<Waiters>,
     state: Arc<watch::Sender<State>>,
@@ -91,6 +96,9 @@ struct Sharded {
     /// Set when the subscriptions must be made again (a node's connection dropped, or a node
     /// stopped serving a channel's slot).
     again: Notify,
+    /// The lock keys an observer waits on: their shard channels of the release channel are
+    /// subscribed again with the waiters' own ones.
+    observed: Mutex<HashSet<String>>,
 }
 
 impl Sharded {
@@ -131,6 +139,7 @@ impl Subscription {
             own,
             observe: Arc::new(watch::channel(false).0),
             observing: Arc::new(watch::channel(false).0),
+            own_refused: Arc::default(),
             timeout,
             waiters: Arc::new(waiters),
             state: Arc::new(watch::channel(State::Starting).0),
@@ -178,6 +187,7 @@ impl Subscription {
                             own: self.own.clone(),
                             observe: self.observe.subscribe(),
                             observing: self.observing.clone(),
+                            own_refused: self.own_refused.clone(),
                         },
                         self.timeout,
                         self.waiters.clone(),
@@ -185,7 +195,11 @@ impl Subscription {
                     )),
                     Notifications::Sharded(target) => tokio::spawn(run_sharded(
                         target.clone(),
-                        (self.channel.clone(), self.own.clone()),
+                        (
+                            self.channel.clone(),
+                            self.own.clone(),
+                            self.own_refused.clone(),
+                        ),
                         self.timeout,
                         self.waiters.clone(),
                         self.state.clone(),
@@ -197,12 +211,15 @@ impl Subscription {
         let _ = tokio::time::timeout_at(until, state.wait_for(|s| *s != State::Starting)).await;
         match &self.notifications {
             Notifications::Sharded(_) => {
-                let channel = if observer {
-                    shard_channel(lock_key, &self.channel)
-                } else {
-                    shard_channel(lock_key, &self.own)
-                };
-                let _ = tokio::time::timeout_at(until, self.subscribe_shard(channel)).await;
+                if observer {
+                    self.sharded
+                        .observed
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(lock_key.to_string());
+                }
+                let subscribe = self.subscribe_shard(lock_key, observer);
+                let _ = tokio::time::timeout_at(until, subscribe).await;
             }
             Notifications::PubSub(_) if observer => {
                 let mut observing = self.observing.subscribe();
@@ -225,29 +242,59 @@ impl Subscription {
         }
     }
 
-    /// `SSUBSCRIBE` to `channel` unless subscribed (no-op while the cluster connection is down:
-    /// the subscription task subscribes every waited-on key again when it is back).
-    async fn subscribe_shard(&self, channel: String) {
+    /// `SSUBSCRIBE` to `lock_key`'s shard channel, an observer's or this authority's own, unless
+    /// subscribed (no-op while the cluster connection is down: the subscription task subscribes
+    /// every waited-on key again when it is back). Where the server refuses the own channel,
+    /// the key's release channel instead, read as before there were own channels.
+    async fn subscribe_shard(&self, lock_key: &str, observer: bool) {
         let mut subscribed = self.sharded.subscribed.lock().await;
-        if subscribed.contains(&channel) {
-            return;
-        }
         let Some(mut con) = self.sharded.connection() else {
             return;
         };
-        match con.ssubscribe(&channel).await {
-            Ok(()) => {
-                subscribed.insert(channel);
+        let release = shard_channel(lock_key, &self.channel);
+        let mut channel = if observer || self.own_refused.load(Ordering::Relaxed) {
+            release.clone()
+        } else {
+            shard_channel(lock_key, &self.own)
+        };
+        loop {
+            if subscribed.contains(&channel) {
+                return;
             }
-            Err(error) => {
-                tracing::debug!(%error, %channel, "SSUBSCRIBE failed; waiters poll");
-                if is_transient(&error) {
-                    // The task subscribes every waited-on key again, on a new connection if
-                    // need be.
-                    self.sharded.again.notify_one();
+            match con.ssubscribe(&channel).await {
+                Ok(()) => {
+                    subscribed.insert(channel);
+                    return;
+                }
+                Err(error) if !is_transient(&error) && channel != release => {
+                    refused_own(&self.own_refused, &self.own, &error);
+                    channel = release.clone();
+                }
+                Err(error) => {
+                    tracing::debug!(%error, %channel, "SSUBSCRIBE failed; waiters poll");
+                    if is_transient(&error) {
+                        // The task subscribes every waited-on key again, on a new connection if
+                        // need be.
+                        self.sharded.again.notify_one();
+                    }
+                    return;
                 }
             }
         }
+    }
+}
+
+/// The server refused this authority's own channel: warned once per authority, and from now
+/// on waiters read the release channel instead.
+fn refused_own(own_refused: &AtomicBool, own: &str, error: &RedisError) {
+    if !own_refused.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            %error,
+            channel = %own,
+            "Redis refused this authority's own channel (an ACL user without rights on it?): \
+             its waiters read every announcement on the release channel instead; grant the \
+             channel pattern `&<channel>*` so that a process reads only its own hand-offs"
+        );
     }
 }
 
@@ -269,6 +316,7 @@ struct Channels {
     own: String,
     observe: watch::Receiver<bool>,
     observing: Arc<watch::Sender<bool>>,
+    own_refused: Arc<AtomicBool>,
 }
 
 /// How often a cluster subscription drops the shard channels nobody waits on any more.
@@ -281,7 +329,7 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// concerned, since announcements may have been missed meanwhile.
 async fn run_sharded(
     target: ClusterTarget,
-    (channel, own): (String, String),
+    (channel, own, own_refused): (String, String, Arc<AtomicBool>),
     timeout: Duration,
     waiters: Arc<Waiters>,
     state: Arc<watch::Sender<State>>,
@@ -290,11 +338,12 @@ async fn run_sharded(
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
         let sender = {
-            let (waiters, sharded, channel, own) = (
+            let (waiters, sharded, channel, own, own_refused) = (
                 waiters.clone(),
                 sharded.clone(),
                 channel.clone(),
                 own.clone(),
+                own_refused.clone(),
             );
             move |info: PushInfo| -> Result<(), ()> {
                 match info.kind {
@@ -308,7 +357,10 @@ async fn run_sharded(
                         if let Some(msg) = Msg::from_push_info(info) {
                             let name = msg.get_channel_name();
                             if let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) {
-                                if lock_key_of(name, &own).is_some() {
+                                if lock_key_of(name, &own).is_some()
+                                    || (lock_key_of(name, &channel).is_some()
+                                        && own_refused.load(Ordering::Relaxed))
+                                {
                                     waiters.announced(payload);
                                 } else if lock_key_of(name, &channel).is_some() {
                                     waiters.observed(payload);
@@ -354,7 +406,8 @@ async fn run_sharded(
                 loop {
                     tokio::select! {
                         _ = sharded.again.notified() => {
-                            let done = resubscribe(&sharded, &own, &waiters, timeout).await;
+                            let own = if own_refused.load(Ordering::Relaxed) { &channel } else { &own };
+                            let done = resubscribe(&sharded, (&channel, own), &waiters, timeout).await;
                             waiters.wake_all();
                             if !done {
                                 // Perhaps a primary died and its slots moved: a new connection
@@ -382,16 +435,32 @@ async fn run_sharded(
     }
 }
 
-/// Subscribes again every channel in the set, and this authority's own shard channel of every
-/// key someone waits on (the cluster client sends each to the primary that owns its slot now),
-/// all within `timeout`.
+/// Subscribes again every channel in the set, this authority's own shard channel (`own`, the
+/// release channel where the own one is refused) of every key someone waits on, and the release
+/// channel's of every key an observer waits on (the cluster client sends each to the primary
+/// that owns its slot now), all within `timeout`.
 /// `false` if that failed below the protocol or timed out (perhaps a primary died and its slots
 /// moved); a server's refusal (an ACL without channel rights, a server without sharded pub/sub)
 /// is logged and counts as done: those waiters poll, and asking again would not help.
-async fn resubscribe(sharded: &Sharded, own: &str, waiters: &Waiters, timeout: Duration) -> bool {
+async fn resubscribe(
+    sharded: &Sharded,
+    (channel, own): (&str, &str),
+    waiters: &Waiters,
+    timeout: Duration,
+) -> bool {
     let mut subscribed = sharded.subscribed.lock().await;
     for lock_key in waiters.waited_keys() {
         subscribed.insert(shard_channel(&lock_key, own));
+    }
+    let observed: Vec<String> = sharded
+        .observed
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .cloned()
+        .collect();
+    for lock_key in observed {
+        subscribed.insert(shard_channel(&lock_key, channel));
     }
     let Some(mut con) = sharded.connection() else {
         return false;
@@ -420,6 +489,11 @@ async fn sweep(
     timeout: Duration,
 ) {
     let mut subscribed = sharded.subscribed.lock().await;
+    sharded
+        .observed
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|k| waiters.waited_on(k));
     let idle: Vec<String> = subscribed
         .iter()
         .filter(|c| key_of(c, channel, own).is_none_or(|k| !waiters.waited_on(k)))
@@ -471,20 +545,28 @@ async fn run(
         own,
         mut observe,
         observing,
+        own_refused,
     } = channels;
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
         let gone = Arc::new(Notify::new());
         let sender = {
-            let (waiters, gone, release, own) =
-                (waiters.clone(), gone.clone(), release.clone(), own.clone());
+            let (waiters, gone, release, own, own_refused) = (
+                waiters.clone(),
+                gone.clone(),
+                release.clone(),
+                own.clone(),
+                own_refused.clone(),
+            );
             move |info: PushInfo| -> Result<(), ()> {
                 if info.kind == PushKind::Disconnection {
                     gone.notify_one();
                 } else if let Some(msg) = Msg::from_push_info(info) {
                     let name = msg.get_channel_name();
                     if let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) {
-                        if name == own {
+                        // Where the own channel is refused, the release channel is read as before
+                        // there were own channels: its announcements name their waiter.
+                        if name == own || (name == release && own_refused.load(Ordering::Relaxed)) {
                             waiters.announced(payload);
                         } else if name == release {
                             waiters.observed(payload);
@@ -498,18 +580,23 @@ async fn run(
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(None)
             .set_push_sender(sender);
-        let with_release = *observe.borrow_and_update();
+        let wanted = *observe.borrow_and_update();
         let subscribed = tokio::time::timeout(timeout, async {
             let (addr, mut con) = source.open(config).await?;
-            con.subscribe(&own).await?;
+            match con.subscribe(&own).await {
+                Ok(()) => own_refused.store(false, Ordering::Relaxed),
+                Err(error) if !is_transient(&error) => refused_own(&own_refused, &own, &error),
+                Err(error) => return Err(error),
+            }
+            let with_release = wanted || own_refused.load(Ordering::Relaxed);
             if with_release {
                 con.subscribe(&release).await?;
             }
-            Ok::<_, RedisError>((addr, con))
+            Ok::<_, RedisError>((addr, con, with_release))
         })
         .await;
         match subscribed {
-            Ok(Ok((addr, mut con))) => {
+            Ok(Ok((addr, mut con, with_release))) => {
                 observing.send_replace(with_release);
                 state.send_replace(State::Ready);
                 // Anything released before the subscription took effect was missed.

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use leasehold_conformance::harness_call;
 use leasehold_conformance::kit::{OrFail, TestResult};
+use leasehold_conformance::Failure;
 use leasehold_core::{Authority, Instant, LockKey, Released};
 use leasehold_redis::RedisAuthority;
 
@@ -74,6 +75,105 @@ async fn a_release_while_the_subscription_is_down_is_not_missed() -> TestResult 
         "hand-off across a subscription outage: {:?}",
         released_at.elapsed()
     );
+    Ok(())
+}
+
+/// An ACL user granted the release channel alone (`&leasehold:released`, what these pages told
+/// users before each authority had a channel of its own) still hands a key on at once: the
+/// server refuses its own channel, so its waiters read the release channel instead, and its
+/// release, whose copy on the waiter's channel is refused, names nobody there, so the waiter
+/// reading it takes the turn. Median of five rounds, against retries 150 to 300 ms apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_with_the_release_channel_alone_still_hands_off_at_once() -> TestResult {
+    let server = start().await?;
+    command(
+        &server,
+        &[
+            "ACL",
+            "SETUSER",
+            "relonly",
+            "on",
+            ">relonly-pw",
+            "~*",
+            "+@all",
+            "resetchannels",
+            "&leasehold:released",
+        ],
+    )
+    .await?;
+    let acl_url = format!(
+        "redis://relonly:relonly-pw@127.0.0.1:{}?timeout_ms=1000",
+        server.port()
+    );
+    let holder = RedisAuthority::connect(&acl_url)
+        .await
+        .or_fail("connect the holder")?;
+    let waiter = Arc::new(
+        RedisAuthority::connect(&acl_url)
+            .await
+            .or_fail("connect the waiter")?,
+    );
+    let mut con = raw(&server).await?;
+    let key = LockKey::new("release-channel-alone").or_fail("the key")?;
+    let ttl = Duration::from_secs(10);
+    let mut latencies = Vec::new();
+    for round in 0..5 {
+        let held = holder
+            .try_acquire(&key, ttl)
+            .await
+            .or_fail("the holder acquires")?
+            .ok_or_else(|| Failure::new(format!("round {round}: the key is not free")))?;
+        let task = {
+            let (waiter, key) = (waiter.clone(), key.clone());
+            tokio::spawn(async move {
+                let grant = waiter.acquire(&key, ttl, ttl).await;
+                (grant, Instant::now())
+            })
+        };
+        let since = Instant::now();
+        while common::release_channel_readers(&mut con).await? != 1 {
+            if since.elapsed() > Duration::from_secs(5) {
+                return Err(Failure::new(
+                    "the waiter, refused its own channel, never read the release channel",
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Long enough for the waiter's backoff to reach its cap.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let released_at = Instant::now();
+        match holder.release(&held).await.or_fail("the holder releases")? {
+            Released::Released => {}
+            other => {
+                return Err(Failure::new(format!(
+                    "round {round}: the release: {other:?}"
+                )))
+            }
+        }
+        let (grant, at) = task.await.or_fail("the waiting task")?;
+        let grant = grant.or_fail("the waiter acquires")?;
+        latencies.push(at.saturating_duration_since(released_at));
+        match waiter
+            .release(&grant)
+            .await
+            .or_fail("the waiter releases")?
+        {
+            Released::Released => {}
+            other => {
+                return Err(Failure::new(format!(
+                    "round {round}: the release: {other:?}"
+                )))
+            }
+        }
+    }
+    latencies.sort();
+    let median = latencies[latencies.len() / 2];
+    if median >= Duration::from_millis(30) {
+        return Err(Failure::new(format!(
+            "median hand-off {median:?} for a user with the release channel alone: the \
+             waiter's timer, not an announcement ({latencies:?})"
+        )));
+    }
     Ok(())
 }
 

@@ -171,7 +171,7 @@ impl Drop for PendingSet<'_> {
                     let waiters_key = KeyLayout::waiters_key_of(lock_key);
                     let (keys, args) = (
                         [lock_key.as_str(), &value_key, &waiters_key],
-                        [token.as_str(), channel],
+                        [token.as_str(), channel, waiters.me()],
                     );
                     let released = script.run::<i64, _, _>(&mut con, &keys, &args).await;
                     if let Ok(released::ANNOUNCED | released::UNANNOUNCED) = released {
