@@ -899,18 +899,20 @@ impl Authority for RedisAuthority {
         let waiters_key = KeyLayout::waiters_key_of(&lock_key);
         let token = hex(&grant.owner());
         let channel = self.inner.channel_of(&lock_key);
-        let Int(released) = self
+        let waiters = self.inner.subscription.waiters();
+        let answered = self
             .script(
                 "release",
                 &self.inner.scripts.release,
                 &[&lock_key, &value_key, &waiters_key],
-                &[
-                    token.as_str(),
-                    &channel,
-                    self.inner.subscription.waiters().me(),
-                ],
+                &[token.as_str(), &channel, waiters.me()],
             )
-            .await?;
+            .await;
+        let Int(released) = answered.inspect_err(|_| {
+            // The release may have run without its answer: if it named a waiter of this
+            // authority, only this authority would have woken it.
+            waiters.wake(&lock_key);
+        })?;
         match released {
             released::ANNOUNCED => {}
             released::UNANNOUNCED => self.announcement_refused(),
@@ -952,18 +954,19 @@ impl Authority for RedisAuthority {
         };
         let channel = self.inner.channel_of(&lock_key);
         let waiters_key = KeyLayout::waiters_key_of(&lock_key);
-        let Int(ended) = self
+        let waiters = self.inner.subscription.waiters();
+        let answered = self
             .script(
                 "revoke",
                 &self.inner.scripts.revoke,
                 &[&lock_key, &value_key, &fence_key, &waiters_key],
-                &[
-                    token,
-                    channel.as_str(),
-                    self.inner.subscription.waiters().me(),
-                ],
+                &[token, channel.as_str(), waiters.me()],
             )
-            .await?;
+            .await;
+        let Int(ended) = answered.inspect_err(|_| {
+            // As in release: a revoke that ran without its answer may have named a waiter here.
+            waiters.wake(&lock_key);
+        })?;
         if ended == 0 {
             // The holder it read went meanwhile (released or expired).
             return Ok(Revoked::WasFree);

@@ -266,7 +266,7 @@ impl Subscription {
                     subscribed.insert(channel);
                     return;
                 }
-                Err(error) if !is_transient(&error) && channel != release => {
+                Err(error) if is_refusal(&error) && channel != release => {
                     refused_own(&self.own_refused, &self.own, &error);
                     channel = release.clone();
                 }
@@ -406,8 +406,9 @@ async fn run_sharded(
                 loop {
                     tokio::select! {
                         _ = sharded.again.notified() => {
-                            let own = if own_refused.load(Ordering::Relaxed) { &channel } else { &own };
-                            let done = resubscribe(&sharded, (&channel, own), &waiters, timeout).await;
+                            let names = (channel.as_str(), own.as_str());
+                            let done =
+                                resubscribe(&sharded, names, &own_refused, &waiters, timeout).await;
                             waiters.wake_all();
                             if !done {
                                 // Perhaps a primary died and its slots moved: a new connection
@@ -435,22 +436,25 @@ async fn run_sharded(
     }
 }
 
-/// Subscribes again every channel in the set, this authority's own shard channel (`own`, the
-/// release channel where the own one is refused) of every key someone waits on, and the release
-/// channel's of every key an observer waits on (the cluster client sends each to the primary
-/// that owns its slot now), all within `timeout`.
-/// `false` if that failed below the protocol or timed out (perhaps a primary died and its slots
-/// moved); a server's refusal (an ACL without channel rights, a server without sharded pub/sub)
-/// is logged and counts as done: those waiters poll, and asking again would not help.
+/// Subscribes again every channel in the set, this authority's own shard channel of every key
+/// someone waits on (the key's release shard channel where the server refuses the own one),
+/// and the release shard channel of every key an observer waits on (the cluster client sends
+/// each to the primary that owns its slot now), one by one, all within `timeout`. A channel
+/// stays in the set only once subscribed. `false` if that failed below the protocol or timed out
+/// (perhaps a primary died and its slots moved); a server's refusal (an ACL without channel
+/// rights, a server without sharded pub/sub) is logged and skipped: those waiters poll, and
+/// asking again would not help.
 async fn resubscribe(
     sharded: &Sharded,
     (channel, own): (&str, &str),
+    own_refused: &AtomicBool,
     waiters: &Waiters,
     timeout: Duration,
 ) -> bool {
     let mut subscribed = sharded.subscribed.lock().await;
+    let mut wanted: Vec<String> = subscribed.drain().collect();
     for lock_key in waiters.waited_keys() {
-        subscribed.insert(shard_channel(&lock_key, own));
+        wanted.push(shard_channel(&lock_key, own));
     }
     let observed: Vec<String> = sharded
         .observed
@@ -460,25 +464,57 @@ async fn resubscribe(
         .cloned()
         .collect();
     for lock_key in observed {
-        subscribed.insert(shard_channel(&lock_key, channel));
+        wanted.push(shard_channel(&lock_key, channel));
     }
     let Some(mut con) = sharded.connection() else {
+        // Nothing was subscribed on this connection: the next resubscription tries them all.
+        subscribed.extend(wanted);
         return false;
     };
     let all = async {
-        for name in subscribed.iter() {
-            con.ssubscribe(name).await?;
+        while let Some(mut name) = wanted.pop() {
+            if let Some(lock_key) = lock_key_of(&name, own) {
+                if own_refused.load(Ordering::Relaxed) {
+                    name = shard_channel(lock_key, channel);
+                }
+            }
+            if subscribed.contains(&name) {
+                continue;
+            }
+            match con.ssubscribe(&name).await {
+                Ok(()) => {
+                    subscribed.insert(name);
+                }
+                Err(error) if is_refusal(&error) => match lock_key_of(&name, own) {
+                    // Refused its own channel: the key's release channel instead.
+                    Some(lock_key) => {
+                        refused_own(own_refused, own, &error);
+                        wanted.push(shard_channel(lock_key, channel));
+                    }
+                    None => tracing::debug!(%error, %name, "SSUBSCRIBE refused; waiters poll"),
+                },
+                Err(error) if is_transient(&error) => {
+                    wanted.push(name);
+                    return Err(error);
+                }
+                Err(error) => tracing::debug!(%error, %name, "SSUBSCRIBE failed; waiters poll"),
+            }
         }
         Ok::<_, RedisError>(())
     };
-    match tokio::time::timeout(timeout, all).await {
-        Ok(Ok(())) => true,
-        Ok(Err(error)) if !is_transient(&error) => {
-            tracing::debug!(%error, "SSUBSCRIBE refused; waiters poll");
-            true
-        }
-        _ => false,
-    }
+    let done = matches!(tokio::time::timeout(timeout, all).await, Ok(Ok(())));
+    // What was not subscribed is tried again with the next resubscription.
+    subscribed.extend(wanted);
+    done
+}
+
+/// Whether the server refused a subscription for want of rights (`NOPERM`), which asking again
+/// would not change, as against a connection that failed.
+fn is_refusal(error: &RedisError) -> bool {
+    matches!(
+        error.kind(),
+        redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+    ) || error.code() == Some("NOPERM")
 }
 
 /// Unsubscribes the channels nobody waits on any more.
@@ -585,7 +621,7 @@ async fn run(
             let (addr, mut con) = source.open(config).await?;
             match con.subscribe(&own).await {
                 Ok(()) => own_refused.store(false, Ordering::Relaxed),
-                Err(error) if !is_transient(&error) => refused_own(&own_refused, &own, &error),
+                Err(error) if is_refusal(&error) => refused_own(&own_refused, &own, &error),
                 Err(error) => return Err(error),
             }
             let with_release = wanted || own_refused.load(Ordering::Relaxed);

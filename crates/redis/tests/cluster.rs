@@ -251,6 +251,123 @@ async fn passes_the_conformance_suite_on_a_cluster_with_a_failover() -> TestResu
     Ok(())
 }
 
+/// On a cluster, a user granted the keys' release shard channels alone
+/// (`&{leasehold:*}:leasehold:released`) still hands a key on at once: the server refuses the
+/// waiter's own shard channel, so it subscribes the key's release shard channel instead and
+/// reads it as before there were own channels; the release's copy on the refused channel goes
+/// instead as a release-channel copy naming nobody. Median of five rounds, against retries 150
+/// to 300 ms apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_with_the_release_shard_channels_alone_still_hands_off_at_once() -> TestResult {
+    let cluster = start().await?;
+    {
+        let c = cluster.clone();
+        blocking(move || -> Result<(), String> {
+            for node in c.nodes() {
+                node.command(&[
+                    "ACL",
+                    "SETUSER",
+                    "relonly",
+                    "on",
+                    ">relonly-pw",
+                    "~*",
+                    "+@all",
+                    "resetchannels",
+                    "&{leasehold:*}:leasehold:released",
+                ])
+                .map_err(s)?;
+            }
+            Ok(())
+        })
+        .await
+        .or_fail("create the user on every node")?;
+    }
+    let url = with_timeout(&cluster.url()).replacen(
+        "redis+cluster://",
+        "redis+cluster://relonly:relonly-pw@",
+        1,
+    );
+    let holder = RedisAuthority::connect(&url)
+        .await
+        .or_fail("connect the holder")?;
+    let waiter = Arc::new(
+        RedisAuthority::connect(&url)
+            .await
+            .or_fail("connect the waiter")?,
+    );
+    let key = LockKey::new("acl-shard").or_fail("the key")?;
+    let lock_key = KeyLayout::default().lock_key(&key);
+    let release_channel = format!("{lock_key}:{}", leasehold_redis::DEFAULT_CHANNEL);
+    let ttl = Duration::from_secs(10);
+    let mut latencies = Vec::new();
+    for round in 0..5 {
+        let held = holder
+            .try_acquire(&key, ttl)
+            .await
+            .or_fail("the holder acquires")?
+            .ok_or_else(|| Failure::new(format!("round {round}: the key is not free")))?;
+        let task = {
+            let (waiter, key) = (waiter.clone(), key.clone());
+            tokio::spawn(async move {
+                let grant = waiter.acquire(&key, ttl, ttl).await;
+                (grant, Instant::now())
+            })
+        };
+        let since = Instant::now();
+        loop {
+            let (c, k, ch) = (cluster.clone(), lock_key.clone(), release_channel.clone());
+            let n = blocking(move || c.primary_for(&k).map(|p| shard_subscribers(p, &ch)))
+                .await
+                .unwrap_or(0);
+            if n == 1 {
+                break;
+            }
+            if since.elapsed() > TIMEOUT * 5 {
+                return Err(Failure::new(
+                    "the waiter, refused its own shard channel, never subscribed the key's \
+                     release shard channel",
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Long enough for the waiter's backoff to reach its cap.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let released_at = Instant::now();
+        match holder.release(&held).await.or_fail("the holder releases")? {
+            Released::Released => {}
+            other => {
+                return Err(Failure::new(format!(
+                    "round {round}: the release: {other:?}"
+                )))
+            }
+        }
+        let (grant, at) = task.await.or_fail("the waiting task")?;
+        let grant = grant.or_fail("the waiter acquires")?;
+        latencies.push(at.saturating_duration_since(released_at));
+        match waiter
+            .release(&grant)
+            .await
+            .or_fail("the waiter releases")?
+        {
+            Released::Released => {}
+            other => {
+                return Err(Failure::new(format!(
+                    "round {round}: the release: {other:?}"
+                )))
+            }
+        }
+    }
+    latencies.sort();
+    let median = latencies[latencies.len() / 2];
+    if median >= Duration::from_millis(40) {
+        return Err(Failure::new(format!(
+            "median hand-off {median:?} for a user with the release shard channels alone: the \
+             waiter's timer, not an announcement ({latencies:?})"
+        )));
+    }
+    Ok(())
+}
+
 /// How many shard channels matching `pattern` have subscribers on `node`.
 fn shard_subscribers(node: &ClusterNode, pattern: &str) -> u64 {
     node.command(&["PUBSUB", "SHARDCHANNELS", pattern])

@@ -69,7 +69,8 @@ pub enum Script {
     /// 1 key; the owner token and the TTL: `renew`, or `renew_many` of one grant (the
     /// same shape; only the SHA differs).
     Renew,
-    /// 2 keys; the owner token and the channel.
+    /// 2 or 3 keys; the owner token, the channel and (since releases name the next waiter on
+    /// its own channel) the releasing authority's waiter id.
     Release,
     /// Any other shape (renew_many with several keys, proclaim).
     Other,
@@ -91,7 +92,7 @@ pub fn script(command: &Command) -> Option<Script> {
     Some(match (keys.as_deref(), args) {
         // A waiter's acquisition names the key's waiter queue too, and its id and place.
         (Some("2"), 2) | (Some("3"), 4) if last_is_number => Script::Acquire,
-        (Some("2" | "3"), 2) => Script::Release,
+        (Some("2" | "3"), 2 | 3) => Script::Release,
         (Some("1"), 2) => Script::Renew,
         _ => Script::Other,
     })
