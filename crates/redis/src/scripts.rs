@@ -146,6 +146,38 @@ end
 return out
 "#;
 
+/// The announcement of a release or a revoke, for [`RELEASE`] and [`REVOKE`]: pops the next
+/// place of the waiter queue `queue` (a key, or nil), tells that waiter on its own channel
+/// (`ARGV[2]:<id>`) unless it is the caller's own authority (`ARGV[3]`), and announces on the
+/// release channel `ARGV[2]`; leaves `announced` false if the server refused a `PUBLISH`.
+/// Expands to a string literal, so that `concat!` builds each script at compile time.
+macro_rules! announce_release {
+    () => {
+        r#"
+  local payload = KEYS[1]
+  local refused = false
+  if queue and redis.call('EXISTS', queue) == 1 then
+    local now = redis.call('TIME')
+    local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+    redis.call('ZREMRANGEBYSCORE', queue, '-inf', string.format('%.0f', now_ms))
+    local next = redis.call('ZPOPMIN', queue)
+    if next[1] then
+      payload = KEYS[1] .. ' ' .. next[1]
+      if next[1] ~= ARGV[3] then
+        local told = redis.pcall('PUBLISH', ARGV[2] .. ':' .. next[1], payload)
+        if type(told) == 'table' and told.err then
+          refused = true
+          payload = KEYS[1]
+        end
+      end
+    end
+  end
+  local published = redis.pcall('PUBLISH', ARGV[2], payload)
+  local announced = not refused and not (type(published) == 'table' and published.err)
+"#
+    };
+}
+
 /// Release: delete only if the lock key still holds our owner token, and announce it on the
 /// release channel so waiters try at once. `KEYS[1]` the lock key, `KEYS[2]` the value key,
 /// `KEYS[3]` the key's waiter queue; `ARGV[1]` the owner token, `ARGV[2]` the channel, `ARGV[3]`
@@ -182,35 +214,22 @@ return out
 /// 7's default for new users, `acl-pubsub-default resetchannels`) can lock keys but not
 /// publish, and a script that failed after its `DEL` would report an error for a release that
 /// happened. Waiters find such a key free by retrying (see `acquire`).
-pub(crate) const RELEASE: &str = r#"
+pub(crate) const RELEASE: &str = concat!(
+    r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1], KEYS[2])
-  local payload = KEYS[1]
-  local refused = false
-  if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then
-    local now = redis.call('TIME')
-    local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
-    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', string.format('%.0f', now_ms))
-    local next = redis.call('ZPOPMIN', KEYS[3])
-    if next[1] then
-      payload = KEYS[1] .. ' ' .. next[1]
-      if next[1] ~= ARGV[3] then
-        local told = redis.pcall('PUBLISH', ARGV[2] .. ':' .. next[1], payload)
-        if type(told) == 'table' and told.err then
-          refused = true
-          payload = KEYS[1]
-        end
-      end
-    end
-  end
-  local announced = redis.pcall('PUBLISH', ARGV[2], payload)
-  if refused or (type(announced) == 'table' and announced.err) then
+  local queue = KEYS[3]
+"#,
+    announce_release!(),
+    r#"
+  if not announced then
     return 2
   end
   return 1
 end
 return 0
-"#;
+"#
+);
 
 /// Proclaim: attach a value to our grant, only if the lock key still holds our owner token (the
 /// same check as [`RENEW`]: the token is new for every grant, so it names this grant), and
@@ -244,39 +263,26 @@ return 0
 ///
 /// Returns the holder's fence (deleted and announced), its negation (deleted, the announcement
 /// refused), or 0 (that holder is gone: nothing changed).
-pub(crate) const REVOKE: &str = r#"
+pub(crate) const REVOKE: &str = concat!(
+    r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   local fence = tonumber(redis.call('GET', KEYS[3]))
   if fence == nil then
     return redis.error_reply('the fence counter is not an integer')
   end
   redis.call('DEL', KEYS[1], KEYS[2])
-  local payload = KEYS[1]
-  local refused = false
-  if redis.call('EXISTS', KEYS[4]) == 1 then
-    local now = redis.call('TIME')
-    local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
-    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', string.format('%.0f', now_ms))
-    local next = redis.call('ZPOPMIN', KEYS[4])
-    if next[1] then
-      payload = KEYS[1] .. ' ' .. next[1]
-      if next[1] ~= ARGV[3] then
-        local told = redis.pcall('PUBLISH', ARGV[2] .. ':' .. next[1], payload)
-        if type(told) == 'table' and told.err then
-          refused = true
-          payload = KEYS[1]
-        end
-      end
-    end
-  end
-  local announced = redis.pcall('PUBLISH', ARGV[2], payload)
-  if refused or (type(announced) == 'table' and announced.err) then
+  local queue = KEYS[4]
+"#,
+    announce_release!(),
+    r#"
+  if not announced then
     return -fence
   end
   return fence
 end
 return 0
-"#;
+"#
+);
 
 /// What [`RELEASE`] and [`PROCLAIM`] answer.
 pub(crate) mod released {

@@ -9,12 +9,14 @@ use std::time::Duration;
 use leasehold_conformance::harness_call;
 use leasehold_conformance::kit::{OrFail, TestResult};
 use leasehold_conformance::Failure;
-use leasehold_core::{Authority, Instant, LockKey, Released};
+use leasehold_core::{Authority, Grant, Instant, LockKey, Released};
 use leasehold_redis::RedisAuthority;
 
 mod common;
 
-use common::{command, raw, start, subscribers, url, wait_subscribed, Warnings};
+use common::{
+    command, hand_off_rounds, median_under, raw, start, subscribers, url, wait_subscribed, Warnings,
+};
 
 /// The subscription connection is killed, and the holder releases while it is down: the
 /// announcement is lost, yet the waiter gets the key at once after the subscription is back,
@@ -115,21 +117,7 @@ async fn a_user_with_the_release_channel_alone_still_hands_off_at_once() -> Test
     );
     let mut con = raw(&server).await?;
     let key = LockKey::new("release-channel-alone").or_fail("the key")?;
-    let ttl = Duration::from_secs(10);
-    let mut latencies = Vec::new();
-    for round in 0..5 {
-        let held = holder
-            .try_acquire(&key, ttl)
-            .await
-            .or_fail("the holder acquires")?
-            .ok_or_else(|| Failure::new(format!("round {round}: the key is not free")))?;
-        let task = {
-            let (waiter, key) = (waiter.clone(), key.clone());
-            tokio::spawn(async move {
-                let grant = waiter.acquire(&key, ttl, ttl).await;
-                (grant, Instant::now())
-            })
-        };
+    let ready = async || {
         let since = Instant::now();
         while common::release_channel_readers(&mut con).await? != 1 {
             if since.elapsed() > Duration::from_secs(5) {
@@ -139,42 +127,18 @@ async fn a_user_with_the_release_channel_alone_still_hands_off_at_once() -> Test
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        // Long enough for the waiter's backoff to reach its cap.
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        let released_at = Instant::now();
-        match holder.release(&held).await.or_fail("the holder releases")? {
-            Released::Released => {}
-            other => {
-                return Err(Failure::new(format!(
-                    "round {round}: the release: {other:?}"
-                )))
-            }
-        }
-        let (grant, at) = task.await.or_fail("the waiting task")?;
-        let grant = grant.or_fail("the waiter acquires")?;
-        latencies.push(at.saturating_duration_since(released_at));
-        match waiter
-            .release(&grant)
-            .await
-            .or_fail("the waiter releases")?
-        {
-            Released::Released => {}
-            other => {
-                return Err(Failure::new(format!(
-                    "round {round}: the release: {other:?}"
-                )))
-            }
-        }
-    }
-    latencies.sort();
-    let median = latencies[latencies.len() / 2];
-    if median >= Duration::from_millis(30) {
-        return Err(Failure::new(format!(
-            "median hand-off {median:?} for a user with the release channel alone: the \
-             waiter's timer, not an announcement ({latencies:?})"
-        )));
-    }
-    Ok(())
+        Ok(())
+    };
+    let release = async |held: Grant| match holder.release(&held).await {
+        Ok(Released::Released) => Ok(()),
+        other => Err(Failure::new(format!("the holder's release: {other:?}"))),
+    };
+    let latencies = hand_off_rounds(&holder, &waiter, &key, 5, ready, release).await?;
+    median_under(
+        &latencies,
+        Duration::from_millis(30),
+        "for a user with the release channel alone",
+    )
 }
 
 /// An ACL user created the Redis 7 way (`acl-pubsub-default resetchannels`: no channel rights

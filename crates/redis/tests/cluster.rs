@@ -13,13 +13,13 @@ use async_trait::async_trait;
 use leasehold_conformance::kit::{self, OrFail, TestResult};
 use leasehold_conformance::scenarios::run_all;
 use leasehold_conformance::{harness_error, Context, Failure, Faults, Residue, Verdict};
-use leasehold_core::{Authority, FenceSafety, Instant, LockKey, Released};
+use leasehold_core::{Authority, FenceSafety, Grant, Instant, LockKey, Released};
 use leasehold_redis::{KeyLayout, RedisAuthority};
 use leasehold_servers::{ClusterNode, RedisCluster};
 
 mod common;
 
-use common::{blocking, clients, cut_replication, wait_in_sync};
+use common::{blocking, clients, cut_replication, hand_off_rounds, median_under, wait_in_sync};
 
 /// Every request gives up after one second.
 const TIMEOUT: Duration = Duration::from_millis(1000);
@@ -298,21 +298,7 @@ async fn a_user_with_the_release_shard_channels_alone_still_hands_off_at_once() 
     let key = LockKey::new("acl-shard").or_fail("the key")?;
     let lock_key = KeyLayout::default().lock_key(&key);
     let release_channel = format!("{lock_key}:{}", leasehold_redis::DEFAULT_CHANNEL);
-    let ttl = Duration::from_secs(10);
-    let mut latencies = Vec::new();
-    for round in 0..5 {
-        let held = holder
-            .try_acquire(&key, ttl)
-            .await
-            .or_fail("the holder acquires")?
-            .ok_or_else(|| Failure::new(format!("round {round}: the key is not free")))?;
-        let task = {
-            let (waiter, key) = (waiter.clone(), key.clone());
-            tokio::spawn(async move {
-                let grant = waiter.acquire(&key, ttl, ttl).await;
-                (grant, Instant::now())
-            })
-        };
+    let ready = async || {
         let since = Instant::now();
         loop {
             let (c, k, ch) = (cluster.clone(), lock_key.clone(), release_channel.clone());
@@ -320,7 +306,7 @@ async fn a_user_with_the_release_shard_channels_alone_still_hands_off_at_once() 
                 .await
                 .unwrap_or(0);
             if n == 1 {
-                break;
+                return Ok(());
             }
             if since.elapsed() > TIMEOUT * 5 {
                 return Err(Failure::new(
@@ -330,42 +316,17 @@ async fn a_user_with_the_release_shard_channels_alone_still_hands_off_at_once() 
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        // Long enough for the waiter's backoff to reach its cap.
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        let released_at = Instant::now();
-        match holder.release(&held).await.or_fail("the holder releases")? {
-            Released::Released => {}
-            other => {
-                return Err(Failure::new(format!(
-                    "round {round}: the release: {other:?}"
-                )))
-            }
-        }
-        let (grant, at) = task.await.or_fail("the waiting task")?;
-        let grant = grant.or_fail("the waiter acquires")?;
-        latencies.push(at.saturating_duration_since(released_at));
-        match waiter
-            .release(&grant)
-            .await
-            .or_fail("the waiter releases")?
-        {
-            Released::Released => {}
-            other => {
-                return Err(Failure::new(format!(
-                    "round {round}: the release: {other:?}"
-                )))
-            }
-        }
-    }
-    latencies.sort();
-    let median = latencies[latencies.len() / 2];
-    if median >= Duration::from_millis(40) {
-        return Err(Failure::new(format!(
-            "median hand-off {median:?} for a user with the release shard channels alone: the \
-             waiter's timer, not an announcement ({latencies:?})"
-        )));
-    }
-    Ok(())
+    };
+    let release = async |held: Grant| match holder.release(&held).await {
+        Ok(Released::Released) => Ok(()),
+        other => Err(Failure::new(format!("the holder's release: {other:?}"))),
+    };
+    let latencies = hand_off_rounds(&holder, &waiter, &key, 5, ready, release).await?;
+    median_under(
+        &latencies,
+        Duration::from_millis(40),
+        "for a user with the release shard channels alone",
+    )
 }
 
 /// How many shard channels matching `pattern` have subscribers on `node`.

@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use leasehold_conformance::kit::{OrFail, TestResult};
 use leasehold_conformance::Failure;
-use leasehold_core::{Authority, Error, Instant, LockKey, Released};
+use leasehold_core::{Authority, Error, Grant, Instant, LockKey, Released, Revoked};
 use leasehold_redis::RedisAuthority;
 use leasehold_servers::RedisServer;
 
 mod common;
 
-use common::{calls, command, raw, start, subscribers, url};
+use common::{calls, command, hand_off_rounds, median_under, raw, start, subscribers, url};
 
 /// An `acquire` that finds the key free takes it without subscribing: once an authority's
 /// subscription exists, every release announced on the channel is delivered to it, which cost
@@ -314,59 +314,13 @@ async fn a_revoke_hands_the_key_to_a_waiting_process_at_once() -> TestResult {
     let operator = connect().await.or_fail("connect the operator")?;
     let waiter = Arc::new(connect().await.or_fail("connect the waiter")?);
     let key = LockKey::new("revoked-to-a-waiter").or_fail("the key")?;
-    let ttl = Duration::from_secs(30);
-    let mut latencies = Vec::new();
-    for round in 0..7 {
-        // Held until the revoke ends it.
-        let _held = holder
-            .try_acquire(&key, ttl)
-            .await
-            .or_fail("the holder acquires")?
-            .ok_or_else(|| Failure::new(format!("round {round}: the key is not free")))?;
-        let task = {
-            let (waiter, key) = (waiter.clone(), key.clone());
-            tokio::spawn(async move {
-                let grant = waiter.acquire(&key, ttl, Duration::from_secs(20)).await;
-                (grant, Instant::now())
-            })
-        };
-        common::wait_subscribed(&mut con, 1).await?;
-        // Long enough for the waiter's backoff to reach its cap.
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        let revoked_at = Instant::now();
-        match operator.revoke(&key).await.or_fail("revoke")? {
-            leasehold_core::Revoked::Revoked { .. } => {}
-            other => {
-                return Err(Failure::new(format!(
-                    "round {round}: revoke said {other:?}"
-                )))
-            }
-        }
-        let (grant, at) = task.await.or_fail("the waiting task")?;
-        let grant = grant.or_fail("the waiter acquires")?;
-        latencies.push(at.saturating_duration_since(revoked_at));
-        match waiter
-            .release(&grant)
-            .await
-            .or_fail("the waiter releases")?
-        {
-            Released::Released => {}
-            other => {
-                return Err(Failure::new(format!(
-                    "round {round}: the release: {other:?}"
-                )))
-            }
-        }
-    }
-    latencies.sort();
-    let median = latencies[latencies.len() / 2];
-    if median >= Duration::from_millis(30) {
-        return Err(Failure::new(format!(
-            "median hand-off after a revoke {median:?}: the waiter's timer, not an announcement \
-             ({latencies:?})"
-        )));
-    }
-    Ok(())
+    let ready = async || common::wait_subscribed(&mut con, 1).await;
+    let revoke = async |_held: Grant| match operator.revoke(&key).await {
+        Ok(Revoked::Revoked { .. }) => Ok(()),
+        other => Err(Failure::new(format!("the revoke: {other:?}"))),
+    };
+    let latencies = hand_off_rounds(&holder, &waiter, &key, 7, ready, revoke).await?;
+    median_under(&latencies, Duration::from_millis(30), "after a revoke")
 }
 
 /// One waiter per entry of `waiters` (its authority) takes `key` in turn, each releasing it at

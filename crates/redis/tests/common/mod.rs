@@ -1,7 +1,8 @@
 //! What the Redis test binaries share: starting servers, clients plain and leasehold's, the
 //! bridge to the blocking harness, the server's command counters and release-channel
-//! subscribers, a collector of warnings, and replication helpers for any Redis process the
-//! harness runs (a plain server, a Sentinel deployment's, a cluster node).
+//! subscribers, a collector of warnings, replication helpers for any Redis process the harness
+//! runs (a plain server, a Sentinel deployment's, a cluster node), and timed hand-offs to a
+//! parked waiter.
 
 // Each test binary uses part of this module.
 #![allow(dead_code)]
@@ -11,7 +12,8 @@ use std::time::Duration;
 
 use leasehold_conformance::harness_call;
 use leasehold_conformance::kit::{self, OrFail, TestResult, UrlConnector};
-use leasehold_core::Instant;
+use leasehold_conformance::Failure;
+use leasehold_core::{Authority, Grant, Instant, LockKey, Released};
 use leasehold_redis::RedisAuthority;
 use leasehold_servers::{ClusterNode, HarnessError, RedisServer};
 use redis::aio::MultiplexedConnection;
@@ -247,4 +249,71 @@ pub fn cut_replication(primary: &impl Node, replica: &impl Node) -> Result<(), S
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Hands `key` from `holder` to a waiter parked in `acquire`, `rounds` times, and returns how
+/// long after each hold ended the waiter held the key, sorted. `ready` returns once the waiter
+/// waits the way the test means (subscribed where it should be); `end` ends the holder's grant
+/// (its release, or an operator's revoke). The waiter has waited 700 ms by then, so its backoff
+/// has reached its cap (retries 150 to 300 ms apart): a hand-off well under that was announced.
+pub async fn hand_off_rounds(
+    holder: &RedisAuthority,
+    waiter: &Arc<RedisAuthority>,
+    key: &LockKey,
+    rounds: usize,
+    mut ready: impl AsyncFnMut() -> TestResult,
+    mut end: impl AsyncFnMut(Grant) -> TestResult,
+) -> TestResult<Vec<Duration>> {
+    let ttl = Duration::from_secs(10);
+    let mut latencies = Vec::new();
+    for round in 0..rounds {
+        let held = holder
+            .try_acquire(key, ttl)
+            .await
+            .or_fail("the holder acquires")?
+            .ok_or_else(|| Failure::new(format!("round {round}: the key is not free")))?;
+        let task = {
+            let (waiter, key) = (waiter.clone(), key.clone());
+            tokio::spawn(async move {
+                let grant = waiter.acquire(&key, ttl, ttl).await;
+                (grant, Instant::now())
+            })
+        };
+        ready().await?;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let ended_at = Instant::now();
+        end(held).await?;
+        let (grant, at) = task.await.or_fail("the waiting task")?;
+        let grant = grant.or_fail("the waiter acquires")?;
+        latencies.push(at.saturating_duration_since(ended_at));
+        match waiter
+            .release(&grant)
+            .await
+            .or_fail("the waiter releases")?
+        {
+            Released::Released => {}
+            other => {
+                return Err(Failure::new(format!(
+                    "round {round}: the release: {other:?}"
+                )))
+            }
+        }
+    }
+    latencies.sort();
+    Ok(latencies)
+}
+
+/// Fails unless the median of `sorted` is under `bound`: `what` says whose hand-offs they were.
+pub fn median_under(sorted: &[Duration], bound: Duration, what: &str) -> TestResult {
+    let median = sorted
+        .get(sorted.len() / 2)
+        .copied()
+        .unwrap_or(Duration::MAX);
+    if median >= bound {
+        return Err(Failure::new(format!(
+            "median hand-off {median:?} {what}: the waiter's timer, not an announcement \
+             ({sorted:?})"
+        )));
+    }
+    Ok(())
 }
