@@ -237,6 +237,25 @@ impl Script {
         self
     }
 
+    /// From 600 on, workers 2 and 3 wait for `k0` in turn, half a second each, and time out:
+    /// nobody is granted it for four seconds. Returns when the last wait ended.
+    fn k0_waited_on_in_vain(&mut self) -> Nanos {
+        let half_second = 500_000_000;
+        let mut t = 600;
+        for round in 0..8u64 {
+            let worker = 2 + (round % 2) as WorkerId;
+            self.acquire_invoke(t, worker, "k0").at(
+                t + half_second,
+                What::AcquireTimeout {
+                    worker,
+                    key: "k0".into(),
+                },
+            );
+            t += half_second + 1_000;
+        }
+        t
+    }
+
     fn history(&self) -> History {
         let mut events = self.events.clone();
         events.sort_by_key(|e| e.t);
@@ -777,19 +796,7 @@ fn a_key_blocked_without_a_holder_is_stuck() {
     s.run(true, false)
         .acquire(100, 1, "k0", 1)
         .release(500, 1, "k0", 1);
-    // From 600 on, workers 2 and 3 wait in turn and time out, and nobody is granted.
-    let mut t = 600;
-    for round in 0..8u64 {
-        let worker = 2 + (round % 2) as WorkerId;
-        s.acquire_invoke(t, worker, "k0").at(
-            t + second / 2,
-            What::AcquireTimeout {
-                worker,
-                key: "k0".into(),
-            },
-        );
-        t += second / 2 + 1_000;
-    }
+    let t = s.k0_waited_on_in_vain();
     let v = check(&s.history(), &FinalState::new(), &fenced());
     let stuck: Vec<_> = kinds(&v, Severity::Failure)
         .into_iter()
@@ -818,23 +825,11 @@ fn a_key_blocked_without_a_holder_is_stuck() {
 /// held or asked for. Such a pause explains the wait there, and nowhere else.
 #[test]
 fn a_paused_worker_excuses_every_key_only_on_a_one_writer_authority() -> Result<(), String> {
-    let second = 1_000_000_000;
     let mut s = Script::default();
     s.run(true, false)
         .acquire(100, 1, "k0", 1)
         .release(500, 1, "k0", 1);
-    let mut t = 600;
-    for round in 0..8u64 {
-        let worker = 2 + (round % 2) as WorkerId;
-        s.acquire_invoke(t, worker, "k0").at(
-            t + second / 2,
-            What::AcquireTimeout {
-                worker,
-                key: "k0".into(),
-            },
-        );
-        t += second / 2 + 1_000;
-    }
+    let t = s.k0_waited_on_in_vain();
     // Worker 7 holds nothing and asks for nothing, and is paused all along.
     s.fault(550, t, 9, FaultKind::PauseWorker, 7);
     let stuck = |v: &RunVerdict| {
